@@ -1,0 +1,202 @@
+//! The pod status cache shared by the PLEG (writer) and the pod workers (readers).
+//!
+//! Contract, as the kubelet's `pkg/kubelet/container/cache.go`: [`PodCacheWriter::set`] stores a
+//! pod's runtime status with the time the inspection *started*;
+//! [`PodCache::get_newer_than`] waits until the pod's entry, or the global timestamp
+//! ([`PodCacheWriter::update_time`], bumped after every relist), is at least the given time. A
+//! worker therefore always syncs from a status observed after its previous sync, and never waits
+//! forever for a pod that did not change.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::runtime::PodRuntimeStatus;
+
+/// One cache entry: a status (or the error of the inspection) and its observation time.
+#[derive(Debug, Clone)]
+pub struct CacheEntry {
+    /// The status, or the message of the failed inspection.
+    pub status: Result<Arc<PodRuntimeStatus>, String>,
+    /// When the inspection that produced it started.
+    pub modified: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    pods: HashMap<String, CacheEntry>,
+    global: Option<Instant>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state: Mutex<State>,
+    // Bumped on every change; waiters re-check after each bump.
+    changed: watch::Sender<u64>,
+}
+
+/// Reader handle of the pod status cache. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct PodCache {
+    shared: Arc<Shared>,
+}
+
+/// Writer handle of the pod status cache, held by the PLEG.
+#[derive(Debug, Clone)]
+pub struct PodCacheWriter {
+    shared: Arc<Shared>,
+}
+
+/// A new empty cache: its writer and a reader.
+pub fn pod_cache() -> (PodCacheWriter, PodCache) {
+    let (changed, _) = watch::channel(0);
+    let shared = Arc::new(Shared {
+        state: Mutex::new(State::default()),
+        changed,
+    });
+    (
+        PodCacheWriter {
+            shared: shared.clone(),
+        },
+        PodCache { shared },
+    )
+}
+
+impl PodCacheWriter {
+    /// Store `status` for `uid`, observed at `modified`. An entry older than the stored one is
+    /// rejected; returns whether the value was stored.
+    pub fn set(
+        &self,
+        uid: &str,
+        status: Result<PodRuntimeStatus, String>,
+        modified: Instant,
+    ) -> bool {
+        {
+            let mut st = self.shared.state.lock();
+            if let Some(old) = st.pods.get(uid)
+                && old.modified > modified
+            {
+                return false;
+            }
+            st.pods.insert(
+                uid.to_string(),
+                CacheEntry {
+                    status: status.map(Arc::new),
+                    modified,
+                },
+            );
+        }
+        self.shared.changed.send_modify(|g| *g += 1);
+        true
+    }
+
+    /// Drop the entry of `uid`.
+    pub fn delete(&self, uid: &str) {
+        self.shared.state.lock().pods.remove(uid);
+        self.shared.changed.send_modify(|g| *g += 1);
+    }
+
+    /// Raise the global timestamp: every pod is known to be current as of `t`.
+    pub fn update_time(&self, t: Instant) {
+        {
+            let mut st = self.shared.state.lock();
+            if st.global.is_some_and(|g| g >= t) {
+                return;
+            }
+            st.global = Some(t);
+        }
+        self.shared.changed.send_modify(|g| *g += 1);
+    }
+
+    /// A reader of the same cache.
+    pub fn reader(&self) -> PodCache {
+        PodCache {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl PodCache {
+    /// The current entry of `uid`, if any.
+    pub fn get(&self, uid: &str) -> Option<CacheEntry> {
+        self.shared.state.lock().pods.get(uid).cloned()
+    }
+
+    /// UIDs of every cached pod.
+    pub fn uids(&self) -> Vec<String> {
+        self.shared.state.lock().pods.keys().cloned().collect()
+    }
+
+    fn get_if_newer(&self, uid: &str, t: Instant) -> Option<CacheEntry> {
+        let st = self.shared.state.lock();
+        let entry = st.pods.get(uid);
+        let fresh_entry = entry.is_some_and(|e| e.modified >= t);
+        let fresh_global = st.global.is_some_and(|g| g >= t);
+        if fresh_entry || fresh_global {
+            Some(entry.cloned().unwrap_or_else(|| CacheEntry {
+                status: Ok(Arc::new(PodRuntimeStatus {
+                    uid: uid.to_string(),
+                    ..Default::default()
+                })),
+                modified: st.global.unwrap_or(t),
+            }))
+        } else {
+            None
+        }
+    }
+
+    /// Wait until the entry of `uid` or the global timestamp is at least `t`, then return the
+    /// entry (an empty status if the runtime has nothing for this pod).
+    pub async fn get_newer_than(&self, uid: &str, t: Instant) -> CacheEntry {
+        let mut rx = self.shared.changed.subscribe();
+        loop {
+            rx.mark_unchanged();
+            if let Some(e) = self.get_if_newer(uid, t) {
+                return e;
+            }
+            if rx.changed().await.is_err() {
+                // The writer is gone; nothing newer will ever arrive.
+                return self.get(uid).unwrap_or_else(|| CacheEntry {
+                    status: Err("pod cache writer dropped".to_string()),
+                    modified: t,
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn get_newer_than_waits_for_a_fresh_entry_or_global_bump() {
+        let (w, r) = pod_cache();
+        let t0 = Instant::now();
+        w.set("a", Ok(PodRuntimeStatus::default()), t0);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t1 = Instant::now();
+        let r2 = r.clone();
+        let waiter = tokio::spawn(async move { r2.get_newer_than("a", t1).await });
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiter.is_finished());
+        w.update_time(t1);
+        let e = waiter.await.expect("join");
+        assert_eq!(e.modified, t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn older_entries_are_rejected() {
+        let (w, r) = pod_cache();
+        let t0 = Instant::now();
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t1 = Instant::now();
+        assert!(w.set("a", Ok(PodRuntimeStatus::default()), t1));
+        assert!(!w.set("a", Err("x".into()), t0));
+        assert!(r.get("a").expect("entry").status.is_ok());
+    }
+}

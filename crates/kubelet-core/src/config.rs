@@ -1,0 +1,134 @@
+//! Pod configuration: the vocabulary of pod sources ([`PodSource`], [`SourceSender`]) and of the
+//! merged update stream ([`PodUpdate`], [`PodOp`]).
+//!
+//! A source delivers full snapshots of its pods; the merge ([`crate::merge`]) turns per-source
+//! snapshots into the kubelet's incremental operations and tracks which sources have been seen.
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::EventRecorder;
+
+/// Source names the kubelet uses (`pkg/kubelet/types/pod_update.go`).
+pub mod sources {
+    /// Static pods from files.
+    pub const FILE: &str = "file";
+    /// Static pods from a manifest URL.
+    pub const HTTP: &str = "http";
+    /// Pods from the API server.
+    pub const API: &str = "api";
+}
+
+/// Annotations PodConfig and static-pod defaulting add.
+pub mod annotations {
+    /// Name of the source a pod came from.
+    pub const CONFIG_SOURCE: &str = "kubernetes.io/config.source";
+    /// When the pod was first seen (RFC 3339 with nanoseconds).
+    pub const CONFIG_SEEN: &str = "kubernetes.io/config.seen";
+    /// Hash of a static pod (its UID).
+    pub const CONFIG_HASH: &str = "kubernetes.io/config.hash";
+    /// Set on mirror pods, value = config hash.
+    pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
+}
+
+/// Operation of a merged pod update, in the kubelet's semantics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodOp {
+    /// Pods new to the agent.
+    Add,
+    /// Pods whose spec, labels or annotations changed.
+    Update,
+    /// Pods that got a deletion timestamp (graceful deletion).
+    Delete,
+    /// Pods gone from their source: stop them.
+    Remove,
+    /// Pods whose status alone changed.
+    Reconcile,
+}
+
+/// A merged update: an operation over pods, tagged with its source.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PodUpdate {
+    /// What happened.
+    pub op: PodOp,
+    /// The pods it happened to.
+    pub pods: Vec<Pod>,
+    /// Name of the source.
+    pub source: String,
+}
+
+/// A full snapshot of one source's pods.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SourceSnapshot {
+    /// Name of the source.
+    pub source: String,
+    /// Every pod the source currently has.
+    pub pods: Vec<Pod>,
+}
+
+/// The sending side a [`PodSource`] writes snapshots to.
+#[derive(Debug, Clone)]
+pub struct SourceSender {
+    source: String,
+    tx: mpsc::Sender<SourceSnapshot>,
+    recorder: EventRecorder,
+}
+
+/// The receiver of a [`SourceSender`] is gone: the agent is shutting down.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("pod config receiver closed")]
+pub struct SourceClosed;
+
+impl SourceSender {
+    /// A sender for `source` writing into `tx`, recording events with `recorder`.
+    pub fn new(
+        source: impl Into<String>,
+        tx: mpsc::Sender<SourceSnapshot>,
+        recorder: EventRecorder,
+    ) -> Self {
+        Self {
+            source: source.into(),
+            tx,
+            recorder,
+        }
+    }
+
+    /// Deliver a full snapshot. An empty snapshot is meaningful: it marks the source as seen.
+    pub async fn snapshot(&self, pods: Vec<Pod>) -> Result<(), SourceClosed> {
+        self.tx
+            .send(SourceSnapshot {
+                source: self.source.clone(),
+                pods,
+            })
+            .await
+            .map_err(|_| SourceClosed)
+    }
+
+    /// The source name.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Recorder for events about manifests (for example `FailedValidation`).
+    pub fn recorder(&self) -> &EventRecorder {
+        &self.recorder
+    }
+}
+
+/// A source of desired pods (files, a URL, the API server, …).
+///
+/// `run` delivers full snapshots through the sender until `shutdown` is cancelled. A source with
+/// nothing to report must still send one empty snapshot, because destructive cleanup waits until
+/// every source has been seen. Bad input is reported through the sender's recorder and never ends
+/// the source.
+#[async_trait]
+pub trait PodSource: Send + Sync + 'static {
+    /// Source name (`file`, `http`, `api` or an embedder's own).
+    fn name(&self) -> &str;
+    /// Deliver snapshots until `shutdown` is cancelled.
+    async fn run(&self, out: SourceSender, shutdown: CancellationToken);
+}
+
+fn _assert_source_dyn(_: &dyn PodSource) {}

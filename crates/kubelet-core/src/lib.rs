@@ -1,0 +1,30 @@
+//! `kubelet-core`: the vocabulary and the engine of the kubelet SDK.
+#![forbid(unsafe_code)]
+
+pub mod admission;
+pub mod cache;
+pub mod config;
+pub mod error;
+pub mod event;
+pub mod pleg;
+pub mod pod;
+pub mod probe;
+pub mod runtime;
+pub mod sink;
+pub mod status_manager;
+pub mod volume;
+
+pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
+pub use cache::{PodCache, PodCacheWriter, pod_cache};
+pub use config::{PodOp, PodSource, PodUpdate, SourceSender, SourceSnapshot};
+pub use error::{Error, ErrorKind, KubeletError, Result};
+pub use event::{Event, EventRecorder, EventType, InvolvedObject};
+pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
+pub use runtime::{ContainerRuntime, PodRuntimeStatus, RuntimePod};
+pub use sink::StatusSink;
+pub use status_manager::StatusReader;
+pub use volume::VolumePlugin;
+
+/// Re-export of the Kubernetes API types the SDK is built on.
+pub use k8s_openapi;

@@ -1,0 +1,62 @@
+//! The pod lifecycle event seam: what a PLEG produces and the engine consumes.
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::PodCache;
+
+/// Kind of a pod lifecycle event (`pkg/kubelet/pleg/pleg.go`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodLifecycleEventType {
+    /// A container started running.
+    ContainerStarted,
+    /// A container exited (or vanished while running).
+    ContainerDied,
+    /// A container was removed from the runtime.
+    ContainerRemoved,
+    /// Something about the pod changed that is not captured by the other kinds.
+    PodSync,
+    /// A container entered an unknown state. Never delivered to the engine by the kubelet's PLEG.
+    ContainerChanged,
+}
+
+/// One event: which pod, what happened, and to which container (or sandbox) ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodLifecycleEvent {
+    /// Pod UID.
+    pub pod_uid: String,
+    /// What happened.
+    pub kind: PodLifecycleEventType,
+    /// Container or sandbox ID the event is about.
+    pub container_id: String,
+}
+
+/// Channel capacity the kubelet uses between the PLEG and the sync loop.
+pub const PLEG_CHANNEL_CAPACITY: usize = 1000;
+
+/// Health of a PLEG.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlegHealth {
+    /// Relisting (or receiving events) normally.
+    Healthy,
+    /// Not healthy; the message says why ("pleg has yet to be successful", "pleg was last seen
+    /// active 3m1s ago; threshold is 3m0s", "runtime unreachable: …").
+    Unhealthy(String),
+}
+
+/// A pod lifecycle event generator: watches the runtime, keeps the [`PodCache`] current, and
+/// emits [`PodLifecycleEvent`]s.
+#[async_trait]
+pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
+    /// Take the event receiver. The first call returns it; later calls return `None`.
+    fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>>;
+    /// A reader of the cache this PLEG writes.
+    fn cache(&self) -> PodCache;
+    /// Current health.
+    fn healthy(&self) -> PlegHealth;
+    /// Run until `shutdown` is cancelled.
+    async fn run(&self, shutdown: CancellationToken);
+}
+
+fn _assert_pleg_dyn(_: &dyn PodLifecycleEventGenerator) {}

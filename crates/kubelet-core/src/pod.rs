@@ -1,0 +1,142 @@
+//! Small helpers over `k8s-openapi` pods: identity, restart policy, container kinds, hashing.
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::config::{annotations, sources};
+
+/// The pod's UID, empty if unset.
+pub fn uid(pod: &Pod) -> &str {
+    pod.metadata.uid.as_deref().unwrap_or("")
+}
+
+/// The pod's name, empty if unset.
+pub fn name(pod: &Pod) -> &str {
+    pod.metadata.name.as_deref().unwrap_or("")
+}
+
+/// The pod's namespace, `default` if unset.
+pub fn namespace(pod: &Pod) -> &str {
+    pod.metadata.namespace.as_deref().unwrap_or("default")
+}
+
+/// `name_namespace`, the kubelet's full name of a pod.
+pub fn full_name(pod: &Pod) -> String {
+    format!("{}_{}", name(pod), namespace(pod))
+}
+
+/// The source annotation (`kubernetes.io/config.source`).
+pub fn source(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::CONFIG_SOURCE))
+        .map(String::as_str)
+}
+
+/// A static pod comes from any source other than the API server.
+pub fn is_static(pod: &Pod) -> bool {
+    source(pod).is_some_and(|s| s != sources::API)
+}
+
+/// A mirror pod carries `kubernetes.io/config.mirror`.
+pub fn is_mirror(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotations::CONFIG_MIRROR))
+}
+
+/// Pod restart policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RestartPolicy {
+    /// Restart after any exit (the default).
+    Always,
+    /// Restart after a non-zero exit.
+    OnFailure,
+    /// Never restart.
+    Never,
+}
+
+/// The pod's restart policy; unset or unknown values mean `Always`, the API default.
+pub fn restart_policy(pod: &Pod) -> RestartPolicy {
+    match pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.restart_policy.as_deref())
+    {
+        Some("OnFailure") => RestartPolicy::OnFailure,
+        Some("Never") => RestartPolicy::Never,
+        _ => RestartPolicy::Always,
+    }
+}
+
+/// An init container with `restartPolicy: Always` is a sidecar.
+pub fn is_sidecar(c: &Container) -> bool {
+    c.restart_policy.as_deref() == Some("Always")
+}
+
+/// The pod's regular containers.
+pub fn containers(pod: &Pod) -> &[Container] {
+    pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or(&[])
+}
+
+/// The pod's init containers (regular and sidecars), in order.
+pub fn init_containers(pod: &Pod) -> &[Container] {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_deref())
+        .unwrap_or(&[])
+}
+
+/// `spec.terminationGracePeriodSeconds`, default 30.
+pub fn termination_grace_period(pod: &Pod) -> i64 {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30)
+}
+
+/// True when the pod has a deletion timestamp.
+pub fn is_deleted(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_some()
+}
+
+/// The kubelet's container hash (`HashContainer` since v1.31): FNV-32a over the JSON of the
+/// container's name and image only, so only an image change restarts a container.
+pub fn container_hash(c: &Container) -> u64 {
+    #[derive(serde::Serialize)]
+    struct Hashed<'a> {
+        name: &'a str,
+        image: &'a str,
+    }
+    let json = serde_json::to_vec(&Hashed {
+        name: &c.name,
+        image: c.image.as_deref().unwrap_or(""),
+    })
+    .unwrap_or_default();
+    let mut h: u32 = 0x811c_9dc5;
+    for b in json {
+        h ^= u32::from(b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    u64::from(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_depends_on_name_and_image_only() {
+        let a = Container {
+            name: "a".into(),
+            image: Some("busybox".into()),
+            ..Default::default()
+        };
+        let mut b = a.clone();
+        b.args = Some(vec!["x".into()]);
+        assert_eq!(container_hash(&a), container_hash(&b));
+        b.image = Some("busybox:2".into());
+        assert_ne!(container_hash(&a), container_hash(&b));
+    }
+}

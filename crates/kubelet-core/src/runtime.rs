@@ -1,0 +1,668 @@
+//! The runtime model and the [`ContainerRuntime`] trait.
+//!
+//! The model is shaped like CRI v1 (`runtime.v1`): a pod is a *sandbox* plus *containers*, each
+//! carrying the kubelet's labels and annotations ([`labels`]) so that a restarted agent can rebuild
+//! its view from the runtime alone. No wire type appears here; the CRI crate converts.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+
+use crate::error::Result;
+
+/// Label and annotation keys the kubelet puts on sandboxes and containers
+/// (`pkg/kubelet/kuberuntime/labels.go`), so tools such as `crictl` show them as usual.
+pub mod labels {
+    /// Label: the pod's name.
+    pub const POD_NAME: &str = "io.kubernetes.pod.name";
+    /// Label: the pod's namespace.
+    pub const POD_NAMESPACE: &str = "io.kubernetes.pod.namespace";
+    /// Label: the pod's UID.
+    pub const POD_UID: &str = "io.kubernetes.pod.uid";
+    /// Label: the container's name within the pod.
+    pub const CONTAINER_NAME: &str = "io.kubernetes.container.name";
+    /// Label on sandboxes and containers that marks them as created by this SDK's engine.
+    pub const MANAGED_BY: &str = "io.kubernetes.kubelet-sdk.managed";
+    /// Annotation: the container hash (name + image), `HashContainer`.
+    pub const CONTAINER_HASH: &str = "io.kubernetes.container.hash";
+    /// Annotation: the container's restart count.
+    pub const CONTAINER_RESTART_COUNT: &str = "io.kubernetes.container.restartCount";
+    /// Annotation: the termination message path.
+    pub const CONTAINER_TERMINATION_MESSAGE_PATH: &str =
+        "io.kubernetes.container.terminationMessagePath";
+    /// Annotation: the termination message policy.
+    pub const CONTAINER_TERMINATION_MESSAGE_POLICY: &str =
+        "io.kubernetes.container.terminationMessagePolicy";
+    /// Annotation: the pod's `terminationGracePeriodSeconds`.
+    pub const POD_TERMINATION_GRACE_PERIOD: &str = "io.kubernetes.pod.terminationGracePeriod";
+    /// Annotation: the pod's `deletionGracePeriodSeconds`.
+    pub const POD_DELETION_GRACE_PERIOD: &str = "io.kubernetes.pod.deletionGracePeriod";
+    /// Annotation: the preStop handler as JSON.
+    pub const CONTAINER_PRESTOP_HANDLER: &str = "io.kubernetes.container.preStopHandler";
+    /// Annotation: the container ports as JSON.
+    pub const CONTAINER_PORTS: &str = "io.kubernetes.container.ports";
+    /// Annotation: the container kind for init containers (`init` or `sidecar`), used to
+    /// reconstruct the container type after an agent restart.
+    pub const CONTAINER_TYPE: &str = "io.kubernetes.container.type";
+}
+
+/// Key/value map used for labels and annotations.
+pub type Labels = BTreeMap<String, String>;
+
+/// Identity of a sandbox: the pod it belongs to and the creation attempt.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSandboxMetadata {
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod UID.
+    pub uid: String,
+    /// Attempt number, 0 for the first sandbox of this pod.
+    pub attempt: u32,
+}
+
+/// A port the pod exposes (CRI `PortMapping`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortMapping {
+    /// `TCP`, `UDP` or `SCTP`.
+    pub protocol: String,
+    /// Port inside the pod.
+    pub container_port: i32,
+    /// Port on the host, 0 for none.
+    pub host_port: i32,
+    /// Host IP to bind, empty for all.
+    pub host_ip: String,
+}
+
+/// DNS settings for the sandbox (CRI `DNSConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DnsConfig {
+    /// Name servers.
+    pub servers: Vec<String>,
+    /// Search domains.
+    pub searches: Vec<String>,
+    /// resolv.conf options.
+    pub options: Vec<String>,
+}
+
+/// Everything a runtime needs to create a pod sandbox (CRI `PodSandboxConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSandboxConfig {
+    /// Pod identity.
+    pub metadata: PodSandboxMetadata,
+    /// Hostname; empty for host-network pods.
+    pub hostname: String,
+    /// Directory holding the pod's container logs (`<pod-log-dir>/<ns>_<name>_<uid>`).
+    pub log_directory: PathBuf,
+    /// DNS configuration, if the pod has its own.
+    pub dns_config: Option<DnsConfig>,
+    /// Declared container ports.
+    pub port_mappings: Vec<PortMapping>,
+    /// Labels: the pod's labels plus the `io.kubernetes.pod.*` labels.
+    pub labels: Labels,
+    /// Annotations: the pod's annotations.
+    pub annotations: Labels,
+    /// True when the pod uses the host's network namespace.
+    pub host_network: bool,
+    /// Parent cgroup for the pod's containers, if the agent manages pod cgroups.
+    pub cgroup_parent: String,
+}
+
+/// Sandbox state.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum SandboxState {
+    /// The sandbox is up and containers can run in it.
+    Ready,
+    /// The sandbox was stopped or failed.
+    #[default]
+    NotReady,
+}
+
+/// A sandbox as listed (CRI `PodSandbox`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSandbox {
+    /// Runtime-assigned ID.
+    pub id: String,
+    /// Pod identity.
+    pub metadata: PodSandboxMetadata,
+    /// Current state.
+    pub state: SandboxState,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Labels.
+    pub labels: Labels,
+    /// Annotations.
+    pub annotations: Labels,
+}
+
+/// Detailed sandbox status (CRI `PodSandboxStatus`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodSandboxStatus {
+    /// Runtime-assigned ID.
+    pub id: String,
+    /// Pod identity.
+    pub metadata: PodSandboxMetadata,
+    /// Current state.
+    pub state: SandboxState,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Primary pod IP, if the sandbox has one.
+    pub ip: Option<String>,
+    /// Additional pod IPs (dual stack).
+    pub additional_ips: Vec<String>,
+    /// True when the sandbox shares the host network namespace.
+    pub host_network: bool,
+    /// Labels.
+    pub labels: Labels,
+    /// Annotations.
+    pub annotations: Labels,
+}
+
+/// Identity of a container within its sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerMetadata {
+    /// Container name as in the pod spec.
+    pub name: String,
+    /// Attempt (restart count) of this instance.
+    pub attempt: u32,
+}
+
+/// A bind mount into the container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Mount {
+    /// Path inside the container.
+    pub container_path: PathBuf,
+    /// Path on the host.
+    pub host_path: PathBuf,
+    /// Mount read-only.
+    pub readonly: bool,
+}
+
+/// An environment variable after expansion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvVar {
+    /// Name.
+    pub name: String,
+    /// Value.
+    pub value: String,
+}
+
+/// Linux resource settings derived from `resources` (CRI `LinuxContainerResources`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LinuxResources {
+    /// CFS period in microseconds, 0 for unset.
+    pub cpu_period: i64,
+    /// CFS quota in microseconds, 0 for unset.
+    pub cpu_quota: i64,
+    /// CPU shares (cgroup v1 units; 2 is the minimum).
+    pub cpu_shares: i64,
+    /// Memory limit in bytes, 0 for unlimited.
+    pub memory_limit_in_bytes: i64,
+}
+
+/// Security settings the runtime applies.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SecurityContext {
+    /// Run privileged.
+    pub privileged: bool,
+    /// UID to run as.
+    pub run_as_user: Option<i64>,
+    /// GID to run as.
+    pub run_as_group: Option<i64>,
+}
+
+/// Everything a runtime needs to create a container (CRI `ContainerConfig`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerConfig {
+    /// Container identity.
+    pub metadata: ContainerMetadata,
+    /// Image reference as written in the pod spec.
+    pub image: String,
+    /// Entrypoint (`command`), already `$(VAR)`-expanded.
+    pub command: Vec<String>,
+    /// Arguments, already `$(VAR)`-expanded.
+    pub args: Vec<String>,
+    /// Working directory, empty for the runtime's default.
+    pub working_dir: String,
+    /// Environment, in order, already expanded.
+    pub envs: Vec<EnvVar>,
+    /// Mounts from volume plugins.
+    pub mounts: Vec<Mount>,
+    /// Labels (`io.kubernetes.*`).
+    pub labels: Labels,
+    /// Annotations (`io.kubernetes.container.*`).
+    pub annotations: Labels,
+    /// Log path relative to the sandbox's `log_directory` (`<container>/<restart>.log`).
+    pub log_path: String,
+    /// Keep stdin open.
+    pub stdin: bool,
+    /// Allocate a TTY.
+    pub tty: bool,
+    /// Resource limits.
+    pub resources: Option<LinuxResources>,
+    /// Security settings.
+    pub security: SecurityContext,
+}
+
+/// Container state (CRI `ContainerState`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ContainerState {
+    /// Created, not started.
+    Created,
+    /// Running.
+    Running,
+    /// Exited.
+    Exited,
+    /// State cannot be determined.
+    #[default]
+    Unknown,
+}
+
+/// A container as listed (CRI `Container`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Container {
+    /// Runtime-assigned ID.
+    pub id: String,
+    /// Sandbox the container belongs to.
+    pub pod_sandbox_id: String,
+    /// Container identity.
+    pub metadata: ContainerMetadata,
+    /// Image as requested.
+    pub image: String,
+    /// Resolved image reference (digest), if known.
+    pub image_ref: String,
+    /// Current state.
+    pub state: ContainerState,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Labels.
+    pub labels: Labels,
+    /// Annotations.
+    pub annotations: Labels,
+}
+
+/// Detailed container status (CRI `ContainerStatus`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerStatus {
+    /// Runtime-assigned ID.
+    pub id: String,
+    /// Container identity.
+    pub metadata: ContainerMetadata,
+    /// Current state.
+    pub state: ContainerState,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Start time, if it started.
+    pub started_at: Option<Timestamp>,
+    /// Finish time, if it exited.
+    pub finished_at: Option<Timestamp>,
+    /// Exit code, meaningful when exited (137 for SIGKILL, 128+n for signal n).
+    pub exit_code: i32,
+    /// Image as requested.
+    pub image: String,
+    /// Resolved image reference.
+    pub image_ref: String,
+    /// Brief reason for the state (`Completed`, `Error`, `OOMKilled`).
+    pub reason: String,
+    /// Human-readable detail (for example the termination message).
+    pub message: String,
+    /// Labels.
+    pub labels: Labels,
+    /// Annotations.
+    pub annotations: Labels,
+    /// Mounts.
+    pub mounts: Vec<Mount>,
+    /// Absolute log path.
+    pub log_path: PathBuf,
+    /// Resources applied.
+    pub resources: Option<LinuxResources>,
+}
+
+/// Result of [`ContainerRuntime::exec_sync`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecResult {
+    /// Captured stdout.
+    pub stdout: Vec<u8>,
+    /// Captured stderr.
+    pub stderr: Vec<u8>,
+    /// Exit code of the command.
+    pub exit_code: i32,
+}
+
+/// Runtime identity (CRI `VersionResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeVersion {
+    /// Runtime name, e.g. `containerd` or `process`.
+    pub runtime_name: String,
+    /// Runtime version.
+    pub runtime_version: String,
+    /// API version the runtime speaks.
+    pub runtime_api_version: String,
+}
+
+/// One runtime condition (CRI `RuntimeCondition`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeCondition {
+    /// `RuntimeReady` or `NetworkReady`.
+    pub type_: String,
+    /// Whether the condition holds.
+    pub status: bool,
+    /// Machine-readable reason when false.
+    pub reason: String,
+    /// Human-readable message when false.
+    pub message: String,
+}
+
+/// Runtime health (CRI `StatusResponse`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimeStatus {
+    /// Conditions; `RuntimeReady` and `NetworkReady` are the required ones.
+    pub conditions: Vec<RuntimeCondition>,
+}
+
+impl RuntimeStatus {
+    /// Name of the condition that says the runtime can run containers.
+    pub const RUNTIME_READY: &'static str = "RuntimeReady";
+    /// Name of the condition that says pod networking is ready.
+    pub const NETWORK_READY: &'static str = "NetworkReady";
+
+    /// The condition named `type_`, if reported.
+    pub fn condition(&self, type_: &str) -> Option<&RuntimeCondition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
+/// An image reference to look up or pull.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageSpec {
+    /// Reference as written in the pod spec.
+    pub image: String,
+}
+
+/// An image the runtime has.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Image {
+    /// Image ID.
+    pub id: String,
+    /// Tags.
+    pub repo_tags: Vec<String>,
+    /// Size in bytes.
+    pub size: u64,
+}
+
+/// Usage figures for one container.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerStats {
+    /// Container ID.
+    pub container_id: String,
+    /// When the figures were read.
+    pub timestamp: Timestamp,
+    /// Memory working set (usage minus inactive file cache), in bytes.
+    pub memory_working_set_bytes: Option<u64>,
+    /// Memory usage, in bytes.
+    pub memory_usage_bytes: Option<u64>,
+    /// Cumulative CPU time, in nanoseconds.
+    pub cpu_usage_core_nanoseconds: Option<u64>,
+    /// Number of processes.
+    pub process_count: Option<u64>,
+}
+
+/// Filter for [`ContainerRuntime::list_pod_sandboxes`]; empty fields match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxFilter {
+    /// Only this sandbox ID.
+    pub id: Option<String>,
+    /// Only sandboxes in this state.
+    pub state: Option<SandboxState>,
+    /// Only sandboxes carrying all these labels.
+    pub label_selector: Labels,
+}
+
+/// Filter for [`ContainerRuntime::list_containers`]; empty fields match everything.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerFilter {
+    /// Only this container ID.
+    pub id: Option<String>,
+    /// Only containers in this state.
+    pub state: Option<ContainerState>,
+    /// Only containers of this sandbox.
+    pub pod_sandbox_id: Option<String>,
+    /// Only containers carrying all these labels.
+    pub label_selector: Labels,
+}
+
+/// True when `labels` contains every pair of `selector`.
+pub fn labels_match(labels: &Labels, selector: &Labels) -> bool {
+    selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// A container runtime, shaped like CRI v1's RuntimeService and ImageService.
+///
+/// Implement this to plug a new backend into the engine; everything above it (restarts, backoff,
+/// init and sidecar ordering, probes, eviction, status) comes from the SDK. Every method must be
+/// safe to call concurrently. Methods must return [`ErrorKind::NotFound`](crate::ErrorKind) for
+/// unknown IDs; stop and remove operations on objects already gone may return `Ok`.
+#[async_trait]
+pub trait ContainerRuntime: Send + Sync + 'static {
+    /// Runtime name and version.
+    async fn version(&self) -> Result<RuntimeVersion>;
+    /// Runtime health conditions.
+    async fn status(&self) -> Result<RuntimeStatus>;
+
+    /// Create and start a sandbox; returns its ID.
+    async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String>;
+    /// Stop a sandbox and every container in it. Idempotent.
+    async fn stop_pod_sandbox(&self, sandbox_id: &str) -> Result<()>;
+    /// Remove a stopped sandbox and its containers. Idempotent.
+    async fn remove_pod_sandbox(&self, sandbox_id: &str) -> Result<()>;
+    /// Status of one sandbox.
+    async fn pod_sandbox_status(&self, sandbox_id: &str) -> Result<PodSandboxStatus>;
+    /// List sandboxes matching `filter`.
+    async fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> Result<Vec<PodSandbox>>;
+
+    /// Create a container in a sandbox; returns its ID. The container is not started.
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: &ContainerConfig,
+        sandbox_config: &PodSandboxConfig,
+    ) -> Result<String>;
+    /// Start a created container.
+    async fn start_container(&self, container_id: &str) -> Result<()>;
+    /// Stop a container: the stop signal, then SIGKILL after `timeout` (0 = kill at once).
+    async fn stop_container(&self, container_id: &str, timeout: Duration) -> Result<()>;
+    /// Remove a container. Idempotent.
+    async fn remove_container(&self, container_id: &str) -> Result<()>;
+    /// List containers matching `filter`.
+    async fn list_containers(&self, filter: &ContainerFilter) -> Result<Vec<Container>>;
+    /// Status of one container.
+    async fn container_status(&self, container_id: &str) -> Result<ContainerStatus>;
+    /// Run a command in a container and wait for it, at most `timeout`.
+    /// A command that times out returns [`ErrorKind::DeadlineExceeded`](crate::ErrorKind).
+    async fn exec_sync(
+        &self,
+        container_id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> Result<ExecResult>;
+
+    /// The image if the runtime has it, `None` if it must be pulled.
+    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>>;
+    /// Pull an image; returns the image reference.
+    async fn pull_image(&self, image: &ImageSpec, sandbox_config: &PodSandboxConfig)
+    -> Result<String>;
+
+    /// Usage figures for one container. Optional: the default reports
+    /// [`ErrorKind::Unimplemented`](crate::ErrorKind).
+    async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unimplemented,
+            format!("container_stats is not supported by this runtime ({container_id})"),
+        ))
+    }
+}
+
+fn _assert_runtime_dyn(_: &dyn ContainerRuntime) {}
+
+/// A pod as the runtime sees it: its sandboxes and containers grouped by pod UID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuntimePod {
+    /// Pod UID (from the `io.kubernetes.pod.uid` label).
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Sandboxes, newest first.
+    pub sandboxes: Vec<PodSandbox>,
+    /// Containers.
+    pub containers: Vec<Container>,
+}
+
+/// The runtime-side status of one pod (the kubelet's `kubecontainer.PodStatus`): the input of
+/// [`compute_pod_actions`](crate::actions::compute_pod_actions) and status generation.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodRuntimeStatus {
+    /// Pod UID.
+    pub uid: String,
+    /// Pod name.
+    pub name: String,
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod IPs (primary first).
+    pub ips: Vec<String>,
+    /// Sandbox statuses, newest first.
+    pub sandbox_statuses: Vec<PodSandboxStatus>,
+    /// Statuses of all container instances, newest first.
+    pub container_statuses: Vec<ContainerStatus>,
+}
+
+impl PodRuntimeStatus {
+    /// The newest instance of container `name`, if any.
+    pub fn find_container(&self, name: &str) -> Option<&ContainerStatus> {
+        self.container_statuses
+            .iter()
+            .filter(|c| c.metadata.name == name)
+            .max_by_key(|c| (c.created_at, c.metadata.attempt))
+    }
+
+    /// Every instance of container `name`, newest first.
+    pub fn container_instances<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> impl Iterator<Item = &'a ContainerStatus> + 'a {
+        self.container_statuses
+            .iter()
+            .filter(move |c| c.metadata.name == name)
+    }
+}
+
+/// List every pod the runtime knows about that carries the `io.kubernetes.pod.uid` label,
+/// grouped by UID, sandboxes newest first (the kubelet's `GetPods(all=true)`).
+pub async fn get_pods(runtime: &dyn ContainerRuntime) -> Result<Vec<RuntimePod>> {
+    let sandboxes = runtime
+        .list_pod_sandboxes(&SandboxFilter::default())
+        .await?;
+    let containers = runtime.list_containers(&ContainerFilter::default()).await?;
+    let mut pods: BTreeMap<String, RuntimePod> = BTreeMap::new();
+    for s in sandboxes {
+        let Some(uid) = s.labels.get(labels::POD_UID).cloned() else {
+            continue;
+        };
+        let pod = pods.entry(uid.clone()).or_insert_with(|| RuntimePod {
+            uid,
+            name: s.metadata.name.clone(),
+            namespace: s.metadata.namespace.clone(),
+            ..Default::default()
+        });
+        pod.sandboxes.push(s);
+    }
+    for c in containers {
+        let Some(uid) = c.labels.get(labels::POD_UID).cloned() else {
+            continue;
+        };
+        let pod = pods.entry(uid.clone()).or_insert_with(|| RuntimePod {
+            uid,
+            name: c.labels.get(labels::POD_NAME).cloned().unwrap_or_default(),
+            namespace: c
+                .labels
+                .get(labels::POD_NAMESPACE)
+                .cloned()
+                .unwrap_or_default(),
+            ..Default::default()
+        });
+        pod.containers.push(c);
+    }
+    let mut out: Vec<RuntimePod> = pods.into_values().collect();
+    for p in &mut out {
+        p.sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    }
+    Ok(out)
+}
+
+/// Inspect one pod in depth (the kubelet's `GetPodStatus`): every sandbox's status and every
+/// container's status, found by the pod-UID label. Containers that vanish between the list and
+/// the status call are skipped.
+pub async fn get_pod_status(
+    runtime: &dyn ContainerRuntime,
+    uid: &str,
+    name: &str,
+    namespace: &str,
+) -> Result<PodRuntimeStatus> {
+    let mut selector = Labels::new();
+    selector.insert(labels::POD_UID.to_string(), uid.to_string());
+    let sandboxes = runtime
+        .list_pod_sandboxes(&SandboxFilter {
+            label_selector: selector.clone(),
+            ..Default::default()
+        })
+        .await?;
+    let mut sandbox_statuses = Vec::with_capacity(sandboxes.len());
+    for s in &sandboxes {
+        match runtime.pod_sandbox_status(&s.id).await {
+            Ok(st) => sandbox_statuses.push(st),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    sandbox_statuses.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    let containers = runtime
+        .list_containers(&ContainerFilter {
+            label_selector: selector,
+            ..Default::default()
+        })
+        .await?;
+    let mut container_statuses = Vec::with_capacity(containers.len());
+    for c in &containers {
+        match runtime.container_status(&c.id).await {
+            Ok(st) => container_statuses.push(st),
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    container_statuses.sort_by(|a, b| {
+        (b.created_at, b.metadata.attempt).cmp(&(a.created_at, a.metadata.attempt))
+    });
+    let mut ips = Vec::new();
+    if let Some(s) = sandbox_statuses
+        .iter()
+        .find(|s| s.state == SandboxState::Ready)
+    {
+        if let Some(ip) = &s.ip {
+            ips.push(ip.clone());
+        }
+        ips.extend(s.additional_ips.iter().cloned());
+    }
+    Ok(PodRuntimeStatus {
+        uid: uid.to_string(),
+        name: name.to_string(),
+        namespace: namespace.to_string(),
+        ips,
+        sandbox_statuses,
+        container_statuses,
+    })
+}
