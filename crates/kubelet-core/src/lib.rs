@@ -1,7 +1,10 @@
 //! `kubelet-core`: the vocabulary and the engine of the kubelet SDK.
 #![forbid(unsafe_code)]
 
+pub mod actions;
 pub mod admission;
+pub mod backoff;
+pub mod quantity;
 pub mod cache;
 pub mod config;
 pub mod error;
