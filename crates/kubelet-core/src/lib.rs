@@ -17,6 +17,8 @@ pub mod runtime;
 pub mod sink;
 pub mod status_manager;
 pub mod volume;
+#[cfg(feature = "testing")]
+pub mod testing;
 
 pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
 pub use cache::{PodCache, PodCacheWriter, pod_cache};
