@@ -1,0 +1,585 @@
+//! [`FileSource`]: static pods from a manifest directory or file (the kubelet's
+//! `--pod-manifest-path`).
+//!
+//! # Change detection
+//!
+//! - A full re-list at start and then every [`FileSourceConfig::check_frequency`] (20 s by
+//!   default, the kubelet's `fileCheckFrequency`).
+//! - An inotify watch on the directory (for a single file: on its parent directory, filtered to
+//!   that file's name, so editors that save by rename keep being seen). Events on dot-files are
+//!   ignored (editor swap files, `.tmp` files of atomic saves), and so are subdirectories.
+//! - Watch events are debounced: after an event the source waits until no event came for
+//!   [`FileSourceConfig::debounce`] (100 ms), and while a file is still open for writing
+//!   (`IN_MODIFY` without `IN_CLOSE_WRITE`) up to [`FileSourceConfig::max_write_wait`] (2 s), so
+//!   a file written in several chunks or saved by rename yields one snapshot.
+//! - Every change re-reads the whole path and sends the full current set of pods; the merge
+//!   ([`kubelet_core::merge::PodStorage`]) turns it into ADD / REMOVE / UPDATE operations.
+//! - A missing path gives an empty snapshot (so the source counts as seen) and is retried every
+//!   [`FileSourceConfig::missing_path_retry`] (1 s). A watch that cannot be set up is retried
+//!   with backoff from 1 s to 20 s; the periodic re-list goes on meanwhile.
+//!
+//! # Invalid manifests
+//!
+//! As in the kubelet: when the re-list was triggered by a watch event, a file that fails to
+//! read, decode or validate keeps the pod it last produced (if any) until the next periodic
+//! re-list; a periodic re-list skips it, so its old pod is removed. Each failure is logged and
+//! recorded as a `FailedValidation` warning event naming the file and the reason, once per
+//! distinct error (a file that stays broken is not reported again every period). Other files'
+//! pods are never affected.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use inotify::{EventMask, EventStream, Inotify, WatchMask};
+use k8s_openapi::api::core::v1::Pod;
+use kubelet_core::config::sources;
+use kubelet_core::merge::REASON_FAILED_VALIDATION;
+use kubelet_core::{EventRecorder, InvolvedObject, PodSource, SourceSender};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::PodConfigError;
+use crate::manifest::{self, ManifestFailure};
+
+/// Settings of a [`FileSource`]. Start from [`Default`] and adjust with the setters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileSourceConfig {
+    /// Period of the full re-list (kubelet `fileCheckFrequency`, default 20 s).
+    pub check_frequency: Duration,
+    /// Quiet time after a watch event before re-reading (default 100 ms).
+    pub debounce: Duration,
+    /// Longest wait for a file that is still open for writing (default 2 s).
+    pub max_write_wait: Duration,
+    /// Retry period while the path does not exist (default 1 s, as the kubelet's).
+    pub missing_path_retry: Duration,
+}
+
+impl Default for FileSourceConfig {
+    fn default() -> Self {
+        Self {
+            check_frequency: Duration::from_secs(20),
+            debounce: Duration::from_millis(100),
+            max_write_wait: Duration::from_secs(2),
+            missing_path_retry: Duration::from_secs(1),
+        }
+    }
+}
+
+impl FileSourceConfig {
+    /// Set the full re-list period.
+    pub fn check_frequency(mut self, period: Duration) -> Self {
+        self.check_frequency = period;
+        self
+    }
+
+    /// Set the debounce quiet time.
+    pub fn debounce(mut self, quiet: Duration) -> Self {
+        self.debounce = quiet;
+        self
+    }
+
+    /// Set the longest wait for a file still open for writing.
+    pub fn max_write_wait(mut self, wait: Duration) -> Self {
+        self.max_write_wait = wait;
+        self
+    }
+
+    /// Set the retry period while the path is missing.
+    pub fn missing_path_retry(mut self, period: Duration) -> Self {
+        self.missing_path_retry = period;
+        self
+    }
+}
+
+/// Static pods from a directory of manifests or a single manifest file: a [`PodSource`] named
+/// `file`. See the [module docs](self) for how it detects changes and handles bad manifests.
+#[derive(Debug, Clone)]
+pub struct FileSource {
+    path: PathBuf,
+    node_name: String,
+    config: FileSourceConfig,
+}
+
+impl FileSource {
+    /// A source reading `path` (a directory or a file; a trailing `/` is ignored) for node
+    /// `node_name`, with the default settings.
+    pub fn new(path: impl Into<PathBuf>, node_name: impl Into<String>) -> Self {
+        let path = path.into();
+        let text = path.to_string_lossy();
+        let trimmed = text.trim_end_matches('/');
+        let path = if trimmed.is_empty() || trimmed.len() == text.len() {
+            path
+        } else {
+            PathBuf::from(trimmed)
+        };
+        Self {
+            path,
+            node_name: node_name.into(),
+            config: FileSourceConfig::default(),
+        }
+    }
+
+    /// Replace the settings.
+    pub fn with_config(mut self, config: FileSourceConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The manifest path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The node name static pods are defaulted for.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &FileSourceConfig {
+        &self.config
+    }
+}
+
+#[async_trait]
+impl PodSource for FileSource {
+    fn name(&self) -> &str {
+        sources::FILE
+    }
+
+    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
+        let mut state = State::new(self.path.clone(), out.recorder().clone());
+        let mut watcher: Option<Watcher> = None;
+        let mut watch_backoff = WATCH_BACKOFF_MIN;
+        let mut next_watch_attempt = Instant::now();
+        let mut next_relist = Instant::now();
+        tracing::info!(path = %self.path.display(), "watching static pod manifests");
+
+        loop {
+            let now = Instant::now();
+            if watcher.is_none() && now >= next_watch_attempt && self.path.exists() {
+                // Set up the watch before listing, so nothing written in between is missed.
+                match Watcher::new(&self.path) {
+                    Ok(w) => {
+                        tracing::debug!(path = %self.path.display(), "inotify watch established");
+                        watcher = Some(w);
+                        watch_backoff = WATCH_BACKOFF_MIN;
+                    }
+                    Err(source) => {
+                        let err = PodConfigError::Watch {
+                            path: self.path.clone(),
+                            source,
+                        };
+                        tracing::warn!(error = %err, retry_in = ?watch_backoff, "static pod watch failed; re-listing periodically meanwhile");
+                        next_watch_attempt = now + watch_backoff;
+                        watch_backoff = (watch_backoff * 2).min(WATCH_BACKOFF_MAX);
+                    }
+                }
+            }
+            if now >= next_relist {
+                let missing = self.relist_and_send(&mut state, &out, Trigger::Periodic).await;
+                let Some(missing) = missing else { return };
+                next_relist = now
+                    + if missing {
+                        self.config.missing_path_retry
+                    } else {
+                        self.config.check_frequency
+                    };
+                if missing {
+                    watcher = None;
+                }
+            }
+
+            let wake = if watcher.is_none() {
+                next_relist.min(next_watch_attempt.max(now))
+            } else {
+                next_relist
+            };
+            let event = async {
+                match watcher.as_mut() {
+                    Some(w) => w.stream.next().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep_until(wake) => {}
+                ev = event => {
+                    let Some(w) = watcher.as_mut() else { continue };
+                    let mut burst = Burst::default();
+                    burst.take(&w.only, ev);
+                    if !burst.relevant && burst.alive {
+                        continue;
+                    }
+                    if burst.alive {
+                        // Debounce: wait for quiet, and for writers to close their files.
+                        let start = Instant::now();
+                        let mut last = start;
+                        loop {
+                            let quiet = last + self.config.debounce;
+                            let deadline = if burst.writing.is_empty() {
+                                quiet
+                            } else {
+                                quiet.max(start + self.config.max_write_wait)
+                            }
+                            .min(start + self.config.max_write_wait.max(self.config.debounce));
+                            tokio::select! {
+                                _ = shutdown.cancelled() => return,
+                                _ = tokio::time::sleep_until(deadline) => break,
+                                ev = w.stream.next() => {
+                                    burst.take(&w.only, ev);
+                                    last = Instant::now();
+                                    if !burst.alive { break; }
+                                }
+                            }
+                        }
+                    }
+                    if !burst.alive {
+                        tracing::debug!(path = %self.path.display(), "static pod watch ended; re-establishing");
+                        watcher = None;
+                        next_watch_attempt = Instant::now();
+                    }
+                    if burst.relevant || !burst.alive {
+                        let missing = self.relist_and_send(&mut state, &out, Trigger::Watch).await;
+                        if missing.is_none() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl FileSource {
+    /// Re-list and send the snapshot. `None` when the receiver is gone; otherwise whether the
+    /// path was missing.
+    async fn relist_and_send(
+        &self,
+        state: &mut State,
+        out: &SourceSender,
+        trigger: Trigger,
+    ) -> Option<bool> {
+        let path = self.path.clone();
+        let node = self.node_name.clone();
+        let listing = match tokio::task::spawn_blocking(move || list(&path, &node)).await {
+            Ok(listing) => listing,
+            Err(e) => {
+                tracing::error!(error = %e, "static pod listing task failed");
+                return Some(false);
+            }
+        };
+        let missing = matches!(listing, Listing::Missing);
+        let Some(pods) = state.apply(listing, trigger) else {
+            return Some(missing);
+        };
+        tracing::debug!(path = %self.path.display(), pods = pods.len(), ?trigger, "static pod snapshot");
+        match out.snapshot(pods).await {
+            Ok(()) => Some(missing),
+            Err(_) => None,
+        }
+    }
+}
+
+const WATCH_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const WATCH_BACKOFF_MAX: Duration = Duration::from_secs(20);
+
+/// What caused a re-list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trigger {
+    /// Start or the periodic re-list: invalid files are skipped.
+    Periodic,
+    /// A watch event: invalid files keep their last good pod.
+    Watch,
+}
+
+/// Result of reading the manifest path.
+#[derive(Debug)]
+enum Listing {
+    /// The path does not exist.
+    Missing,
+    /// The directory could not be listed.
+    Failed(PodConfigError),
+    /// Every manifest file, in lexical order, with its pod or its failure.
+    Files(Vec<(PathBuf, Result<Pod, ManifestFailure>)>),
+}
+
+/// Read every manifest under `path` (blocking).
+fn list(path: &Path, node_name: &str) -> Listing {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Listing::Missing,
+        Err(source) => {
+            return Listing::Failed(PodConfigError::ListManifestDir {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    if !meta.is_dir() {
+        return Listing::Files(vec![(
+            path.to_path_buf(),
+            manifest::load(path, node_name),
+        )]);
+    }
+    let entries = match std::fs::read_dir(path) {
+        Ok(rd) => rd,
+        Err(source) => {
+            return Listing::Failed(PodConfigError::ListManifestDir {
+                path: path.to_path_buf(),
+                source,
+            });
+        }
+    };
+    let mut names: Vec<OsString> = Vec::new();
+    for entry in entries {
+        match entry {
+            Ok(e) => {
+                let name = e.file_name();
+                if !name.to_string_lossy().starts_with('.') {
+                    names.push(name);
+                }
+            }
+            Err(source) => {
+                return Listing::Failed(PodConfigError::ListManifestDir {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        }
+    }
+    names.sort();
+    let mut files = Vec::with_capacity(names.len());
+    for name in names {
+        let file = path.join(&name);
+        match std::fs::metadata(&file) {
+            Ok(m) if m.is_dir() => {
+                tracing::debug!(path = %file.display(), "not recursing into manifest path");
+            }
+            Ok(m) if !m.is_file() => {
+                tracing::debug!(path = %file.display(), "manifest path is not a regular file; skipping");
+            }
+            Ok(_) => files.push((file.clone(), manifest::load(&file, node_name))),
+            // Deleted between listing and stat: it is simply gone.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => files.push((
+                file.clone(),
+                Err(PodConfigError::ReadManifest { path: file, source }.into()),
+            )),
+        }
+    }
+    Listing::Files(files)
+}
+
+/// The file source's memory: the last good pod of every manifest file, and the errors already
+/// reported.
+struct State {
+    root: PathBuf,
+    recorder: EventRecorder,
+    pods: BTreeMap<PathBuf, Pod>,
+    reported: HashMap<PathBuf, String>,
+}
+
+impl State {
+    fn new(root: PathBuf, recorder: EventRecorder) -> Self {
+        Self {
+            root,
+            recorder,
+            pods: BTreeMap::new(),
+            reported: HashMap::new(),
+        }
+    }
+
+    /// Fold a listing into the state; returns the snapshot to send, or `None` when the listing
+    /// failed and nothing should be sent.
+    fn apply(&mut self, listing: Listing, trigger: Trigger) -> Option<Vec<Pod>> {
+        let files = match listing {
+            Listing::Missing => {
+                if self.reported.insert(self.root.clone(), "missing".into()).is_none() {
+                    tracing::info!(path = %self.root.display(), "static pod path does not exist; retrying");
+                }
+                self.pods.clear();
+                return Some(Vec::new());
+            }
+            Listing::Failed(err) => {
+                self.report(None, &err);
+                return None;
+            }
+            Listing::Files(files) => files,
+        };
+        self.reported.remove(&self.root);
+        let mut pods = BTreeMap::new();
+        let mut present = HashSet::new();
+        for (file, result) in files {
+            present.insert(file.clone());
+            match result {
+                Ok(pod) => {
+                    if self.reported.remove(&file).is_some() {
+                        tracing::info!(path = %file.display(), "static pod manifest is valid again");
+                    }
+                    pods.insert(file, pod);
+                }
+                Err(failure) => {
+                    self.report(failure.pod.as_deref(), &failure.error);
+                    match (trigger, self.pods.remove(&file)) {
+                        (Trigger::Watch, Some(old)) => {
+                            tracing::info!(path = %file.display(), "keeping the last good pod of the invalid manifest until the next periodic re-list");
+                            pods.insert(file, old);
+                        }
+                        (Trigger::Periodic, Some(_)) => {
+                            tracing::warn!(path = %file.display(), "static pod manifest is invalid; removing its pod");
+                        }
+                        (_, None) => {}
+                    }
+                }
+            }
+        }
+        self.reported
+            .retain(|path, _| present.contains(path) || *path == self.root);
+        self.pods = pods;
+        Some(self.pods.values().cloned().collect())
+    }
+
+    /// Log and record a failure once per distinct message.
+    fn report(&mut self, pod: Option<&Pod>, err: &PodConfigError) {
+        let message = err.to_string();
+        let path = err.path().to_path_buf();
+        if self.reported.get(&path) == Some(&message) {
+            tracing::debug!(error = %message, "static pod manifest still invalid");
+            return;
+        }
+        tracing::warn!(path = %path.display(), error = %message, "could not process static pod manifest");
+        let involved = match pod {
+            Some(p) => InvolvedObject::pod(p),
+            None => InvolvedObject::file(&path),
+        };
+        self.recorder
+            .warning(involved, REASON_FAILED_VALIDATION, message.clone());
+        self.reported.insert(path, message);
+    }
+}
+
+/// An inotify watch on the manifest directory (or on the parent of a manifest file).
+struct Watcher {
+    stream: EventStream<Vec<u8>>,
+    /// For a single-file path: the only name whose events count.
+    only: Option<OsString>,
+}
+
+impl Watcher {
+    fn new(path: &Path) -> std::io::Result<Self> {
+        let inotify = Inotify::init()?;
+        let mask = WatchMask::CREATE
+            | WatchMask::MODIFY
+            | WatchMask::CLOSE_WRITE
+            | WatchMask::ATTRIB
+            | WatchMask::DELETE
+            | WatchMask::MOVED_FROM
+            | WatchMask::MOVED_TO
+            | WatchMask::DELETE_SELF
+            | WatchMask::MOVE_SELF;
+        let (dir, only) = if std::fs::metadata(path)?.is_dir() {
+            (path.to_path_buf(), None)
+        } else {
+            let parent = match path.parent() {
+                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            (parent, path.file_name().map(OsString::from))
+        };
+        inotify.watches().add(&dir, mask)?;
+        let stream = inotify.into_event_stream(vec![0u8; 4096])?;
+        Ok(Self { stream, only })
+    }
+}
+
+/// What a run of watch events amounts to.
+#[derive(Debug)]
+struct Burst {
+    /// Some event touched a manifest.
+    relevant: bool,
+    /// The watch still works.
+    alive: bool,
+    /// Files modified and not yet closed.
+    writing: HashSet<OsString>,
+}
+
+impl Default for Burst {
+    fn default() -> Self {
+        Self {
+            relevant: false,
+            alive: true,
+            writing: HashSet::new(),
+        }
+    }
+}
+
+impl Burst {
+    fn take(&mut self, only: &Option<OsString>, ev: Option<std::io::Result<inotify::EventOwned>>) {
+        let ev = match ev {
+            Some(Ok(ev)) => ev,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "reading static pod watch events failed");
+                self.alive = false;
+                return;
+            }
+            None => {
+                self.alive = false;
+                return;
+            }
+        };
+        if ev.mask.contains(EventMask::Q_OVERFLOW) {
+            self.relevant = true;
+            return;
+        }
+        if ev.mask.intersects(
+            EventMask::DELETE_SELF | EventMask::MOVE_SELF | EventMask::IGNORED | EventMask::UNMOUNT,
+        ) {
+            self.alive = false;
+            return;
+        }
+        let Some(name) = ev.name else { return };
+        if name.to_string_lossy().starts_with('.') || ev.mask.contains(EventMask::ISDIR) {
+            return;
+        }
+        if only.as_ref().is_some_and(|only| *only != name) {
+            return;
+        }
+        self.relevant = true;
+        if ev.mask.contains(EventMask::MODIFY) {
+            self.writing.insert(name);
+        } else if ev
+            .mask
+            .intersects(EventMask::CLOSE_WRITE | EventMask::DELETE | EventMask::MOVED_FROM)
+        {
+            self.writing.remove(&name);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trailing_slashes_are_trimmed() {
+        assert_eq!(
+            FileSource::new("/etc/kubernetes/manifests/", "n").path(),
+            Path::new("/etc/kubernetes/manifests")
+        );
+        assert_eq!(FileSource::new("/", "n").path(), Path::new("/"));
+        assert_eq!(FileSource::new("rel//", "n").path(), Path::new("rel"));
+    }
+
+    #[test]
+    fn default_check_frequency_is_the_kubelets() {
+        let c = FileSourceConfig::default();
+        assert_eq!(c.check_frequency, Duration::from_secs(20));
+        assert_eq!(c.missing_path_retry, Duration::from_secs(1));
+    }
+}
