@@ -1,1 +1,77 @@
-//! tmp
+//! `kubelet-process`: the kubelet SDK's built-in container runtime. Each container runs as a
+//! supervised process on the host; no images, no namespaces.
+//!
+//! Start with [`ProcessRuntime`] (a [`ContainerRuntime`](kubelet_core::ContainerRuntime)) and
+//! [`ProcessRuntimeConfig`]; hand the runtime to the engine's builder.
+//!
+//! # What a "container" is here
+//! - **Command.** `command` + `args` run directly (no shell); when `command` is empty, `args`
+//!   alone is the command line. With neither, `create_container` fails with `InvalidArgument`.
+//! - **Images are recorded, not pulled.** `image_status` always reports the image as present
+//!   (its ID is the image string) and `pull_image` returns the image string; the process runs
+//!   from the host's filesystem.
+//! - **Environment.** Exactly the (already expanded) env the engine passes, plus `PATH` when
+//!   absent; nothing is inherited from the agent.
+//! - **Working directory.** `workingDir`, created if missing; default: a directory shared by
+//!   the pod's containers under the sandbox's state directory.
+//! - **Logs.** stdout/stderr are written in the CRI log format
+//!   (`<RFC3339Nano> stdout|stderr F|P <line>`) to `<sandbox log_directory>/<log_path>`.
+//! - **Exit.** Exit code and reason (`Completed`, `Error`, `OOMKilled` when the cgroup's
+//!   OOM-kill counter says so); 128+n when killed by signal n (137 for SIGKILL). A command that
+//!   cannot be executed leaves the container `Exited` with code 128, reason `StartError`.
+//! - **Stop.** SIGTERM to the container's process group, SIGKILL after the timeout.
+//! - **Network.** Always the host network: the pod IP is the host's primary IP (or
+//!   `127.0.0.1`), and sandbox status says `host_network = true`.
+//! - **Mounts** cannot be applied without a mount namespace: a container with mounts gets a
+//!   Warning event `MountsNotSupported` naming them, and runs on the host filesystem.
+//! - **Resources.** As root, with a cgroup hierarchy (v1 or v2, detected from
+//!   `/proc/self/mountinfo`), every container gets its own cgroup
+//!   `<hierarchy>/<cgroup_parent>/<sandbox id>/<container id>` with the memory limit and CPU
+//!   shares/quota applied, and `container_stats` reads usage from it. Without root or cgroups the
+//!   container runs unlimited and a Warning event `ResourceLimitsNotEnforced` says so.
+//!
+//! # Surviving the agent
+//! Every container has a supervisor process, the [`shim`], in its own session. Containers keep
+//! running when the agent exits, and a new `ProcessRuntime` on the same root directory finds
+//! them (same PID) and still learns their exit status. The shim is either the
+//! `kubelet-process-shim` binary of this crate or the host binary itself (see
+//! [`ShimCommand`] and [`shim::maybe_run_shim`]).
+//!
+//! # Example
+//! ```no_run
+//! use kubelet_core::ContainerRuntime;
+//! use kubelet_core::runtime::{ContainerConfig, PodSandboxConfig};
+//! use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = ProcessRuntime::new(
+//!     ProcessRuntimeConfig::new("/tmp/kubelet-process")
+//!         .shim(ShimCommand::Path("/usr/local/bin/kubelet-process-shim".into())),
+//! )?;
+//! let sandbox = PodSandboxConfig {
+//!     log_directory: "/tmp/kubelet-process/logs/default_demo_uid1".into(),
+//!     ..Default::default()
+//! };
+//! let sid = runtime.run_pod_sandbox(&sandbox).await?;
+//! let container = ContainerConfig {
+//!     command: vec!["/bin/sh".into(), "-c".into(), "echo hello; sleep 10".into()],
+//!     log_path: "demo/0.log".into(),
+//!     ..Default::default()
+//! };
+//! let cid = runtime.create_container(&sid, &container, &sandbox).await?;
+//! runtime.start_container(&cid).await?;
+//! runtime.stop_container(&cid, std::time::Duration::from_secs(2)).await?;
+//! # Ok(()) }
+//! ```
+
+mod cgroup;
+pub mod config;
+pub mod error;
+mod logfmt;
+mod record;
+pub mod runtime;
+pub mod shim;
+
+pub use config::{ProcessRuntimeConfig, ShimCommand};
+pub use error::ProcessError;
+pub use runtime::{ProcessRuntime, container_env};

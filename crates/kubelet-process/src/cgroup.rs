@@ -1,0 +1,573 @@
+//! cgroup v1 / v2 support: detection from `/proc/self/mountinfo`, per-container cgroups under
+//! `<hierarchy root>/<parent>/<sandbox>/<container>`, limits, usage and OOM-kill counters.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ProcessError;
+use crate::record::ResourcesRecord;
+
+/// v1 controllers the runtime uses.
+const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "cpuacct", "pids"];
+/// Key of the unified hierarchy in [`CgroupPaths::dirs`].
+const UNIFIED: &str = "unified";
+
+/// The cgroup hierarchies found on this machine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CgroupDriver {
+    /// Legacy hierarchies: controller name → mount point.
+    V1(BTreeMap<String, PathBuf>),
+    /// The unified hierarchy's mount point.
+    V2(PathBuf),
+}
+
+/// Mounts of type `cgroup` / `cgroup2` from a mountinfo text.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct CgroupMounts {
+    /// v1 mount point → controllers mounted there.
+    pub(crate) v1: Vec<(PathBuf, Vec<String>)>,
+    /// v2 mount points.
+    pub(crate) v2: Vec<PathBuf>,
+}
+
+/// Parse `/proc/self/mountinfo`.
+pub(crate) fn parse_mountinfo(text: &str) -> CgroupMounts {
+    let mut out = CgroupMounts::default();
+    for line in text.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split_whitespace().collect();
+        let post: Vec<&str> = post.split_whitespace().collect();
+        let (Some(mount_point), Some(fstype)) = (pre.get(4), post.first()) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(mount_point.replace("\\040", " "));
+        match *fstype {
+            "cgroup2" => out.v2.push(mount_point),
+            "cgroup" => {
+                let opts = post.get(2).copied().unwrap_or_default();
+                let controllers = opts
+                    .split(',')
+                    .filter(|o| V1_CONTROLLERS.contains(o))
+                    .map(str::to_string)
+                    .collect::<Vec<_>>();
+                if !controllers.is_empty() {
+                    out.v1.push((mount_point, controllers));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl CgroupDriver {
+    /// Detect the hierarchy to use: v1 when a v1 memory hierarchy is mounted, else v2 when a
+    /// unified hierarchy offers the memory controller, else `None`.
+    pub(crate) fn detect() -> Option<Self> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Self::from_mounts(&parse_mountinfo(&text))
+    }
+
+    pub(crate) fn from_mounts(mounts: &CgroupMounts) -> Option<Self> {
+        let mut v1 = BTreeMap::new();
+        for (mp, ctrls) in &mounts.v1 {
+            for c in ctrls {
+                v1.entry(c.clone()).or_insert_with(|| mp.clone());
+            }
+        }
+        if v1.contains_key("memory") {
+            return Some(CgroupDriver::V1(v1));
+        }
+        mounts
+            .v2
+            .iter()
+            .find(|mp| {
+                std::fs::read_to_string(mp.join("cgroup.controllers"))
+                    .map(|c| c.split_whitespace().any(|w| w == "memory"))
+                    .unwrap_or(false)
+            })
+            .map(|mp| CgroupDriver::V2(mp.clone()))
+    }
+
+    /// `v1` or `v2`.
+    pub(crate) fn version(&self) -> &'static str {
+        match self {
+            CgroupDriver::V1(_) => "v1",
+            CgroupDriver::V2(_) => "v2",
+        }
+    }
+
+    /// Paths of the cgroup of container `cid` in sandbox `sid` (nothing is created).
+    pub(crate) fn container_paths(&self, parent: &str, sid: &str, cid: &str) -> CgroupPaths {
+        let rel = Path::new(parent).join(sid).join(cid);
+        match self {
+            CgroupDriver::V1(m) => CgroupPaths {
+                unified: false,
+                dirs: m
+                    .iter()
+                    .map(|(c, mp)| (c.clone(), mp.join(&rel)))
+                    .collect(),
+            },
+            CgroupDriver::V2(mp) => CgroupPaths {
+                unified: true,
+                dirs: BTreeMap::from([(UNIFIED.to_string(), mp.join(&rel))]),
+            },
+        }
+    }
+
+    /// Directories of the sandbox-level cgroups (to remove with the sandbox).
+    pub(crate) fn sandbox_dirs(&self, parent: &str, sid: &str) -> Vec<PathBuf> {
+        let rel = Path::new(parent).join(sid);
+        let mut dirs: Vec<PathBuf> = match self {
+            CgroupDriver::V1(m) => m.values().map(|mp| mp.join(&rel)).collect(),
+            CgroupDriver::V2(mp) => vec![mp.join(&rel)],
+        };
+        dirs.sort();
+        dirs.dedup();
+        dirs
+    }
+
+    /// Create the container's cgroup (and its parents), enabling v2 controllers on the way.
+    pub(crate) fn create(&self, paths: &CgroupPaths) -> Result<(), ProcessError> {
+        if let CgroupDriver::V2(root) = self {
+            if let Some(leaf) = paths.dirs.get(UNIFIED) {
+                let mut dir = root.clone();
+                let rel = leaf.strip_prefix(root).unwrap_or(leaf);
+                for comp in rel.components() {
+                    enable_v2_controllers(&dir);
+                    dir.push(comp);
+                    create_dir(&dir)?;
+                }
+            }
+            return Ok(());
+        }
+        for dir in paths.unique_dirs() {
+            create_dir(&dir)?;
+        }
+        Ok(())
+    }
+}
+
+fn create_dir(dir: &Path) -> Result<(), ProcessError> {
+    std::fs::create_dir_all(dir).map_err(|source| ProcessError::Cgroup {
+        op: "creating",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Enable memory, cpu and pids for the children of `dir` (best effort: a controller the
+/// parent lacks is skipped).
+fn enable_v2_controllers(dir: &Path) {
+    let file = dir.join("cgroup.subtree_control");
+    for c in ["+memory", "+cpu", "+pids"] {
+        if let Err(e) = std::fs::write(&file, c) {
+            tracing::debug!(path = %file.display(), controller = c, error = %e, "cannot enable cgroup controller");
+        }
+    }
+}
+
+/// The cgroup directories of one container.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub(crate) struct CgroupPaths {
+    /// True for cgroup v2.
+    pub(crate) unified: bool,
+    /// Controller (or `unified`) → directory.
+    pub(crate) dirs: BTreeMap<String, PathBuf>,
+}
+
+/// Usage figures read from a cgroup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct CgroupStats {
+    pub(crate) memory_usage: Option<u64>,
+    pub(crate) memory_working_set: Option<u64>,
+    pub(crate) cpu_usage_ns: Option<u64>,
+    pub(crate) process_count: Option<u64>,
+}
+
+impl CgroupPaths {
+    fn dir(&self, controller: &str) -> Option<&Path> {
+        if self.unified {
+            self.dirs.get(UNIFIED).map(PathBuf::as_path)
+        } else {
+            self.dirs.get(controller).map(PathBuf::as_path)
+        }
+    }
+
+    /// Distinct directories (v1 controllers may share a mount, as `cpu,cpuacct`).
+    pub(crate) fn unique_dirs(&self) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = self.dirs.values().cloned().collect();
+        v.sort();
+        v.dedup();
+        v
+    }
+
+    /// `cgroup.procs` files a process must be written to to join this cgroup.
+    pub(crate) fn procs_files(&self) -> Vec<PathBuf> {
+        self.unique_dirs()
+            .into_iter()
+            .map(|d| d.join("cgroup.procs"))
+            .collect()
+    }
+
+    /// Write `pid` into every hierarchy of this cgroup.
+    pub(crate) fn join(&self, pid: u32) -> Result<(), ProcessError> {
+        for f in self.procs_files() {
+            std::fs::write(&f, pid.to_string()).map_err(|source| ProcessError::Cgroup {
+                op: "joining",
+                path: f.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Apply memory and CPU settings.
+    pub(crate) fn apply(&self, r: &ResourcesRecord) -> Result<(), ProcessError> {
+        let write = |controller: &str, file: &str, value: String| -> Result<(), ProcessError> {
+            let Some(dir) = self.dir(controller) else {
+                return Ok(());
+            };
+            let path = dir.join(file);
+            std::fs::write(&path, &value).map_err(|source| ProcessError::Cgroup {
+                op: "writing",
+                path,
+                source,
+            })
+        };
+        let exists = |controller: &str, file: &str| self.dir(controller).is_some_and(|d| d.join(file).exists());
+        if self.unified {
+            if r.memory_limit_in_bytes > 0 {
+                write("memory", "memory.max", r.memory_limit_in_bytes.to_string())?;
+                if exists("memory", "memory.swap.max") {
+                    write("memory", "memory.swap.max", "0".to_string())?;
+                }
+            }
+            if r.cpu_shares > 0 && exists("cpu", "cpu.weight") {
+                write("cpu", "cpu.weight", shares_to_weight(r.cpu_shares).to_string())?;
+            }
+            if (r.cpu_quota > 0 || r.cpu_period > 0) && exists("cpu", "cpu.max") {
+                write("cpu", "cpu.max", cpu_max(r.cpu_quota, r.cpu_period))?;
+            }
+        } else {
+            if r.memory_limit_in_bytes > 0 {
+                write("memory", "memory.limit_in_bytes", r.memory_limit_in_bytes.to_string())?;
+                if exists("memory", "memory.memsw.limit_in_bytes") {
+                    write(
+                        "memory",
+                        "memory.memsw.limit_in_bytes",
+                        r.memory_limit_in_bytes.to_string(),
+                    )?;
+                }
+            }
+            if r.cpu_shares > 0 {
+                write("cpu", "cpu.shares", r.cpu_shares.max(2).to_string())?;
+            }
+            if r.cpu_period > 0 {
+                write("cpu", "cpu.cfs_period_us", r.cpu_period.to_string())?;
+            }
+            if r.cpu_quota > 0 {
+                write("cpu", "cpu.cfs_quota_us", r.cpu_quota.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Memory, CPU and process figures.
+    pub(crate) fn stats(&self) -> CgroupStats {
+        let read = |controller: &str, file: &str| -> Option<String> {
+            std::fs::read_to_string(self.dir(controller)?.join(file)).ok()
+        };
+        let mut s = CgroupStats::default();
+        if self.unified {
+            s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
+            let inactive = read("memory", "memory.stat")
+                .and_then(|t| parse_keyed(&t).get("inactive_file").copied());
+            s.cpu_usage_ns = read("cpu", "cpu.stat")
+                .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
+                .map(|us| us.saturating_mul(1000));
+            s.memory_working_set = s.memory_usage.map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+        } else {
+            s.memory_usage = read("memory", "memory.usage_in_bytes").and_then(|t| parse_u64(&t));
+            let inactive = read("memory", "memory.stat").and_then(|t| {
+                let m = parse_keyed(&t);
+                m.get("total_inactive_file")
+                    .or_else(|| m.get("inactive_file"))
+                    .copied()
+            });
+            s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
+            s.memory_working_set = s.memory_usage.map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+        }
+        s.process_count = read("pids", "cgroup.procs")
+            .or_else(|| read("memory", "cgroup.procs"))
+            .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count() as u64);
+        s
+    }
+
+    /// Number of OOM kills the kernel performed in this cgroup, if it says.
+    pub(crate) fn oom_kills(&self) -> Option<u64> {
+        let dir = self.dir("memory")?;
+        if self.unified {
+            let t = std::fs::read_to_string(dir.join("memory.events")).ok()?;
+            parse_keyed(&t).get("oom_kill").copied()
+        } else {
+            let t = std::fs::read_to_string(dir.join("memory.oom_control")).ok()?;
+            parse_keyed(&t).get("oom_kill").copied()
+        }
+    }
+
+    /// v1 only: how often the memory limit was hit (a fallback OOM hint on old kernels).
+    pub(crate) fn memory_failcnt(&self) -> Option<u64> {
+        if self.unified {
+            return None;
+        }
+        let t = std::fs::read_to_string(self.dir("memory")?.join("memory.failcnt")).ok()?;
+        parse_u64(&t)
+    }
+
+    /// PIDs in the cgroup.
+    pub(crate) fn pids(&self) -> Vec<u32> {
+        let Some(dir) = self.dir("memory").or_else(|| self.dirs.values().next().map(PathBuf::as_path)) else {
+            return Vec::new();
+        };
+        std::fs::read_to_string(dir.join("cgroup.procs"))
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Remove the cgroup directories (they must be empty of processes).
+    pub(crate) fn remove(&self) -> Result<(), ProcessError> {
+        remove_dirs(&self.unique_dirs())
+    }
+}
+
+/// `rmdir` each directory that exists.
+pub(crate) fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ProcessError> {
+    for d in dirs {
+        match std::fs::remove_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(ProcessError::Cgroup {
+                    op: "removing",
+                    path: d.clone(),
+                    source,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Parse a single-number cgroup file (`max` is `None`).
+pub(crate) fn parse_u64(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// Parse a flat-keyed cgroup file (`key value` per line), as `memory.stat`, `memory.events`,
+/// `memory.oom_control` and `cpu.stat`.
+pub(crate) fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let k = it.next()?;
+            let v = it.next()?.parse().ok()?;
+            Some((k.to_string(), v))
+        })
+        .collect()
+}
+
+/// cgroup v1 `cpu.shares` → v2 `cpu.weight` (the conversion runc and the kubelet use).
+pub(crate) fn shares_to_weight(shares: i64) -> u64 {
+    let shares = shares.clamp(2, 262_144) as u64;
+    1 + ((shares - 2) * 9999) / 262_142
+}
+
+/// v2 `cpu.max` content for a CFS quota and period (0 = unset).
+pub(crate) fn cpu_max(quota: i64, period: i64) -> String {
+    let period = if period > 0 { period } else { 100_000 };
+    if quota > 0 {
+        format!("{quota} {period}")
+    } else {
+        format!("max {period}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MOUNTINFO_V1: &str = "\
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+";
+
+    #[test]
+    fn mountinfo_with_v1_memory_selects_v1_even_with_an_empty_unified_tree() {
+        let m = parse_mountinfo(MOUNTINFO_V1);
+        assert_eq!(m.v2, vec![PathBuf::from("/sys/fs/cgroup/unified")]);
+        let d = CgroupDriver::from_mounts(&m).expect("detected");
+        let CgroupDriver::V1(map) = &d else {
+            panic!("expected v1, got {d:?}");
+        };
+        assert_eq!(map["memory"], Path::new("/sys/fs/cgroup/memory"));
+        assert_eq!(map["cpuacct"], Path::new("/sys/fs/cgroup/cpuacct"));
+        assert!(!map.contains_key("name=systemd"));
+        let p = d.container_paths("kubelet-sdk", "s1", "c1");
+        assert_eq!(
+            p.dirs["memory"],
+            Path::new("/sys/fs/cgroup/memory/kubelet-sdk/s1/c1")
+        );
+        assert_eq!(p.procs_files().len(), 4);
+    }
+
+    #[test]
+    fn comounted_cpu_cpuacct_is_joined_once() {
+        let m = parse_mountinfo(
+            "25 20 0:22 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+             26 20 0:23 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
+        );
+        let d = CgroupDriver::from_mounts(&m).expect("detected");
+        let p = d.container_paths("k", "s", "c");
+        assert_eq!(p.unique_dirs().len(), 2);
+    }
+
+    #[test]
+    fn v2_is_used_only_when_it_offers_memory() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let mounts = CgroupMounts {
+            v1: vec![],
+            v2: vec![root.path().to_path_buf()],
+        };
+        std::fs::write(root.path().join("cgroup.controllers"), "").expect("write");
+        assert_eq!(CgroupDriver::from_mounts(&mounts), None);
+        std::fs::write(root.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n")
+            .expect("write");
+        assert_eq!(
+            CgroupDriver::from_mounts(&mounts),
+            Some(CgroupDriver::V2(root.path().to_path_buf()))
+        );
+    }
+
+    fn fixture_v2() -> (tempfile::TempDir, CgroupPaths) {
+        let root = tempfile::tempdir().expect("tempdir");
+        let d = CgroupDriver::V2(root.path().to_path_buf());
+        let p = d.container_paths("kubelet-sdk", "s", "c");
+        d.create(&p).expect("create");
+        let dir = &p.dirs[UNIFIED];
+        for (f, c) in [
+            ("memory.max", "max\n"),
+            ("memory.swap.max", "max\n"),
+            ("cpu.weight", "100\n"),
+            ("cpu.max", "max 100000\n"),
+            ("memory.current", "10485760\n"),
+            ("memory.stat", "anon 6000000\nfile 4000000\ninactive_file 3000000\nactive_file 1000000\n"),
+            ("cpu.stat", "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n"),
+            ("memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n"),
+            ("cgroup.procs", "10\n11\n"),
+        ] {
+            std::fs::write(dir.join(f), c).expect("write");
+        }
+        (root, p)
+    }
+
+    #[test]
+    fn v2_fixture_limits_stats_and_oom_kills() {
+        let (_root, p) = fixture_v2();
+        p.apply(&ResourcesRecord {
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 512,
+            memory_limit_in_bytes: 33_554_432,
+        })
+        .expect("apply");
+        let dir = &p.dirs[UNIFIED];
+        let rd = |f: &str| std::fs::read_to_string(dir.join(f)).expect("read");
+        assert_eq!(rd("memory.max"), "33554432");
+        assert_eq!(rd("memory.swap.max"), "0");
+        assert_eq!(rd("cpu.max"), "50000 100000");
+        assert_eq!(rd("cpu.weight"), shares_to_weight(512).to_string());
+        let s = p.stats();
+        assert_eq!(s.memory_usage, Some(10_485_760));
+        assert_eq!(s.memory_working_set, Some(10_485_760 - 3_000_000));
+        assert_eq!(s.cpu_usage_ns, Some(1_500_000));
+        assert_eq!(s.process_count, Some(2));
+        assert_eq!(p.oom_kills(), Some(1));
+        assert_eq!(p.pids(), vec![10, 11]);
+    }
+
+    #[test]
+    fn v1_fixture_limits_stats_and_oom_kills() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let map: BTreeMap<String, PathBuf> = V1_CONTROLLERS
+            .iter()
+            .map(|c| (c.to_string(), root.path().join(c)))
+            .collect();
+        let d = CgroupDriver::V1(map);
+        let p = d.container_paths("kubelet-sdk", "s", "c");
+        d.create(&p).expect("create");
+        let mem = &p.dirs["memory"];
+        std::fs::write(mem.join("memory.usage_in_bytes"), "8192000\n").expect("write");
+        std::fs::write(mem.join("memory.memsw.limit_in_bytes"), "9223372036854771712\n")
+            .expect("write");
+        std::fs::write(
+            mem.join("memory.stat"),
+            "cache 100\ninactive_file 50\ntotal_inactive_file 192000\n",
+        )
+        .expect("write");
+        std::fs::write(
+            mem.join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+        )
+        .expect("write");
+        std::fs::write(mem.join("memory.failcnt"), "7\n").expect("write");
+        std::fs::write(p.dirs["cpuacct"].join("cpuacct.usage"), "123456789\n").expect("write");
+        std::fs::write(p.dirs["pids"].join("cgroup.procs"), "42\n").expect("write");
+        p.apply(&ResourcesRecord {
+            cpu_period: 100_000,
+            cpu_quota: 20_000,
+            cpu_shares: 204,
+            memory_limit_in_bytes: 33_554_432,
+        })
+        .expect("apply");
+        let rd = |c: &str, f: &str| std::fs::read_to_string(p.dirs[c].join(f)).expect("read");
+        assert_eq!(rd("memory", "memory.limit_in_bytes"), "33554432");
+        assert_eq!(rd("memory", "memory.memsw.limit_in_bytes"), "33554432");
+        assert_eq!(rd("cpu", "cpu.shares"), "204");
+        assert_eq!(rd("cpu", "cpu.cfs_quota_us"), "20000");
+        assert_eq!(rd("cpu", "cpu.cfs_period_us"), "100000");
+        let s = p.stats();
+        assert_eq!(s.memory_usage, Some(8_192_000));
+        assert_eq!(s.memory_working_set, Some(8_000_000));
+        assert_eq!(s.cpu_usage_ns, Some(123_456_789));
+        assert_eq!(s.process_count, Some(1));
+        assert_eq!(p.oom_kills(), Some(2));
+        assert_eq!(p.memory_failcnt(), Some(7));
+    }
+
+    #[test]
+    fn cpu_conversions_match_runc() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+        assert_eq!(cpu_max(0, 0), "max 100000");
+        assert_eq!(cpu_max(25_000, 50_000), "25000 50000");
+    }
+
+    #[test]
+    fn keyed_files_skip_malformed_lines() {
+        let m = parse_keyed("a 1\nbroken\nb x\nc 3\n");
+        assert_eq!(m.len(), 2);
+        assert_eq!(m["c"], 3);
+        assert_eq!(parse_u64("max\n"), None);
+    }
+}

@@ -1,0 +1,1176 @@
+//! [`ProcessRuntime`]: the [`ContainerRuntime`] implementation.
+
+use std::collections::HashMap;
+use std::fs::OpenOptions;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use jiff::Timestamp;
+use kubelet_core::runtime::{
+    Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState,
+    ContainerStats, ContainerStatus, EnvVar, ExecResult, Image, ImageSpec, LinuxResources, Mount,
+    PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeCondition,
+    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
+};
+use kubelet_core::{ContainerRuntime, EventRecorder, InvolvedObject};
+use nix::sys::signal::{Signal, kill, killpg};
+use nix::unistd::Pid;
+use parking_lot::Mutex;
+
+use crate::cgroup::{CgroupDriver, remove_dirs};
+use crate::config::ProcessRuntimeConfig;
+use crate::error::ProcessError;
+use crate::record::{
+    CONFIG_FILE, ContainerRecord, EXIT_FILE, ExitRecord, MountRecord, ResourcesRecord,
+    SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE, SandboxRecord, StartedRecord, new_id,
+    process_alive, proc_stat, read_json, valid_id, write_json,
+};
+use crate::shim::START_ERROR_CODE;
+
+/// `PATH` given to containers whose environment has none (the value runc and containerd use).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How long `start_container` waits for the shim to report the process started.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long `stop_container` waits for the exit record after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+/// Poll period while waiting for a shim's records.
+const POLL: Duration = Duration::from_millis(20);
+
+/// The environment a container's process gets: exactly `envs`, in order (a later duplicate
+/// wins), plus `PATH` when not given.
+pub fn container_env(envs: &[EnvVar]) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::with_capacity(envs.len() + 1);
+    for e in envs {
+        if let Some(slot) = out.iter_mut().find(|(k, _)| *k == e.name) {
+            slot.1 = e.value.clone();
+        } else {
+            out.push((e.name.clone(), e.value.clone()));
+        }
+    }
+    if !out.iter().any(|(k, _)| k == "PATH") {
+        out.push(("PATH".to_string(), DEFAULT_PATH.to_string()));
+    }
+    out
+}
+
+/// A [`ContainerRuntime`] that runs each container as a supervised host process.
+///
+/// See the [crate documentation](crate) for what it does and does not isolate.
+#[derive(Debug)]
+pub struct ProcessRuntime {
+    config: ProcessRuntimeConfig,
+    cgroups: Option<CgroupDriver>,
+    no_cgroup_reason: &'static str,
+    recorder: EventRecorder,
+    containers: Mutex<HashMap<String, Arc<ContainerRecord>>>,
+    sandbox_lock: Mutex<()>,
+    host_ip: String,
+}
+
+/// What the state files say about a container right now.
+struct Observed {
+    state: ContainerState,
+    started: Option<StartedRecord>,
+    exit: Option<ExitRecord>,
+}
+
+impl ProcessRuntime {
+    /// A runtime on `config.root_dir`, finding the sandboxes and containers a previous instance
+    /// left there. Warnings (limits not enforced, mounts ignored) are only logged; use
+    /// [`with_recorder`](Self::with_recorder) to deliver them as pod events.
+    pub fn new(config: ProcessRuntimeConfig) -> Result<Self, ProcessError> {
+        Self::with_recorder(config, EventRecorder::log_only())
+    }
+
+    /// Like [`new`](Self::new), recording Warning events (`ResourceLimitsNotEnforced`,
+    /// `MountsNotSupported`) on the pod through `recorder`.
+    pub fn with_recorder(
+        config: ProcessRuntimeConfig,
+        recorder: EventRecorder,
+    ) -> Result<Self, ProcessError> {
+        for d in [config.root_dir.join("sandboxes"), config.root_dir.join("containers")] {
+            std::fs::create_dir_all(&d).map_err(|source| ProcessError::State {
+                op: "creating",
+                path: d.clone(),
+                source,
+            })?;
+        }
+        let (cgroups, no_cgroup_reason) = if !config.use_cgroups {
+            (None, "cgroups are disabled in the runtime configuration")
+        } else if !nix::unistd::geteuid().is_root() {
+            (None, "the agent does not run as root")
+        } else {
+            match CgroupDriver::detect() {
+                Some(d) => (Some(d), ""),
+                None => (None, "no cgroup hierarchy with the memory controller is mounted"),
+            }
+        };
+        match &cgroups {
+            Some(d) => tracing::info!(
+                root = %config.root_dir.display(), cgroup = d.version(), parent = %config.cgroup_parent,
+                "process runtime ready"
+            ),
+            None => tracing::warn!(
+                root = %config.root_dir.display(),
+                "process runtime without cgroups ({no_cgroup_reason}): memory/cpu limits are not enforced"
+            ),
+        }
+        Ok(Self {
+            config,
+            cgroups,
+            no_cgroup_reason,
+            recorder,
+            containers: Mutex::new(HashMap::new()),
+            sandbox_lock: Mutex::new(()),
+            host_ip: host_ip(),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &ProcessRuntimeConfig {
+        &self.config
+    }
+
+    /// `Some("v1")` or `Some("v2")` when containers get their own cgroups, else `None`.
+    pub fn cgroup_version(&self) -> Option<&'static str> {
+        self.cgroups.as_ref().map(CgroupDriver::version)
+    }
+
+    /// PID of a running container's main process, `None` when it is not running.
+    pub fn container_pid(&self, container_id: &str) -> Result<Option<u32>, ProcessError> {
+        let rec = self.container(container_id)?;
+        let obs = self.observe(&rec)?;
+        Ok(match (obs.state, obs.started) {
+            (ContainerState::Running, Some(s)) => Some(s.pid),
+            _ => None,
+        })
+    }
+
+    /// The container's cgroup directories (one per v1 controller, or the v2 directory); empty
+    /// without cgroups.
+    pub fn container_cgroup_dirs(&self, container_id: &str) -> Result<Vec<PathBuf>, ProcessError> {
+        let rec = self.container(container_id)?;
+        Ok(rec
+            .cgroup
+            .as_ref()
+            .map(|c| c.unique_dirs())
+            .unwrap_or_default())
+    }
+
+    fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.config.root_dir.join("sandboxes").join(id)
+    }
+
+    fn container_dir(&self, id: &str) -> PathBuf {
+        self.config.root_dir.join("containers").join(id)
+    }
+
+    fn sandbox(&self, id: &str) -> Result<SandboxRecord, ProcessError> {
+        if !valid_id(id) {
+            return Err(ProcessError::InvalidId(id.to_string()));
+        }
+        read_json(&self.sandbox_dir(id).join(SANDBOX_FILE))?
+            .ok_or_else(|| ProcessError::SandboxNotFound(id.to_string()))
+    }
+
+    fn sandboxes(&self) -> Result<Vec<SandboxRecord>, ProcessError> {
+        let mut out = Vec::new();
+        for id in list_ids(&self.config.root_dir.join("sandboxes"))? {
+            match self.sandbox(&id) {
+                Ok(s) => out.push(s),
+                Err(ProcessError::SandboxNotFound(_)) => {}
+                Err(e) => tracing::warn!(sandbox = %id, error = %e, "skipping unreadable sandbox record"),
+            }
+        }
+        Ok(out)
+    }
+
+    fn container(&self, id: &str) -> Result<Arc<ContainerRecord>, ProcessError> {
+        if !valid_id(id) {
+            return Err(ProcessError::InvalidId(id.to_string()));
+        }
+        let dir = self.container_dir(id);
+        if let Some(r) = self.containers.lock().get(id).cloned() {
+            if dir.exists() {
+                return Ok(r);
+            }
+        }
+        match read_json::<ContainerRecord>(&dir.join(CONFIG_FILE))? {
+            Some(r) => {
+                let r = Arc::new(r);
+                self.containers.lock().insert(id.to_string(), r.clone());
+                Ok(r)
+            }
+            None => {
+                self.containers.lock().remove(id);
+                Err(ProcessError::ContainerNotFound(id.to_string()))
+            }
+        }
+    }
+
+    fn all_containers(&self) -> Result<Vec<Arc<ContainerRecord>>, ProcessError> {
+        let ids = list_ids(&self.config.root_dir.join("containers"))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for id in &ids {
+            match self.container(id) {
+                Ok(r) => out.push(r),
+                Err(ProcessError::ContainerNotFound(_)) => {}
+                Err(e) => tracing::warn!(container = %id, error = %e, "skipping unreadable container record"),
+            }
+        }
+        self.containers.lock().retain(|k, _| ids.contains(k));
+        Ok(out)
+    }
+
+    fn observe(&self, rec: &ContainerRecord) -> Result<Observed, ProcessError> {
+        let dir = self.container_dir(&rec.id);
+        let exit: Option<ExitRecord> = read_json(&dir.join(EXIT_FILE))?;
+        let started: Option<StartedRecord> = read_json(&dir.join(STARTED_FILE))?;
+        if exit.is_some() {
+            return Ok(Observed {
+                state: ContainerState::Exited,
+                started,
+                exit,
+            });
+        }
+        let Some(s) = started else {
+            return Ok(Observed {
+                state: ContainerState::Created,
+                started: None,
+                exit: None,
+            });
+        };
+        if process_alive(s.pid, s.pid_start_time) || process_alive(s.shim_pid, s.shim_start_time) {
+            return Ok(Observed {
+                state: ContainerState::Running,
+                started: Some(s),
+                exit: None,
+            });
+        }
+        // Both gone: the shim may have written its record between our two reads.
+        let exit = match read_json::<ExitRecord>(&dir.join(EXIT_FILE))? {
+            Some(e) => e,
+            None => {
+                let e = ExitRecord {
+                    exit_code: 255,
+                    signal: None,
+                    finished_at: Timestamp::now(),
+                    reason: "Error".to_string(),
+                    message: "the container's shim exited without recording an exit status \
+                              (host reboot or shim killed)"
+                        .to_string(),
+                };
+                tracing::warn!(container = %rec.id, "{}", e.message);
+                write_json(&dir.join(EXIT_FILE), &e)?;
+                e
+            }
+        };
+        Ok(Observed {
+            state: ContainerState::Exited,
+            started: Some(s),
+            exit: Some(exit),
+        })
+    }
+
+    fn pod_object(sandbox: &SandboxRecord, container: &str) -> InvolvedObject {
+        InvolvedObject {
+            kind: "Pod".to_string(),
+            namespace: sandbox.namespace.clone(),
+            name: sandbox.name.clone(),
+            uid: sandbox.uid.clone(),
+            field_path: format!("spec.containers{{{container}}}"),
+        }
+    }
+
+    fn create(
+        &self,
+        sandbox_id: &str,
+        config: &ContainerConfig,
+    ) -> Result<String, ProcessError> {
+        let sandbox = self.sandbox(sandbox_id)?;
+        if !sandbox.ready {
+            return Err(ProcessError::SandboxNotReady(sandbox_id.to_string()));
+        }
+        let argv: Vec<String> = if config.command.is_empty() {
+            config.args.clone()
+        } else {
+            config.command.iter().chain(&config.args).cloned().collect()
+        };
+        if argv.is_empty() || argv[0].is_empty() {
+            return Err(ProcessError::NoCommand);
+        }
+        let name = &config.metadata.name;
+        let id = new_id();
+        let dir = self.container_dir(&id);
+        mkdir(&dir)?;
+        let working_dir = if config.working_dir.is_empty() {
+            self.sandbox_dir(sandbox_id).join("work")
+        } else {
+            PathBuf::from(&config.working_dir)
+        };
+        mkdir(&working_dir)?;
+        let log_base = if sandbox.log_directory.as_os_str().is_empty() {
+            dir.clone()
+        } else {
+            sandbox.log_directory.clone()
+        };
+        let log_path = if config.log_path.is_empty() {
+            log_base.join(name).join(format!("{}.log", config.metadata.attempt))
+        } else {
+            log_base.join(&config.log_path)
+        };
+        let resources = config.resources.as_ref().map(|r| ResourcesRecord {
+            cpu_period: r.cpu_period,
+            cpu_quota: r.cpu_quota,
+            cpu_shares: r.cpu_shares,
+            memory_limit_in_bytes: r.memory_limit_in_bytes,
+        });
+        let limited = resources
+            .as_ref()
+            .is_some_and(|r| r.memory_limit_in_bytes > 0 || r.cpu_quota > 0);
+        let cgroup = match &self.cgroups {
+            Some(driver) => {
+                let paths = driver.container_paths(&self.config.cgroup_parent, sandbox_id, &id);
+                let applied = driver.create(&paths).and_then(|()| match &resources {
+                    Some(r) => paths.apply(r),
+                    None => Ok(()),
+                });
+                if let Err(e) = applied {
+                    let _ = paths.remove();
+                    let _ = std::fs::remove_dir_all(&dir);
+                    return Err(e);
+                }
+                Some(paths)
+            }
+            None => {
+                if limited {
+                    self.recorder.warning(
+                        Self::pod_object(&sandbox, name),
+                        "ResourceLimitsNotEnforced",
+                        format!(
+                            "container {name}: memory/cpu limits need root and a cgroup hierarchy; \
+                             running without limits ({})",
+                            self.no_cgroup_reason
+                        ),
+                    );
+                }
+                None
+            }
+        };
+        if !config.mounts.is_empty() {
+            let list: Vec<String> = config
+                .mounts
+                .iter()
+                .map(|m| format!("{} -> {}", m.host_path.display(), m.container_path.display()))
+                .collect();
+            self.recorder.warning(
+                Self::pod_object(&sandbox, name),
+                "MountsNotSupported",
+                format!(
+                    "container {name}: the process runtime has no mount namespace and cannot \
+                     bind-mount; ignored: {}; the process sees the host filesystem",
+                    list.join(", ")
+                ),
+            );
+        }
+        let to_u32 = |v: Option<i64>| v.and_then(|v| u32::try_from(v).ok());
+        let rec = ContainerRecord {
+            id: id.clone(),
+            sandbox_id: sandbox_id.to_string(),
+            name: name.clone(),
+            attempt: config.metadata.attempt,
+            image: config.image.clone(),
+            argv,
+            env: container_env(&config.envs),
+            working_dir,
+            log_path,
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            created_at: Timestamp::now(),
+            resources,
+            mounts: config
+                .mounts
+                .iter()
+                .map(|m| MountRecord {
+                    container_path: m.container_path.clone(),
+                    host_path: m.host_path.clone(),
+                    readonly: m.readonly,
+                })
+                .collect(),
+            cgroup,
+            uid: to_u32(config.security.run_as_user),
+            gid: to_u32(config.security.run_as_group),
+            termination_message_path: config
+                .annotations
+                .get(labels::CONTAINER_TERMINATION_MESSAGE_PATH)
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
+        };
+        write_json(&dir.join(CONFIG_FILE), &rec)?;
+        self.containers.lock().insert(id.clone(), Arc::new(rec));
+        tracing::debug!(container = %id, sandbox = %sandbox_id, name = %name, "container created");
+        Ok(id)
+    }
+
+    fn fail_start(&self, dir: &Path, err: ProcessError) -> ProcessError {
+        if !dir.join(EXIT_FILE).exists() {
+            let rec = ExitRecord {
+                exit_code: START_ERROR_CODE,
+                signal: None,
+                finished_at: Timestamp::now(),
+                reason: "StartError".to_string(),
+                message: err.to_string(),
+            };
+            if let Err(e) = write_json(&dir.join(EXIT_FILE), &rec) {
+                tracing::warn!(error = %e, "cannot record start failure");
+            }
+        }
+        err
+    }
+
+    async fn start(&self, id: &str) -> Result<(), ProcessError> {
+        let rec = self.container(id)?;
+        let dir = self.container_dir(id);
+        if dir.join(STARTED_FILE).exists() || dir.join(EXIT_FILE).exists() {
+            return Err(ProcessError::AlreadyStarted(id.to_string()));
+        }
+        let shim_log = match OpenOptions::new()
+            .append(true)
+            .create_new(true)
+            .open(dir.join(SHIM_LOG_FILE))
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(ProcessError::AlreadyStarted(id.to_string()));
+            }
+            Err(source) => {
+                return Err(ProcessError::State {
+                    op: "creating",
+                    path: dir.join(SHIM_LOG_FILE),
+                    source,
+                });
+            }
+        };
+        let (program, lead) = self
+            .config
+            .shim
+            .resolve()
+            .map_err(|e| self.fail_start(&dir, e))?;
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&lead)
+            .arg("run")
+            .arg(&dir)
+            .current_dir("/")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(shim_log))
+            .kill_on_drop(false);
+        let mut child = cmd.spawn().map_err(|source| {
+            self.fail_start(
+                &dir,
+                ProcessError::ShimSpawn {
+                    program: program.clone(),
+                    source,
+                },
+            )
+        })?;
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        let mut shim_exited = false;
+        // The dropped `child` is reaped by tokio in the background once the shim exits.
+        loop {
+            if let Some(exit) = read_json::<ExitRecord>(&dir.join(EXIT_FILE))? {
+                if exit.reason == "StartError" {
+                    return Err(ProcessError::StartFailed {
+                        id: id.to_string(),
+                        message: exit.message,
+                    });
+                }
+                break;
+            }
+            if dir.join(STARTED_FILE).exists() {
+                break;
+            }
+            if shim_exited {
+                let detail = std::fs::read_to_string(dir.join(SHIM_LOG_FILE)).unwrap_or_default();
+                return Err(self.fail_start(
+                    &dir,
+                    ProcessError::ShimFailed {
+                        id: id.to_string(),
+                        detail: format!("shim {} exited: {}", program.display(), detail.trim()),
+                    },
+                ));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let _ = child.start_kill();
+                return Err(self.fail_start(
+                    &dir,
+                    ProcessError::ShimFailed {
+                        id: id.to_string(),
+                        detail: format!("no start report within {START_TIMEOUT:?}"),
+                    },
+                ));
+            }
+            // One more round of file checks after the shim exited, then give up.
+            shim_exited = matches!(child.try_wait(), Ok(Some(_)));
+            tokio::time::sleep(POLL).await;
+        }
+        tracing::debug!(container = %id, name = %rec.name, "container started");
+        Ok(())
+    }
+
+    fn signal(&self, id: &str, started: &StartedRecord, sig: Signal, cgroup: bool) -> Result<(), ProcessError> {
+        if process_alive(started.pid, started.pid_start_time) {
+            let pid = Pid::from_raw(started.pid as i32);
+            match killpg(pid, sig) {
+                Ok(()) => {}
+                Err(nix::errno::Errno::ESRCH) => {
+                    // The process left its group (setsid): signal it directly.
+                    match kill(pid, sig) {
+                        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+                        Err(source) => {
+                            return Err(ProcessError::Signal {
+                                id: id.to_string(),
+                                source,
+                            });
+                        }
+                    }
+                }
+                Err(source) => {
+                    return Err(ProcessError::Signal {
+                        id: id.to_string(),
+                        source,
+                    });
+                }
+            }
+        }
+        if cgroup {
+            if let Some(cg) = self.container(id)?.cgroup.as_ref() {
+                for p in cg.pids().into_iter().filter(|&p| p != started.shim_pid) {
+                    let _ = kill(Pid::from_raw(p as i32), sig);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_exited(&self, rec: &ContainerRecord, within: Duration) -> Result<bool, ProcessError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.observe(rec)?.state == ContainerState::Exited {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn stop(&self, id: &str, timeout: Duration) -> Result<(), ProcessError> {
+        let rec = self.container(id)?;
+        let obs = self.observe(&rec)?;
+        let (ContainerState::Running, Some(started)) = (obs.state, obs.started) else {
+            return Ok(());
+        };
+        if !timeout.is_zero() {
+            tracing::debug!(container = %id, ?timeout, "stopping container with SIGTERM");
+            self.signal(id, &started, Signal::SIGTERM, false)?;
+            if self.wait_exited(&rec, timeout).await? {
+                return Ok(());
+            }
+        }
+        tracing::debug!(container = %id, "killing container with SIGKILL");
+        self.signal(id, &started, Signal::SIGKILL, true)?;
+        if self.wait_exited(&rec, KILL_WAIT).await? {
+            Ok(())
+        } else {
+            Err(ProcessError::StopTimedOut {
+                id: id.to_string(),
+                waited: KILL_WAIT,
+            })
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<(), ProcessError> {
+        let rec = match self.container(id) {
+            Ok(r) => r,
+            Err(ProcessError::ContainerNotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        if self.observe(&rec)?.state == ContainerState::Running {
+            self.stop(id, Duration::ZERO).await?;
+        }
+        if let Some(cg) = &rec.cgroup {
+            // The kernel frees a cgroup a moment after its last process exits.
+            let mut tries = 0;
+            loop {
+                match cg.remove() {
+                    Ok(()) => break,
+                    Err(e) if tries >= 25 => {
+                        tracing::warn!(container = %id, error = %e, "cgroup not removed");
+                        break;
+                    }
+                    Err(_) => {
+                        tries += 1;
+                        tokio::time::sleep(POLL).await;
+                    }
+                }
+            }
+        }
+        let dir = self.container_dir(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(ProcessError::State {
+                    op: "removing",
+                    path: dir,
+                    source,
+                });
+            }
+        }
+        self.containers.lock().remove(id);
+        tracing::debug!(container = %id, "container removed");
+        Ok(())
+    }
+
+    async fn exec(&self, id: &str, cmd: &[String], timeout: Duration) -> Result<ExecResult, ProcessError> {
+        let rec = self.container(id)?;
+        if self.observe(&rec)?.state != ContainerState::Running {
+            return Err(ProcessError::NotRunning(id.to_string()));
+        }
+        let Some((program, args)) = cmd.split_first() else {
+            return Err(ProcessError::NoCommand);
+        };
+        let mut command = match &rec.cgroup {
+            Some(cg) => {
+                let (shim, lead) = self.config.shim.resolve()?;
+                let mut c = tokio::process::Command::new(shim);
+                c.args(lead).arg("exec");
+                for f in cg.procs_files() {
+                    c.arg("--cgroup-procs").arg(f);
+                }
+                if let Some(u) = rec.uid {
+                    c.arg("--uid").arg(u.to_string());
+                }
+                if let Some(g) = rec.gid {
+                    c.arg("--gid").arg(g.to_string());
+                }
+                c.arg("--").arg(program).args(args);
+                c
+            }
+            None => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(args);
+                if let Some(u) = rec.uid {
+                    c.uid(u);
+                }
+                if let Some(g) = rec.gid {
+                    c.gid(g);
+                }
+                c
+            }
+        };
+        command
+            .env_clear()
+            .envs(rec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&rec.working_dir)
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let child = match command.spawn() {
+            Ok(c) => c,
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => {
+                let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+                return Ok(ExecResult {
+                    stdout: Vec::new(),
+                    stderr: format!("exec {program:?}: {e}\n").into_bytes(),
+                    exit_code: code,
+                });
+            }
+            Err(source) => {
+                return Err(ProcessError::ExecSpawn {
+                    id: id.to_string(),
+                    source,
+                });
+            }
+        };
+        let pid = child.id();
+        let out = if timeout.is_zero() {
+            child.wait_with_output().await
+        } else {
+            match tokio::time::timeout(timeout, child.wait_with_output()).await {
+                Ok(r) => r,
+                Err(_) => {
+                    if let Some(pid) = pid {
+                        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+                    }
+                    return Err(ProcessError::ExecTimedOut {
+                        id: id.to_string(),
+                        timeout,
+                    });
+                }
+            }
+        };
+        let out = out.map_err(|source| ProcessError::ExecSpawn {
+            id: id.to_string(),
+            source,
+        })?;
+        use std::os::unix::process::ExitStatusExt;
+        let exit_code = match (out.status.code(), out.status.signal()) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => 255,
+        };
+        Ok(ExecResult {
+            stdout: out.stdout,
+            stderr: out.stderr,
+            exit_code,
+        })
+    }
+
+    fn status_of(&self, rec: &ContainerRecord) -> Result<ContainerStatus, ProcessError> {
+        let obs = self.observe(rec)?;
+        let (exit_code, reason, message, finished_at) = match &obs.exit {
+            Some(e) => (e.exit_code, e.reason.clone(), e.message.clone(), Some(e.finished_at)),
+            None => (0, String::new(), String::new(), None),
+        };
+        Ok(ContainerStatus {
+            id: rec.id.clone(),
+            metadata: ContainerMetadata {
+                name: rec.name.clone(),
+                attempt: rec.attempt,
+            },
+            state: obs.state,
+            created_at: rec.created_at,
+            started_at: obs.started.as_ref().map(|s| s.started_at),
+            finished_at,
+            exit_code,
+            image: rec.image.clone(),
+            image_ref: rec.image.clone(),
+            reason,
+            message,
+            labels: rec.labels.clone(),
+            annotations: rec.annotations.clone(),
+            mounts: rec
+                .mounts
+                .iter()
+                .map(|m| Mount {
+                    container_path: m.container_path.clone(),
+                    host_path: m.host_path.clone(),
+                    readonly: m.readonly,
+                })
+                .collect(),
+            log_path: rec.log_path.clone(),
+            resources: rec.resources.as_ref().map(|r| LinuxResources {
+                cpu_period: r.cpu_period,
+                cpu_quota: r.cpu_quota,
+                cpu_shares: r.cpu_shares,
+                memory_limit_in_bytes: r.memory_limit_in_bytes,
+            }),
+        })
+    }
+
+    fn run_sandbox(&self, config: &PodSandboxConfig) -> Result<String, ProcessError> {
+        let id = new_id();
+        let dir = self.sandbox_dir(&id);
+        mkdir(&dir.join("work"))?;
+        if !config.log_directory.as_os_str().is_empty() {
+            mkdir(&config.log_directory)?;
+        }
+        let rec = SandboxRecord {
+            id: id.clone(),
+            name: config.metadata.name.clone(),
+            namespace: config.metadata.namespace.clone(),
+            uid: config.metadata.uid.clone(),
+            attempt: config.metadata.attempt,
+            ready: true,
+            created_at: Timestamp::now(),
+            labels: config.labels.clone(),
+            annotations: config.annotations.clone(),
+            log_directory: config.log_directory.clone(),
+            ip: self.host_ip.clone(),
+        };
+        write_json(&dir.join(SANDBOX_FILE), &rec)?;
+        tracing::debug!(sandbox = %id, pod = %format_args!("{}/{}", rec.namespace, rec.name), "sandbox created");
+        Ok(id)
+    }
+
+    async fn stop_sandbox(&self, id: &str) -> Result<(), ProcessError> {
+        match self.sandbox(id) {
+            Ok(_) => {}
+            Err(ProcessError::SandboxNotFound(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let members: Vec<_> = self
+            .all_containers()?
+            .into_iter()
+            .filter(|c| c.sandbox_id == id)
+            .collect();
+        let timeout = self.config.stop_timeout;
+        let results =
+            futures::future::join_all(members.iter().map(|c| self.stop(&c.id, timeout))).await;
+        for r in results {
+            r?;
+        }
+        let _guard = self.sandbox_lock.lock();
+        if let Ok(mut rec) = self.sandbox(id) {
+            if rec.ready {
+                rec.ready = false;
+                write_json(&self.sandbox_dir(id).join(SANDBOX_FILE), &rec)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn remove_sandbox(&self, id: &str) -> Result<(), ProcessError> {
+        if !valid_id(id) {
+            return Err(ProcessError::InvalidId(id.to_string()));
+        }
+        let members: Vec<_> = self
+            .all_containers()?
+            .into_iter()
+            .filter(|c| c.sandbox_id == id)
+            .collect();
+        for c in members {
+            self.remove(&c.id).await?;
+        }
+        if let Some(driver) = &self.cgroups {
+            if let Err(e) = remove_dirs(&driver.sandbox_dirs(&self.config.cgroup_parent, id)) {
+                tracing::warn!(sandbox = %id, error = %e, "sandbox cgroup not removed");
+            }
+        }
+        let dir = self.sandbox_dir(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(ProcessError::State {
+                op: "removing",
+                path: dir,
+                source,
+            }),
+        }
+    }
+
+    fn stats(&self, id: &str) -> Result<ContainerStats, ProcessError> {
+        let rec = self.container(id)?;
+        let mut out = ContainerStats {
+            container_id: id.to_string(),
+            timestamp: Timestamp::now(),
+            ..Default::default()
+        };
+        if let Some(cg) = &rec.cgroup {
+            let s = cg.stats();
+            out.memory_usage_bytes = s.memory_usage;
+            out.memory_working_set_bytes = s.memory_working_set;
+            out.cpu_usage_core_nanoseconds = s.cpu_usage_ns;
+            out.process_count = s.process_count;
+            return Ok(out);
+        }
+        // Without a cgroup: the main process only, from /proc.
+        let obs = self.observe(&rec)?;
+        if let (ContainerState::Running, Some(st)) = (obs.state, obs.started) {
+            if let Some(ps) = proc_stat(st.pid).filter(|p| p.start_time == st.pid_start_time) {
+                let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+                    .ok()
+                    .flatten()
+                    .unwrap_or(4096) as u64;
+                let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+                    .ok()
+                    .flatten()
+                    .filter(|&h| h > 0)
+                    .unwrap_or(100) as u64;
+                let rss = ps.rss_pages.saturating_mul(page);
+                out.memory_usage_bytes = Some(rss);
+                out.memory_working_set_bytes = Some(rss);
+                out.cpu_usage_core_nanoseconds =
+                    Some((ps.utime + ps.stime).saturating_mul(1_000_000_000 / hz));
+                out.process_count = Some(1);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn mkdir(dir: &Path) -> Result<(), ProcessError> {
+    std::fs::create_dir_all(dir).map_err(|source| ProcessError::State {
+        op: "creating",
+        path: dir.to_path_buf(),
+        source,
+    })
+}
+
+/// Directory entries of `dir` that are valid IDs.
+fn list_ids(dir: &Path) -> Result<Vec<String>, ProcessError> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(ProcessError::State {
+                op: "listing",
+                path: dir.to_path_buf(),
+                source,
+            });
+        }
+    };
+    Ok(rd
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter(|n| valid_id(n))
+        .collect())
+}
+
+/// The host's primary IP: the source address of the default route, else `127.0.0.1`.
+fn host_ip() -> String {
+    let probe = || -> std::io::Result<std::net::IpAddr> {
+        let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        // connect() on UDP sends nothing; it only selects a route and a source address.
+        s.connect("192.0.2.1:9")?;
+        Ok(s.local_addr()?.ip())
+    };
+    match probe() {
+        Ok(ip) if !ip.is_unspecified() => ip.to_string(),
+        _ => "127.0.0.1".to_string(),
+    }
+}
+
+fn sandbox_of(rec: &SandboxRecord) -> PodSandbox {
+    PodSandbox {
+        id: rec.id.clone(),
+        metadata: PodSandboxMetadata {
+            name: rec.name.clone(),
+            namespace: rec.namespace.clone(),
+            uid: rec.uid.clone(),
+            attempt: rec.attempt,
+        },
+        state: if rec.ready {
+            SandboxState::Ready
+        } else {
+            SandboxState::NotReady
+        },
+        created_at: rec.created_at,
+        labels: rec.labels.clone(),
+        annotations: rec.annotations.clone(),
+    }
+}
+
+#[async_trait]
+impl ContainerRuntime for ProcessRuntime {
+    async fn version(&self) -> kubelet_core::Result<RuntimeVersion> {
+        Ok(RuntimeVersion {
+            runtime_name: "process".to_string(),
+            runtime_version: env!("CARGO_PKG_VERSION").to_string(),
+            runtime_api_version: "v1".to_string(),
+        })
+    }
+
+    async fn status(&self) -> kubelet_core::Result<RuntimeStatus> {
+        Ok(RuntimeStatus {
+            conditions: vec![
+                RuntimeCondition {
+                    type_: RuntimeStatus::RUNTIME_READY.to_string(),
+                    status: true,
+                    ..Default::default()
+                },
+                RuntimeCondition {
+                    type_: RuntimeStatus::NETWORK_READY.to_string(),
+                    status: true,
+                    ..Default::default()
+                },
+            ],
+        })
+    }
+
+    async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> kubelet_core::Result<String> {
+        Ok(self.run_sandbox(config)?)
+    }
+
+    async fn stop_pod_sandbox(&self, sandbox_id: &str) -> kubelet_core::Result<()> {
+        Ok(self.stop_sandbox(sandbox_id).await?)
+    }
+
+    async fn remove_pod_sandbox(&self, sandbox_id: &str) -> kubelet_core::Result<()> {
+        Ok(self.remove_sandbox(sandbox_id).await?)
+    }
+
+    async fn pod_sandbox_status(&self, sandbox_id: &str) -> kubelet_core::Result<PodSandboxStatus> {
+        let rec = self.sandbox(sandbox_id)?;
+        let s = sandbox_of(&rec);
+        Ok(PodSandboxStatus {
+            id: s.id,
+            metadata: s.metadata,
+            state: s.state,
+            created_at: s.created_at,
+            ip: Some(rec.ip.clone()),
+            additional_ips: Vec::new(),
+            host_network: true,
+            labels: s.labels,
+            annotations: s.annotations,
+        })
+    }
+
+    async fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> kubelet_core::Result<Vec<PodSandbox>> {
+        let records = match &filter.id {
+            Some(id) => match self.sandbox(id) {
+                Ok(r) => vec![r],
+                Err(ProcessError::SandboxNotFound(_) | ProcessError::InvalidId(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            },
+            None => self.sandboxes()?,
+        };
+        Ok(records
+            .iter()
+            .map(sandbox_of)
+            .filter(|s| filter.state.is_none_or(|st| st == s.state))
+            .filter(|s| labels_match(&s.labels, &filter.label_selector))
+            .collect())
+    }
+
+    async fn create_container(
+        &self,
+        sandbox_id: &str,
+        config: &ContainerConfig,
+        _sandbox_config: &PodSandboxConfig,
+    ) -> kubelet_core::Result<String> {
+        self.create(sandbox_id, config).map_err(|e| {
+            tracing::warn!(sandbox = %sandbox_id, container = %config.metadata.name, error = %e, "create_container failed");
+            e.into()
+        })
+    }
+
+    async fn start_container(&self, container_id: &str) -> kubelet_core::Result<()> {
+        self.start(container_id).await.map_err(|e| {
+            tracing::warn!(container = %container_id, error = %e, "start_container failed");
+            e.into()
+        })
+    }
+
+    async fn stop_container(&self, container_id: &str, timeout: Duration) -> kubelet_core::Result<()> {
+        Ok(self.stop(container_id, timeout).await?)
+    }
+
+    async fn remove_container(&self, container_id: &str) -> kubelet_core::Result<()> {
+        Ok(self.remove(container_id).await?)
+    }
+
+    async fn list_containers(&self, filter: &ContainerFilter) -> kubelet_core::Result<Vec<Container>> {
+        let records = match &filter.id {
+            Some(id) => match self.container(id) {
+                Ok(r) => vec![r],
+                Err(ProcessError::ContainerNotFound(_) | ProcessError::InvalidId(_)) => Vec::new(),
+                Err(e) => return Err(e.into()),
+            },
+            None => self.all_containers()?,
+        };
+        let mut out = Vec::new();
+        for rec in records {
+            if filter.pod_sandbox_id.as_ref().is_some_and(|s| *s != rec.sandbox_id)
+                || !labels_match(&rec.labels, &filter.label_selector)
+            {
+                continue;
+            }
+            let state = match self.observe(&rec) {
+                Ok(o) => o.state,
+                Err(e) => {
+                    tracing::warn!(container = %rec.id, error = %e, "container state unreadable");
+                    ContainerState::Unknown
+                }
+            };
+            if filter.state.is_some_and(|s| s != state) {
+                continue;
+            }
+            out.push(Container {
+                id: rec.id.clone(),
+                pod_sandbox_id: rec.sandbox_id.clone(),
+                metadata: ContainerMetadata {
+                    name: rec.name.clone(),
+                    attempt: rec.attempt,
+                },
+                image: rec.image.clone(),
+                image_ref: rec.image.clone(),
+                state,
+                created_at: rec.created_at,
+                labels: rec.labels.clone(),
+                annotations: rec.annotations.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    async fn container_status(&self, container_id: &str) -> kubelet_core::Result<ContainerStatus> {
+        let rec = self.container(container_id)?;
+        Ok(self.status_of(&rec)?)
+    }
+
+    async fn exec_sync(
+        &self,
+        container_id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> kubelet_core::Result<ExecResult> {
+        Ok(self.exec(container_id, cmd, timeout).await?)
+    }
+
+    async fn image_status(&self, image: &ImageSpec) -> kubelet_core::Result<Option<Image>> {
+        Ok(Some(Image {
+            id: image.image.clone(),
+            repo_tags: vec![image.image.clone()],
+            size: 0,
+        }))
+    }
+
+    async fn pull_image(
+        &self,
+        image: &ImageSpec,
+        _sandbox_config: &PodSandboxConfig,
+    ) -> kubelet_core::Result<String> {
+        Ok(image.image.clone())
+    }
+
+    async fn container_stats(&self, container_id: &str) -> kubelet_core::Result<ContainerStats> {
+        Ok(self.stats(container_id)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(n: &str, v: &str) -> EnvVar {
+        EnvVar {
+            name: n.to_string(),
+            value: v.to_string(),
+        }
+    }
+
+    #[test]
+    fn env_is_exactly_the_given_vars_plus_a_default_path() {
+        let env = container_env(&[ev("A", "1"), ev("B", "two words")]);
+        assert_eq!(
+            env,
+            vec![
+                ("A".to_string(), "1".to_string()),
+                ("B".to_string(), "two words".to_string()),
+                ("PATH".to_string(), DEFAULT_PATH.to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn env_keeps_a_given_path_and_lets_later_duplicates_win() {
+        let env = container_env(&[ev("PATH", "/opt/bin"), ev("A", "1"), ev("A", "2")]);
+        assert_eq!(
+            env,
+            vec![
+                ("PATH".to_string(), "/opt/bin".to_string()),
+                ("A".to_string(), "2".to_string()),
+            ]
+        );
+    }
+}
