@@ -1,10 +1,67 @@
-//! The status manager: the agent's cache of API pod statuses, and its readers.
+//! The status manager: the agent's versioned cache of API pod statuses, its readers, and the
+//! delivery of every accepted status to the [`StatusSink`]s (the kubelet's
+//! `pkg/kubelet/status/status_manager.go`).
+//!
+//! The engine generates a status after each sync ([`generate_pod_status`](crate::status_gen))
+//! and hands it to [`StatusManager::set_pod_status`], which never awaits. The manager applies the
+//! kubelet's rules (terminal phases are sticky, illegal container transitions are rejected,
+//! `startTime` is set once, a terminal phase is held back while a container still runs,
+//! timestamps are normalized, identical statuses are dropped) and bumps the pod's version.
+//! [`StatusManager::run`] delivers the newest version of each changed pod to every sink
+//! (intermediate versions collapse), concurrently per sink, retrying failures every 10 s.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use kubelet_core::{EventRecorder, StatusManager, StatusSink};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn example(sink: Arc<dyn StatusSink>) {
+//! let manager = StatusManager::new(vec![sink]);
+//! let (_recorder, events) = EventRecorder::channel(1024);
+//! let shutdown = CancellationToken::new();
+//! let reader = manager.reader(); // for probers and the read-only port
+//! tokio::spawn({
+//!     let manager = manager.clone();
+//!     let shutdown = shutdown.clone();
+//!     async move { manager.run(events, shutdown).await }
+//! });
+//! // ... the engine calls manager.set_pod_status(&pod, status) after each sync ...
+//! # let _ = reader;
+//! # }
+//! ```
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use parking_lot::RwLock;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::event::Event;
+use crate::pod::{self as podutil, RestartPolicy};
+use crate::sink::StatusSink;
+use crate::status_gen::{
+    self, COND_CONTAINERS_READY, COND_READY, MESSAGE_LOST_ON_TERMINATION, PHASE_FAILED,
+    PHASE_PENDING, REASON_CONTAINER_STATUS_UNKNOWN, is_kubelet_condition, is_shared_condition,
+    is_terminal_phase,
+};
+
+/// How often failed deliveries are retried and every sink is reconciled (`syncPeriod`).
+pub const SYNC_PERIOD: Duration = Duration::from_secs(10);
+/// Total bytes of termination messages kept per pod (`MaxPodTerminationMessageLogLength`),
+/// shared equally between its containers.
+pub const MAX_POD_TERMINATION_MESSAGE_LENGTH: usize = 12 * 1024;
+/// Events queued per sink before new ones are dropped (with a log line).
+const EVENT_QUEUE_PER_SINK: usize = 1024;
 
 /// A pod and the status the agent last generated for it.
 #[derive(Debug, Clone)]
@@ -43,4 +100,824 @@ impl StatusReader {
         });
         v
     }
+}
+
+impl StatusReader {
+    fn put(&self, pod: Arc<Pod>, status: Arc<PodStatus>) {
+        let uid = podutil::uid(&pod).to_string();
+        self.inner.write().insert(uid, PodWithStatus { pod, status });
+    }
+
+    fn remove(&self, uid: &str) {
+        self.inner.write().remove(uid);
+    }
+}
+
+/// Delivery state of one pod for one sink.
+#[derive(Debug, Clone, Copy, Default)]
+struct SinkSlot {
+    /// Highest status version the sink accepted.
+    acked: u64,
+    /// Version whose delivery failed last (retried on the next tick, not on every wake-up).
+    failed: Option<u64>,
+    /// A call for this pod is running on this sink.
+    in_flight: bool,
+    /// The sink was told the pod is gone.
+    removal_done: bool,
+    /// Telling the sink the pod is gone failed (retried on the next tick).
+    removal_failed: bool,
+}
+
+#[derive(Debug)]
+struct Entry {
+    pod: Arc<Pod>,
+    status: Arc<PodStatus>,
+    /// 0 = no status accepted yet (only possible for a pod removed before any status).
+    version: u64,
+    removed: bool,
+    sinks: Vec<SinkSlot>,
+    /// Set by [`StatusManager::set_terminal`]: every later status is Failed with this reason
+    /// and message.
+    forced_failure: Option<(String, String)>,
+    /// Shared conditions (DisruptionTarget) held back until the published phase is terminal
+    /// and no container runs.
+    pending_conditions: Vec<PodCondition>,
+}
+
+impl Entry {
+    fn new(pod: Arc<Pod>, sinks: usize) -> Self {
+        Self {
+            pod,
+            status: Arc::new(PodStatus::default()),
+            version: 0,
+            removed: false,
+            sinks: vec![SinkSlot::default(); sinks],
+            forced_failure: None,
+            pending_conditions: Vec::new(),
+        }
+    }
+}
+
+struct Shared {
+    sinks: Vec<Arc<dyn StatusSink>>,
+    pods: Mutex<HashMap<String, Entry>>,
+    reader: StatusReader,
+    changed: watch::Sender<u64>,
+    running: AtomicBool,
+}
+
+/// The agent's status manager. Cheap to clone; every clone shares the cache.
+///
+/// See the [module documentation](self) for the rules it applies.
+#[derive(Clone)]
+pub struct StatusManager {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for StatusManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusManager")
+            .field("sinks", &self.shared.sinks.len())
+            .field("pods", &self.shared.pods.lock().len())
+            .finish()
+    }
+}
+
+/// One call to make on one sink.
+enum Job {
+    Status {
+        uid: String,
+        pod: Arc<Pod>,
+        status: Arc<PodStatus>,
+        version: u64,
+    },
+    Removed {
+        uid: String,
+        pod: Arc<Pod>,
+    },
+}
+
+enum Outcome {
+    Status { uid: String, version: u64, ok: bool },
+    Removed { uid: String, ok: bool },
+}
+
+impl StatusManager {
+    /// A status manager delivering to `sinks` (none is fine: the cache and reader still work).
+    pub fn new(sinks: Vec<Arc<dyn StatusSink>>) -> Self {
+        let (changed, _) = watch::channel(0);
+        Self {
+            shared: Arc::new(Shared {
+                sinks,
+                pods: Mutex::new(HashMap::new()),
+                reader: StatusReader::default(),
+                changed,
+                running: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A reader of the accepted statuses (for probers, the read-only port, embedders).
+    pub fn reader(&self) -> StatusReader {
+        self.shared.reader.clone()
+    }
+
+    /// The latest accepted status of pod `uid`, if the pod is known and not removed.
+    pub fn get(&self, uid: &str) -> Option<PodStatus> {
+        let pods = self.shared.pods.lock();
+        pods.get(uid)
+            .filter(|e| !e.removed && e.version > 0)
+            .map(|e| PodStatus::clone(&e.status))
+    }
+
+    /// The version of the latest accepted status of pod `uid` (0 if none). Every accepted change
+    /// bumps it by one; dropped duplicates do not.
+    pub fn version(&self, uid: &str) -> u64 {
+        self.shared.pods.lock().get(uid).map_or(0, |e| e.version)
+    }
+
+    /// Accept a freshly generated status for `pod` (the engine calls this after each sync).
+    ///
+    /// Never blocks on the sinks. The status is dropped when it equals the cached one, unless the
+    /// pod has a `deletionTimestamp`.
+    pub fn set_pod_status(&self, pod: &Pod, status: PodStatus) {
+        let forced = podutil::is_deleted(pod);
+        self.update(pod, status, forced);
+    }
+
+    /// Force the pod to `Failed` (eviction, activeDeadlineSeconds): the current and every later
+    /// status get phase `Failed` with `reason`/`message` from `phase_reason` (empty if `None`),
+    /// published once no container runs. `extra_condition` (typically `DisruptionTarget`,
+    /// reason `TerminationByKubelet`) is added at that moment.
+    pub fn set_terminal(
+        &self,
+        pod: &Pod,
+        phase_reason: Option<(String, String)>,
+        extra_condition: Option<PodCondition>,
+    ) {
+        let base = {
+            let mut pods = self.shared.pods.lock();
+            let n = self.shared.sinks.len();
+            let entry = pods
+                .entry(podutil::uid(pod).to_string())
+                .or_insert_with(|| Entry::new(Arc::new(pod.clone()), n));
+            entry.forced_failure = Some(phase_reason.unwrap_or_default());
+            if let Some(mut c) = extra_condition {
+                if c.last_transition_time.is_none() {
+                    c.last_transition_time = Some(Time(Timestamp::now()));
+                }
+                entry.pending_conditions.retain(|p| p.type_ != c.type_);
+                entry.pending_conditions.push(c);
+            }
+            if entry.version > 0 && !entry.removed {
+                PodStatus::clone(&entry.status)
+            } else {
+                pod.status.clone().unwrap_or_default()
+            }
+        };
+        self.update(pod, base, true);
+    }
+
+    /// The agent has killed `pod`: containers without a terminated state are reported as
+    /// terminated (exit code 137, reason `ContainerStatusUnknown`), and a non-static pod in a
+    /// non-terminal phase becomes `Failed`. Static pods keep their computed phase.
+    pub fn terminate_pod(&self, pod: &Pod) {
+        let base = {
+            let pods = self.shared.pods.lock();
+            match pods.get(podutil::uid(pod)).filter(|e| e.version > 0 && !e.removed) {
+                Some(e) => PodStatus::clone(&e.status),
+                None => pod.status.clone().unwrap_or_default(),
+            }
+        };
+        let status = terminated_status(pod, base);
+        self.update(pod, status, true);
+    }
+
+    /// The pod finished and left every source: drop it from the cache and the reader, and tell
+    /// every sink (`pod_removed`) once its last status was delivered.
+    pub fn remove_pod(&self, pod: &Pod) {
+        let uid = podutil::uid(pod).to_string();
+        self.shared.reader.remove(&uid);
+        {
+            let mut pods = self.shared.pods.lock();
+            let n = self.shared.sinks.len();
+            let entry = pods
+                .entry(uid)
+                .or_insert_with(|| Entry::new(Arc::new(pod.clone()), n));
+            entry.removed = true;
+            entry.pod = Arc::new(pod.clone());
+            entry.forced_failure = None;
+            entry.pending_conditions.clear();
+            for slot in &mut entry.sinks {
+                slot.removal_done = false;
+                slot.removal_failed = false;
+            }
+            if n == 0 {
+                pods.remove(podutil::uid(pod));
+            }
+        }
+        self.notify();
+    }
+
+    fn notify(&self) {
+        self.shared.changed.send_modify(|v| *v = v.wrapping_add(1));
+    }
+
+    /// The kubelet's `updateStatusInternal` + `mergePodStatus` + `normalizeStatus`.
+    fn update(&self, pod: &Pod, mut status: PodStatus, forced: bool) {
+        let uid = podutil::uid(pod).to_string();
+        let full_name = podutil::full_name(pod);
+        let now = Timestamp::now();
+        let mut pods = self.shared.pods.lock();
+        let n = self.shared.sinks.len();
+        let entry = pods
+            .entry(uid.clone())
+            .or_insert_with(|| Entry::new(Arc::new(pod.clone()), n));
+        if entry.removed {
+            // Same UID again (re-added after removal): start afresh.
+            *entry = Entry::new(Arc::new(pod.clone()), n);
+        }
+        let cached = (entry.version > 0).then(|| Arc::clone(&entry.status));
+        let default_old = PodStatus::default();
+        let old: &PodStatus = cached
+            .as_deref()
+            .or(pod.status.as_ref())
+            .unwrap_or(&default_old);
+
+        if let Some((reason, message)) = &entry.forced_failure {
+            status.phase = Some(PHASE_FAILED.to_string());
+            status.reason = Some(reason.clone()).filter(|r| !r.is_empty());
+            status.message = Some(message.clone()).filter(|m| !m.is_empty());
+        }
+
+        if let Err(msg) = check_container_state_transition(old, &status, pod) {
+            tracing::error!(pod = %full_name, uid = %uid, "status update on pod aborted: {msg}");
+            return;
+        }
+
+        // Terminal phases are sticky.
+        if is_terminal_phase(old.phase.as_deref()) && status.phase != old.phase {
+            tracing::error!(
+                pod = %full_name, uid = %uid,
+                original = old.phase.as_deref().unwrap_or(""),
+                attempted = status.phase.as_deref().unwrap_or(""),
+                "Pod attempted illegal phase transition"
+            );
+            status.phase = old.phase.clone();
+            status.reason = old.reason.clone();
+            status.message = old.message.clone();
+        }
+
+        // Never publish a terminal phase while a container may still run.
+        let running = any_running(&status);
+        if is_terminal_phase(status.phase.as_deref())
+            && !is_terminal_phase(old.phase.as_deref())
+            && running
+        {
+            tracing::debug!(pod = %full_name, uid = %uid, "delaying terminal phase until no container runs");
+            status.phase = Some(old.phase.clone().unwrap_or_else(|| PHASE_PENDING.to_string()));
+            status.reason = old.reason.clone();
+            status.message = old.message.clone();
+        }
+
+        // Conditions: kubelet-owned from the new status; others from the old one; shared ones
+        // (DisruptionTarget) only once the pod is terminal and nothing runs.
+        let terminal_now = is_terminal_phase(status.phase.as_deref()) && !running;
+        let mut conditions: Vec<PodCondition> = old
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| !is_kubelet_condition(&c.type_))
+            .cloned()
+            .collect();
+        for c in status.conditions.take().into_iter().flatten() {
+            if is_kubelet_condition(&c.type_) {
+                conditions.push(c);
+            } else if is_shared_condition(&c.type_) {
+                if !conditions.iter().any(|x| x.type_ == c.type_) {
+                    entry.pending_conditions.retain(|p| p.type_ != c.type_);
+                    entry.pending_conditions.push(c);
+                }
+            } else if !conditions.iter().any(|x| x.type_ == c.type_) {
+                conditions.push(c);
+            }
+        }
+        if terminal_now {
+            for mut c in std::mem::take(&mut entry.pending_conditions) {
+                c.last_transition_time = Some(Time(now));
+                match conditions.iter_mut().find(|x| x.type_ == c.type_) {
+                    Some(x) => *x = c,
+                    None => conditions.push(c),
+                }
+            }
+        }
+        for c in &mut conditions {
+            if is_kubelet_condition(&c.type_) {
+                status_gen::set_last_transition_time(c, Some(old), now);
+            } else if c.last_transition_time.is_none() {
+                c.last_transition_time = Some(Time(now));
+            }
+        }
+        status.conditions = Some(conditions);
+
+        // Ready and ContainersReady are False in a terminal phase.
+        if let Some(phase) = status
+            .phase
+            .clone()
+            .filter(|p| is_terminal_phase(Some(p)))
+        {
+            for c in status.conditions.iter_mut().flatten() {
+                if (c.type_ == COND_READY || c.type_ == COND_CONTAINERS_READY) && c.status == "True"
+                {
+                    let t = status_gen::terminal_containers_ready_condition(&phase);
+                    c.status = t.status;
+                    c.reason = t.reason;
+                    c.message = None;
+                    c.last_transition_time = Some(Time(now));
+                }
+            }
+        }
+
+        // startTime is set once.
+        status.start_time = old
+            .start_time
+            .clone()
+            .or(status.start_time)
+            .or(Some(Time(now)));
+        status.resource_claim_statuses = old
+            .resource_claim_statuses
+            .clone()
+            .or(status.resource_claim_statuses);
+
+        normalize_status(pod, &mut status);
+
+        if let Some(cached) = &cached {
+            if !forced && kubelet_view_equal(cached, &status) {
+                tracing::trace!(pod = %full_name, uid = %uid, "ignoring same status");
+                entry.pod = Arc::new(pod.clone());
+                return;
+            }
+        }
+        entry.version += 1;
+        entry.status = Arc::new(status);
+        entry.pod = Arc::new(pod.clone());
+        tracing::debug!(
+            pod = %full_name, uid = %uid, version = entry.version,
+            phase = entry.status.phase.as_deref().unwrap_or(""),
+            "pod status updated"
+        );
+        self.shared
+            .reader
+            .put(Arc::clone(&entry.pod), Arc::clone(&entry.status));
+        drop(pods);
+        self.notify();
+    }
+
+    /// Deliver statuses and events to the sinks until `shutdown` is cancelled.
+    ///
+    /// Wakes on every accepted change and every [`SYNC_PERIOD`]; for each pod whose latest
+    /// version a sink has not accepted yet, calls `update_pod_status` with that latest version
+    /// (intermediate versions collapse). Sinks are served concurrently and independently; one
+    /// call per pod per sink is in flight at a time, so a sink sees each pod's statuses in order.
+    /// A failed call is retried on the next tick. Every event from `events` is passed to every
+    /// sink's `record_event`. Call it once; a second concurrent call returns at once.
+    pub async fn run(&self, mut events: mpsc::Receiver<Event>, shutdown: CancellationToken) {
+        if self.shared.running.swap(true, Ordering::SeqCst) {
+            tracing::warn!("status manager is already running; second run() ignored");
+            return;
+        }
+        let mut event_txs = Vec::with_capacity(self.shared.sinks.len());
+        let mut workers = Vec::with_capacity(self.shared.sinks.len() * 2);
+        for (idx, sink) in self.shared.sinks.iter().enumerate() {
+            let (tx, rx) = mpsc::channel::<Event>(EVENT_QUEUE_PER_SINK);
+            event_txs.push(tx);
+            workers.push(futures::future::Either::Left(event_worker(
+                Arc::clone(sink),
+                rx,
+                shutdown.clone(),
+            )));
+            workers.push(futures::future::Either::Right(self.sink_worker(
+                idx,
+                shutdown.clone(),
+            )));
+        }
+        let dispatch = async {
+            loop {
+                tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    ev = events.recv() => match ev {
+                        Some(ev) => {
+                            for tx in &event_txs {
+                                if tx.try_send(ev.clone()).is_err() {
+                                    tracing::warn!(reason = %ev.reason, "event queue of a status sink is full; event dropped");
+                                }
+                            }
+                        }
+                        None => {
+                            // No more events; keep delivering statuses until shutdown.
+                            shutdown.cancelled().await;
+                            break;
+                        }
+                    },
+                }
+            }
+            drop(event_txs);
+        };
+        futures::join!(dispatch, futures::future::join_all(workers));
+        self.shared.running.store(false, Ordering::SeqCst);
+    }
+
+    /// Pick the calls sink `idx` should make now, marking them in flight.
+    fn take_jobs(&self, idx: usize, retry_failed: bool) -> Vec<Job> {
+        let mut pods = self.shared.pods.lock();
+        let mut jobs = Vec::new();
+        for (uid, e) in pods.iter_mut() {
+            let Some(slot) = e.sinks.get_mut(idx) else {
+                continue;
+            };
+            if slot.in_flight {
+                continue;
+            }
+            if slot.acked < e.version {
+                if retry_failed || slot.failed != Some(e.version) {
+                    slot.in_flight = true;
+                    jobs.push(Job::Status {
+                        uid: uid.clone(),
+                        pod: Arc::clone(&e.pod),
+                        status: Arc::clone(&e.status),
+                        version: e.version,
+                    });
+                }
+            } else if e.removed && !slot.removal_done && (retry_failed || !slot.removal_failed) {
+                slot.in_flight = true;
+                jobs.push(Job::Removed {
+                    uid: uid.clone(),
+                    pod: Arc::clone(&e.pod),
+                });
+            }
+        }
+        jobs
+    }
+
+    fn complete(&self, idx: usize, outcome: Outcome) {
+        let mut pods = self.shared.pods.lock();
+        match outcome {
+            Outcome::Status { uid, version, ok } => {
+                if let Some(slot) = pods.get_mut(&uid).and_then(|e| e.sinks.get_mut(idx)) {
+                    slot.in_flight = false;
+                    if ok {
+                        slot.acked = slot.acked.max(version);
+                        slot.failed = None;
+                    } else {
+                        slot.failed = Some(version);
+                    }
+                }
+            }
+            Outcome::Removed { uid, ok } => {
+                let drop_entry = match pods.get_mut(&uid) {
+                    Some(e) => {
+                        if let Some(slot) = e.sinks.get_mut(idx) {
+                            slot.in_flight = false;
+                            slot.removal_done = ok;
+                            slot.removal_failed = !ok;
+                        }
+                        e.removed && e.sinks.iter().all(|s| s.removal_done)
+                    }
+                    None => false,
+                };
+                if drop_entry {
+                    pods.remove(&uid);
+                }
+            }
+        }
+    }
+
+    async fn sink_worker(&self, idx: usize, shutdown: CancellationToken) {
+        let Some(sink) = self.shared.sinks.get(idx).cloned() else {
+            return;
+        };
+        let mut changed = self.shared.changed.subscribe();
+        let mut tick = tokio::time::interval(SYNC_PERIOD);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.reset(); // the first scan happens right away below; the first retry after a period
+        let mut in_flight = FuturesUnordered::new();
+        let mut retry_failed = true;
+        loop {
+            for job in self.take_jobs(idx, retry_failed) {
+                let sink = Arc::clone(&sink);
+                in_flight.push(async move {
+                    match job {
+                        Job::Status {
+                            uid,
+                            pod,
+                            status,
+                            version,
+                        } => {
+                            let res = sink.update_pod_status(&pod, &status).await;
+                            if let Err(e) = &res {
+                                tracing::warn!(
+                                    pod = %podutil::full_name(&pod), uid = %uid, sink = idx, version,
+                                    "status sink failed to update pod status, will retry: {e}"
+                                );
+                            }
+                            Outcome::Status {
+                                uid,
+                                version,
+                                ok: res.is_ok(),
+                            }
+                        }
+                        Job::Removed { uid, pod } => {
+                            let res = sink.pod_removed(&pod).await;
+                            if let Err(e) = &res {
+                                tracing::warn!(
+                                    pod = %podutil::full_name(&pod), uid = %uid, sink = idx,
+                                    "status sink failed to handle pod removal, will retry: {e}"
+                                );
+                            }
+                            Outcome::Removed { uid, ok: res.is_ok() }
+                        }
+                    }
+                });
+            }
+            retry_failed = false;
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                Some(outcome) = in_flight.next(), if !in_flight.is_empty() => {
+                    self.complete(idx, outcome);
+                }
+                res = changed.changed() => {
+                    if res.is_err() {
+                        break;
+                    }
+                }
+                _ = tick.tick() => retry_failed = true,
+            }
+        }
+    }
+}
+
+async fn event_worker(
+    sink: Arc<dyn StatusSink>,
+    mut rx: mpsc::Receiver<Event>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            ev = rx.recv() => match ev {
+                Some(ev) => {
+                    if let Err(e) = sink.record_event(&ev).await {
+                        tracing::warn!(reason = %ev.reason, "status sink failed to record event: {e}");
+                    }
+                }
+                None => break,
+            },
+        }
+    }
+}
+
+fn any_running(status: &PodStatus) -> bool {
+    status
+        .container_statuses
+        .iter()
+        .flatten()
+        .chain(status.init_container_statuses.iter().flatten())
+        .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+}
+
+fn lost_container_state() -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: 137,
+            reason: Some(REASON_CONTAINER_STATUS_UNKNOWN.to_string()),
+            message: Some(MESSAGE_LOST_ON_TERMINATION.to_string()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn is_terminated(c: &ContainerStatus) -> bool {
+    c.state.as_ref().is_some_and(|s| s.terminated.is_some())
+}
+
+/// `hasPodInitialized`, judged on `status`.
+fn has_pod_initialized(pod: &Pod, status: &PodStatus) -> bool {
+    if podutil::init_containers(pod).is_empty() {
+        return true;
+    }
+    let regular_moved = status.container_statuses.iter().flatten().any(|c| {
+        c.last_state.as_ref().is_some_and(|l| l.terminated.is_some())
+            || c.state.as_ref().is_none_or(|s| s.waiting.is_none())
+    });
+    if regular_moved {
+        return true;
+    }
+    if let Some(last) = status.init_container_statuses.as_ref().and_then(|v| v.last()) {
+        let exited0 = |s: Option<&ContainerState>| {
+            s.and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0)
+        };
+        if exited0(last.last_state.as_ref()) || exited0(last.state.as_ref()) {
+            return true;
+        }
+    }
+    false
+}
+
+/// The status `TerminatePod` writes: lost containers terminated with 137, phase Failed.
+fn terminated_status(pod: &Pod, mut status: PodStatus) -> PodStatus {
+    if has_pod_initialized(pod, &status) {
+        for c in status.container_statuses.iter_mut().flatten() {
+            if !is_terminated(c) {
+                c.state = Some(lost_container_state());
+            }
+        }
+    }
+    if let Some(inits) = status.init_container_statuses.as_mut() {
+        // All but the trailing init containers that never attempted to start.
+        let attempted = |c: &ContainerStatus| {
+            c.state.as_ref().is_none_or(|s| s.waiting.is_none())
+                || c.last_state.as_ref().is_some_and(|l| l.terminated.is_some())
+        };
+        let upto = inits
+            .iter()
+            .rposition(attempted)
+            .map_or(usize::from(!inits.is_empty()), |i| i + 1);
+        for c in inits.iter_mut().take(upto) {
+            if !is_terminated(c) {
+                c.state = Some(lost_container_state());
+            }
+        }
+    }
+    if !podutil::is_static(pod) && !is_terminal_phase(status.phase.as_deref()) {
+        tracing::debug!(pod = %podutil::full_name(pod), old_phase = status.phase.as_deref().unwrap_or(""), "marking terminated pod as failed");
+        status.phase = Some(PHASE_FAILED.to_string());
+    }
+    status
+}
+
+/// `checkContainerStateTransition`: a terminated container may not become non-terminated when
+/// the restart policy forbids a restart.
+fn check_container_state_transition(
+    old: &PodStatus,
+    new: &PodStatus,
+    pod: &Pod,
+) -> Result<(), String> {
+    let policy = podutil::restart_policy(pod);
+    if policy == RestartPolicy::Always {
+        return Ok(());
+    }
+    let may_not_restart = |c: &ContainerStatus| {
+        c.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .is_some_and(|t| !(t.exit_code != 0 && policy == RestartPolicy::OnFailure))
+    };
+    for o in old.container_statuses.iter().flatten() {
+        if !may_not_restart(o) {
+            continue;
+        }
+        if let Some(n) = new.container_statuses.iter().flatten().find(|n| n.name == o.name) {
+            if !is_terminated(n) {
+                return Err(format!(
+                    "terminated container {} attempted illegal transition to non-terminated state",
+                    n.name
+                ));
+            }
+        }
+    }
+    let inits = podutil::init_containers(pod);
+    for o in old.init_container_statuses.iter().flatten() {
+        let Some(spec) = inits.iter().find(|c| c.name == o.name) else {
+            continue;
+        };
+        if podutil::is_sidecar(spec) || !may_not_restart(o) {
+            continue;
+        }
+        if let Some(n) = new
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .find(|n| n.name == o.name)
+        {
+            if !is_terminated(n) {
+                return Err(format!(
+                    "terminated init container {} attempted illegal transition to non-terminated state",
+                    n.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn truncate_time(t: &mut Time) {
+    if let Ok(ts) = Timestamp::from_second(t.0.as_second()) {
+        t.0 = ts;
+    }
+}
+
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() <= max {
+        return;
+    }
+    let mut end = max;
+    while end > 0 && !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s.truncate(end);
+}
+
+/// `normalizeStatus`: second-precision timestamps, bounded termination messages, container
+/// statuses sorted by name and init container statuses in spec order.
+pub fn normalize_status(pod: &Pod, status: &mut PodStatus) {
+    let spec_count = podutil::containers(pod).len()
+        + podutil::init_containers(pod).len()
+        + pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.ephemeral_containers.as_ref())
+            .map_or(0, Vec::len);
+    let bytes_per_status = MAX_POD_TERMINATION_MESSAGE_LENGTH / spec_count.max(1);
+    let normalize_state = |s: &mut ContainerState| {
+        if let Some(r) = s.running.as_mut() {
+            if let Some(t) = r.started_at.as_mut() {
+                truncate_time(t);
+            }
+        }
+        if let Some(t) = s.terminated.as_mut() {
+            for ts in [t.started_at.as_mut(), t.finished_at.as_mut()]
+                .into_iter()
+                .flatten()
+            {
+                truncate_time(ts);
+            }
+            if let Some(m) = t.message.as_mut() {
+                truncate_utf8(m, bytes_per_status);
+            }
+        }
+    };
+    if let Some(t) = status.start_time.as_mut() {
+        truncate_time(t);
+    }
+    for c in status.conditions.iter_mut().flatten() {
+        for ts in [c.last_probe_time.as_mut(), c.last_transition_time.as_mut()]
+            .into_iter()
+            .flatten()
+        {
+            truncate_time(ts);
+        }
+    }
+    for list in [
+        status.container_statuses.as_mut(),
+        status.init_container_statuses.as_mut(),
+        status.ephemeral_container_statuses.as_mut(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        for c in list.iter_mut() {
+            if let Some(s) = c.state.as_mut() {
+                normalize_state(s);
+            }
+            if let Some(s) = c.last_state.as_mut() {
+                normalize_state(s);
+            }
+        }
+    }
+    if let Some(list) = status.container_statuses.as_mut() {
+        list.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    if let Some(list) = status.init_container_statuses.as_mut() {
+        let inits = podutil::init_containers(pod);
+        list.sort_by_key(|s| {
+            inits
+                .iter()
+                .position(|c| c.name == s.name)
+                .unwrap_or(usize::MAX)
+        });
+    }
+}
+
+/// `isPodStatusByKubeletEqual`: equal when everything but the conditions the kubelet does not
+/// own (or share) is equal.
+fn kubelet_view_equal(a: &PodStatus, b: &PodStatus) -> bool {
+    let view = |s: &PodStatus| {
+        let mut s = s.clone();
+        let mut conds: Vec<PodCondition> = s
+            .conditions
+            .take()
+            .into_iter()
+            .flatten()
+            .filter(|c| is_kubelet_condition(&c.type_) || is_shared_condition(&c.type_))
+            .collect();
+        conds.sort_by(|x, y| x.type_.cmp(&y.type_));
+        s.conditions = Some(conds);
+        s
+    };
+    view(a) == view(b)
 }

@@ -1,0 +1,1080 @@
+//! Pod status generation: the kubelet's `generateAPIPodStatus`, `convertToAPIContainerStatuses`,
+//! `getPhase` and `status/generate.go`, as pure functions.
+//!
+//! The engine gathers everything a status depends on into one [`StatusInput`] (the desired pod,
+//! the runtime's view of it, the status generated last time, the reasons recorded by the last
+//! sync, probe results) and calls [`generate_pod_status`]. Nothing here does I/O or reads a clock:
+//! `now` is an input, so every rule is table-testable.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+//! use kubelet_core::runtime::PodRuntimeStatus;
+//! use kubelet_core::status_gen::{StatusInput, generate_pod_status};
+//!
+//! let pod = Pod {
+//!     spec: Some(PodSpec {
+//!         containers: vec![Container { name: "app".into(), image: Some("busybox".into()), ..Default::default() }],
+//!         ..Default::default()
+//!     }),
+//!     ..Default::default()
+//! };
+//! let runtime = PodRuntimeStatus::default();
+//! let reasons = HashMap::new();
+//! let status = generate_pod_status(&StatusInput {
+//!     pod: &pod,
+//!     runtime: &runtime,
+//!     old: None,
+//!     runtime_name: "process",
+//!     waiting_reasons: &reasons,
+//!     probe_result: &|_, _| None,
+//!     sandbox_ready: false,
+//!     pod_is_terminal: false,
+//!     host_ip: Some("10.0.0.1"),
+//!     now: jiff::Timestamp::UNIX_EPOCH,
+//! });
+//! assert_eq!(status.phase.as_deref(), Some("Pending"));
+//! let app = &status.container_statuses.as_ref().unwrap()[0];
+//! assert_eq!(app.state.as_ref().unwrap().waiting.as_ref().unwrap().reason.as_deref(), Some("ContainerCreating"));
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{
+    Container, ContainerState, ContainerStateRunning, ContainerStateTerminated,
+    ContainerStateWaiting, ContainerStatus, HostIP, Pod, PodCondition, PodIP, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::pod::{self as podutil, RestartPolicy};
+use crate::probe::{ProbeResult, ProbeType};
+use crate::runtime::{self, PodRuntimeStatus, labels};
+
+/// Pod phase `Pending`.
+pub const PHASE_PENDING: &str = "Pending";
+/// Pod phase `Running`.
+pub const PHASE_RUNNING: &str = "Running";
+/// Pod phase `Succeeded`.
+pub const PHASE_SUCCEEDED: &str = "Succeeded";
+/// Pod phase `Failed`.
+pub const PHASE_FAILED: &str = "Failed";
+
+/// Condition type `PodReadyToStartContainers`.
+pub const COND_READY_TO_START: &str = "PodReadyToStartContainers";
+/// Condition type `Initialized`.
+pub const COND_INITIALIZED: &str = "Initialized";
+/// Condition type `Ready`.
+pub const COND_READY: &str = "Ready";
+/// Condition type `ContainersReady`.
+pub const COND_CONTAINERS_READY: &str = "ContainersReady";
+/// Condition type `PodScheduled`.
+pub const COND_POD_SCHEDULED: &str = "PodScheduled";
+/// Condition type `DisruptionTarget` (shared: set by eviction, preemption, node shutdown).
+pub const COND_DISRUPTION_TARGET: &str = "DisruptionTarget";
+
+/// Waiting reason of a container that has not been created yet.
+pub const REASON_CONTAINER_CREATING: &str = "ContainerCreating";
+/// Waiting reason of a container of a pod with init containers that has not been created yet.
+pub const REASON_POD_INITIALIZING: &str = "PodInitializing";
+/// Terminated reason of a container whose state was lost.
+pub const REASON_CONTAINER_STATUS_UNKNOWN: &str = "ContainerStatusUnknown";
+/// Message of a container that vanished while the pod was terminated.
+pub const MESSAGE_LOST_ON_TERMINATION: &str =
+    "The container could not be located when the pod was terminated";
+/// Message of a container that vanished after it had been seen running.
+pub const MESSAGE_LOST_WHILE_RUNNING: &str =
+    "The container could not be located when the pod was deleted.  The container used to be Running";
+
+/// True for the condition types the kubelet owns (`PodConditionByKubelet`).
+pub fn is_kubelet_condition(type_: &str) -> bool {
+    matches!(
+        type_,
+        COND_READY_TO_START
+            | COND_INITIALIZED
+            | COND_READY
+            | COND_CONTAINERS_READY
+            | COND_POD_SCHEDULED
+    )
+}
+
+/// True for conditions the kubelet shares with other writers (`PodConditionSharedByKubelet`).
+pub fn is_shared_condition(type_: &str) -> bool {
+    type_ == COND_DISRUPTION_TARGET
+}
+
+/// True for `Succeeded` and `Failed`.
+pub fn is_terminal_phase(phase: Option<&str>) -> bool {
+    matches!(phase, Some(PHASE_SUCCEEDED | PHASE_FAILED))
+}
+
+/// Everything a pod status is generated from. See [`generate_pod_status`].
+pub struct StatusInput<'a> {
+    /// The desired pod as its source delivered it (its `status`, if any, is the API copy: a
+    /// terminal phase there is never left, and non-kubelet conditions are copied from it).
+    pub pod: &'a Pod,
+    /// The runtime's view of the pod: all container instances, newest first.
+    pub runtime: &'a PodRuntimeStatus,
+    /// The status generated (and accepted by the status manager) last time: source of
+    /// `lastTransitionTime`s, `startTime`, carried-over `lastState`, phase reason and message.
+    pub old: Option<&'a PodStatus>,
+    /// Prefix of container IDs: `<runtime_name>://<id>` (`process`, `containerd`, …).
+    pub runtime_name: &'a str,
+    /// Container name → (reason, message) of the last failed start recorded by the sync
+    /// (`CrashLoopBackOff`, `ErrImagePull`, `CreateContainerError`, …).
+    pub waiting_reasons: &'a HashMap<String, (String, String)>,
+    /// Probe result of a container instance: `(container id, probe type)` → `None` when the
+    /// container has no such probe configured. The id is the runtime's id, without prefix.
+    pub probe_result: &'a (dyn Fn(&str, ProbeType) -> Option<ProbeResult> + 'a),
+    /// `PodReadyToStartContainers`: the sandbox is ready and no new one is needed.
+    pub sandbox_ready: bool,
+    /// The agent terminated the pod (deleted, evicted, killed) and no container runs.
+    pub pod_is_terminal: bool,
+    /// The node's IP, reported as `hostIP`/`hostIPs` (and as pod IP for host-network pods).
+    pub host_ip: Option<&'a str>,
+    /// The current time (for new `lastTransitionTime`s and the first `startTime`).
+    pub now: Timestamp,
+}
+
+impl std::fmt::Debug for StatusInput<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StatusInput")
+            .field("pod", &podutil::full_name(self.pod))
+            .field("runtime_name", &self.runtime_name)
+            .field("sandbox_ready", &self.sandbox_ready)
+            .field("pod_is_terminal", &self.pod_is_terminal)
+            .field("now", &self.now)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Generate the API status of a pod (the kubelet's `generateAPIPodStatus` plus the probe
+/// manager's `UpdatePodStatus`).
+///
+/// * Container statuses: regular containers sorted by name, init containers (sidecars included)
+///   in spec order; state from the newest runtime instance, `lastState` from the second newest
+///   (else carried over from `old`), `restartCount` from the `io.kubernetes.container.restartCount`
+///   annotation (else the attempt). A container never created waits with `ContainerCreating`
+///   (`PodInitializing` when the pod has init containers, as the kubelet does); a container that
+///   should be restarted and has a recorded reason waits with that reason, its previous
+///   termination moved to `lastState`.
+/// * `ready` / `started` from probe results; regular init containers are ready once exited 0.
+/// * Phase from [`get_phase`]; a terminal phase in `old` or in the API copy is never left.
+/// * Conditions `PodReadyToStartContainers`, `Initialized`, `Ready`, `ContainersReady`,
+///   `PodScheduled`, with `lastTransitionTime` kept unless the status changed; conditions not
+///   owned by the kubelet are preserved.
+/// * `hostIP(s)`, `podIP(s)`, `startTime`, `qosClass`; phase reason and message kept while the
+///   phase is unchanged.
+pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
+    let pod = input.pod;
+    let api = pod.status.as_ref();
+    // The kubelet's `oldPodStatus`: the status manager's copy, else the API's.
+    let old = input.old.or(api);
+    let init_specs = podutil::init_containers(pod);
+    let specs = podutil::containers(pod);
+    let has_init = !init_specs.is_empty();
+
+    let mut init_statuses = convert_container_statuses(
+        input,
+        init_specs,
+        old.and_then(|o| o.init_container_statuses.as_deref())
+            .unwrap_or(&[]),
+        has_init,
+        true,
+    );
+    let mut statuses = convert_container_statuses(
+        input,
+        specs,
+        old.and_then(|o| o.container_statuses.as_deref())
+            .unwrap_or(&[]),
+        has_init,
+        false,
+    );
+    apply_probe_results(input, init_specs, &mut init_statuses, specs, &mut statuses);
+
+    let mut phase = get_phase(pod, &init_statuses, &statuses, input.pod_is_terminal);
+    if !is_terminal_phase(Some(phase)) {
+        let old_phase = old.and_then(|o| o.phase.as_deref());
+        let api_phase = api.and_then(|o| o.phase.as_deref());
+        if let Some(p) = old_phase.filter(|p| is_terminal_phase(Some(p))) {
+            tracing::debug!(pod = %podutil::full_name(pod), phase = p, "status manager phase was terminal, keeping it");
+            phase = static_phase(p);
+        } else if let Some(p) = api_phase.filter(|p| is_terminal_phase(Some(p))) {
+            tracing::debug!(pod = %podutil::full_name(pod), phase = p, "API phase was terminal, keeping it");
+            phase = static_phase(p);
+        }
+    }
+    if let Some(api_phase) = api
+        .and_then(|a| a.phase.as_deref())
+        .filter(|p| is_terminal_phase(Some(p)))
+    {
+        if phase != api_phase {
+            tracing::error!(
+                pod = %podutil::full_name(pod), original = api_phase, generated = phase,
+                "Pod attempted illegal phase transition"
+            );
+            phase = static_phase(api_phase);
+        }
+    }
+
+    let (mut reason, mut message) = (None, None);
+    if old.and_then(|o| o.phase.as_deref()) == Some(phase) {
+        reason = old
+            .and_then(|o| o.reason.clone())
+            .filter(|r| !r.is_empty())
+            .or_else(|| api.and_then(|a| a.reason.clone()));
+        message = old
+            .and_then(|o| o.message.clone())
+            .filter(|m| !m.is_empty())
+            .or_else(|| api.and_then(|a| a.message.clone()));
+    }
+
+    let conditions = generate_conditions(input, old, &init_statuses, &statuses, phase);
+
+    let host_ip = input
+        .host_ip
+        .map(str::to_string)
+        .or_else(|| old.and_then(|o| o.host_ip.clone()));
+    let host_ips = match input.host_ip {
+        Some(ip) => Some(vec![HostIP { ip: ip.to_string() }]),
+        None => old.and_then(|o| o.host_ips.clone()),
+    };
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let mut pod_ips: Vec<String> = input.runtime.ips.clone();
+    if pod_ips.is_empty() && host_network {
+        if let Some(ip) = input.host_ip {
+            pod_ips.push(ip.to_string());
+        }
+    }
+    let (pod_ip, pod_ips) = if pod_ips.is_empty() {
+        // The sandbox is gone (the pod finished): keep reporting the IPs it had.
+        (
+            old.and_then(|o| o.pod_ip.clone()),
+            old.and_then(|o| o.pod_ips.clone()),
+        )
+    } else {
+        (
+            pod_ips.first().cloned(),
+            Some(pod_ips.into_iter().map(|ip| PodIP { ip }).collect()),
+        )
+    };
+
+    let start_time = old
+        .and_then(|o| o.start_time.clone())
+        .or_else(|| Some(Time(input.now)));
+    let qos_class = api
+        .and_then(|a| a.qos_class.clone())
+        .unwrap_or_else(|| qos_class(pod).to_string());
+
+    PodStatus {
+        phase: Some(phase.to_string()),
+        reason,
+        message,
+        conditions: Some(conditions),
+        host_ip,
+        host_ips,
+        pod_ip,
+        pod_ips,
+        start_time,
+        qos_class: Some(qos_class),
+        init_container_statuses: Some(init_statuses),
+        container_statuses: Some(statuses),
+        nominated_node_name: api.and_then(|a| a.nominated_node_name.clone()),
+        resource_claim_statuses: api.and_then(|a| a.resource_claim_statuses.clone()),
+        observed_generation: pod.metadata.generation,
+        ..Default::default()
+    }
+}
+
+fn static_phase(p: &str) -> &'static str {
+    match p {
+        PHASE_SUCCEEDED => PHASE_SUCCEEDED,
+        PHASE_FAILED => PHASE_FAILED,
+        PHASE_RUNNING => PHASE_RUNNING,
+        _ => PHASE_PENDING,
+    }
+}
+
+/// `<runtime_name>://<id>`.
+pub fn container_id(runtime_name: &str, id: &str) -> String {
+    format!("{runtime_name}://{id}")
+}
+
+/// The id part of a `<runtime>://<id>` container ID (the whole string if it has no scheme).
+pub fn strip_container_id(id: &str) -> &str {
+    id.split_once("://").map_or(id, |(_, rest)| rest)
+}
+
+/// Restart count of a runtime container instance: the `io.kubernetes.container.restartCount`
+/// annotation, else the attempt number.
+pub fn restart_count(cs: &runtime::ContainerStatus) -> i32 {
+    cs.annotations
+        .get(labels::CONTAINER_RESTART_COUNT)
+        .and_then(|v| v.trim().parse::<i32>().ok())
+        .unwrap_or_else(|| i32::try_from(cs.metadata.attempt).unwrap_or(i32::MAX))
+}
+
+fn state_is_terminated(s: Option<&ContainerState>) -> bool {
+    s.is_some_and(|s| s.terminated.is_some())
+}
+fn state_is_running(s: Option<&ContainerState>) -> bool {
+    s.is_some_and(|s| s.running.is_some())
+}
+fn state_is_waiting(s: Option<&ContainerState>) -> bool {
+    s.is_some_and(|s| s.waiting.is_some())
+}
+fn waiting_reason(s: Option<&ContainerState>) -> Option<&str> {
+    s.and_then(|s| s.waiting.as_ref())
+        .and_then(|w| w.reason.as_deref())
+}
+
+fn waiting(reason: &str, message: Option<String>) -> ContainerState {
+    ContainerState {
+        waiting: Some(ContainerStateWaiting {
+            reason: Some(reason.to_string()),
+            message,
+        }),
+        ..Default::default()
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_string())
+}
+
+/// One runtime instance as an API container status (`convertContainerStatus`).
+fn convert_instance(
+    cs: &runtime::ContainerStatus,
+    spec_image: &str,
+    runtime_name: &str,
+    old: Option<&ContainerStatus>,
+) -> ContainerStatus {
+    let cid = container_id(runtime_name, &cs.id);
+    let image_id = if cs.image_ref.is_empty() {
+        if cs.image.is_empty() {
+            spec_image.to_string()
+        } else {
+            cs.image.clone()
+        }
+    } else {
+        cs.image_ref.clone()
+    };
+    let mut status = ContainerStatus {
+        name: cs.metadata.name.clone(),
+        image: spec_image.to_string(),
+        image_id,
+        container_id: Some(cid.clone()),
+        restart_count: restart_count(cs),
+        ..Default::default()
+    };
+    status.state = Some(match cs.state {
+        runtime::ContainerState::Running => ContainerState {
+            running: Some(ContainerStateRunning {
+                started_at: Some(Time(cs.started_at.unwrap_or(cs.created_at))),
+            }),
+            ..Default::default()
+        },
+        runtime::ContainerState::Exited => ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: cs.exit_code,
+                reason: non_empty(&cs.reason),
+                message: non_empty(&cs.message),
+                started_at: cs.started_at.map(Time),
+                finished_at: cs.finished_at.map(Time),
+                container_id: Some(cid),
+                signal: None,
+            }),
+            ..Default::default()
+        },
+        runtime::ContainerState::Created => waiting(REASON_CONTAINER_CREATING, None),
+        runtime::ContainerState::Unknown => {
+            if let Some(old) = old.filter(|o| state_is_running(o.state.as_ref())) {
+                // It was running and is gone: it terminated, we just do not know how.
+                status.restart_count = old.restart_count.saturating_add(1);
+                ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: 137,
+                        reason: Some(REASON_CONTAINER_STATUS_UNKNOWN.to_string()),
+                        message: Some(MESSAGE_LOST_ON_TERMINATION.to_string()),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }
+            } else {
+                ContainerState {
+                    waiting: Some(ContainerStateWaiting::default()),
+                    ..Default::default()
+                }
+            }
+        }
+    });
+    status
+}
+
+/// Runtime instances of container `name`, newest first.
+fn instances<'a>(rt: &'a PodRuntimeStatus, name: &str) -> Vec<&'a runtime::ContainerStatus> {
+    let mut v: Vec<&runtime::ContainerStatus> = rt
+        .container_statuses
+        .iter()
+        .filter(|c| c.metadata.name == name)
+        .collect();
+    v.sort_by(|a, b| (b.created_at, b.metadata.attempt).cmp(&(a.created_at, a.metadata.attempt)));
+    v
+}
+
+/// `ShouldContainerBeRestarted`, judged on the newest instance.
+fn should_restart(
+    container: &Container,
+    pod: &Pod,
+    newest: Option<&runtime::ContainerStatus>,
+    is_init: bool,
+) -> bool {
+    if podutil::is_deleted(pod) {
+        return false;
+    }
+    let Some(cs) = newest else {
+        return true;
+    };
+    match cs.state {
+        runtime::ContainerState::Running => return false,
+        runtime::ContainerState::Unknown | runtime::ContainerState::Created => return true,
+        runtime::ContainerState::Exited => {}
+    }
+    if is_init && podutil::is_sidecar(container) {
+        return true;
+    }
+    match podutil::restart_policy(pod) {
+        RestartPolicy::Never => false,
+        RestartPolicy::OnFailure => cs.exit_code != 0,
+        RestartPolicy::Always => true,
+    }
+}
+
+/// `convertToAPIContainerStatuses` for one container list.
+fn convert_container_statuses(
+    input: &StatusInput<'_>,
+    specs: &[Container],
+    old_statuses: &[ContainerStatus],
+    has_init: bool,
+    is_init: bool,
+) -> Vec<ContainerStatus> {
+    let default_reason = if has_init {
+        REASON_POD_INITIALIZING
+    } else {
+        REASON_CONTAINER_CREATING
+    };
+    let old_by_name: HashMap<&str, &ContainerStatus> =
+        old_statuses.iter().map(|s| (s.name.as_str(), s)).collect();
+    let mut out: Vec<ContainerStatus> = Vec::with_capacity(specs.len());
+    for spec in specs {
+        let spec_image = spec.image.clone().unwrap_or_default();
+        let old = old_by_name.get(spec.name.as_str()).copied();
+        let insts = instances(input.runtime, &spec.name);
+
+        // Default: waiting, with values carried over from the old status.
+        let mut status = ContainerStatus {
+            name: spec.name.clone(),
+            image: spec_image.clone(),
+            state: Some(waiting(default_reason, None)),
+            ..Default::default()
+        };
+        if let Some(old) = old {
+            if state_is_terminated(old.state.as_ref()) {
+                status = old.clone();
+            } else {
+                status.restart_count = old.restart_count;
+                status.last_state = old.last_state.clone();
+            }
+        }
+
+        if insts.is_empty() {
+            // Seen running before, gone now: show that it stopped rather than "never ran".
+            if let Some(old) = old {
+                let default_waiting =
+                    waiting_reason(status.state.as_ref()) == Some(default_reason);
+                if !state_is_terminated(old.state.as_ref())
+                    && state_is_running(old.state.as_ref())
+                    && default_waiting
+                    && !state_is_terminated(status.last_state.as_ref())
+                {
+                    status.last_state = Some(ContainerState {
+                        terminated: Some(ContainerStateTerminated {
+                            exit_code: 137,
+                            reason: Some(REASON_CONTAINER_STATUS_UNKNOWN.to_string()),
+                            message: Some(MESSAGE_LOST_WHILE_RUNNING.to_string()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    });
+                    if !podutil::is_deleted(input.pod) {
+                        status.restart_count = status.restart_count.saturating_add(1);
+                    }
+                }
+            }
+        } else {
+            let newest = convert_instance(insts[0], &spec_image, input.runtime_name, old);
+            let previous = insts
+                .get(1)
+                .map(|p| convert_instance(p, &spec_image, input.runtime_name, None));
+            // Only the newest instance remains (older ones were removed): keep the last
+            // termination we knew of, which is the old state if that was another instance's.
+            let carried = match old {
+                Some(o)
+                    if state_is_terminated(o.state.as_ref())
+                        && o.container_id != newest.container_id =>
+                {
+                    o.state.clone()
+                }
+                Some(o) => o.last_state.clone(),
+                None => None,
+            };
+            status = newest;
+            status.last_state = match previous {
+                Some(p) => p.state,
+                None => carried,
+            };
+        }
+
+        // A container that will be restarted and whose last start failed shows why.
+        let newest_rt = insts.first().copied();
+        let init_done = is_init
+            && !podutil::is_sidecar(spec)
+            && newest_rt.is_some_and(|c| c.state == runtime::ContainerState::Exited && c.exit_code == 0);
+        if !init_done && should_restart(spec, input.pod, newest_rt, is_init) {
+            if let Some((reason, message)) = input.waiting_reasons.get(&spec.name) {
+                if state_is_terminated(status.state.as_ref()) {
+                    status.last_state = status.state.take();
+                }
+                status.state = Some(waiting(reason, non_empty(message)));
+            }
+        }
+        out.push(status);
+    }
+    if !is_init {
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    out
+}
+
+/// The probe manager's `UpdatePodStatus`: `started` and `ready` from probe results.
+fn apply_probe_results(
+    input: &StatusInput<'_>,
+    init_specs: &[Container],
+    init_statuses: &mut [ContainerStatus],
+    _specs: &[Container],
+    statuses: &mut [ContainerStatus],
+) {
+    let probe = |status: &ContainerStatus, t: ProbeType| -> Option<ProbeResult> {
+        let id = status.container_id.as_deref().map(strip_container_id)?;
+        (input.probe_result)(id, t)
+    };
+    let started_and_ready = |status: &ContainerStatus| -> (bool, bool) {
+        let running = state_is_running(status.state.as_ref());
+        let started = running
+            && matches!(
+                probe(status, ProbeType::Startup),
+                None | Some(ProbeResult::Success)
+            );
+        let ready = started
+            && matches!(
+                probe(status, ProbeType::Readiness),
+                None | Some(ProbeResult::Success)
+            );
+        (started, ready)
+    };
+    for status in statuses.iter_mut() {
+        let (started, ready) = started_and_ready(status);
+        status.started = Some(started);
+        status.ready = ready;
+    }
+    for (status, spec) in init_statuses.iter_mut().zip(init_specs) {
+        if podutil::is_sidecar(spec) {
+            let (started, ready) = started_and_ready(status);
+            status.started = Some(started);
+            status.ready = ready;
+        } else {
+            status.started = Some(state_is_running(status.state.as_ref()));
+            status.ready = status
+                .state
+                .as_ref()
+                .and_then(|s| s.terminated.as_ref())
+                .is_some_and(|t| t.exit_code == 0);
+        }
+    }
+}
+
+fn find<'a>(statuses: &'a [ContainerStatus], name: &str) -> Option<&'a ContainerStatus> {
+    statuses.iter().find(|s| s.name == name)
+}
+
+fn last_terminated(s: &ContainerStatus) -> Option<&ContainerStateTerminated> {
+    s.last_state.as_ref().and_then(|l| l.terminated.as_ref())
+}
+
+/// `HasAnyRegularContainerStarted`: a regular container is running or has terminated.
+pub fn has_any_regular_container_started(pod: &Pod, statuses: &[ContainerStatus]) -> bool {
+    podutil::containers(pod).iter().any(|c| {
+        find(statuses, &c.name).is_some_and(|s| {
+            state_is_running(s.state.as_ref()) || state_is_terminated(s.state.as_ref())
+        })
+    })
+}
+
+/// The pod phase (the kubelet's `getPhase`, section 3.7).
+///
+/// `init_statuses` and `statuses` are the init (sidecars included) and regular container
+/// statuses; `pod_is_terminal` says the agent terminated the pod and no container runs, in which
+/// case a non-static pod whose containers all stopped is `Succeeded` or `Failed` regardless of
+/// its restart policy.
+pub fn get_phase(
+    pod: &Pod,
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    pod_is_terminal: bool,
+) -> &'static str {
+    let policy = podutil::restart_policy(pod);
+    let mut pending_init = 0usize;
+    let mut failed_init = 0usize;
+    let (mut unknown, mut running, mut waiting_n, mut stopped, mut succeeded) =
+        (0usize, 0usize, 0usize, 0usize, 0usize);
+
+    for c in podutil::init_containers(pod) {
+        let Some(s) = find(init_statuses, &c.name) else {
+            if podutil::is_sidecar(c) {
+                unknown += 1;
+            } else {
+                pending_init += 1;
+            }
+            continue;
+        };
+        let st = s.state.as_ref();
+        if podutil::is_sidecar(c) {
+            if state_is_running(st) {
+                if s.started != Some(true) {
+                    pending_init += 1;
+                }
+                running += 1;
+            } else if state_is_terminated(st) {
+                // Terminated sidecars are ignored.
+            } else if state_is_waiting(st) {
+                if last_terminated(s).is_none() {
+                    pending_init += 1;
+                    waiting_n += 1;
+                }
+            } else {
+                pending_init += 1;
+                unknown += 1;
+            }
+        } else if state_is_running(st) {
+            pending_init += 1;
+        } else if let Some(t) = st.and_then(|s| s.terminated.as_ref()) {
+            if t.exit_code != 0 {
+                failed_init += 1;
+            }
+        } else if state_is_waiting(st) {
+            match last_terminated(s) {
+                Some(t) if t.exit_code != 0 => failed_init += 1,
+                Some(_) => {}
+                None => pending_init += 1,
+            }
+        } else {
+            pending_init += 1;
+        }
+    }
+
+    for c in podutil::containers(pod) {
+        let Some(s) = find(statuses, &c.name) else {
+            unknown += 1;
+            continue;
+        };
+        let st = s.state.as_ref();
+        if state_is_running(st) {
+            running += 1;
+        } else if let Some(t) = st.and_then(|s| s.terminated.as_ref()) {
+            stopped += 1;
+            if t.exit_code == 0 {
+                succeeded += 1;
+            }
+        } else if state_is_waiting(st) {
+            if last_terminated(s).is_some() {
+                stopped += 1;
+            } else {
+                waiting_n += 1;
+            }
+        } else {
+            unknown += 1;
+        }
+    }
+
+    if failed_init > 0 && policy == RestartPolicy::Never {
+        return PHASE_FAILED;
+    }
+    if pending_init > 0 && !has_any_regular_container_started(pod, statuses) {
+        return PHASE_PENDING;
+    }
+    if waiting_n > 0 {
+        return PHASE_PENDING;
+    }
+    if running > 0 && unknown == 0 {
+        return PHASE_RUNNING;
+    }
+    if running == 0 && stopped > 0 && unknown == 0 {
+        if pod_is_terminal && !podutil::is_static(pod) {
+            return if stopped == succeeded {
+                PHASE_SUCCEEDED
+            } else {
+                PHASE_FAILED
+            };
+        }
+        if policy == RestartPolicy::Always {
+            return PHASE_RUNNING;
+        }
+        if stopped == succeeded {
+            return PHASE_SUCCEEDED;
+        }
+        if policy == RestartPolicy::Never {
+            return PHASE_FAILED;
+        }
+        return PHASE_RUNNING;
+    }
+    PHASE_PENDING
+}
+
+fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
+    PodCondition {
+        type_: type_.to_string(),
+        status: if ok { "True" } else { "False" }.to_string(),
+        reason: reason.map(str::to_string),
+        message,
+        ..Default::default()
+    }
+}
+
+/// Go's `fmt.Sprintf("%s", []string{...})`: `[a b]`.
+fn go_list(names: &[&str]) -> String {
+    format!("[{}]", names.join(" "))
+}
+
+/// The `Initialized` condition (`GeneratePodInitializedCondition`).
+pub fn initialized_condition(
+    pod: &Pod,
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    phase: &str,
+) -> PodCondition {
+    let mut unknown = Vec::new();
+    let mut incomplete = Vec::new();
+    for c in podutil::init_containers(pod) {
+        let Some(s) = find(init_statuses, &c.name) else {
+            unknown.push(c.name.as_str());
+            continue;
+        };
+        let done = if podutil::is_sidecar(c) {
+            s.started == Some(true)
+        } else {
+            s.ready
+        };
+        if !done {
+            incomplete.push(c.name.as_str());
+        }
+    }
+    if phase == PHASE_SUCCEEDED && unknown.is_empty() {
+        return condition(COND_INITIALIZED, true, Some("PodCompleted"), None);
+    }
+    if has_any_regular_container_started(pod, statuses) {
+        return condition(COND_INITIALIZED, true, None, None);
+    }
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!("containers with unknown status: {}", go_list(&unknown)));
+    }
+    if !incomplete.is_empty() {
+        msgs.push(format!(
+            "containers with incomplete status: {}",
+            go_list(&incomplete)
+        ));
+    }
+    if msgs.is_empty() {
+        condition(COND_INITIALIZED, true, None, None)
+    } else {
+        condition(
+            COND_INITIALIZED,
+            false,
+            Some("ContainersNotInitialized"),
+            Some(msgs.join(", ")),
+        )
+    }
+}
+
+/// `ContainersReady` for a terminal phase: False with `PodCompleted` / `PodFailed`.
+pub fn terminal_containers_ready_condition(phase: &str) -> PodCondition {
+    let reason = if phase == PHASE_SUCCEEDED {
+        "PodCompleted"
+    } else {
+        "PodFailed"
+    };
+    condition(COND_CONTAINERS_READY, false, Some(reason), None)
+}
+
+/// The `ContainersReady` condition (`GenerateContainersReadyCondition`).
+pub fn containers_ready_condition(
+    pod: &Pod,
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    phase: &str,
+) -> PodCondition {
+    let mut unknown = Vec::new();
+    let mut unready = Vec::new();
+    for c in podutil::init_containers(pod)
+        .iter()
+        .filter(|c| podutil::is_sidecar(c))
+    {
+        match find(init_statuses, &c.name) {
+            Some(s) if !s.ready => unready.push(c.name.as_str()),
+            Some(_) => {}
+            None => unknown.push(c.name.as_str()),
+        }
+    }
+    for c in podutil::containers(pod) {
+        match find(statuses, &c.name) {
+            Some(s) if !s.ready => unready.push(c.name.as_str()),
+            Some(_) => {}
+            None => unknown.push(c.name.as_str()),
+        }
+    }
+    if (phase == PHASE_SUCCEEDED && unknown.is_empty()) || phase == PHASE_FAILED {
+        return terminal_containers_ready_condition(phase);
+    }
+    let mut msgs = Vec::new();
+    if !unknown.is_empty() {
+        msgs.push(format!("containers with unknown status: {}", go_list(&unknown)));
+    }
+    if !unready.is_empty() {
+        msgs.push(format!("containers with unready status: {}", go_list(&unready)));
+    }
+    if msgs.is_empty() {
+        condition(COND_CONTAINERS_READY, true, None, None)
+    } else {
+        condition(
+            COND_CONTAINERS_READY,
+            false,
+            Some("ContainersNotReady"),
+            Some(msgs.join(", ")),
+        )
+    }
+}
+
+/// The `Ready` condition (`GeneratePodReadyCondition`): a copy of `ContainersReady` unless that
+/// is True; then every readiness gate must have a True condition in `conditions`.
+pub fn ready_condition(
+    pod: &Pod,
+    conditions: &[PodCondition],
+    containers_ready: &PodCondition,
+) -> PodCondition {
+    if containers_ready.status != "True" {
+        return PodCondition {
+            type_: COND_READY.to_string(),
+            status: containers_ready.status.clone(),
+            reason: containers_ready.reason.clone(),
+            message: containers_ready.message.clone(),
+            ..Default::default()
+        };
+    }
+    let mut msgs = Vec::new();
+    let gates = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_deref())
+        .unwrap_or(&[]);
+    for gate in gates {
+        match conditions.iter().find(|c| c.type_ == gate.condition_type) {
+            None => msgs.push(format!(
+                "corresponding condition of pod readiness gate \"{}\" does not exist.",
+                gate.condition_type
+            )),
+            Some(c) if c.status != "True" => msgs.push(format!(
+                "the status of pod readiness gate \"{}\" is not \"True\", but {}",
+                gate.condition_type, c.status
+            )),
+            Some(_) => {}
+        }
+    }
+    if msgs.is_empty() {
+        condition(COND_READY, true, None, None)
+    } else {
+        condition(
+            COND_READY,
+            false,
+            Some("ReadinessGatesNotReady"),
+            Some(msgs.join(", ")),
+        )
+    }
+}
+
+/// Set `cond.last_transition_time`: the old condition's when its status is unchanged, else `now`.
+pub fn set_last_transition_time(
+    cond: &mut PodCondition,
+    old: Option<&PodStatus>,
+    now: Timestamp,
+) {
+    let prev = old
+        .and_then(|o| o.conditions.as_deref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == cond.type_));
+    cond.last_transition_time = match prev {
+        Some(p) if p.status == cond.status && p.last_transition_time.is_some() => {
+            p.last_transition_time.clone()
+        }
+        _ => Some(Time(now)),
+    };
+}
+
+fn generate_conditions(
+    input: &StatusInput<'_>,
+    old: Option<&PodStatus>,
+    init_statuses: &[ContainerStatus],
+    statuses: &[ContainerStatus],
+    phase: &str,
+) -> Vec<PodCondition> {
+    let pod = input.pod;
+    let mut conditions: Vec<PodCondition> = Vec::new();
+    // Conditions owned by others: the API copy's, then the ones the agent set (DisruptionTarget).
+    let sources = [
+        pod.status.as_ref().and_then(|s| s.conditions.as_deref()),
+        input.old.and_then(|s| s.conditions.as_deref()),
+    ];
+    for c in sources.into_iter().flatten().flatten() {
+        if is_kubelet_condition(&c.type_) {
+            continue;
+        }
+        match conditions.iter_mut().find(|x| x.type_ == c.type_) {
+            Some(existing) => *existing = c.clone(),
+            None => conditions.push(c.clone()),
+        }
+    }
+    let mut owned = Vec::with_capacity(5);
+    owned.push(condition(COND_READY_TO_START, input.sandbox_ready, None, None));
+    owned.push(initialized_condition(pod, init_statuses, statuses, phase));
+    let containers_ready = containers_ready_condition(pod, init_statuses, statuses, phase);
+    owned.push(ready_condition(pod, &conditions, &containers_ready));
+    owned.push(containers_ready);
+    owned.push(condition(COND_POD_SCHEDULED, true, None, None));
+    for mut c in owned {
+        set_last_transition_time(&mut c, old, input.now);
+        conditions.push(c);
+    }
+    conditions
+}
+
+// ---------------------------------------------------------------------------------------------
+// QoS class
+
+/// Parse a quantity into nano-units (exact for every suffix the API allows). `None` if invalid.
+fn quantity_nanos(q: &Quantity) -> Option<i128> {
+    let s = q.0.trim();
+    let (num, mult_num, mult_den): (&str, i128, i128) = {
+        let binary: [(&str, i128); 6] = [
+            ("Ki", 1 << 10),
+            ("Mi", 1 << 20),
+            ("Gi", 1 << 30),
+            ("Ti", 1 << 40),
+            ("Pi", 1 << 50),
+            ("Ei", 1 << 60),
+        ];
+        let decimal: [(&str, i128, i128); 8] = [
+            ("n", 1, 1_000_000_000),
+            ("u", 1, 1_000_000),
+            ("m", 1, 1_000),
+            ("k", 1_000, 1),
+            ("M", 1_000_000, 1),
+            ("G", 1_000_000_000, 1),
+            ("T", 1_000_000_000_000, 1),
+            ("P", 1_000_000_000_000_000, 1),
+        ];
+        if let Some((suf, m)) = binary.iter().find(|(suf, _)| s.ends_with(suf)) {
+            (&s[..s.len() - suf.len()], *m, 1)
+        } else if let Some((suf, n, d)) = decimal.iter().find(|(suf, _, _)| s.ends_with(suf)) {
+            (&s[..s.len() - suf.len()], *n, *d)
+        } else if let Some(stripped) = s.strip_suffix('E') {
+            (stripped, 1_000_000_000_000_000_000, 1)
+        } else if let Some(idx) = s.find(['e', 'E']) {
+            let exp: i32 = s[idx + 1..].parse().ok()?;
+            let base = &s[..idx];
+            if exp >= 0 {
+                (base, 10i128.checked_pow(exp.unsigned_abs())?, 1)
+            } else {
+                (base, 1, 10i128.checked_pow(exp.unsigned_abs())?)
+            }
+        } else {
+            (s, 1, 1)
+        }
+    };
+    let (neg, num) = match num.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, num.strip_prefix('+').unwrap_or(num)),
+    };
+    let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
+    if int_part.is_empty() && frac_part.is_empty() {
+        return None;
+    }
+    if !int_part.chars().all(|c| c.is_ascii_digit()) || !frac_part.chars().all(|c| c.is_ascii_digit())
+    {
+        return None;
+    }
+    // value = (int.frac) * mult_num / mult_den, in nano-units.
+    let digits = format!("{int_part}{frac_part}");
+    let mut value: i128 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
+    let frac_den = 10i128.checked_pow(u32::try_from(frac_part.len()).ok()?)?;
+    value = value.checked_mul(mult_num)?.checked_mul(1_000_000_000)?;
+    let den = frac_den.checked_mul(mult_den)?;
+    // Round up, as Kubernetes does for sub-nano precision.
+    let v = (value + den - 1) / den;
+    Some(if neg { -v } else { v })
+}
+
+/// The pod's QoS class (`GetPodQOS`): `Guaranteed`, `Burstable` or `BestEffort`, from the cpu and
+/// memory requests and limits of all containers (init containers included). A missing request
+/// defaults to the limit, as API defaulting does.
+pub fn qos_class(pod: &Pod) -> &'static str {
+    let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
+    let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
+    let mut guaranteed = true;
+    let all = podutil::init_containers(pod)
+        .iter()
+        .chain(podutil::containers(pod));
+    for c in all {
+        let res = c.resources.as_ref();
+        let lim = res.and_then(|r| r.limits.as_ref());
+        let req = res.and_then(|r| r.requests.as_ref());
+        let mut found_limits = 0;
+        for name in ["cpu", "memory"] {
+            let l = lim.and_then(|m| m.get(name)).and_then(quantity_nanos);
+            let r = req
+                .and_then(|m| m.get(name))
+                .and_then(quantity_nanos)
+                .or(l);
+            if let Some(r) = r.filter(|r| *r > 0) {
+                *requests.entry(name).or_insert(0) += r;
+            }
+            if let Some(l) = l.filter(|l| *l > 0) {
+                *limits.entry(name).or_insert(0) += l;
+                found_limits += 1;
+            }
+        }
+        if found_limits < 2 {
+            guaranteed = false;
+        }
+    }
+    if requests.is_empty() && limits.is_empty() {
+        return "BestEffort";
+    }
+    if guaranteed && requests.iter().all(|(k, v)| limits.get(k) == Some(v)) && requests.len() == limits.len() {
+        return "Guaranteed";
+    }
+    "Burstable"
+}
+
