@@ -15,6 +15,7 @@ pub mod pod;
 pub mod probe;
 pub mod runtime;
 pub mod sink;
+pub mod status_gen;
 pub mod status_manager;
 pub mod volume;
 #[cfg(feature = "testing")]
@@ -30,7 +31,8 @@ pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLif
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 pub use runtime::{ContainerRuntime, PodRuntimeStatus, RuntimePod};
 pub use sink::StatusSink;
-pub use status_manager::StatusReader;
+pub use status_gen::{StatusInput, generate_pod_status, get_phase};
+pub use status_manager::{StatusManager, StatusReader};
 pub use volume::VolumePlugin;
 
 /// Re-export of the Kubernetes API types the SDK is built on.
