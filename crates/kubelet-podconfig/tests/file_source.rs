@@ -1,0 +1,423 @@
+//! The file source through the merge, on a real filesystem with real inotify.
+//!
+//! The periodic re-list is set to 60 s in most tests, so anything arriving within a few seconds
+//! proves the watch works.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kubelet_podconfig::{
+    Event, EventRecorder, EventType, FileSource, FileSourceConfig, PodConfig, PodOp, PodUpdate,
+    annotations,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "Node1";
+/// Well under the kubelet's 20 s period, but generous for a busy machine.
+const ARRIVAL: Duration = Duration::from_secs(5);
+/// How long to watch for (unwanted) further updates.
+const QUIET: Duration = Duration::from_millis(1500);
+
+fn manifest(name: &str, image: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  containers:\n  - name: app\n    image: {image}\n    command: [sleep, \"3600\"]\n"
+    )
+}
+
+struct Harness {
+    updates: mpsc::Receiver<PodUpdate>,
+    events: mpsc::Receiver<Event>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Harness {
+    fn start(path: &Path, check: Duration) -> Self {
+        let (recorder, events) = EventRecorder::channel(100);
+        let mut config = PodConfig::new(recorder);
+        let source = FileSource::new(path, NODE)
+            .with_config(FileSourceConfig::default().check_frequency(check));
+        config.add_source(Arc::new(source)).expect("one source");
+        let shutdown = CancellationToken::new();
+        let (updates, run) = config.start(shutdown.clone());
+        let task = tokio::spawn(run);
+        Self {
+            updates,
+            events,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn next(&mut self) -> PodUpdate {
+        tokio::time::timeout(ARRIVAL, self.updates.recv())
+            .await
+            .expect("an update within 5 s")
+            .expect("update channel open")
+    }
+
+    /// Updates until none came for `QUIET`.
+    async fn drain(&mut self) -> Vec<PodUpdate> {
+        let mut out = Vec::new();
+        while let Ok(Some(u)) = tokio::time::timeout(QUIET, self.updates.recv()).await {
+            out.push(u);
+        }
+        out
+    }
+
+    async fn next_event(&mut self) -> Event {
+        tokio::time::timeout(ARRIVAL, self.events.recv())
+            .await
+            .expect("an event within 5 s")
+            .expect("event channel open")
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("pod config stops")
+            .expect("no panic");
+    }
+}
+
+fn uids(u: &PodUpdate) -> Vec<String> {
+    u.pods
+        .iter()
+        .map(|p| p.metadata.uid.clone().unwrap_or_default())
+        .collect()
+}
+
+fn summary(updates: &[PodUpdate]) -> Vec<(PodOp, usize)> {
+    updates.iter().map(|u| (u.op, u.pods.len())).collect()
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).expect("write manifest");
+}
+
+#[tokio::test]
+async fn empty_directory_gives_an_empty_first_add() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let first = h.next().await;
+    assert_eq!((first.op, first.pods.len()), (PodOp::Add, 0));
+    assert_eq!(first.source, "file");
+    assert!(h.drain().await.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn missing_directory_gives_an_empty_first_add_and_is_picked_up_once_created() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("manifests");
+    let mut h = Harness::start(&path, Duration::from_secs(60));
+    let first = h.next().await;
+    assert_eq!((first.op, first.pods.len()), (PodOp::Add, 0));
+    std::fs::create_dir(&path).expect("mkdir");
+    write(&path.join("web.yaml"), &manifest("web", "busybox"));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn dropped_manifest_arrives_as_add_long_before_the_periodic_relist() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    assert_eq!(h.next().await.pods.len(), 0);
+
+    let started = std::time::Instant::now();
+    let path = dir.path().join("web.yaml");
+    write(&path, &manifest("web", "busybox"));
+    let add = h.next().await;
+    assert!(started.elapsed() < ARRIVAL);
+    assert_eq!(add.op, PodOp::Add);
+    assert_eq!(add.pods.len(), 1);
+    let pod = &add.pods[0];
+    assert_eq!(pod.metadata.name.as_deref(), Some("web-node1"));
+    assert_eq!(pod.metadata.namespace.as_deref(), Some("default"));
+    let ann = pod.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(ann.get(annotations::CONFIG_SOURCE).map(String::as_str), Some("file"));
+    assert!(ann.contains_key(annotations::CONFIG_SEEN));
+    assert_eq!(ann.get(annotations::CONFIG_HASH), pod.metadata.uid.as_ref());
+    assert_eq!(
+        pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some(NODE)
+    );
+    assert!(h.drain().await.is_empty(), "exactly one update");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn editing_a_manifest_replaces_the_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("web.yaml");
+    write(&path, &manifest("web", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let add = h.next().await;
+    assert_eq!(add.op, PodOp::Add);
+    let old = uids(&add);
+
+    write(&path, &manifest("web", "nginx"));
+    let updates = h.drain().await;
+    assert_eq!(
+        summary(&updates),
+        vec![(PodOp::Remove, 1), (PodOp::Add, 1)],
+        "{updates:#?}"
+    );
+    assert_eq!(uids(&updates[0]), old);
+    assert_ne!(uids(&updates[1]), old);
+    assert_eq!(
+        updates[1].pods[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers[0].image.as_deref()),
+        Some("nginx")
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn atomic_rename_save_yields_exactly_one_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    assert_eq!(h.next().await.pods.len(), 0);
+
+    let tmp = dir.path().join(".web.yaml.tmp");
+    let path = dir.path().join("web.yaml");
+    write(&tmp, &manifest("web", "busybox"));
+    std::fs::rename(&tmp, &path).expect("rename");
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+    let first = uids(&updates[0]);
+
+    // Saving an edit the same way replaces the pod once.
+    write(&tmp, &manifest("web", "nginx"));
+    std::fs::rename(&tmp, &path).expect("rename");
+    let updates = h.drain().await;
+    assert_eq!(
+        summary(&updates),
+        vec![(PodOp::Remove, 1), (PodOp::Add, 1)],
+        "{updates:#?}"
+    );
+    assert_eq!(uids(&updates[0]), first);
+    assert!(h.events.try_recv().is_err(), "no validation events");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_file_written_in_two_chunks_yields_one_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    assert_eq!(h.next().await.pods.len(), 0);
+
+    let text = manifest("web", "busybox");
+    let (a, b) = text.split_at(text.len() / 2);
+    let mut f = std::fs::File::create(dir.path().join("web.yaml")).expect("create");
+    f.write_all(a.as_bytes()).expect("first chunk");
+    f.flush().expect("flush");
+    // Longer than the debounce: only the open-for-writing tracking keeps the half file unread.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    f.write_all(b.as_bytes()).expect("second chunk");
+    drop(f);
+
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+    assert!(
+        h.events.try_recv().is_err(),
+        "the half-written file was never reported"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn deleting_a_manifest_removes_its_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("web.yaml");
+    write(&path, &manifest("web", "busybox"));
+    write(&dir.path().join("db.yaml"), &manifest("db", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 2));
+    let web_uid = add
+        .pods
+        .iter()
+        .find(|p| p.metadata.name.as_deref() == Some("web-node1"))
+        .and_then(|p| p.metadata.uid.clone())
+        .expect("web pod");
+
+    std::fs::remove_file(&path).expect("rm");
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Remove, 1)]);
+    assert_eq!(uids(&updates[0]), vec![web_uid]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn dot_files_are_ignored() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(&dir.path().join(".hidden.yaml"), &manifest("hidden", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    assert_eq!(h.next().await.pods.len(), 0);
+    write(&dir.path().join(".swap.yaml"), &manifest("swap", "busybox"));
+    assert!(h.drain().await.is_empty());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn subdirectories_are_not_recursed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sub = dir.path().join("sub");
+    std::fs::create_dir(&sub).expect("mkdir");
+    write(&sub.join("inner.yaml"), &manifest("inner", "busybox"));
+    write(&dir.path().join("web.yaml"), &manifest("web", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
+    assert!(h.events.try_recv().is_err());
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_single_manifest_file_can_be_the_path() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("web.yaml");
+    write(&path, &manifest("web", "busybox"));
+    write(&dir.path().join("other.yaml"), &manifest("other", "busybox"));
+    let mut h = Harness::start(&path, Duration::from_secs(60));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
+    // Changes to other files in the directory do not matter; the file itself does.
+    write(&dir.path().join("other.yaml"), &manifest("other", "nginx"));
+    assert!(h.drain().await.is_empty());
+    write(&path, &manifest("web", "nginx"));
+    assert_eq!(
+        summary(&h.drain().await),
+        vec![(PodOp::Remove, 1), (PodOp::Add, 1)]
+    );
+    h.stop().await;
+}
+
+/// Drop `content` into a watched directory that already runs a good pod: expect a
+/// FailedValidation warning naming the file and mentioning `reason`, and no change to the
+/// good pod.
+async fn invalid_manifest_is_reported_and_other_pods_stay(content: Vec<u8>, reason: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(&dir.path().join("good.yaml"), &manifest("good", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
+
+    let bad: PathBuf = dir.path().join("bad.yaml");
+    std::fs::write(&bad, &content).expect("write bad manifest");
+    let ev = h.next_event().await;
+    assert_eq!(ev.type_, EventType::Warning);
+    assert_eq!(ev.reason, "FailedValidation");
+    assert!(
+        ev.message.contains(&bad.display().to_string()),
+        "event names the file: {}",
+        ev.message
+    );
+    assert!(ev.message.contains(reason), "{}", ev.message);
+    assert!(h.drain().await.is_empty(), "the good pod is untouched");
+
+    // A good manifest written afterwards still arrives: the source kept running.
+    write(&dir.path().join("late.yaml"), &manifest("late", "busybox"));
+    assert_eq!(summary(&h.drain().await), vec![(PodOp::Add, 1)]);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bad_yaml_is_reported_and_leaves_other_pods_in_place() {
+    invalid_manifest_is_reported_and_other_pods_stay(
+        b"apiVersion: v1\nkind: Pod\nmetadata: [unclosed\n".to_vec(),
+        "invalid YAML",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn missing_name_is_reported_and_leaves_other_pods_in_place() {
+    invalid_manifest_is_reported_and_other_pods_stay(
+        manifest("x", "busybox")
+            .replace("  name: x\n", "  labels: {a: b}\n")
+            .into_bytes(),
+        "invalid pod: name is needed for the pod",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn duplicate_container_names_are_reported_and_leave_other_pods_in_place() {
+    let text = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: dup\nspec:\n  containers:\n  - name: app\n    image: a\n  - name: app\n    image: b\n";
+    invalid_manifest_is_reported_and_other_pods_stay(
+        text.as_bytes().to_vec(),
+        "spec.containers[1].name: Duplicate value: \"app\"",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_20_mib_manifest_is_reported_and_leaves_other_pods_in_place() {
+    invalid_manifest_is_reported_and_other_pods_stay(
+        vec![b'#'; 20 * 1024 * 1024],
+        "exceeds the maximum size of 10485760 bytes",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_list_is_rejected() {
+    invalid_manifest_is_reported_and_other_pods_stay(
+        b"apiVersion: v1\nkind: PodList\nitems: []\n".to_vec(),
+        "PodList",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_invalid_manifest_at_start_is_reported_and_the_rest_still_arrives() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write(&dir.path().join("a.yaml"), "not: [valid\n");
+    write(&dir.path().join("b.yaml"), &manifest("b", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
+    let ev = h.next_event().await;
+    assert!(ev.message.contains("a.yaml"), "{}", ev.message);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_broken_edit_keeps_the_old_pod_until_the_periodic_relist() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("web.yaml");
+    write(&path, &manifest("web", "busybox"));
+    let mut h = Harness::start(dir.path(), Duration::from_secs(3));
+    let add = h.next().await;
+    assert_eq!(add.op, PodOp::Add);
+    let uid = uids(&add);
+
+    write(&path, "apiVersion: v1\nkind: Pod\nmetadata: [broken\n");
+    let ev = h.next_event().await;
+    assert!(ev.message.contains("web.yaml"), "{}", ev.message);
+    // The watch-triggered re-list kept the pod; the next periodic re-list removes it.
+    let remove = tokio::time::timeout(Duration::from_secs(10), h.updates.recv())
+        .await
+        .expect("removed by the periodic re-list")
+        .expect("channel open");
+    assert_eq!(remove.op, PodOp::Remove);
+    assert_eq!(uids(&remove), uid);
+    // Reported once, not again at every period.
+    assert!(h.events.try_recv().is_err());
+
+    // Fixing the file brings the pod back.
+    write(&path, &manifest("web", "busybox"));
+    let add = h.next().await;
+    assert_eq!((add.op, uids(&add)), (PodOp::Add, uid));
+    h.stop().await;
+}
