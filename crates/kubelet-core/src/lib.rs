@@ -4,11 +4,14 @@
 pub mod actions;
 pub mod admission;
 pub mod backoff;
+pub mod builder;
 pub mod quantity;
 pub mod cache;
 pub mod config;
+pub mod container;
 pub mod error;
 pub mod event;
+pub mod kubelet;
 pub mod merge;
 pub mod pleg;
 pub mod pod;
@@ -17,10 +20,13 @@ pub mod runtime;
 pub mod sink;
 pub mod status_gen;
 pub mod status_manager;
+mod sync;
 pub mod volume;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use builder::{KubeletBuilder, KubeletConfig, KubeletHandle, NotRunning};
+pub use kubelet::Kubelet;
 pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
 pub use cache::{PodCache, PodCacheWriter, pod_cache};
 pub use config::{PodOp, PodSource, PodUpdate, SourceSender, SourceSnapshot};

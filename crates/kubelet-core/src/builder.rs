@@ -1,0 +1,284 @@
+//! [`KubeletBuilder`], [`KubeletConfig`] and [`KubeletHandle`]: assembling and driving an agent.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::admission::{KillPodOptions, PodAdmitHandler};
+use crate::config::PodSource;
+use crate::error::KubeletError;
+use crate::event::EventRecorder;
+use crate::kubelet::{Command, Kubelet};
+use crate::merge::PodConfig;
+use crate::pleg::{PlegHealth, PodLifecycleEventGenerator};
+use crate::probe::ProbeManager;
+use crate::runtime::ContainerRuntime;
+use crate::sink::StatusSink;
+use crate::status_manager::{StatusManager, StatusReader};
+use crate::volume::{EmptyDirPlugin, HostPathPlugin, VolumePlugin};
+
+/// Engine settings, with the kubelet's defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct KubeletConfig {
+    /// `--root-dir`: pod directories live under `<root_dir>/pods/<uid>`.
+    pub root_dir: PathBuf,
+    /// `--pod-log-dir`: container logs live under `<pod_log_dir>/<ns>_<name>_<uid>/`.
+    pub pod_log_dir: PathBuf,
+    /// `syncFrequency`: resync period of a running pod (1 m, with 0.5 jitter).
+    pub sync_frequency: Duration,
+    /// `housekeepingPeriod` (2 s): orphan cleanup.
+    pub housekeeping_period: Duration,
+    /// `runtimeRequestTimeout` (2 m): added to the grace period of stop calls.
+    pub runtime_request_timeout: Duration,
+    /// The node's IP, reported as `hostIP`; `None` reports the pod IP of host-network pods.
+    pub node_ip: Option<String>,
+}
+
+impl Default for KubeletConfig {
+    fn default() -> Self {
+        Self {
+            root_dir: PathBuf::from("/var/lib/kubelet"),
+            pod_log_dir: PathBuf::from("/var/log/pods"),
+            sync_frequency: Duration::from_secs(60),
+            housekeeping_period: Duration::from_secs(2),
+            runtime_request_timeout: Duration::from_secs(120),
+            node_ip: None,
+        }
+    }
+}
+
+impl KubeletConfig {
+    /// Defaults with `root_dir` and `pod_log_dir` replaced.
+    pub fn with_dirs(root_dir: impl Into<PathBuf>, pod_log_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            pod_log_dir: pod_log_dir.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Assembles a [`Kubelet`] from a runtime, a PLEG, pod sources, status sinks and optional
+/// subsystems.
+///
+/// ```no_run
+/// # async fn demo(runtime: std::sync::Arc<dyn kubelet_core::ContainerRuntime>,
+/// #               pleg: std::sync::Arc<dyn kubelet_core::PodLifecycleEventGenerator>,
+/// #               source: std::sync::Arc<dyn kubelet_core::PodSource>) -> Result<(), kubelet_core::KubeletError> {
+/// use kubelet_core::{KubeletBuilder, KubeletConfig};
+/// use tokio_util::sync::CancellationToken;
+/// let kubelet = KubeletBuilder::new("node-1")
+///     .config(KubeletConfig::with_dirs("/tmp/kubelet", "/tmp/kubelet/logs"))
+///     .runtime(runtime)
+///     .pleg(pleg)
+///     .pod_source(source)
+///     .build()?;
+/// let shutdown = CancellationToken::new();
+/// kubelet.run(shutdown).await;
+/// # Ok(()) }
+/// ```
+pub struct KubeletBuilder {
+    node_name: String,
+    config: KubeletConfig,
+    runtime: Option<Arc<dyn ContainerRuntime>>,
+    pleg: Option<Arc<dyn PodLifecycleEventGenerator>>,
+    sources: Vec<Arc<dyn PodSource>>,
+    sinks: Vec<Arc<dyn StatusSink>>,
+    volume_plugins: Vec<Arc<dyn VolumePlugin>>,
+    prober: Option<Arc<dyn ProbeManager>>,
+    admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
+}
+
+impl std::fmt::Debug for KubeletBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletBuilder")
+            .field("node_name", &self.node_name)
+            .field("config", &self.config)
+            .field("sources", &self.sources.len())
+            .field("sinks", &self.sinks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeletBuilder {
+    /// A builder for node `node_name`, with the built-in `emptyDir` and `hostPath` plugins.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        Self {
+            node_name: node_name.into(),
+            config: KubeletConfig::default(),
+            runtime: None,
+            pleg: None,
+            sources: Vec::new(),
+            sinks: Vec::new(),
+            volume_plugins: vec![Arc::new(EmptyDirPlugin), Arc::new(HostPathPlugin)],
+            prober: None,
+            admit_handlers: Vec::new(),
+        }
+    }
+
+    /// Engine settings.
+    pub fn config(mut self, config: KubeletConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// The container runtime (required).
+    pub fn runtime(mut self, runtime: Arc<dyn ContainerRuntime>) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The pod lifecycle event generator (required), e.g. `kubelet_pleg::GenericPleg`.
+    pub fn pleg(mut self, pleg: Arc<dyn PodLifecycleEventGenerator>) -> Self {
+        self.pleg = Some(pleg);
+        self
+    }
+
+    /// Add a pod source.
+    pub fn pod_source(mut self, source: Arc<dyn PodSource>) -> Self {
+        self.sources.push(source);
+        self
+    }
+
+    /// Add a status sink.
+    pub fn status_sink(mut self, sink: Arc<dyn StatusSink>) -> Self {
+        self.sinks.push(sink);
+        self
+    }
+
+    /// Add a volume plugin (checked before the built-in ones).
+    pub fn volume_plugin(mut self, plugin: Arc<dyn VolumePlugin>) -> Self {
+        self.volume_plugins.insert(0, plugin);
+        self
+    }
+
+    /// The prober (liveness, readiness, startup). Without one, running containers are started
+    /// and ready, as for containers without probes.
+    pub fn prober(mut self, prober: Arc<dyn ProbeManager>) -> Self {
+        self.prober = Some(prober);
+        self
+    }
+
+    /// Add an admission handler.
+    pub fn admit_handler(mut self, handler: Arc<dyn PodAdmitHandler>) -> Self {
+        self.admit_handlers.push(handler);
+        self
+    }
+
+    /// Validate and assemble the agent.
+    pub fn build(self) -> Result<Kubelet, KubeletError> {
+        let runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
+        let pleg = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
+        validate_node_name(&self.node_name)?;
+        let (recorder, events) = EventRecorder::channel(1024);
+        let mut pod_config = PodConfig::new(recorder.clone());
+        for s in self.sources {
+            pod_config.add_source(s)?;
+        }
+        let status = StatusManager::new(self.sinks);
+        let pleg_events = pleg.take_events().ok_or(KubeletError::PlegEventsTaken)?;
+        let probe_updates = self.prober.as_ref().and_then(|p| p.take_updates());
+        let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        Ok(Kubelet::assemble(crate::kubelet::Parts {
+            node_name: self.node_name,
+            config: self.config,
+            runtime,
+            pleg,
+            pleg_events,
+            pod_config,
+            status,
+            recorder,
+            events,
+            volume_plugins: self.volume_plugins,
+            prober: self.prober,
+            probe_updates,
+            admit_handlers: self.admit_handlers,
+            cmd_tx,
+            cmd_rx,
+        }))
+    }
+}
+
+fn validate_node_name(name: &str) -> Result<(), KubeletError> {
+    let bad = |reason: &str| KubeletError::BuildInvalidNodeName {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    };
+    if name.is_empty() || name.len() > 253 {
+        return Err(bad("must be 1 to 253 characters"));
+    }
+    let ok = name.split('.').all(|label| {
+        !label.is_empty()
+            && label
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+    });
+    if !ok {
+        return Err(bad(
+            "must be a lowercase RFC 1123 subdomain (a-z, 0-9, '-' and '.')",
+        ));
+    }
+    Ok(())
+}
+
+/// A cloneable handle to a built agent: read statuses, check health, kill pods (eviction).
+#[derive(Clone)]
+pub struct KubeletHandle {
+    pub(crate) cmd_tx: mpsc::Sender<Command>,
+    pub(crate) statuses: StatusReader,
+    pub(crate) pleg: Arc<dyn PodLifecycleEventGenerator>,
+}
+
+impl std::fmt::Debug for KubeletHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletHandle").finish_non_exhaustive()
+    }
+}
+
+/// The agent is not running (never started or already stopped).
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("the kubelet is not running")]
+pub struct NotRunning;
+
+impl KubeletHandle {
+    /// Pod statuses as the agent last generated them.
+    pub fn statuses(&self) -> StatusReader {
+        self.statuses.clone()
+    }
+
+    /// Health of the PLEG ("PLEG is not healthy" makes a node NotReady).
+    pub fn pleg_health(&self) -> PlegHealth {
+        self.pleg.healthy()
+    }
+
+    /// Kill pod `uid` with `options` (the eviction path); returns once the pod has terminated.
+    pub async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning> {
+        let (done, wait) = oneshot::channel();
+        self.cmd_tx
+            .send(Command::KillPod {
+                uid: uid.to_string(),
+                options,
+                done,
+            })
+            .await
+            .map_err(|_| NotRunning)?;
+        wait.await.map_err(|_| NotRunning)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_must_be_dns_subdomains() {
+        assert!(validate_node_name("node-1.example").is_ok());
+        assert!(validate_node_name("Node_1").is_err());
+        assert!(validate_node_name("").is_err());
+    }
+}

@@ -1,0 +1,538 @@
+//! The engine: the sync loop that merges pod updates, PLEG events and probe results, and the pod
+//! workers (one task per pod UID, latest update wins, never two syncs of one pod at once).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::{KillPodOptions, PodAdmitHandler};
+use crate::builder::{KubeletConfig, KubeletHandle};
+use crate::cache::PodCache;
+use crate::config::{PodOp, PodUpdate};
+use crate::event::{Event, EventRecorder, InvolvedObject};
+use crate::merge::PodConfig;
+use crate::pleg::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use crate::pod;
+use crate::probe::{ProbeContext, ProbeManager, ProbeUpdate};
+use crate::runtime::{ContainerRuntime, labels};
+use crate::status_manager::{StatusManager, StatusReader};
+use crate::sync::{Engine, SyncOutcome};
+use crate::volume::VolumePlugin;
+
+pub(crate) enum Command {
+    KillPod {
+        uid: String,
+        options: KillPodOptions,
+        done: oneshot::Sender<()>,
+    },
+}
+
+pub(crate) struct Parts {
+    pub(crate) node_name: String,
+    pub(crate) config: KubeletConfig,
+    pub(crate) runtime: Arc<dyn ContainerRuntime>,
+    pub(crate) pleg: Arc<dyn PodLifecycleEventGenerator>,
+    pub(crate) pleg_events: mpsc::Receiver<PodLifecycleEvent>,
+    pub(crate) pod_config: PodConfig,
+    pub(crate) status: StatusManager,
+    pub(crate) recorder: EventRecorder,
+    pub(crate) events: mpsc::Receiver<Event>,
+    pub(crate) volume_plugins: Vec<Arc<dyn VolumePlugin>>,
+    pub(crate) prober: Option<Arc<dyn ProbeManager>>,
+    pub(crate) probe_updates: Option<mpsc::Receiver<ProbeUpdate>>,
+    pub(crate) admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
+    pub(crate) cmd_tx: mpsc::Sender<Command>,
+    pub(crate) cmd_rx: mpsc::Receiver<Command>,
+}
+
+/// A built node agent. Call [`Kubelet::run`] with a shutdown token; the future does nothing
+/// unless polled, and stopping it leaves running pods untouched.
+pub struct Kubelet {
+    parts: Parts,
+}
+
+impl std::fmt::Debug for Kubelet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kubelet")
+            .field("node_name", &self.parts.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a worker is asked to act.
+#[derive(Debug, Clone)]
+struct WorkerState {
+    pod: Arc<Pod>,
+    /// A kill was requested (removal from config, eviction, orphan).
+    kill: Option<KillPodOptions>,
+    /// Callers waiting for termination.
+    kill_waiters: Vec<Arc<Mutex<Option<oneshot::Sender<()>>>>>,
+    /// The pod left every source: clean up once terminated.
+    removed: bool,
+    /// The pod is a runtime pod unknown to every source.
+    orphan: bool,
+    terminated: bool,
+}
+
+struct Worker {
+    state: Arc<Mutex<WorkerState>>,
+    notify: Arc<Notify>,
+    done: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Kubelet {
+    pub(crate) fn assemble(parts: Parts) -> Self {
+        Self { parts }
+    }
+
+    /// A handle for reading statuses and killing pods while the agent runs.
+    pub fn handle(&self) -> KubeletHandle {
+        KubeletHandle {
+            cmd_tx: self.parts.cmd_tx.clone(),
+            statuses: self.parts.status.reader(),
+            pleg: self.parts.pleg.clone(),
+        }
+    }
+
+    /// Reader of the pod statuses the agent generates.
+    pub fn status_reader(&self) -> StatusReader {
+        self.parts.status.reader()
+    }
+
+    /// Run the agent until `shutdown` is cancelled. Running pods keep running after it returns.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let Parts {
+            node_name,
+            config,
+            runtime,
+            pleg,
+            mut pleg_events,
+            pod_config,
+            status,
+            recorder,
+            events,
+            volume_plugins,
+            prober,
+            mut probe_updates,
+            admit_handlers,
+            cmd_tx: _,
+            mut cmd_rx,
+        } = self.parts;
+        let inner = shutdown.child_token();
+        let mut tasks = JoinSet::new();
+
+        let runtime_name = match runtime.version().await {
+            Ok(v) => v.runtime_name,
+            Err(e) => {
+                tracing::warn!(error = %e, "runtime version unavailable");
+                "unknown".to_string()
+            }
+        };
+        let source_names: HashSet<String> = pod_config.source_names().into_iter().collect();
+        let (mut updates, config_future) = pod_config.start(inner.clone());
+        tasks.spawn(config_future);
+        {
+            let pleg = pleg.clone();
+            let t = inner.clone();
+            tasks.spawn(async move { pleg.run(t).await });
+        }
+        {
+            let status = status.clone();
+            let t = inner.clone();
+            tasks.spawn(async move { status.run(events, t).await });
+        }
+        if let Some(p) = &prober {
+            let p = p.clone();
+            let ctx = ProbeContext {
+                statuses: status.reader(),
+                runtime: runtime.clone(),
+            };
+            let t = inner.clone();
+            tasks.spawn(async move { p.run(ctx, t).await });
+        }
+
+        let cache: PodCache = pleg.cache();
+        let engine = Arc::new(Engine::new(
+            node_name,
+            config.clone(),
+            runtime,
+            runtime_name,
+            cache,
+            status.clone(),
+            recorder.clone(),
+            volume_plugins,
+            prober.clone(),
+            Instant::now(),
+        ));
+
+        let mut loop_state = SyncLoop {
+            engine,
+            workers: HashMap::new(),
+            tasks: JoinSet::new(),
+            shutdown: inner.clone(),
+            sources_seen: HashSet::new(),
+            source_names,
+            admit_handlers,
+            recorder,
+        };
+        let mut housekeeping = tokio::time::interval(config.housekeeping_period);
+        housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+
+        loop {
+            tokio::select! {
+                biased;
+                _ = inner.cancelled() => break,
+                Some(cmd) = cmd_rx.recv() => loop_state.handle_command(cmd),
+                Some(u) = updates.recv() => loop_state.handle_update(u),
+                Some(ev) = pleg_events.recv() => loop_state.handle_pleg_event(ev),
+                Some(pu) = async { match probe_updates.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
+                    loop_state.notify(&pu.pod_uid);
+                }
+                _ = housekeeping.tick() => loop_state.housekeeping(),
+                Some(res) = loop_state.tasks.join_next(), if !loop_state.tasks.is_empty() => {
+                    if let Err(e) = res && e.is_panic() {
+                        tracing::error!(error = %e, "pod worker panicked");
+                    }
+                }
+            }
+        }
+        tracing::info!("kubelet stopping; running pods are left as they are");
+        inner.cancel();
+        loop_state.tasks.shutdown().await;
+        tasks.shutdown().await;
+    }
+}
+
+struct SyncLoop {
+    engine: Arc<Engine>,
+    workers: HashMap<String, Worker>,
+    tasks: JoinSet<()>,
+    shutdown: CancellationToken,
+    sources_seen: HashSet<String>,
+    source_names: HashSet<String>,
+    admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
+    recorder: EventRecorder,
+}
+
+impl SyncLoop {
+    fn seen_all_sources(&self) -> bool {
+        self.source_names.is_subset(&self.sources_seen)
+    }
+
+    fn notify(&self, uid: &str) {
+        if let Some(w) = self.workers.get(uid) {
+            w.notify.notify_one();
+        }
+    }
+
+    fn handle_command(&mut self, cmd: Command) {
+        match cmd {
+            Command::KillPod { uid, options, done } => match self.workers.get(&uid) {
+                Some(w) => {
+                    let mut st = w.state.lock();
+                    if st.terminated {
+                        let _ = done.send(());
+                    } else {
+                        st.kill_waiters.push(Arc::new(Mutex::new(Some(done))));
+                        st.kill = Some(merge_kill(st.kill.take(), options));
+                        drop(st);
+                        w.notify.notify_one();
+                    }
+                }
+                None => {
+                    let _ = done.send(());
+                }
+            },
+        }
+    }
+
+    fn active_pods(&self) -> Vec<Pod> {
+        self.workers
+            .values()
+            .filter(|w| !w.done.load(std::sync::atomic::Ordering::Relaxed))
+            .filter_map(|w| {
+                let st = w.state.lock();
+                (!st.terminated && !st.orphan).then(|| (*st.pod).clone())
+            })
+            .collect()
+    }
+
+    fn handle_update(&mut self, u: PodUpdate) {
+        self.sources_seen.insert(u.source.clone());
+        match u.op {
+            PodOp::Add => {
+                let mut pods = u.pods;
+                pods.sort_by(|a, b| {
+                    a.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .map(|t| t.0)
+                        .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+                });
+                for p in pods {
+                    if !self.workers.contains_key(pod::uid(&p)) {
+                        let active = self.active_pods();
+                        let rejected = self.admit_handlers.iter().find_map(|h| {
+                            let r = h.admit(&p, &active);
+                            (!r.admit).then_some(r)
+                        });
+                        if let Some(r) = rejected {
+                            self.recorder.warning(
+                                InvolvedObject::pod(&p),
+                                &r.reason,
+                                r.message.clone(),
+                            );
+                            self.engine.reject_pod(&p, &r.reason, &r.message);
+                            continue;
+                        }
+                    }
+                    self.dispatch(p, false);
+                }
+            }
+            PodOp::Update | PodOp::Delete => {
+                for p in u.pods {
+                    self.dispatch(p, false);
+                }
+            }
+            PodOp::Reconcile => {
+                for p in u.pods {
+                    if let Some(w) = self.workers.get(pod::uid(&p)) {
+                        w.state.lock().pod = Arc::new(p);
+                    }
+                }
+            }
+            PodOp::Remove => {
+                for p in u.pods {
+                    match self.workers.get(pod::uid(&p)) {
+                        Some(w) => {
+                            let mut st = w.state.lock();
+                            st.removed = true;
+                            if st.kill.is_none() {
+                                st.kill = Some(KillPodOptions::default());
+                            }
+                            drop(st);
+                            w.notify.notify_one();
+                        }
+                        None => self.engine.forget_rejected(&p),
+                    }
+                }
+            }
+        }
+    }
+
+    fn handle_pleg_event(&mut self, ev: PodLifecycleEvent) {
+        if ev.kind == PodLifecycleEventType::ContainerDied {
+            self.engine.observe_exit(&ev.container_id);
+        }
+        if ev.kind != PodLifecycleEventType::ContainerRemoved {
+            self.notify(&ev.pod_uid);
+        }
+    }
+
+    /// Start a worker for `p` or hand it the newer pod.
+    fn dispatch(&mut self, p: Pod, orphan: bool) {
+        let uid = pod::uid(&p).to_string();
+        if let Some(w) = self.workers.get(&uid) {
+            w.state.lock().pod = Arc::new(p);
+            w.notify.notify_one();
+            return;
+        }
+        let state = Arc::new(Mutex::new(WorkerState {
+            pod: Arc::new(p),
+            kill: orphan.then(KillPodOptions::default),
+            kill_waiters: Vec::new(),
+            removed: orphan,
+            orphan,
+            terminated: false,
+        }));
+        let notify = Arc::new(Notify::new());
+        let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        notify.notify_one();
+        let engine = self.engine.clone();
+        let shutdown = self.shutdown.clone();
+        {
+            let state = state.clone();
+            let notify = notify.clone();
+            let done = done.clone();
+            self.tasks.spawn(async move {
+                let run = std::panic::AssertUnwindSafe(worker_loop(
+                    engine, state, notify, shutdown,
+                ))
+                .catch_unwind();
+                if run.await.is_err() {
+                    tracing::error!(pod_uid = %uid, "pod worker panicked; the pod is left as it is");
+                }
+                done.store(true, std::sync::atomic::Ordering::Relaxed);
+            });
+        }
+        self.workers.insert(
+            pod_uid_of(&state),
+            Worker {
+                state,
+                notify,
+                done,
+            },
+        );
+    }
+
+    fn housekeeping(&mut self) {
+        // Forget finished workers.
+        self.workers
+            .retain(|_, w| !w.done.load(std::sync::atomic::Ordering::Relaxed));
+        if !self.seen_all_sources() {
+            return;
+        }
+        // Runtime pods that no source knows and no worker handles are orphans: stop them.
+        let cache = self.engine.cache().clone();
+        for uid in cache.uids() {
+            if self.workers.contains_key(&uid) {
+                continue;
+            }
+            let Some(entry) = cache.get(&uid) else {
+                continue;
+            };
+            let Ok(st) = entry.status else { continue };
+            let ours = st
+                .sandbox_statuses
+                .iter()
+                .any(|s| s.labels.contains_key(labels::MANAGED_BY))
+                || st
+                    .container_statuses
+                    .iter()
+                    .any(|c| c.labels.contains_key(labels::MANAGED_BY));
+            if !ours {
+                continue;
+            }
+            if st.sandbox_statuses.is_empty() && st.container_statuses.is_empty() {
+                continue;
+            }
+            tracing::info!(pod_uid = %uid, pod = %st.name, "stopping runtime pod unknown to every source");
+            let mut p = Pod::default();
+            p.metadata.uid = Some(uid.clone());
+            p.metadata.name = Some(st.name.clone());
+            p.metadata.namespace = Some(st.namespace.clone());
+            self.dispatch(p, true);
+        }
+    }
+}
+
+fn pod_uid_of(state: &Arc<Mutex<WorkerState>>) -> String {
+    pod::uid(&state.lock().pod).to_string()
+}
+
+fn merge_kill(old: Option<KillPodOptions>, new: KillPodOptions) -> KillPodOptions {
+    match old {
+        None => new,
+        Some(mut o) => {
+            o.grace_period_override = match (o.grace_period_override, new.grace_period_override) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            if new.evict {
+                o.evict = true;
+                o.reason = new.reason;
+                o.message = new.message;
+                o.condition = new.condition;
+            }
+            o
+        }
+    }
+}
+
+async fn worker_loop(
+    engine: Arc<Engine>,
+    state: Arc<Mutex<WorkerState>>,
+    notify: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let uid = pod_uid_of(&state);
+    let mut last_sync: Option<Instant> = None;
+    let mut requeue_at: Option<Instant> = None;
+    let mut terminating = false;
+    loop {
+        let wake = async {
+            match requeue_at {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = notify.notified() => {}
+            _ = wake => {}
+        }
+        requeue_at = None;
+        let (pod, kill, removed, orphan) = {
+            let st = state.lock();
+            (st.pod.clone(), st.kill.clone(), st.removed, st.orphan)
+        };
+
+        if !terminating {
+            if kill.is_some() || pod::is_deleted(&pod) {
+                terminating = true;
+            } else {
+                // Static pods with the same full name run one at a time.
+                if let Some(wait) = engine.wait_for_static_predecessor(&pod) {
+                    requeue_at = Some(Instant::now() + wait);
+                    continue;
+                }
+                let since = last_sync.unwrap_or_else(|| engine.started_at());
+                let entry = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    e = engine.cache().get_newer_than(&uid, since) => e,
+                };
+                let sync_start = Instant::now();
+                let outcome = engine.sync_pod(&pod, entry).await;
+                last_sync = Some(sync_start);
+                match outcome {
+                    SyncOutcome::Requeue(d) => {
+                        requeue_at = Some(Instant::now() + d);
+                        continue;
+                    }
+                    SyncOutcome::Terminal => terminating = true,
+                }
+            }
+        }
+
+        let already_terminated = state.lock().terminated;
+        if terminating && !already_terminated {
+            let opts = kill.clone().unwrap_or_default();
+            match engine.sync_terminating_pod(&pod, &opts, orphan).await {
+                Ok(()) => {
+                    engine.sync_terminated_pod(&pod, &opts, orphan).await;
+                    let waiters = {
+                        let mut st = state.lock();
+                        st.terminated = true;
+                        std::mem::take(&mut st.kill_waiters)
+                    };
+                    for w in waiters {
+                        if let Some(tx) = w.lock().take() {
+                            let _ = tx.send(());
+                        }
+                    }
+                }
+                Err(wait) => {
+                    requeue_at = Some(Instant::now() + wait);
+                    continue;
+                }
+            }
+        }
+        // Terminated: wait until the pod leaves every source, then clean up and finish.
+        let (removed_now, terminated) = {
+            let st = state.lock();
+            (st.removed || removed, st.terminated)
+        };
+        if terminated && removed_now {
+            let pod = state.lock().pod.clone();
+            engine.cleanup_pod(&pod, orphan).await;
+            return;
+        }
+    }
+}

@@ -1,0 +1,1113 @@
+//! Per-pod work: `sync_pod` (status, volumes, runtime actions), termination with preStop hooks and
+//! sidecar ordering, and cleanup. Driven by the pod workers in [`crate::kubelet`].
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::{Container, LifecycleHandler, Pod};
+use parking_lot::Mutex;
+use rand::Rng;
+use tokio::time::Instant;
+
+use crate::actions::{self, KillReason};
+use crate::admission::KillPodOptions;
+use crate::backoff::Backoff;
+use crate::builder::KubeletConfig;
+use crate::cache::{CacheEntry, PodCache};
+use crate::container::{self, ConfigContext};
+use crate::event::{EventRecorder, InvolvedObject};
+use crate::pod;
+use crate::probe::{ProbeManager, ProbeResult, ProbeType};
+use crate::runtime::{
+    ContainerRuntime, ContainerState, ContainerStatus, DnsConfig, ImageSpec, PodRuntimeStatus,
+    PodSandboxConfig, PodSandboxMetadata, PortMapping, SandboxState, get_pod_status,
+};
+use crate::status_gen::{self, StatusInput};
+use crate::status_manager::StatusManager;
+use crate::volume::VolumePlugin;
+
+/// What a pod worker does after a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SyncOutcome {
+    /// Sync again after this long (resync, backoff expiry, error retry).
+    Requeue(Duration),
+    /// The pod reached a terminal phase: terminate it.
+    Terminal,
+}
+
+/// The kubelet's `backOffPeriod` for failed syncs.
+const ERROR_BACKOFF: Duration = Duration::from_secs(10);
+/// The kubelet's `minimumGracePeriodInSeconds`.
+const MIN_GRACE_SECONDS: i64 = 2;
+
+type Waiting = HashMap<String, (String, String)>;
+
+pub(crate) struct Engine {
+    node_name: String,
+    config: KubeletConfig,
+    runtime: Arc<dyn ContainerRuntime>,
+    runtime_name: String,
+    cache: PodCache,
+    status: StatusManager,
+    recorder: EventRecorder,
+    volume_plugins: Vec<Arc<dyn VolumePlugin>>,
+    prober: Option<Arc<dyn ProbeManager>>,
+    started_at: Instant,
+    backoff: Mutex<Backoff>,
+    waiting: Mutex<HashMap<String, Waiting>>,
+    exits: Mutex<HashMap<String, Instant>>,
+    static_names: Mutex<HashMap<String, String>>,
+}
+
+/// Result of the runtime part of a sync.
+#[derive(Default)]
+struct RuntimeSync {
+    waiting: Waiting,
+    backoff_wait: Option<Duration>,
+    failed: bool,
+}
+
+impl RuntimeSync {
+    fn wait(&mut self, d: Duration) {
+        self.backoff_wait = Some(self.backoff_wait.map_or(d, |w| w.min(d)));
+    }
+}
+
+impl Engine {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        node_name: String,
+        config: KubeletConfig,
+        runtime: Arc<dyn ContainerRuntime>,
+        runtime_name: String,
+        cache: PodCache,
+        status: StatusManager,
+        recorder: EventRecorder,
+        volume_plugins: Vec<Arc<dyn VolumePlugin>>,
+        prober: Option<Arc<dyn ProbeManager>>,
+        started_at: Instant,
+    ) -> Self {
+        Self {
+            node_name,
+            config,
+            runtime,
+            runtime_name,
+            cache,
+            status,
+            recorder,
+            volume_plugins,
+            prober,
+            started_at,
+            backoff: Mutex::new(Backoff::crash_loop()),
+            waiting: Mutex::new(HashMap::new()),
+            exits: Mutex::new(HashMap::new()),
+            static_names: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn cache(&self) -> &PodCache {
+        &self.cache
+    }
+
+    pub(crate) fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
+    /// A PLEG saw container `id` exit: remember when, for CrashLoopBackOff.
+    pub(crate) fn observe_exit(&self, id: &str) {
+        self.exits
+            .lock()
+            .entry(id.to_string())
+            .or_insert_with(Instant::now);
+    }
+
+    fn exit_instant(&self, c: &ContainerStatus) -> Instant {
+        *self
+            .exits
+            .lock()
+            .entry(c.id.clone())
+            .or_insert_with(Instant::now)
+    }
+
+    fn probe_result(&self, id: &str, t: ProbeType) -> Option<ProbeResult> {
+        self.prober.as_ref().and_then(|p| p.result(id, t))
+    }
+
+    /// Static pods sharing a full name run one after the other: `Some(wait)` while another
+    /// UID still holds the name.
+    pub(crate) fn wait_for_static_predecessor(&self, p: &Pod) -> Option<Duration> {
+        if !pod::is_static(p) {
+            return None;
+        }
+        let mut names = self.static_names.lock();
+        let full = pod::full_name(p);
+        match names.get(&full) {
+            Some(u) if u != pod::uid(p) => Some(Duration::from_millis(200)),
+            _ => {
+                names.insert(full, pod::uid(p).to_string());
+                None
+            }
+        }
+    }
+
+    fn pod_dir(&self, p: &Pod) -> PathBuf {
+        self.config.root_dir.join("pods").join(pod::uid(p))
+    }
+
+    fn log_dir(&self, p: &Pod) -> PathBuf {
+        self.config.pod_log_dir.join(format!(
+            "{}_{}_{}",
+            pod::namespace(p),
+            pod::name(p),
+            pod::uid(p)
+        ))
+    }
+
+    /// A pod an admission handler rejected: it ends `Failed` with the handler's reason.
+    pub(crate) fn reject_pod(&self, p: &Pod, reason: &str, message: &str) {
+        let mut st = k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            reason: Some(reason.into()),
+            message: Some(message.into()),
+            ..Default::default()
+        };
+        if let Some(old) = self.status.get(pod::uid(p)) {
+            st.start_time = old.start_time;
+        }
+        self.status.set_pod_status(p, st);
+    }
+
+    /// A rejected pod left its source.
+    pub(crate) fn forget_rejected(&self, p: &Pod) {
+        if self.status.get(pod::uid(p)).is_some() {
+            self.status.remove_pod(p);
+        }
+    }
+
+    fn generate_status(
+        &self,
+        p: &Pod,
+        rt: &PodRuntimeStatus,
+        waiting: &Waiting,
+        pod_is_terminal: bool,
+    ) -> k8s_openapi::api::core::v1::PodStatus {
+        let (sandbox_changed, _, _) = actions::pod_sandbox_changed(p, rt);
+        let old = self.status.get(pod::uid(p));
+        let probe = |id: &str, t: ProbeType| self.probe_result(id, t);
+        let host_ip = self
+            .config
+            .node_ip
+            .clone()
+            .or_else(|| rt.ips.first().cloned());
+        status_gen::generate_pod_status(&StatusInput {
+            pod: p,
+            runtime: rt,
+            old: old.as_ref(),
+            runtime_name: &self.runtime_name,
+            waiting_reasons: waiting,
+            probe_result: &probe,
+            sandbox_ready: !sandbox_changed,
+            pod_is_terminal,
+            host_ip: host_ip.as_deref(),
+            now: jiff::Timestamp::now(),
+        })
+    }
+
+    /// Sync a running pod toward its spec.
+    pub(crate) async fn sync_pod(&self, p: &Pod, entry: CacheEntry) -> SyncOutcome {
+        let uid = pod::uid(p).to_string();
+        let rt = match entry.status {
+            Ok(s) => s,
+            Err(msg) => {
+                self.recorder.warning(
+                    InvolvedObject::pod(p),
+                    "FailedSync",
+                    format!("error determining status: {msg}"),
+                );
+                return SyncOutcome::Requeue(ERROR_BACKOFF);
+            }
+        };
+        let waiting = self.waiting.lock().get(&uid).cloned().unwrap_or_default();
+        let api = self.generate_status(p, &rt, &waiting, false);
+        let phase = api.phase.clone().unwrap_or_default();
+        self.status.set_pod_status(p, api);
+        if phase == "Succeeded" || phase == "Failed" {
+            return SyncOutcome::Terminal;
+        }
+
+        if let Err(e) = tokio::fs::create_dir_all(self.pod_dir(p).join("volumes")).await {
+            self.recorder.warning(
+                InvolvedObject::pod(p),
+                "FailedSync",
+                format!("creating pod directory: {e}"),
+            );
+            return SyncOutcome::Requeue(ERROR_BACKOFF);
+        }
+        let volume_paths = match self.mount_volumes(p).await {
+            Ok(v) => v,
+            Err(msg) => {
+                self.recorder.warning(
+                    InvolvedObject::pod(p),
+                    "FailedMount",
+                    format!("Unable to attach or mount volumes: {msg}"),
+                );
+                return SyncOutcome::Requeue(ERROR_BACKOFF);
+            }
+        };
+        if let Some(prober) = &self.prober {
+            prober.add_pod(p);
+        }
+
+        let result = self.sync_runtime(p, &rt, &volume_paths).await;
+        let changed = {
+            let mut w = self.waiting.lock();
+            let old = w.insert(uid.clone(), result.waiting.clone());
+            old.as_ref() != Some(&result.waiting)
+        };
+        if changed {
+            let api = self.generate_status(p, &rt, &result.waiting, false);
+            self.status.set_pod_status(p, api);
+        }
+        if let Some(w) = result.backoff_wait {
+            return SyncOutcome::Requeue(w.max(Duration::from_millis(100)));
+        }
+        if result.failed {
+            return SyncOutcome::Requeue(jitter(ERROR_BACKOFF));
+        }
+        SyncOutcome::Requeue(jitter(self.config.sync_frequency))
+    }
+
+    async fn mount_volumes(&self, p: &Pod) -> Result<HashMap<String, PathBuf>, String> {
+        let mut out = HashMap::new();
+        let volumes = p.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
+        let mut failed = Vec::new();
+        for v in volumes {
+            let Some(plugin) = self.volume_plugins.iter().find(|pl| pl.can_support(v)) else {
+                failed.push(format!("{}: no volume plugin supports this volume type", v.name));
+                continue;
+            };
+            let dir = self
+                .pod_dir(p)
+                .join("volumes")
+                .join(plugin.name())
+                .join(&v.name);
+            match plugin.set_up(p, v, &dir).await {
+                Ok(path) => {
+                    out.insert(v.name.clone(), path);
+                }
+                Err(e) => failed.push(format!("{}: {e}", v.name)),
+            }
+        }
+        if failed.is_empty() {
+            Ok(out)
+        } else {
+            Err(format!("unmounted volumes=[{}]", failed.join(", ")))
+        }
+    }
+
+    fn sandbox_config(&self, p: &Pod, attempt: u32) -> PodSandboxConfig {
+        let spec = p.spec.as_ref();
+        let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
+        let hostname = if host_network {
+            String::new()
+        } else {
+            spec.and_then(|s| s.hostname.clone())
+                .unwrap_or_else(|| pod::name(p).to_string())
+        };
+        let dns_config = spec.and_then(|s| s.dns_config.as_ref()).map(|d| DnsConfig {
+            servers: d.nameservers.clone().unwrap_or_default(),
+            searches: d.searches.clone().unwrap_or_default(),
+            options: d
+                .options
+                .iter()
+                .flatten()
+                .map(|o| match &o.value {
+                    Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
+                    None => o.name.clone().unwrap_or_default(),
+                })
+                .collect(),
+        });
+        let port_mappings = pod::containers(p)
+            .iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .map(|port| PortMapping {
+                protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                container_port: port.container_port,
+                host_port: port.host_port.unwrap_or(0),
+                host_ip: port.host_ip.clone().unwrap_or_default(),
+            })
+            .collect();
+        PodSandboxConfig {
+            metadata: PodSandboxMetadata {
+                name: pod::name(p).into(),
+                namespace: pod::namespace(p).into(),
+                uid: pod::uid(p).into(),
+                attempt,
+            },
+            hostname,
+            log_directory: self.log_dir(p),
+            dns_config,
+            port_mappings,
+            labels: container::sandbox_labels(p),
+            annotations: p.metadata.annotations.clone().unwrap_or_default(),
+            host_network,
+            cgroup_parent: String::new(),
+        }
+    }
+
+    /// The runtime part of the sync (`kuberuntime SyncPod`).
+    async fn sync_runtime(
+        &self,
+        p: &Pod,
+        rt: &PodRuntimeStatus,
+        volume_paths: &HashMap<String, PathBuf>,
+    ) -> RuntimeSync {
+        let mut out = RuntimeSync::default();
+        let probe = |id: &str, t: ProbeType| self.probe_result(id, t);
+        let changes = actions::compute_pod_actions(p, rt, &probe);
+        if changes.create_sandbox && changes.sandbox_id.is_some() {
+            self.recorder.normal(
+                InvolvedObject::pod(p),
+                "SandboxChanged",
+                "Pod sandbox changed, it will be killed and re-created.",
+            );
+        }
+        if changes.kill_pod {
+            if !self.kill_pod(p, rt, None).await {
+                out.failed = true;
+                return out;
+            }
+            if changes.create_sandbox {
+                self.purge_init_containers(p, rt).await;
+            }
+        } else {
+            let kills = changes.containers_to_kill.iter().map(|(id, k)| {
+                let spec = find_spec(p, &k.name);
+                let grace = kill_grace(p, spec, k.reason, None);
+                self.kill_container(p, spec, id, &k.name, grace, Some(k.message.clone()))
+            });
+            if join_all(kills).await.iter().any(|ok| !ok) {
+                out.failed = true;
+                return out;
+            }
+            self.prune_dead_containers(p, rt).await;
+        }
+
+        let mut pod_ips = rt.ips.clone();
+        let sandbox_id;
+        let sandbox_config;
+        if changes.create_sandbox {
+            sandbox_config = self.sandbox_config(p, changes.attempt);
+            if let Err(e) = tokio::fs::create_dir_all(&sandbox_config.log_directory).await {
+                self.recorder.warning(
+                    InvolvedObject::pod(p),
+                    "FailedCreatePodSandBox",
+                    format!("Failed to create pod sandbox: creating log directory: {e}"),
+                );
+                out.failed = true;
+                return out;
+            }
+            match self.runtime.run_pod_sandbox(&sandbox_config).await {
+                Ok(id) => sandbox_id = id,
+                Err(e) => {
+                    self.recorder.warning(
+                        InvolvedObject::pod(p),
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: {e}"),
+                    );
+                    out.failed = true;
+                    return out;
+                }
+            }
+            match self.runtime.pod_sandbox_status(&sandbox_id).await {
+                Ok(s) => {
+                    pod_ips = s.ip.into_iter().chain(s.additional_ips).collect();
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %pod::full_name(p), error = %e, "sandbox status after creation failed");
+                }
+            }
+        } else if let Some(id) = changes.sandbox_id.clone() {
+            sandbox_id = id;
+            sandbox_config = self.sandbox_config(p, changes.attempt);
+        } else {
+            return out;
+        }
+
+        let host_ip = self
+            .config
+            .node_ip
+            .clone()
+            .or_else(|| pod_ips.first().cloned())
+            .unwrap_or_default();
+        let inits = pod::init_containers(p);
+        for &i in &changes.init_containers_to_start {
+            let Some(c) = inits.get(i) else { continue };
+            let kind = if pod::is_sidecar(c) { "sidecar" } else { "init" };
+            let ok = self
+                .start_container(
+                    p, c, kind, rt, &sandbox_id, &sandbox_config, &pod_ips, &host_ip,
+                    volume_paths, &mut out,
+                )
+                .await;
+            if !ok && !pod::is_sidecar(c) {
+                // A regular init container that cannot start aborts the sync.
+                return out;
+            }
+        }
+        let containers = pod::containers(p);
+        for &i in &changes.containers_to_start {
+            let Some(c) = containers.get(i) else { continue };
+            self.start_container(
+                p, c, "", rt, &sandbox_id, &sandbox_config, &pod_ips, &host_ip, volume_paths,
+                &mut out,
+            )
+            .await;
+        }
+        out
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_container(
+        &self,
+        p: &Pod,
+        c: &Container,
+        kind: &str,
+        rt: &PodRuntimeStatus,
+        sandbox_id: &str,
+        sandbox_config: &PodSandboxConfig,
+        pod_ips: &[String],
+        host_ip: &str,
+        volume_paths: &HashMap<String, PathBuf>,
+        out: &mut RuntimeSync,
+    ) -> bool {
+        let involved = InvolvedObject::container(p, &c.name);
+        let previous = rt.find_container(&c.name);
+        let pod_desc = format!("{}_{}({})", pod::name(p), pod::namespace(p), pod::uid(p));
+        // CrashLoopBackOff, keyed like the kubelet's GetStableKey.
+        if let Some(prev) = previous
+            && prev.state == ContainerState::Exited
+        {
+            let key = format!(
+                "{}/{}_{}_{:x}",
+                pod::uid(p),
+                pod::full_name(p),
+                c.name,
+                pod::container_hash(c)
+            );
+            let event_time = self.exit_instant(prev);
+            let now = Instant::now();
+            let mut backoff = self.backoff.lock();
+            if let Some(remaining) = backoff.remaining_since(&key, event_time, now) {
+                let delay = backoff.get(&key);
+                drop(backoff);
+                self.recorder.warning(
+                    involved,
+                    "BackOff",
+                    format!("Back-off restarting failed container {} in pod {pod_desc}", c.name),
+                );
+                out.waiting.insert(
+                    c.name.clone(),
+                    (
+                        "CrashLoopBackOff".into(),
+                        format!(
+                            "back-off {} restarting failed container={} pod={pod_desc}",
+                            format_duration(delay),
+                            c.name
+                        ),
+                    ),
+                );
+                out.wait(remaining);
+                return false;
+            }
+            backoff.next(&key, event_time, now);
+        }
+
+        if let Err((reason, message)) = self.ensure_image(p, c).await {
+            out.waiting.insert(c.name.clone(), (reason, message));
+            out.failed = true;
+            return false;
+        }
+
+        let restart_count = previous
+            .map(|prev| {
+                prev.annotations
+                    .get(crate::runtime::labels::CONTAINER_RESTART_COUNT)
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .unwrap_or(prev.metadata.attempt)
+                    + 1
+            })
+            .unwrap_or(0);
+        let ctx = ConfigContext {
+            node_name: &self.node_name,
+            pod_ips,
+            host_ip,
+            volume_paths,
+            restart_count,
+            container_type: kind,
+        };
+        let config = match container::generate_container_config(p, c, &ctx) {
+            Ok(cfg) => cfg,
+            Err(e) => {
+                self.recorder
+                    .warning(involved, "Failed", format!("Error: {e}"));
+                out.waiting
+                    .insert(c.name.clone(), ("CreateContainerConfigError".into(), e.to_string()));
+                out.failed = true;
+                return false;
+            }
+        };
+        let id = match self
+            .runtime
+            .create_container(sandbox_id, &config, sandbox_config)
+            .await
+        {
+            Ok(id) => id,
+            Err(e) => {
+                self.recorder
+                    .warning(involved, "Failed", format!("Error: {e}"));
+                out.waiting
+                    .insert(c.name.clone(), ("CreateContainerError".into(), e.to_string()));
+                out.failed = true;
+                return false;
+            }
+        };
+        self.recorder.normal(
+            involved.clone(),
+            "Created",
+            format!("Created container: {}", c.name),
+        );
+        if let Err(e) = self.runtime.start_container(&id).await {
+            self.recorder
+                .warning(involved, "Failed", format!("Error: {e}"));
+            out.waiting
+                .insert(c.name.clone(), ("RunContainerError".into(), e.to_string()));
+            out.failed = true;
+            return false;
+        }
+        self.recorder
+            .normal(involved, "Started", format!("Started container {}", c.name));
+        true
+    }
+
+    async fn ensure_image(&self, p: &Pod, c: &Container) -> Result<(), (String, String)> {
+        let image = c.image.clone().unwrap_or_default();
+        let involved = InvolvedObject::container(p, &c.name);
+        let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
+            let last = image.rsplit('/').next().unwrap_or("");
+            if image.contains('@') || (last.contains(':') && !last.ends_with(":latest")) {
+                "IfNotPresent".into()
+            } else {
+                "Always".into()
+            }
+        });
+        let spec = ImageSpec {
+            image: image.clone(),
+        };
+        let present = match self.runtime.image_status(&spec).await {
+            Ok(s) => s.is_some(),
+            Err(e) => {
+                return Err(("ErrImageInspect".into(), format!("Failed to inspect image {image:?}: {e}")));
+            }
+        };
+        match policy.as_str() {
+            "Never" if !present => {
+                let msg = format!(
+                    "Container image {image:?} is not present with pull policy of Never"
+                );
+                self.recorder
+                    .warning(involved, "ErrImageNeverPull", msg.clone());
+                Err(("ErrImageNeverPull".into(), msg))
+            }
+            "Never" => Ok(()),
+            "IfNotPresent" if present => Ok(()),
+            _ => {
+                self.recorder.normal(
+                    involved.clone(),
+                    "Pulling",
+                    format!("Pulling image {image:?}"),
+                );
+                let sandbox = self.sandbox_config(p, 0);
+                match self.runtime.pull_image(&spec, &sandbox).await {
+                    Ok(_) => {
+                        self.recorder.normal(
+                            involved,
+                            "Pulled",
+                            format!("Successfully pulled image {image:?}"),
+                        );
+                        Ok(())
+                    }
+                    Err(e) => {
+                        let msg = format!("Failed to pull image {image:?}: {e}");
+                        self.recorder.warning(involved, "Failed", msg.clone());
+                        Err(("ErrImagePull".into(), msg))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Stop one container: preStop hook (bounded by the grace period), then the runtime's stop
+    /// with what is left of the grace period (at least 2 s). Returns false on failure.
+    async fn kill_container(
+        &self,
+        p: &Pod,
+        spec: Option<&Container>,
+        id: &str,
+        name: &str,
+        grace: i64,
+        message: Option<String>,
+    ) -> bool {
+        let grace = self.run_pre_stop(p, spec, id, name, grace).await;
+        self.stop_container(p, id, name, grace, message).await
+    }
+
+    async fn run_pre_stop(
+        &self,
+        p: &Pod,
+        spec: Option<&Container>,
+        id: &str,
+        name: &str,
+        grace: i64,
+    ) -> i64 {
+        let Some(handler) = spec
+            .and_then(|c| c.lifecycle.as_ref())
+            .and_then(|l| l.pre_stop.as_ref())
+        else {
+            return grace;
+        };
+        if grace <= 0 {
+            return grace;
+        }
+        let start = Instant::now();
+        let budget = Duration::from_secs(grace as u64);
+        let run = self.run_handler(p, spec, id, handler, budget);
+        let result = tokio::time::timeout(budget, run).await;
+        let failed = match result {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e),
+            Err(_) => Some(format!("timed out after {}s", grace)),
+        };
+        if let Some(e) = failed {
+            tracing::warn!(pod = %pod::full_name(p), container = %name, error = %e, "preStop hook failed");
+            self.recorder.warning(
+                InvolvedObject::container(p, name),
+                "FailedPreStopHook",
+                "PreStopHook failed",
+            );
+        }
+        let elapsed = start.elapsed().as_secs() as i64;
+        grace - elapsed
+    }
+
+    async fn run_handler(
+        &self,
+        p: &Pod,
+        spec: Option<&Container>,
+        id: &str,
+        h: &LifecycleHandler,
+        budget: Duration,
+    ) -> Result<(), String> {
+        if let Some(exec) = &h.exec {
+            let cmd = exec.command.clone().unwrap_or_default();
+            let r = self
+                .runtime
+                .exec_sync(id, &cmd, budget)
+                .await
+                .map_err(|e| e.to_string())?;
+            if r.exit_code != 0 {
+                return Err(format!("command exited with {}", r.exit_code));
+            }
+            return Ok(());
+        }
+        if let Some(sleep) = &h.sleep {
+            tokio::time::sleep(Duration::from_secs(sleep.seconds.max(0) as u64)).await;
+            return Ok(());
+        }
+        if let Some(get) = &h.http_get {
+            let host = get
+                .host
+                .clone()
+                .or_else(|| {
+                    self.status
+                        .get(pod::uid(p))
+                        .and_then(|s| s.pod_ip.clone())
+                })
+                .unwrap_or_else(|| "127.0.0.1".into());
+            let port = match &get.port {
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => *n,
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) => spec
+                    .and_then(|c| c.ports.as_ref())
+                    .and_then(|ports| ports.iter().find(|pt| pt.name.as_deref() == Some(name)))
+                    .map(|pt| pt.container_port)
+                    .ok_or_else(|| format!("named port {name:?} not found"))?,
+            };
+            let path = get.path.clone().unwrap_or_else(|| "/".into());
+            return http_get(&host, port, &path).await;
+        }
+        Err("handler has no exec, httpGet or sleep action".into())
+    }
+
+    async fn stop_container(
+        &self,
+        p: &Pod,
+        id: &str,
+        name: &str,
+        grace: i64,
+        message: Option<String>,
+    ) -> bool {
+        let grace = grace.max(MIN_GRACE_SECONDS) as u64;
+        self.recorder.normal(
+            InvolvedObject::container(p, name),
+            "Killing",
+            message.unwrap_or_else(|| format!("Stopping container {name}")),
+        );
+        let deadline = self.config.runtime_request_timeout + Duration::from_secs(grace);
+        let call = self
+            .runtime
+            .stop_container(id, Duration::from_secs(grace));
+        match tokio::time::timeout(deadline, call).await {
+            Ok(Ok(())) => true,
+            Ok(Err(e)) if e.is_not_found() => true,
+            Ok(Err(e)) => {
+                tracing::warn!(pod = %pod::full_name(p), container = %name, error = %e, "stopping container failed");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(pod = %pod::full_name(p), container = %name, "stopping container timed out");
+                false
+            }
+        }
+    }
+
+    /// Kill every running container of the pod (preStop hooks first, regular containers before
+    /// sidecars, sidecars in reverse order), then stop its sandboxes. Returns false on failure.
+    async fn kill_pod(&self, p: &Pod, rt: &PodRuntimeStatus, grace_override: Option<i64>) -> bool {
+        let grace = effective_grace(p, grace_override);
+        let running: Vec<&ContainerStatus> = rt
+            .container_statuses
+            .iter()
+            .filter(|c| matches!(c.state, ContainerState::Running | ContainerState::Unknown | ContainerState::Created))
+            .collect();
+        let sidecar_names: Vec<String> = pod::init_containers(p)
+            .iter()
+            .filter(|c| pod::is_sidecar(c))
+            .map(|c| c.name.clone())
+            .collect();
+        let mut ok = true;
+        if sidecar_names.is_empty() {
+            let kills = running.iter().map(|c| {
+                let spec = find_spec(p, &c.metadata.name);
+                self.kill_container(p, spec, &c.id, &c.metadata.name, grace, None)
+            });
+            ok &= join_all(kills).await.into_iter().all(|r| r);
+        } else {
+            // Every preStop hook runs at once; then regular containers stop, then sidecars in
+            // reverse init order, all within the pod's grace period.
+            let start = Instant::now();
+            let hooks = running.iter().map(|c| {
+                let spec = find_spec(p, &c.metadata.name);
+                self.run_pre_stop(p, spec, &c.id, &c.metadata.name, grace)
+            });
+            join_all(hooks).await;
+            let remaining = |s: Instant| grace - s.elapsed().as_secs() as i64;
+            let regular = running
+                .iter()
+                .filter(|c| !sidecar_names.contains(&c.metadata.name))
+                .map(|c| self.stop_container(p, &c.id, &c.metadata.name, remaining(start), None));
+            ok &= join_all(regular).await.into_iter().all(|r| r);
+            for name in sidecar_names.iter().rev() {
+                for c in running.iter().filter(|c| &c.metadata.name == name) {
+                    ok &= self
+                        .stop_container(p, &c.id, name, remaining(start), None)
+                        .await;
+                }
+            }
+        }
+        for s in rt
+            .sandbox_statuses
+            .iter()
+            .filter(|s| s.state == SandboxState::Ready)
+        {
+            if let Err(e) = self.runtime.stop_pod_sandbox(&s.id).await
+                && !e.is_not_found()
+            {
+                tracing::warn!(pod = %pod::full_name(p), error = %e, "stopping sandbox failed");
+                ok = false;
+            }
+        }
+        ok
+    }
+
+    async fn remove_container(&self, id: &str) {
+        if let Err(e) = self.runtime.remove_container(id).await
+            && !e.is_not_found()
+        {
+            tracing::warn!(container_id = %id, error = %e, "removing container failed");
+        }
+        self.exits.lock().remove(id);
+    }
+
+    async fn purge_init_containers(&self, p: &Pod, rt: &PodRuntimeStatus) {
+        for c in pod::init_containers(p) {
+            for inst in rt.container_instances(&c.name) {
+                self.remove_container(&inst.id).await;
+            }
+        }
+    }
+
+    /// Keep the newest dead instance of each container (`minDeadContainerInPod` = 1), as the
+    /// kubelet's container GC does; remove older ones.
+    async fn prune_dead_containers(&self, p: &Pod, rt: &PodRuntimeStatus) {
+        let names = pod::init_containers(p)
+            .iter()
+            .chain(pod::containers(p))
+            .map(|c| c.name.as_str());
+        for name in names {
+            let dead: Vec<&ContainerStatus> = rt
+                .container_instances(name)
+                .filter(|c| c.state == ContainerState::Exited)
+                .collect();
+            for old in dead.iter().skip(1) {
+                self.remove_container(&old.id).await;
+            }
+        }
+    }
+
+    async fn fresh_status(&self, p: &Pod) -> Option<PodRuntimeStatus> {
+        match get_pod_status(
+            self.runtime.as_ref(),
+            pod::uid(p),
+            pod::name(p),
+            pod::namespace(p),
+        )
+        .await
+        {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(pod = %pod::full_name(p), error = %e, "inspecting pod failed");
+                None
+            }
+        }
+    }
+
+    /// Kill the pod. `Err(wait)` asks the worker to retry.
+    pub(crate) async fn sync_terminating_pod(
+        &self,
+        p: &Pod,
+        opts: &KillPodOptions,
+        orphan: bool,
+    ) -> Result<(), Duration> {
+        if let Some(prober) = &self.prober {
+            prober.stop_liveness_and_startup(pod::uid(p));
+        }
+        let Some(rt) = self.fresh_status(p).await else {
+            return Err(ERROR_BACKOFF);
+        };
+        let grace_override = if orphan {
+            // Orphans: the grace period recorded on the containers, as the kubelet restores it.
+            Some(
+                rt.container_statuses
+                    .iter()
+                    .filter_map(|c| {
+                        c.annotations
+                            .get(crate::runtime::labels::POD_TERMINATION_GRACE_PERIOD)
+                            .and_then(|g| g.parse::<i64>().ok())
+                    })
+                    .min()
+                    .unwrap_or(30),
+            )
+        } else {
+            opts.grace_period_override
+        };
+        if !self.kill_pod(p, &rt, grace_override).await {
+            return Err(Duration::from_secs(1));
+        }
+        if orphan {
+            return Ok(());
+        }
+        // Publish the terminal status from a fresh look at the runtime.
+        if let Some(rt) = self.fresh_status(p).await {
+            let waiting = Waiting::new();
+            let terminal = !pod::is_static(p);
+            let api = self.generate_status(p, &rt, &waiting, terminal);
+            self.status.set_pod_status(p, api);
+        }
+        Ok(())
+    }
+
+    /// After termination: tear down volumes and finalize the status.
+    pub(crate) async fn sync_terminated_pod(&self, p: &Pod, opts: &KillPodOptions, orphan: bool) {
+        if orphan {
+            return;
+        }
+        self.unmount_volumes(p).await;
+        if opts.evict {
+            self.status
+                .set_terminal(p, Some((opts.reason.clone(), opts.message.clone())), opts.condition.clone());
+        }
+        self.status.terminate_pod(p);
+    }
+
+    async fn unmount_volumes(&self, p: &Pod) {
+        let volumes = p.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
+        for v in volumes {
+            if let Some(plugin) = self.volume_plugins.iter().find(|pl| pl.can_support(v)) {
+                let dir = self
+                    .pod_dir(p)
+                    .join("volumes")
+                    .join(plugin.name())
+                    .join(&v.name);
+                if let Err(e) = plugin.tear_down(&v.name, &dir).await {
+                    tracing::warn!(pod = %pod::full_name(p), volume = %v.name, error = %e, "tearing down volume failed");
+                }
+            }
+        }
+    }
+
+    /// The pod terminated and left every source: remove its containers, sandboxes, directories
+    /// and status.
+    pub(crate) async fn cleanup_pod(&self, p: &Pod, orphan: bool) {
+        let uid = pod::uid(p).to_string();
+        if let Some(rt) = self.fresh_status(p).await {
+            for c in &rt.container_statuses {
+                self.remove_container(&c.id).await;
+            }
+            for s in &rt.sandbox_statuses {
+                if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await
+                    && !e.is_not_found()
+                {
+                    tracing::warn!(pod_uid = %uid, error = %e, "removing sandbox failed");
+                }
+            }
+        }
+        if !orphan {
+            let _ = tokio::fs::remove_dir_all(self.pod_dir(p)).await;
+            let _ = tokio::fs::remove_dir_all(self.log_dir(p)).await;
+            self.status.remove_pod(p);
+        }
+        if let Some(prober) = &self.prober {
+            prober.remove_pod(&uid);
+        }
+        self.waiting.lock().remove(&uid);
+        self.backoff.lock().remove_prefix(&format!("{uid}/"));
+        let mut names = self.static_names.lock();
+        let full = pod::full_name(p);
+        if names.get(&full) == Some(&uid) {
+            names.remove(&full);
+        }
+    }
+}
+
+fn find_spec<'a>(p: &'a Pod, name: &str) -> Option<&'a Container> {
+    pod::containers(p)
+        .iter()
+        .chain(pod::init_containers(p))
+        .find(|c| c.name == name)
+}
+
+/// The pod's grace period: the deletion grace period or `terminationGracePeriodSeconds`, shortened
+/// by an override.
+fn effective_grace(p: &Pod, grace_override: Option<i64>) -> i64 {
+    let base = p
+        .metadata
+        .deletion_grace_period_seconds
+        .unwrap_or_else(|| pod::termination_grace_period(p));
+    match grace_override {
+        Some(o) => o.min(base).max(0),
+        None => base,
+    }
+}
+
+/// Grace period of a single container kill (`killContainer`): probe-level grace for probe kills.
+fn kill_grace(p: &Pod, spec: Option<&Container>, reason: KillReason, override_: Option<i64>) -> i64 {
+    if let Some(g) = p.metadata.deletion_grace_period_seconds {
+        return g;
+    }
+    let probe_grace = spec.and_then(|c| match reason {
+        KillReason::LivenessProbe => c
+            .liveness_probe
+            .as_ref()
+            .and_then(|pr| pr.termination_grace_period_seconds),
+        KillReason::StartupProbe => c
+            .startup_probe
+            .as_ref()
+            .and_then(|pr| pr.termination_grace_period_seconds),
+        _ => None,
+    });
+    override_
+        .or(probe_grace)
+        .unwrap_or_else(|| pod::termination_grace_period(p))
+}
+
+/// `d` plus a random 0-50 % (`wait.Jitter(d, 0.5)`).
+fn jitter(d: Duration) -> Duration {
+    let f: f64 = rand::rng().random_range(0.0..0.5);
+    d + d.mul_f64(f)
+}
+
+fn format_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 60 && s % 60 == 0 {
+        format!("{}m0s", s / 60)
+    } else if s >= 60 {
+        format!("{}m{}s", s / 60, s % 60)
+    } else {
+        format!("{s}s")
+    }
+}
+
+/// A minimal HTTP/1.1 GET for lifecycle hooks: success on 2xx and 3xx.
+async fn http_get(host: &str, port: i32, path: &str) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = format!("{host}:{port}");
+    let mut s = tokio::net::TcpStream::connect(&addr)
+        .await
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let req = format!(
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-lifecycle/1.33\r\nConnection: close\r\n\r\n"
+    );
+    s.write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; 1024];
+    let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
+    let head = String::from_utf8_lossy(&buf[..n]);
+    let code: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| "malformed HTTP response".to_string())?;
+    if (200..400).contains(&code) {
+        Ok(())
+    } else {
+        Err(format!("HTTP lifecycle hook returned status {code}"))
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_messages_use_go_duration_format() {
+        assert_eq!(format_duration(Duration::from_secs(10)), "10s");
+        assert_eq!(format_duration(Duration::from_secs(300)), "5m0s");
+        assert_eq!(format_duration(Duration::from_secs(80)), "1m20s");
+    }
+
+    #[test]
+    fn grace_period_can_only_shrink() {
+        let mut p = Pod::default();
+        p.spec = Some(Default::default());
+        assert_eq!(effective_grace(&p, None), 30);
+        assert_eq!(effective_grace(&p, Some(5)), 5);
+        assert_eq!(effective_grace(&p, Some(60)), 30);
+        p.metadata.deletion_grace_period_seconds = Some(10);
+        assert_eq!(effective_grace(&p, None), 10);
+    }
+}
