@@ -105,7 +105,9 @@ impl StatusReader {
 impl StatusReader {
     fn put(&self, pod: Arc<Pod>, status: Arc<PodStatus>) {
         let uid = podutil::uid(&pod).to_string();
-        self.inner.write().insert(uid, PodWithStatus { pod, status });
+        self.inner
+            .write()
+            .insert(uid, PodWithStatus { pod, status });
     }
 
     fn remove(&self, uid: &str) {
@@ -284,7 +286,10 @@ impl StatusManager {
     pub fn terminate_pod(&self, pod: &Pod) {
         let base = {
             let pods = self.shared.pods.lock();
-            match pods.get(podutil::uid(pod)).filter(|e| e.version > 0 && !e.removed) {
+            match pods
+                .get(podutil::uid(pod))
+                .filter(|e| e.version > 0 && !e.removed)
+            {
                 Some(e) => PodStatus::clone(&e.status),
                 None => pod.status.clone().unwrap_or_default(),
             }
@@ -375,7 +380,11 @@ impl StatusManager {
             && running
         {
             tracing::debug!(pod = %full_name, uid = %uid, "delaying terminal phase until no container runs");
-            status.phase = Some(old.phase.clone().unwrap_or_else(|| PHASE_PENDING.to_string()));
+            status.phase = Some(
+                old.phase
+                    .clone()
+                    .unwrap_or_else(|| PHASE_PENDING.to_string()),
+            );
             status.reason = old.reason.clone();
             status.message = old.message.clone();
         }
@@ -421,11 +430,7 @@ impl StatusManager {
         status.conditions = Some(conditions);
 
         // Ready and ContainersReady are False in a terminal phase.
-        if let Some(phase) = status
-            .phase
-            .clone()
-            .filter(|p| is_terminal_phase(Some(p)))
-        {
+        if let Some(phase) = status.phase.clone().filter(|p| is_terminal_phase(Some(p))) {
             for c in status.conditions.iter_mut().flatten() {
                 if (c.type_ == COND_READY || c.type_ == COND_CONTAINERS_READY) && c.status == "True"
                 {
@@ -451,12 +456,13 @@ impl StatusManager {
 
         normalize_status(pod, &mut status);
 
-        if let Some(cached) = &cached {
-            if !forced && kubelet_view_equal(cached, &status) {
-                tracing::trace!(pod = %full_name, uid = %uid, "ignoring same status");
-                entry.pod = Arc::new(pod.clone());
-                return;
-            }
+        if let Some(cached) = &cached
+            && !forced
+            && kubelet_view_equal(cached, &status)
+        {
+            tracing::trace!(pod = %full_name, uid = %uid, "ignoring same status");
+            entry.pod = Arc::new(pod.clone());
+            return;
         }
         entry.version += 1;
         entry.status = Arc::new(status);
@@ -496,10 +502,9 @@ impl StatusManager {
                 rx,
                 shutdown.clone(),
             )));
-            workers.push(futures::future::Either::Right(self.sink_worker(
-                idx,
-                shutdown.clone(),
-            )));
+            workers.push(futures::future::Either::Right(
+                self.sink_worker(idx, shutdown.clone()),
+            ));
         }
         let dispatch = async {
             loop {
@@ -710,13 +715,19 @@ fn has_pod_initialized(pod: &Pod, status: &PodStatus) -> bool {
         return true;
     }
     let regular_moved = status.container_statuses.iter().flatten().any(|c| {
-        c.last_state.as_ref().is_some_and(|l| l.terminated.is_some())
+        c.last_state
+            .as_ref()
+            .is_some_and(|l| l.terminated.is_some())
             || c.state.as_ref().is_none_or(|s| s.waiting.is_none())
     });
     if regular_moved {
         return true;
     }
-    if let Some(last) = status.init_container_statuses.as_ref().and_then(|v| v.last()) {
+    if let Some(last) = status
+        .init_container_statuses
+        .as_ref()
+        .and_then(|v| v.last())
+    {
         let exited0 = |s: Option<&ContainerState>| {
             s.and_then(|s| s.terminated.as_ref())
                 .is_some_and(|t| t.exit_code == 0)
@@ -741,7 +752,9 @@ fn terminated_status(pod: &Pod, mut status: PodStatus) -> PodStatus {
         // All but the trailing init containers that never attempted to start.
         let attempted = |c: &ContainerStatus| {
             c.state.as_ref().is_none_or(|s| s.waiting.is_none())
-                || c.last_state.as_ref().is_some_and(|l| l.terminated.is_some())
+                || c.last_state
+                    .as_ref()
+                    .is_some_and(|l| l.terminated.is_some())
         };
         let upto = inits
             .iter()
@@ -781,13 +794,17 @@ fn check_container_state_transition(
         if !may_not_restart(o) {
             continue;
         }
-        if let Some(n) = new.container_statuses.iter().flatten().find(|n| n.name == o.name) {
-            if !is_terminated(n) {
-                return Err(format!(
-                    "terminated container {} attempted illegal transition to non-terminated state",
-                    n.name
-                ));
-            }
+        if let Some(n) = new
+            .container_statuses
+            .iter()
+            .flatten()
+            .find(|n| n.name == o.name)
+            && !is_terminated(n)
+        {
+            return Err(format!(
+                "terminated container {} attempted illegal transition to non-terminated state",
+                n.name
+            ));
         }
     }
     let inits = podutil::init_containers(pod);
@@ -803,13 +820,12 @@ fn check_container_state_transition(
             .iter()
             .flatten()
             .find(|n| n.name == o.name)
+            && !is_terminated(n)
         {
-            if !is_terminated(n) {
-                return Err(format!(
-                    "terminated init container {} attempted illegal transition to non-terminated state",
-                    n.name
-                ));
-            }
+            return Err(format!(
+                "terminated init container {} attempted illegal transition to non-terminated state",
+                n.name
+            ));
         }
     }
     Ok(())
@@ -844,10 +860,8 @@ pub fn normalize_status(pod: &Pod, status: &mut PodStatus) {
             .map_or(0, Vec::len);
     let bytes_per_status = MAX_POD_TERMINATION_MESSAGE_LENGTH / spec_count.max(1);
     let normalize_state = |s: &mut ContainerState| {
-        if let Some(r) = s.running.as_mut() {
-            if let Some(t) = r.started_at.as_mut() {
-                truncate_time(t);
-            }
+        if let Some(t) = s.running.as_mut().and_then(|r| r.started_at.as_mut()) {
+            truncate_time(t);
         }
         if let Some(t) = s.terminated.as_mut() {
             for ts in [t.started_at.as_mut(), t.finished_at.as_mut()]
