@@ -3,7 +3,10 @@
 //! Contract, as the kubelet's `pkg/kubelet/container/cache.go`: [`PodCacheWriter::set`] stores a
 //! pod's runtime status with the time the inspection *started*;
 //! [`PodCache::get_newer_than`] waits until the pod's entry, or the global timestamp
-//! ([`PodCacheWriter::update_time`], bumped after every relist), is at least the given time. A
+//! ([`PodCacheWriter::update_time`], bumped after every relist), is newer than the given time.
+//! Unlike the kubelet (which accepts equal times), the comparison is strict: under paused test
+//! time an inspection and a sync can share one instant, and only a strictly later observation is
+//! guaranteed to have seen what the sync did. A
 //! worker therefore always syncs from a status observed after its previous sync, and never waits
 //! forever for a pod that did not change.
 
@@ -133,8 +136,8 @@ impl PodCache {
     fn get_if_newer(&self, uid: &str, t: Instant) -> Option<CacheEntry> {
         let st = self.shared.state.lock();
         let entry = st.pods.get(uid);
-        let fresh_entry = entry.is_some_and(|e| e.modified >= t);
-        let fresh_global = st.global.is_some_and(|g| g >= t);
+        let fresh_entry = entry.is_some_and(|e| e.modified > t);
+        let fresh_global = st.global.is_some_and(|g| g > t);
         if fresh_entry || fresh_global {
             Some(entry.cloned().unwrap_or_else(|| CacheEntry {
                 status: Ok(Arc::new(PodRuntimeStatus {
@@ -148,7 +151,7 @@ impl PodCache {
         }
     }
 
-    /// Wait until the entry of `uid` or the global timestamp is at least `t`, then return the
+    /// Wait until the entry of `uid` or the global timestamp is newer than `t`, then return the
     /// entry (an empty status if the runtime has nothing for this pod).
     pub async fn get_newer_than(&self, uid: &str, t: Instant) -> CacheEntry {
         let mut rx = self.shared.changed.subscribe();
@@ -185,6 +188,9 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(!waiter.is_finished());
         w.update_time(t1);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!waiter.is_finished(), "an equal time is not newer");
+        w.update_time(Instant::now());
         let e = waiter.await.expect("join");
         assert_eq!(e.modified, t0);
     }

@@ -488,9 +488,10 @@ async fn worker_loop(
                     _ = shutdown.cancelled() => return,
                     e = engine.cache().get_newer_than(&uid, since) => e,
                 };
-                let sync_start = Instant::now();
                 let outcome = engine.sync_pod(&pod, entry).await;
-                last_sync = Some(sync_start);
+                // As the kubelet: the next sync waits for a runtime view observed after this
+                // sync finished, so it sees what this sync created.
+                last_sync = Some(Instant::now());
                 match outcome {
                     SyncOutcome::Requeue(d) => {
                         requeue_at = Some(Instant::now() + d);

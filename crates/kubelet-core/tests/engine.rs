@@ -1,0 +1,401 @@
+//! End-to-end tests of the engine with the in-memory runtime and the relist PLEG, in paused time.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use kubelet_core::testing::{FakeRuntime, RecordingSink};
+use kubelet_core::{
+    ContainerRuntime, Kubelet, KubeletBuilder, KubeletConfig, PodSource, SourceSender,
+};
+use kubelet_pleg::{GenericPleg, GenericPlegConfig};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// A pod source fed by the test through a watch channel.
+struct TestSource {
+    rx: watch::Receiver<Option<Vec<Pod>>>,
+}
+
+#[async_trait]
+impl PodSource for TestSource {
+    fn name(&self) -> &str {
+        "file"
+    }
+    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
+        let mut rx = self.rx.clone();
+        loop {
+            let snapshot = rx.borrow_and_update().clone();
+            if let Some(pods) = snapshot
+                && out.snapshot(pods).await.is_err()
+            {
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+        }
+    }
+}
+
+fn container(name: &str) -> Container {
+    Container {
+        name: name.into(),
+        image: Some("busybox:1".into()),
+        command: Some(vec!["sleep".into(), "1000".into()]),
+        ..Default::default()
+    }
+}
+
+fn pod(uid: &str, policy: &str, inits: Vec<Container>, containers: Vec<Container>) -> Pod {
+    let mut p = Pod {
+        spec: Some(PodSpec {
+            restart_policy: Some(policy.into()),
+            init_containers: (!inits.is_empty()).then_some(inits),
+            containers,
+            host_network: Some(true),
+            termination_grace_period_seconds: Some(30),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    p.metadata.name = Some(format!("pod-{uid}"));
+    p.metadata.namespace = Some("default".into());
+    p.metadata.uid = Some(uid.into());
+    p
+}
+
+struct Harness {
+    rt: Arc<FakeRuntime>,
+    sink: Arc<RecordingSink>,
+    pods: watch::Sender<Option<Vec<Pod>>>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn build(rt: Arc<FakeRuntime>, sink: Arc<RecordingSink>, rx: watch::Receiver<Option<Vec<Pod>>>) -> Kubelet {
+    let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
+    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let pleg = Arc::new(GenericPleg::new(runtime.clone(), GenericPlegConfig::default()));
+    KubeletBuilder::new("node-1")
+        .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
+        .runtime(runtime)
+        .pleg(pleg)
+        .pod_source(Arc::new(TestSource { rx }))
+        .status_sink(sink)
+        .build()
+        .expect("build")
+}
+
+impl Harness {
+    fn start(pods: Option<Vec<Pod>>) -> Self {
+        Self::start_with(Arc::new(FakeRuntime::new()), pods)
+    }
+
+    fn start_with(rt: Arc<FakeRuntime>, pods: Option<Vec<Pod>>) -> Self {
+        let sink = Arc::new(RecordingSink::new());
+        let (tx, rx) = watch::channel(pods);
+        let kubelet = build(rt.clone(), sink.clone(), rx);
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(kubelet.run(shutdown.clone()));
+        Self {
+            rt,
+            sink,
+            pods: tx,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn stop(self) -> Arc<FakeRuntime> {
+        self.shutdown.cancel();
+        let _ = self.task.await;
+        self.rt
+    }
+
+    async fn wait_status(&self, uid: &str, what: &str, f: impl Fn(&PodStatus) -> bool) -> PodStatus {
+        let uid = uid.to_string();
+        match self
+            .sink
+            .wait_for(|r| r.uid == uid && f(&r.status), Duration::from_secs(600))
+            .await
+        {
+            Some(r) => r.status,
+            None => panic!(
+                "timed out waiting for {what}; latest status: {:#?}",
+                self.sink.latest(&uid)
+            ),
+        }
+    }
+}
+
+fn phase(s: &PodStatus) -> &str {
+    s.phase.as_deref().unwrap_or("")
+}
+
+fn condition(s: &PodStatus, t: &str) -> Option<String> {
+    s.conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == t)
+        .map(|c| c.status.clone())
+}
+
+fn calls_matching(rt: &FakeRuntime, prefix: &str) -> Vec<String> {
+    rt.calls()
+        .into_iter()
+        .filter(|c| c.starts_with(prefix))
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn pod_becomes_running_and_ready() {
+    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    let st = h
+        .wait_status("u1", "Running+Ready", |s| {
+            phase(s) == "Running" && condition(s, "Ready").as_deref() == Some("True")
+        })
+        .await;
+    for t in ["PodReadyToStartContainers", "Initialized", "ContainersReady", "PodScheduled"] {
+        assert_eq!(condition(&st, t).as_deref(), Some("True"), "{t}");
+    }
+    assert_eq!(calls_matching(&h.rt, "create_container").len(), 1);
+    assert!(h.sink.events().iter().any(|e| e.reason == "Started"));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn crashing_container_restarts_with_exponential_backoff() {
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_auto_exit("app", Duration::from_secs(1), 1);
+    let h = Harness::start_with(rt, Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    let mut starts: Vec<Instant> = Vec::new();
+    let begin = Instant::now();
+    while starts.len() < 5 && begin.elapsed() < Duration::from_secs(400) {
+        let n = calls_matching(&h.rt, "start_container").len();
+        while starts.len() < n {
+            starts.push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(starts.len(), 5, "expected 5 starts");
+    // As the kubelet: the first crash restarts at once, then 10 s, 20 s, 40 s. Each gap is 1 s of
+    // running + the relist delay (<= ~1.2 s) + the backoff delay.
+    let gaps: Vec<f64> = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() - 1.0)
+        .collect();
+    for (gap, want) in gaps.iter().zip([0.0, 10.0, 20.0, 40.0]) {
+        assert!(
+            *gap >= want && *gap <= want + 2.5,
+            "backoff gaps {gaps:?} do not follow 0s, 10s, 20s, 40s"
+        );
+    }
+    let st = h
+        .wait_status("u1", "CrashLoopBackOff", |s| {
+            s.container_statuses.iter().flatten().any(|c| {
+                c.state
+                    .as_ref()
+                    .and_then(|st| st.waiting.as_ref())
+                    .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+            })
+        })
+        .await;
+    let cs = &st.container_statuses.as_ref().expect("statuses")[0];
+    assert!(cs.restart_count >= 1);
+    let last = cs
+        .last_state
+        .as_ref()
+        .and_then(|l| l.terminated.as_ref())
+        .expect("lastState.terminated");
+    assert_eq!(last.exit_code, 1);
+    assert!(h.sink.events().iter().any(|e| e.reason == "BackOff"));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn killed_container_restarts_with_last_state_137() {
+    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let id = h.rt.find_container("u1", "app").expect("container");
+    h.rt.exit_container(&id, 137).expect("exit");
+    let st = h
+        .wait_status("u1", "restartCount 1 running", |s| {
+            s.container_statuses.iter().flatten().any(|c| {
+                c.restart_count == 1 && c.state.as_ref().is_some_and(|st| st.running.is_some())
+            })
+        })
+        .await;
+    let cs = &st.container_statuses.as_ref().expect("statuses")[0];
+    let last = cs
+        .last_state
+        .as_ref()
+        .and_then(|l| l.terminated.as_ref())
+        .expect("lastState.terminated");
+    assert_eq!(last.exit_code, 137);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn restart_policies_decide_the_final_phase() {
+    for (policy, exit, want_phase, restarts) in [
+        ("OnFailure", 0, "Succeeded", false),
+        ("Never", 0, "Succeeded", false),
+        ("Never", 3, "Failed", false),
+    ] {
+        let rt = Arc::new(FakeRuntime::new());
+        rt.set_auto_exit("app", Duration::from_secs(1), exit);
+        let h = Harness::start_with(rt, Some(vec![pod("u1", policy, vec![], vec![container("app")])]));
+        h.wait_status("u1", want_phase, |s| phase(s) == want_phase).await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        assert_eq!(
+            calls_matching(&h.rt, "start_container").len() > 1,
+            restarts,
+            "{policy} exit {exit}"
+        );
+        assert_eq!(phase(&h.sink.latest("u1").expect("status")), want_phase);
+        h.stop().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn init_containers_run_in_order_before_the_app() {
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_auto_exit("init-1", Duration::from_secs(1), 0);
+    rt.set_auto_exit("init-2", Duration::from_secs(1), 0);
+    let h = Harness::start_with(
+        rt,
+        Some(vec![pod(
+            "u1",
+            "Always",
+            vec![container("init-1"), container("init-2")],
+            vec![container("app")],
+        )]),
+    );
+    h.wait_status("u1", "Running", |s| {
+        phase(s) == "Running" && condition(s, "Initialized").as_deref() == Some("True")
+    })
+    .await;
+    let creates = calls_matching(&h.rt, "create_container");
+    assert_eq!(
+        creates,
+        vec![
+            "create_container init-1",
+            "create_container init-2",
+            "create_container app"
+        ]
+    );
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn sidecar_starts_before_and_stops_after_the_main_container() {
+    let mut side = container("proxy");
+    side.restart_policy = Some("Always".into());
+    let p = pod("u1", "Always", vec![side], vec![container("app")]);
+    let h = Harness::start(Some(vec![p]));
+    h.wait_status("u1", "Running+Ready", |s| {
+        condition(s, "Ready").as_deref() == Some("True")
+    })
+    .await;
+    assert_eq!(
+        calls_matching(&h.rt, "create_container"),
+        vec!["create_container proxy", "create_container app"]
+    );
+    let app = h.rt.find_container("u1", "app").expect("app");
+    let proxy = h.rt.find_container("u1", "proxy").expect("proxy");
+    h.pods.send_replace(Some(vec![]));
+    h.wait_status("u1", "stopped", |s| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .all(|c| c.state.as_ref().is_some_and(|st| st.terminated.is_some()))
+    })
+    .await;
+    let stops = calls_matching(&h.rt, "stop_container");
+    let pos = |id: &str| stops.iter().position(|c| c.contains(id)).expect("stopped");
+    assert!(pos(&app) < pos(&proxy), "stops: {stops:?}");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn removed_pod_is_stopped_with_its_grace_period() {
+    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let id = h.rt.find_container("u1", "app").expect("container");
+    h.pods.send_replace(Some(vec![]));
+    let begin = Instant::now();
+    while h.rt.calls().iter().all(|c| !c.starts_with("remove_pod_sandbox")) {
+        assert!(begin.elapsed() < Duration::from_secs(120), "pod not cleaned up");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        h.rt.calls().contains(&format!("stop_container {id} 30s")),
+        "calls: {:?}",
+        h.rt.calls()
+    );
+    assert!(h.sink.removed().contains(&"u1".to_string()));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn restarted_agent_adopts_running_containers() {
+    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let id = h.rt.find_container("u1", "app").expect("container");
+    let rt = h.stop().await;
+    rt.clear_calls();
+    let h = Harness::start_with(rt, Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    h.wait_status("u1", "Running again", |s| {
+        phase(s) == "Running" && condition(s, "Ready").as_deref() == Some("True")
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(calls_matching(&h.rt, "create_container").is_empty(), "{:?}", h.rt.calls());
+    assert!(calls_matching(&h.rt, "stop_container").is_empty(), "{:?}", h.rt.calls());
+    assert_eq!(h.rt.find_container("u1", "app"), Some(id));
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn unknown_runtime_pods_are_stopped_only_after_every_source_was_seen() {
+    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let rt = h.stop().await;
+    rt.clear_calls();
+    // The new agent's source has not delivered anything yet.
+    let h = Harness::start_with(rt, None);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    assert!(calls_matching(&h.rt, "stop_container").is_empty(), "{:?}", h.rt.calls());
+    // First snapshot: the pod is gone, so its containers are orphans.
+    h.pods.send_replace(Some(vec![]));
+    let begin = Instant::now();
+    while calls_matching(&h.rt, "stop_container").is_empty() {
+        assert!(begin.elapsed() < Duration::from_secs(60), "orphan not stopped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn definition_change_replaces_the_container() {
+    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let old = h.rt.find_container("u1", "app").expect("container");
+    let mut changed = container("app");
+    changed.image = Some("busybox:2".into());
+    h.pods
+        .send_replace(Some(vec![pod("u1", "Always", vec![], vec![changed])]));
+    h.wait_status("u1", "new image running", |s| {
+        s.container_statuses.iter().flatten().any(|c| {
+            c.container_id.as_deref().is_some_and(|id| !id.ends_with(&old))
+                && c.state.as_ref().is_some_and(|st| st.running.is_some())
+        })
+    })
+    .await;
+    assert_eq!(calls_matching(&h.rt, "create_container").len(), 2);
+    h.stop().await;
+}
