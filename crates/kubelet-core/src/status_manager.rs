@@ -935,3 +935,609 @@ fn kubelet_view_equal(a: &PodStatus, b: &PodStatus) -> bool {
     };
     view(a) == view(b)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+
+    use async_trait::async_trait;
+    use k8s_openapi::api::core::v1::{Container, ContainerStateRunning, PodSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    use crate::event::{EventRecorder, InvolvedObject};
+    use crate::status_gen::{COND_DISRUPTION_TARGET, PHASE_RUNNING, PHASE_SUCCEEDED};
+
+    /// A sink that records calls, and can fail or stall on demand.
+    #[derive(Default)]
+    struct TestSink {
+        calls: Mutex<Vec<(String, PodStatus)>>,
+        removed: Mutex<Vec<String>>,
+        events: Mutex<Vec<String>>,
+        fail: AtomicBool,
+        stall: AtomicBool,
+        attempts: AtomicUsize,
+    }
+
+    impl TestSink {
+        fn calls(&self) -> Vec<(String, PodStatus)> {
+            self.calls.lock().clone()
+        }
+        fn phases(&self) -> Vec<String> {
+            self.calls
+                .lock()
+                .iter()
+                .map(|(_, s)| s.phase.clone().unwrap_or_default())
+                .collect()
+        }
+    }
+
+    #[async_trait]
+    impl StatusSink for TestSink {
+        async fn update_pod_status(&self, pod: &Pod, status: &PodStatus) -> crate::Result<()> {
+            self.attempts.fetch_add(1, Ordering::SeqCst);
+            if self.stall.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(crate::Error::new(
+                    crate::ErrorKind::Unavailable,
+                    "sink down",
+                ));
+            }
+            self.calls
+                .lock()
+                .push((podutil::uid(pod).to_string(), status.clone()));
+            Ok(())
+        }
+        async fn pod_removed(&self, pod: &Pod) -> crate::Result<()> {
+            self.removed.lock().push(podutil::uid(pod).to_string());
+            Ok(())
+        }
+        async fn record_event(&self, event: &Event) -> crate::Result<()> {
+            self.events.lock().push(event.reason.clone());
+            Ok(())
+        }
+    }
+
+    fn pod(uid: &str, policy: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(format!("pod-{uid}")),
+                namespace: Some("default".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                containers: vec![
+                    Container {
+                        name: "b".into(),
+                        ..Default::default()
+                    },
+                    Container {
+                        name: "a".into(),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            status: None,
+        }
+    }
+
+    fn ts(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).expect("valid timestamp")
+    }
+
+    fn running_cs(name: &str) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            ready: true,
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning {
+                    started_at: Some(Time(ts(1))),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn exited_cs(name: &str, code: i32) -> ContainerStatus {
+        ContainerStatus {
+            name: name.into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code: code,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ready_cond(ok: bool) -> PodCondition {
+        PodCondition {
+            type_: COND_READY.into(),
+            status: if ok { "True" } else { "False" }.into(),
+            ..Default::default()
+        }
+    }
+
+    fn status(phase: &str, containers: Vec<ContainerStatus>) -> PodStatus {
+        PodStatus {
+            phase: Some(phase.into()),
+            container_statuses: Some(containers),
+            conditions: Some(vec![ready_cond(phase == PHASE_RUNNING)]),
+            start_time: Some(Time(ts(0))),
+            ..Default::default()
+        }
+    }
+
+    fn manager(sinks: &[Arc<TestSink>]) -> StatusManager {
+        StatusManager::new(
+            sinks
+                .iter()
+                .map(|s| Arc::clone(s) as Arc<dyn StatusSink>)
+                .collect(),
+        )
+    }
+
+    fn start(m: &StatusManager) -> (CancellationToken, EventRecorder) {
+        let token = CancellationToken::new();
+        let (recorder, events) = EventRecorder::channel(16);
+        let m = m.clone();
+        let t = token.clone();
+        tokio::spawn(async move { m.run(events, t).await });
+        (token, recorder)
+    }
+
+    async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+        for _ in 0..2000 {
+            if cond() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("timed out waiting for {what}");
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn identical_status_is_delivered_once() {
+        let sink = Arc::new(TestSink::default());
+        let m = manager(&[Arc::clone(&sink)]);
+        let p = pod("u1", "Always");
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+        );
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("b"), running_cs("a")]),
+        );
+        assert_eq!(
+            m.version("u1"),
+            1,
+            "the duplicate does not bump the version"
+        );
+        let (token, _) = start(&m);
+        eventually("first delivery", || sink.calls().len() == 1).await;
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+        );
+        settle().await;
+        assert_eq!(sink.calls().len(), 1, "no second sink call");
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn intermediate_versions_collapse_to_the_latest() {
+        let sink = Arc::new(TestSink::default());
+        let m = manager(&[Arc::clone(&sink)]);
+        let p = pod("u1", "Always");
+        m.set_pod_status(&p, status(PHASE_PENDING, vec![]));
+        let mut s = status(PHASE_RUNNING, vec![running_cs("a")]);
+        m.set_pod_status(&p, s.clone());
+        s.container_statuses = Some(vec![running_cs("a"), running_cs("b")]);
+        m.set_pod_status(&p, s);
+        assert_eq!(m.version("u1"), 3);
+        let (token, _) = start(&m);
+        eventually("delivery", || !sink.calls().is_empty()).await;
+        settle().await;
+        let calls = sink.calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            calls[0].1.container_statuses.as_ref().map(Vec::len),
+            Some(2),
+            "only the latest status is sent"
+        );
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn terminal_phase_is_sticky() {
+        let m = manager(&[]);
+        let p = pod("u1", "Always");
+        let mut failed = status(PHASE_FAILED, vec![exited_cs("a", 1), exited_cs("b", 0)]);
+        failed.reason = Some("Evicted".into());
+        failed.message = Some("low memory".into());
+        m.set_pod_status(&p, failed);
+        let mut running = status(PHASE_RUNNING, vec![exited_cs("a", 1), exited_cs("b", 0)]);
+        running.reason = None;
+        m.set_pod_status(&p, running);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(got.reason.as_deref(), Some("Evicted"));
+        assert_eq!(got.message.as_deref(), Some("low memory"));
+    }
+
+    #[tokio::test]
+    async fn start_time_is_set_once() {
+        let m = manager(&[]);
+        let p = pod("u1", "Always");
+        m.set_pod_status(&p, status(PHASE_PENDING, vec![]));
+        let mut later = status(PHASE_RUNNING, vec![running_cs("a")]);
+        later.start_time = Some(Time(ts(500)));
+        m.set_pod_status(&p, later);
+        assert_eq!(m.get("u1").and_then(|s| s.start_time), Some(Time(ts(0))));
+
+        let mut none = status(PHASE_PENDING, vec![]);
+        none.start_time = None;
+        m.set_pod_status(&pod("u2", "Always"), none);
+        assert!(m.get("u2").and_then(|s| s.start_time).is_some());
+    }
+
+    #[tokio::test]
+    async fn deletion_timestamp_forces_an_update() {
+        let m = manager(&[]);
+        let mut p = pod("u1", "Always");
+        p.metadata.deletion_timestamp = Some(Time(ts(10)));
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        assert_eq!(m.version("u1"), 2);
+    }
+
+    #[tokio::test]
+    async fn illegal_container_transition_is_rejected() {
+        let m = manager(&[]);
+        let p = pod("u1", "Never");
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![exited_cs("a", 0), running_cs("b")]),
+        );
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+        );
+        assert_eq!(m.version("u1"), 1);
+        // OnFailure may restart a failed container.
+        let p = pod("u2", "OnFailure");
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![exited_cs("a", 1)]));
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        assert_eq!(m.version("u2"), 2);
+    }
+
+    #[tokio::test]
+    async fn terminal_phase_waits_until_no_container_runs() {
+        let m = manager(&[]);
+        let p = pod("u1", "Never");
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+        );
+        let mut s = status(PHASE_FAILED, vec![exited_cs("a", 1), running_cs("b")]);
+        s.conditions = Some(vec![ready_cond(true)]);
+        m.set_pod_status(&p, s);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.phase.as_deref(), Some(PHASE_RUNNING));
+        m.set_pod_status(
+            &p,
+            status(PHASE_FAILED, vec![exited_cs("a", 1), exited_cs("b", 137)]),
+        );
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+    }
+
+    #[tokio::test]
+    async fn ready_is_forced_false_in_terminal_phase() {
+        let m = manager(&[]);
+        let p = pod("u1", "Never");
+        let mut s = status(PHASE_SUCCEEDED, vec![exited_cs("a", 0), exited_cs("b", 0)]);
+        s.conditions = Some(vec![
+            ready_cond(true),
+            PodCondition {
+                type_: COND_CONTAINERS_READY.into(),
+                status: "True".into(),
+                ..Default::default()
+            },
+        ]);
+        m.set_pod_status(&p, s);
+        let got = m.get("u1").expect("cached");
+        for c in got.conditions.iter().flatten() {
+            assert_eq!(c.status, "False", "{}", c.type_);
+            assert_eq!(c.reason.as_deref(), Some("PodCompleted"));
+        }
+    }
+
+    #[tokio::test]
+    async fn status_is_normalized() {
+        let m = manager(&[]);
+        let p = pod("u1", "Always");
+        let mut a = exited_cs("a", 1);
+        if let Some(t) = a.state.as_mut().and_then(|s| s.terminated.as_mut()) {
+            t.message = Some("é".repeat(10_000));
+            t.finished_at = Some(Time(
+                ts(3)
+                    .checked_add(jiff::SignedDuration::from_millis(750))
+                    .expect("time"),
+            ));
+        }
+        let mut s = status(PHASE_RUNNING, vec![running_cs("b"), a]);
+        s.start_time = Some(Time(
+            ts(0)
+                .checked_add(jiff::SignedDuration::from_millis(999))
+                .expect("time"),
+        ));
+        m.set_pod_status(&p, s);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.start_time, Some(Time(ts(0))));
+        let cs = got.container_statuses.expect("statuses");
+        assert_eq!(cs[0].name, "a");
+        assert_eq!(cs[1].name, "b");
+        let t = cs[0]
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("terminated");
+        assert_eq!(t.finished_at, Some(Time(ts(3))));
+        let msg = t.message.as_deref().unwrap_or("");
+        assert!(
+            msg.len() <= MAX_POD_TERMINATION_MESSAGE_LENGTH / 2,
+            "{}",
+            msg.len()
+        );
+        assert!(msg.len() > MAX_POD_TERMINATION_MESSAGE_LENGTH / 2 - 2);
+    }
+
+    #[tokio::test]
+    async fn terminate_pod_reports_lost_containers_and_fails_the_pod() {
+        let m = manager(&[]);
+        let p = pod("u1", "Always");
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), exited_cs("b", 0)]),
+        );
+        m.terminate_pod(&p);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        let cs = got.container_statuses.expect("statuses");
+        let a = cs[0]
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("a terminated");
+        assert_eq!(a.exit_code, 137);
+        assert_eq!(a.reason.as_deref(), Some(REASON_CONTAINER_STATUS_UNKNOWN));
+        assert_eq!(a.message.as_deref(), Some(MESSAGE_LOST_ON_TERMINATION));
+        let b = cs[1]
+            .state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .expect("b terminated");
+        assert_eq!(b.exit_code, 0, "already terminated containers are kept");
+        assert!(
+            got.conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ != COND_READY || c.status == "False")
+        );
+    }
+
+    #[tokio::test]
+    async fn terminate_pod_keeps_the_phase_of_static_pods() {
+        let m = manager(&[]);
+        let mut p = pod("u1", "Always");
+        p.metadata.annotations = Some(
+            [(
+                crate::config::annotations::CONFIG_SOURCE.to_string(),
+                "file".to_string(),
+            )]
+            .into(),
+        );
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+        );
+        m.terminate_pod(&p);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.phase.as_deref(), Some(PHASE_RUNNING));
+        assert!(!any_running(&got));
+    }
+
+    #[tokio::test]
+    async fn set_terminal_fails_the_pod_with_reason_once_containers_stop() {
+        let m = manager(&[]);
+        let p = pod("u1", "Always");
+        m.set_pod_status(
+            &p,
+            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+        );
+        m.set_terminal(
+            &p,
+            Some((
+                "Evicted".into(),
+                "The node was low on resource: memory.".into(),
+            )),
+            Some(PodCondition {
+                type_: COND_DISRUPTION_TARGET.into(),
+                status: "True".into(),
+                reason: Some("TerminationByKubelet".into()),
+                ..Default::default()
+            }),
+        );
+        let got = m.get("u1").expect("cached");
+        assert_eq!(
+            got.phase.as_deref(),
+            Some(PHASE_RUNNING),
+            "containers still run"
+        );
+        assert!(
+            got.conditions
+                .iter()
+                .flatten()
+                .all(|c| c.type_ != COND_DISRUPTION_TARGET)
+        );
+        // The engine regenerates after the kill.
+        m.set_pod_status(
+            &p,
+            status(
+                PHASE_RUNNING,
+                vec![exited_cs("a", 137), exited_cs("b", 137)],
+            ),
+        );
+        let got = m.get("u1").expect("cached");
+        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(got.reason.as_deref(), Some("Evicted"));
+        let dt = got
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == COND_DISRUPTION_TARGET)
+            .expect("DisruptionTarget");
+        assert_eq!(dt.reason.as_deref(), Some("TerminationByKubelet"));
+        assert!(dt.last_transition_time.is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failing_sink_is_retried_and_does_not_block_a_healthy_one() {
+        let healthy = Arc::new(TestSink::default());
+        let failing = Arc::new(TestSink::default());
+        failing.fail.store(true, Ordering::SeqCst);
+        let m = manager(&[Arc::clone(&failing), Arc::clone(&healthy)]);
+        let (token, _) = start(&m);
+        let p = pod("u1", "Always");
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        eventually("healthy delivery", || healthy.calls().len() == 1).await;
+        assert_eq!(failing.attempts.load(Ordering::SeqCst), 1);
+        // No retry before the tick...
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(failing.attempts.load(Ordering::SeqCst), 1);
+        // ...and a retry on it, which succeeds once the sink is back.
+        failing.fail.store(false, Ordering::SeqCst);
+        tokio::time::sleep(SYNC_PERIOD).await;
+        eventually("retried delivery", || failing.calls().len() == 1).await;
+        assert_eq!(failing.phases(), [PHASE_RUNNING]);
+        assert_eq!(
+            healthy.calls().len(),
+            1,
+            "the healthy sink is not called again"
+        );
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stalled_sink_does_not_block_others_or_the_engine() {
+        let healthy = Arc::new(TestSink::default());
+        let stalled = Arc::new(TestSink::default());
+        stalled.stall.store(true, Ordering::SeqCst);
+        let m = manager(&[Arc::clone(&stalled), Arc::clone(&healthy)]);
+        let (token, _) = start(&m);
+        let p1 = pod("u1", "Always");
+        let p2 = pod("u2", "Always");
+        m.set_pod_status(&p1, status(PHASE_PENDING, vec![]));
+        eventually("first", || healthy.calls().len() == 1).await;
+        m.set_pod_status(&p1, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(&p2, status(PHASE_RUNNING, vec![running_cs("a")]));
+        eventually("others", || healthy.calls().len() == 3).await;
+        // The stalled sink has one call in flight for u1 and started u2 independently.
+        eventually("stalled attempts", || {
+            stalled.attempts.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn calls_for_one_pod_stay_in_order() {
+        let sink = Arc::new(TestSink::default());
+        let m = manager(&[Arc::clone(&sink)]);
+        let (token, _) = start(&m);
+        let p = pod("u1", "Never");
+        m.set_pod_status(&p, status(PHASE_PENDING, vec![]));
+        eventually("pending", || sink.calls().len() == 1).await;
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        eventually("running", || sink.calls().len() == 2).await;
+        m.set_pod_status(
+            &p,
+            status(PHASE_SUCCEEDED, vec![exited_cs("a", 0), exited_cs("b", 0)]),
+        );
+        eventually("succeeded", || sink.calls().len() == 3).await;
+        assert_eq!(
+            sink.phases(),
+            [PHASE_PENDING, PHASE_RUNNING, PHASE_SUCCEEDED]
+        );
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn removed_pod_is_dropped_and_sinks_are_told() {
+        let sink = Arc::new(TestSink::default());
+        let m = manager(&[Arc::clone(&sink)]);
+        let reader = m.reader();
+        let p = pod("u1", "Never");
+        m.set_pod_status(
+            &p,
+            status(PHASE_SUCCEEDED, vec![exited_cs("a", 0), exited_cs("b", 0)]),
+        );
+        assert!(reader.get("u1").is_some());
+        m.remove_pod(&p);
+        assert!(reader.get("u1").is_none());
+        assert!(m.get("u1").is_none());
+        let (token, _) = start(&m);
+        eventually("removal", || sink.removed.lock().len() == 1).await;
+        assert_eq!(
+            sink.phases(),
+            [PHASE_SUCCEEDED],
+            "the final status comes first"
+        );
+        eventually("entry dropped", || m.shared.pods.lock().is_empty()).await;
+        token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_reach_every_sink() {
+        let a = Arc::new(TestSink::default());
+        let b = Arc::new(TestSink::default());
+        let m = manager(&[Arc::clone(&a), Arc::clone(&b)]);
+        let (token, recorder) = start(&m);
+        let p = pod("u1", "Always");
+        recorder.normal(InvolvedObject::pod(&p), "Started", "Started container a");
+        eventually("events", || {
+            a.events.lock().len() == 1 && b.events.lock().len() == 1
+        })
+        .await;
+        assert_eq!(a.events.lock()[0], "Started");
+        token.cancel();
+    }
+
+    #[tokio::test]
+    async fn reader_sees_every_accepted_status() {
+        let m = manager(&[]);
+        let reader = m.reader();
+        let p = pod("u1", "Always");
+        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        let got = reader.get("u1").expect("reader");
+        assert_eq!(got.status.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(reader.list().len(), 1);
+    }
+}
