@@ -107,10 +107,7 @@ impl CgroupDriver {
         match self {
             CgroupDriver::V1(m) => CgroupPaths {
                 unified: false,
-                dirs: m
-                    .iter()
-                    .map(|(c, mp)| (c.clone(), mp.join(&rel)))
-                    .collect(),
+                dirs: m.iter().map(|(c, mp)| (c.clone(), mp.join(&rel))).collect(),
             },
             CgroupDriver::V2(mp) => CgroupPaths {
                 unified: true,
@@ -239,7 +236,9 @@ impl CgroupPaths {
                 source,
             })
         };
-        let exists = |controller: &str, file: &str| self.dir(controller).is_some_and(|d| d.join(file).exists());
+        let exists = |controller: &str, file: &str| {
+            self.dir(controller).is_some_and(|d| d.join(file).exists())
+        };
         if self.unified {
             if r.memory_limit_in_bytes > 0 {
                 write("memory", "memory.max", r.memory_limit_in_bytes.to_string())?;
@@ -248,14 +247,22 @@ impl CgroupPaths {
                 }
             }
             if r.cpu_shares > 0 && exists("cpu", "cpu.weight") {
-                write("cpu", "cpu.weight", shares_to_weight(r.cpu_shares).to_string())?;
+                write(
+                    "cpu",
+                    "cpu.weight",
+                    shares_to_weight(r.cpu_shares).to_string(),
+                )?;
             }
             if (r.cpu_quota > 0 || r.cpu_period > 0) && exists("cpu", "cpu.max") {
                 write("cpu", "cpu.max", cpu_max(r.cpu_quota, r.cpu_period))?;
             }
         } else {
             if r.memory_limit_in_bytes > 0 {
-                write("memory", "memory.limit_in_bytes", r.memory_limit_in_bytes.to_string())?;
+                write(
+                    "memory",
+                    "memory.limit_in_bytes",
+                    r.memory_limit_in_bytes.to_string(),
+                )?;
                 if exists("memory", "memory.memsw.limit_in_bytes") {
                     write(
                         "memory",
@@ -290,7 +297,9 @@ impl CgroupPaths {
             s.cpu_usage_ns = read("cpu", "cpu.stat")
                 .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
                 .map(|us| us.saturating_mul(1000));
-            s.memory_working_set = s.memory_usage.map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+            s.memory_working_set = s
+                .memory_usage
+                .map(|u| u.saturating_sub(inactive.unwrap_or(0)));
         } else {
             s.memory_usage = read("memory", "memory.usage_in_bytes").and_then(|t| parse_u64(&t));
             let inactive = read("memory", "memory.stat").and_then(|t| {
@@ -300,7 +309,9 @@ impl CgroupPaths {
                     .copied()
             });
             s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
-            s.memory_working_set = s.memory_usage.map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+            s.memory_working_set = s
+                .memory_usage
+                .map(|u| u.saturating_sub(inactive.unwrap_or(0)));
         }
         s.process_count = read("pids", "cgroup.procs")
             .or_else(|| read("memory", "cgroup.procs"))
@@ -331,7 +342,10 @@ impl CgroupPaths {
 
     /// PIDs in the cgroup.
     pub(crate) fn pids(&self) -> Vec<u32> {
-        let Some(dir) = self.dir("memory").or_else(|| self.dirs.values().next().map(PathBuf::as_path)) else {
+        let Some(dir) = self
+            .dir("memory")
+            .or_else(|| self.dirs.values().next().map(PathBuf::as_path))
+        else {
             return Vec::new();
         };
         std::fs::read_to_string(dir.join("cgroup.procs"))
@@ -450,8 +464,11 @@ mod tests {
         };
         std::fs::write(root.path().join("cgroup.controllers"), "").expect("write");
         assert_eq!(CgroupDriver::from_mounts(&mounts), None);
-        std::fs::write(root.path().join("cgroup.controllers"), "cpuset cpu io memory pids\n")
-            .expect("write");
+        std::fs::write(
+            root.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .expect("write");
         assert_eq!(
             CgroupDriver::from_mounts(&mounts),
             Some(CgroupDriver::V2(root.path().to_path_buf()))
@@ -470,9 +487,18 @@ mod tests {
             ("cpu.weight", "100\n"),
             ("cpu.max", "max 100000\n"),
             ("memory.current", "10485760\n"),
-            ("memory.stat", "anon 6000000\nfile 4000000\ninactive_file 3000000\nactive_file 1000000\n"),
-            ("cpu.stat", "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n"),
-            ("memory.events", "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n"),
+            (
+                "memory.stat",
+                "anon 6000000\nfile 4000000\ninactive_file 3000000\nactive_file 1000000\n",
+            ),
+            (
+                "cpu.stat",
+                "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+            ),
+            (
+                "memory.events",
+                "low 0\nhigh 0\nmax 12\noom 1\noom_kill 1\n",
+            ),
             ("cgroup.procs", "10\n11\n"),
         ] {
             std::fs::write(dir.join(f), c).expect("write");
@@ -517,8 +543,11 @@ mod tests {
         d.create(&p).expect("create");
         let mem = &p.dirs["memory"];
         std::fs::write(mem.join("memory.usage_in_bytes"), "8192000\n").expect("write");
-        std::fs::write(mem.join("memory.memsw.limit_in_bytes"), "9223372036854771712\n")
-            .expect("write");
+        std::fs::write(
+            mem.join("memory.memsw.limit_in_bytes"),
+            "9223372036854771712\n",
+        )
+        .expect("write");
         std::fs::write(
             mem.join("memory.stat"),
             "cache 100\ninactive_file 50\ntotal_inactive_file 192000\n",

@@ -135,6 +135,9 @@ mod tests {
         let tags: Vec<&str> = r.iter().map(|(_, t, _)| t.as_str()).collect();
         assert_eq!(tags, ["P", "P", "F"]);
         assert_eq!(r[2].2.len(), 10);
-        assert_eq!(r.iter().map(|(_, _, c)| c.len()).sum::<usize>(), MAX_LINE * 2 + 10);
+        assert_eq!(
+            r.iter().map(|(_, _, c)| c.len()).sum::<usize>(),
+            MAX_LINE * 2 + 10
+        );
     }
 }

@@ -10,10 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use kubelet_core::runtime::{
-    Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState,
-    ContainerStats, ContainerStatus, EnvVar, ExecResult, Image, ImageSpec, LinuxResources, Mount,
-    PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeCondition,
-    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
+    Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStats,
+    ContainerStatus, EnvVar, ExecResult, Image, ImageSpec, LinuxResources, Mount, PodSandbox,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeCondition, RuntimeStatus,
+    RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
 use kubelet_core::{ContainerRuntime, EventRecorder, InvolvedObject};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -25,8 +25,8 @@ use crate::config::ProcessRuntimeConfig;
 use crate::error::ProcessError;
 use crate::record::{
     CONFIG_FILE, ContainerRecord, EXIT_FILE, ExitRecord, MountRecord, ResourcesRecord,
-    SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE, SandboxRecord, StartedRecord, new_id,
-    process_alive, proc_stat, read_json, valid_id, write_json,
+    SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE, SandboxRecord, StartedRecord, new_id, proc_stat,
+    process_alive, read_json, valid_id, write_json,
 };
 use crate::shim::START_ERROR_CODE;
 
@@ -92,7 +92,10 @@ impl ProcessRuntime {
         config: ProcessRuntimeConfig,
         recorder: EventRecorder,
     ) -> Result<Self, ProcessError> {
-        for d in [config.root_dir.join("sandboxes"), config.root_dir.join("containers")] {
+        for d in [
+            config.root_dir.join("sandboxes"),
+            config.root_dir.join("containers"),
+        ] {
             std::fs::create_dir_all(&d).map_err(|source| ProcessError::State {
                 op: "creating",
                 path: d.clone(),
@@ -106,7 +109,10 @@ impl ProcessRuntime {
         } else {
             match CgroupDriver::detect() {
                 Some(d) => (Some(d), ""),
-                None => (None, "no cgroup hierarchy with the memory controller is mounted"),
+                None => (
+                    None,
+                    "no cgroup hierarchy with the memory controller is mounted",
+                ),
             }
         };
         match &cgroups {
@@ -183,7 +189,9 @@ impl ProcessRuntime {
             match self.sandbox(&id) {
                 Ok(s) => out.push(s),
                 Err(ProcessError::SandboxNotFound(_)) => {}
-                Err(e) => tracing::warn!(sandbox = %id, error = %e, "skipping unreadable sandbox record"),
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e, "skipping unreadable sandbox record")
+                }
             }
         }
         Ok(out)
@@ -194,10 +202,11 @@ impl ProcessRuntime {
             return Err(ProcessError::InvalidId(id.to_string()));
         }
         let dir = self.container_dir(id);
-        if let Some(r) = self.containers.lock().get(id).cloned() {
-            if dir.exists() {
-                return Ok(r);
-            }
+        let cached = self.containers.lock().get(id).cloned();
+        if let Some(r) = cached
+            && dir.exists()
+        {
+            return Ok(r);
         }
         match read_json::<ContainerRecord>(&dir.join(CONFIG_FILE))? {
             Some(r) => {
@@ -219,7 +228,9 @@ impl ProcessRuntime {
             match self.container(id) {
                 Ok(r) => out.push(r),
                 Err(ProcessError::ContainerNotFound(_)) => {}
-                Err(e) => tracing::warn!(container = %id, error = %e, "skipping unreadable container record"),
+                Err(e) => {
+                    tracing::warn!(container = %id, error = %e, "skipping unreadable container record")
+                }
             }
         }
         self.containers.lock().retain(|k, _| ids.contains(k));
@@ -286,11 +297,7 @@ impl ProcessRuntime {
         }
     }
 
-    fn create(
-        &self,
-        sandbox_id: &str,
-        config: &ContainerConfig,
-    ) -> Result<String, ProcessError> {
+    fn create(&self, sandbox_id: &str, config: &ContainerConfig) -> Result<String, ProcessError> {
         let sandbox = self.sandbox(sandbox_id)?;
         if !sandbox.ready {
             return Err(ProcessError::SandboxNotReady(sandbox_id.to_string()));
@@ -319,7 +326,9 @@ impl ProcessRuntime {
             sandbox.log_directory.clone()
         };
         let log_path = if config.log_path.is_empty() {
-            log_base.join(name).join(format!("{}.log", config.metadata.attempt))
+            log_base
+                .join(name)
+                .join(format!("{}.log", config.metadata.attempt))
         } else {
             log_base.join(&config.log_path)
         };
@@ -365,7 +374,13 @@ impl ProcessRuntime {
             let list: Vec<String> = config
                 .mounts
                 .iter()
-                .map(|m| format!("{} -> {}", m.host_path.display(), m.container_path.display()))
+                .map(|m| {
+                    format!(
+                        "{} -> {}",
+                        m.host_path.display(),
+                        m.container_path.display()
+                    )
+                })
                 .collect();
             self.recorder.warning(
                 Self::pod_object(&sandbox, name),
@@ -522,7 +537,13 @@ impl ProcessRuntime {
         Ok(())
     }
 
-    fn signal(&self, id: &str, started: &StartedRecord, sig: Signal, cgroup: bool) -> Result<(), ProcessError> {
+    fn signal(
+        &self,
+        id: &str,
+        started: &StartedRecord,
+        sig: Signal,
+        cgroup: bool,
+    ) -> Result<(), ProcessError> {
         if process_alive(started.pid, started.pid_start_time) {
             let pid = Pid::from_raw(started.pid as i32);
             match killpg(pid, sig) {
@@ -547,17 +568,19 @@ impl ProcessRuntime {
                 }
             }
         }
-        if cgroup {
-            if let Some(cg) = self.container(id)?.cgroup.as_ref() {
-                for p in cg.pids().into_iter().filter(|&p| p != started.shim_pid) {
-                    let _ = kill(Pid::from_raw(p as i32), sig);
-                }
+        if cgroup && let Some(cg) = self.container(id)?.cgroup.as_ref() {
+            for p in cg.pids().into_iter().filter(|&p| p != started.shim_pid) {
+                let _ = kill(Pid::from_raw(p as i32), sig);
             }
         }
         Ok(())
     }
 
-    async fn wait_exited(&self, rec: &ContainerRecord, within: Duration) -> Result<bool, ProcessError> {
+    async fn wait_exited(
+        &self,
+        rec: &ContainerRecord,
+        within: Duration,
+    ) -> Result<bool, ProcessError> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             if self.observe(rec)?.state == ContainerState::Exited {
@@ -638,7 +661,12 @@ impl ProcessRuntime {
         Ok(())
     }
 
-    async fn exec(&self, id: &str, cmd: &[String], timeout: Duration) -> Result<ExecResult, ProcessError> {
+    async fn exec(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> Result<ExecResult, ProcessError> {
         let rec = self.container(id)?;
         if self.observe(&rec)?.state != ContainerState::Running {
             return Err(ProcessError::NotRunning(id.to_string()));
@@ -686,8 +714,17 @@ impl ProcessRuntime {
             .kill_on_drop(true);
         let child = match command.spawn() {
             Ok(c) => c,
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied) => {
-                let code = if e.kind() == std::io::ErrorKind::NotFound { 127 } else { 126 };
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied
+                ) =>
+            {
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
                 return Ok(ExecResult {
                     stdout: Vec::new(),
                     stderr: format!("exec {program:?}: {e}\n").into_bytes(),
@@ -738,7 +775,12 @@ impl ProcessRuntime {
     fn status_of(&self, rec: &ContainerRecord) -> Result<ContainerStatus, ProcessError> {
         let obs = self.observe(rec)?;
         let (exit_code, reason, message, finished_at) = match &obs.exit {
-            Some(e) => (e.exit_code, e.reason.clone(), e.message.clone(), Some(e.finished_at)),
+            Some(e) => (
+                e.exit_code,
+                e.reason.clone(),
+                e.message.clone(),
+                Some(e.finished_at),
+            ),
             None => (0, String::new(), String::new(), None),
         };
         Ok(ContainerStatus {
@@ -820,11 +862,11 @@ impl ProcessRuntime {
             r?;
         }
         let _guard = self.sandbox_lock.lock();
-        if let Ok(mut rec) = self.sandbox(id) {
-            if rec.ready {
-                rec.ready = false;
-                write_json(&self.sandbox_dir(id).join(SANDBOX_FILE), &rec)?;
-            }
+        if let Ok(mut rec) = self.sandbox(id)
+            && rec.ready
+        {
+            rec.ready = false;
+            write_json(&self.sandbox_dir(id).join(SANDBOX_FILE), &rec)?;
         }
         Ok(())
     }
@@ -841,10 +883,10 @@ impl ProcessRuntime {
         for c in members {
             self.remove(&c.id).await?;
         }
-        if let Some(driver) = &self.cgroups {
-            if let Err(e) = remove_dirs(&driver.sandbox_dirs(&self.config.cgroup_parent, id)) {
-                tracing::warn!(sandbox = %id, error = %e, "sandbox cgroup not removed");
-            }
+        if let Some(driver) = &self.cgroups
+            && let Err(e) = remove_dirs(&driver.sandbox_dirs(&self.config.cgroup_parent, id))
+        {
+            tracing::warn!(sandbox = %id, error = %e, "sandbox cgroup not removed");
         }
         let dir = self.sandbox_dir(id);
         match std::fs::remove_dir_all(&dir) {
@@ -875,24 +917,24 @@ impl ProcessRuntime {
         }
         // Without a cgroup: the main process only, from /proc.
         let obs = self.observe(&rec)?;
-        if let (ContainerState::Running, Some(st)) = (obs.state, obs.started) {
-            if let Some(ps) = proc_stat(st.pid).filter(|p| p.start_time == st.pid_start_time) {
-                let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
-                    .ok()
-                    .flatten()
-                    .unwrap_or(4096) as u64;
-                let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-                    .ok()
-                    .flatten()
-                    .filter(|&h| h > 0)
-                    .unwrap_or(100) as u64;
-                let rss = ps.rss_pages.saturating_mul(page);
-                out.memory_usage_bytes = Some(rss);
-                out.memory_working_set_bytes = Some(rss);
-                out.cpu_usage_core_nanoseconds =
-                    Some((ps.utime + ps.stime).saturating_mul(1_000_000_000 / hz));
-                out.process_count = Some(1);
-            }
+        if let (ContainerState::Running, Some(st)) = (obs.state, obs.started)
+            && let Some(ps) = proc_stat(st.pid).filter(|p| p.start_time == st.pid_start_time)
+        {
+            let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+                .ok()
+                .flatten()
+                .unwrap_or(4096) as u64;
+            let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+                .ok()
+                .flatten()
+                .filter(|&h| h > 0)
+                .unwrap_or(100) as u64;
+            let rss = ps.rss_pages.saturating_mul(page);
+            out.memory_usage_bytes = Some(rss);
+            out.memory_working_set_bytes = Some(rss);
+            out.cpu_usage_core_nanoseconds =
+                Some((ps.utime + ps.stime).saturating_mul(1_000_000_000 / hz));
+            out.process_count = Some(1);
         }
         Ok(out)
     }
@@ -1015,7 +1057,10 @@ impl ContainerRuntime for ProcessRuntime {
         })
     }
 
-    async fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> kubelet_core::Result<Vec<PodSandbox>> {
+    async fn list_pod_sandboxes(
+        &self,
+        filter: &SandboxFilter,
+    ) -> kubelet_core::Result<Vec<PodSandbox>> {
         let records = match &filter.id {
             Some(id) => match self.sandbox(id) {
                 Ok(r) => vec![r],
@@ -1051,7 +1096,11 @@ impl ContainerRuntime for ProcessRuntime {
         })
     }
 
-    async fn stop_container(&self, container_id: &str, timeout: Duration) -> kubelet_core::Result<()> {
+    async fn stop_container(
+        &self,
+        container_id: &str,
+        timeout: Duration,
+    ) -> kubelet_core::Result<()> {
         Ok(self.stop(container_id, timeout).await?)
     }
 
@@ -1059,7 +1108,10 @@ impl ContainerRuntime for ProcessRuntime {
         Ok(self.remove(container_id).await?)
     }
 
-    async fn list_containers(&self, filter: &ContainerFilter) -> kubelet_core::Result<Vec<Container>> {
+    async fn list_containers(
+        &self,
+        filter: &ContainerFilter,
+    ) -> kubelet_core::Result<Vec<Container>> {
         let records = match &filter.id {
             Some(id) => match self.container(id) {
                 Ok(r) => vec![r],
@@ -1070,7 +1122,10 @@ impl ContainerRuntime for ProcessRuntime {
         };
         let mut out = Vec::new();
         for rec in records {
-            if filter.pod_sandbox_id.as_ref().is_some_and(|s| *s != rec.sandbox_id)
+            if filter
+                .pod_sandbox_id
+                .as_ref()
+                .is_some_and(|s| *s != rec.sandbox_id)
                 || !labels_match(&rec.labels, &filter.label_selector)
             {
                 continue;

@@ -97,7 +97,11 @@ pub fn run_shim(args: impl IntoIterator<Item = OsString>) -> ExitCode {
 }
 
 fn log(msg: impl std::fmt::Display) {
-    eprintln!("{} kubelet-process-shim[{}]: {msg}", Timestamp::now(), std::process::id());
+    eprintln!(
+        "{} kubelet-process-shim[{}]: {msg}",
+        Timestamp::now(),
+        std::process::id()
+    );
 }
 
 fn record_start_error(dir: &Path, message: String) -> ExitCode {
@@ -126,20 +130,27 @@ fn run_container(dir: &Path) -> ExitCode {
         Ok(None) => return record_start_error(dir, "container record missing".to_string()),
         Err(e) => return record_start_error(dir, e.to_string()),
     };
-    if let Some(cg) = &rec.cgroup {
-        if let Err(e) = cg.join(std::process::id()) {
-            return record_start_error(dir, e.to_string());
-        }
+    if let Some(cg) = &rec.cgroup
+        && let Err(e) = cg.join(std::process::id())
+    {
+        return record_start_error(dir, e.to_string());
     }
     let Some((program, args)) = rec.argv.split_first() else {
         return record_start_error(dir, "no command".to_string());
     };
-    if let Some(parent) = rec.log_path.parent() {
-        if let Err(e) = std::fs::create_dir_all(parent) {
-            return record_start_error(dir, format!("creating log directory {}: {e}", parent.display()));
-        }
+    if let Some(parent) = rec.log_path.parent()
+        && let Err(e) = std::fs::create_dir_all(parent)
+    {
+        return record_start_error(
+            dir,
+            format!("creating log directory {}: {e}", parent.display()),
+        );
     }
-    let log_file = match OpenOptions::new().create(true).append(true).open(&rec.log_path) {
+    let log_file = match OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&rec.log_path)
+    {
         Ok(f) => f,
         Err(e) => {
             return record_start_error(dir, format!("opening log {}: {e}", rec.log_path.display()));
@@ -317,7 +328,10 @@ fn exec(args: &[OsString]) -> ExitCode {
     };
     for f in &procs {
         if let Err(e) = std::fs::write(f, std::process::id().to_string()) {
-            eprintln!("kubelet-process-shim exec: joining cgroup {}: {e}", f.display());
+            eprintln!(
+                "kubelet-process-shim exec: joining cgroup {}: {e}",
+                f.display()
+            );
             return ExitCode::from(126);
         }
     }
