@@ -88,7 +88,8 @@ pub struct ProcessRuntimeConfig {
     /// root, else `$XDG_RUNTIME_DIR/kubelet-sdk/process` or `/tmp/kubelet-sdk-<uid>/process`.
     pub root_dir: PathBuf,
     /// Name of the cgroup under each hierarchy's root that holds `<sandbox>/<container>` cgroups.
-    /// Default `kubelet-sdk`.
+    /// Default `kubelet-sdk`. (`PodSandboxConfig::cgroup_parent` is not used: the runtime places
+    /// every pod under this parent.)
     pub cgroup_parent: String,
     /// How to start the per-container shim. Default [`ShimCommand::Auto`].
     pub shim: ShimCommand,

@@ -35,7 +35,9 @@
 //! running when the agent exits, and a new `ProcessRuntime` on the same root directory finds
 //! them (same PID) and still learns their exit status. The shim is either the
 //! `kubelet-process-shim` binary of this crate or the host binary itself (see
-//! [`ShimCommand`] and [`shim::maybe_run_shim`]).
+//! [`ShimCommand`] and [`shim::maybe_run_shim`]). A service manager that kills the agent's whole
+//! cgroup on stop (systemd's default `KillMode=control-group`) would take the shims with it:
+//! run the agent with `KillMode=process`.
 //!
 //! # Example
 //! ```no_run
