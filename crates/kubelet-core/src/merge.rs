@@ -424,7 +424,9 @@ impl PodConfig {
     /// Register a source. Its name must be unique.
     pub fn add_source(&mut self, source: Arc<dyn PodSource>) -> Result<(), KubeletError> {
         if self.sources.iter().any(|s| s.name() == source.name()) {
-            return Err(KubeletError::BuildDuplicateSource(source.name().to_string()));
+            return Err(KubeletError::BuildDuplicateSource(
+                source.name().to_string(),
+            ));
         }
         self.seen.inner.write().0.insert(source.name().to_string());
         self.sources.push(source);
@@ -521,7 +523,10 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
     sources_token.cancel();
     drop(rx);
     let stop = async { while tasks.join_next().await.is_some() {} };
-    if tokio::time::timeout(SOURCE_STOP_TIMEOUT, stop).await.is_err() {
+    if tokio::time::timeout(SOURCE_STOP_TIMEOUT, stop)
+        .await
+        .is_err()
+    {
         tracing::warn!("pod sources did not stop within {SOURCE_STOP_TIMEOUT:?}; aborting them");
         tasks.abort_all();
         while tasks.join_next().await.is_some() {}
@@ -642,7 +647,9 @@ mod tests {
         assert_eq!(ann(p, annotations::CONFIG_SEEN).map(str::to_string), seen);
         assert_eq!(ann(p, annotations::CONFIG_SOURCE), Some("file"));
         assert_eq!(
-            p.spec.as_ref().and_then(|s| s.containers[0].image.as_deref()),
+            p.spec
+                .as_ref()
+                .and_then(|s| s.containers[0].image.as_deref()),
             Some("nginx")
         );
     }
@@ -665,10 +672,14 @@ mod tests {
         assert!(ann(&out[0].pods[0], annotations::CONFIG_SEEN).is_some());
 
         let mut local_only = annotated.clone();
-        local_only.metadata.annotations.get_or_insert_with(Default::default).extend([
-            (annotations::CONFIG_MIRROR.to_string(), "h".to_string()),
-            (annotations::CONFIG_SEEN.to_string(), "other".to_string()),
-        ]);
+        local_only
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend([
+                (annotations::CONFIG_MIRROR.to_string(), "h".to_string()),
+                (annotations::CONFIG_SEEN.to_string(), "other".to_string()),
+            ]);
         assert!(s.merge(snap("api", vec![local_only]), &log()).is_empty());
     }
 
@@ -681,7 +692,10 @@ mod tests {
         deleting.metadata.deletion_grace_period_seconds = Some(30);
         let out = s.merge(snap("api", vec![deleting]), &log());
         assert_eq!(ops(&out), vec![(PodOp::Delete, vec!["1".into()])]);
-        assert_eq!(out[0].pods[0].metadata.deletion_grace_period_seconds, Some(30));
+        assert_eq!(
+            out[0].pods[0].metadata.deletion_grace_period_seconds,
+            Some(30)
+        );
     }
 
     #[test]
@@ -710,7 +724,10 @@ mod tests {
     fn all_kinds_of_change_come_out_in_kubelet_order() {
         let mut s = PodStorage::new(["api"]);
         s.merge(
-            snap("api", vec![mk("r", "r"), mk("u", "u"), mk("d", "d"), mk("c", "c")]),
+            snap(
+                "api",
+                vec![mk("r", "r"), mk("u", "u"), mk("d", "d"), mk("c", "c")],
+            ),
             &log(),
         );
         let mut u = mk("u", "u");

@@ -182,7 +182,9 @@ impl PodSource for FileSource {
                 }
             }
             if now >= next_relist {
-                let missing = self.relist_and_send(&mut state, &out, Trigger::Periodic).await;
+                let missing = self
+                    .relist_and_send(&mut state, &out, Trigger::Periodic)
+                    .await;
                 let Some(missing) = missing else { return };
                 next_relist = now
                     + if missing {
@@ -322,10 +324,7 @@ fn list(path: &Path, node_name: &str) -> Listing {
         }
     };
     if !meta.is_dir() {
-        return Listing::Files(vec![(
-            path.to_path_buf(),
-            manifest::load(path, node_name),
-        )]);
+        return Listing::Files(vec![(path.to_path_buf(), manifest::load(path, node_name))]);
     }
     let entries = match std::fs::read_dir(path) {
         Ok(rd) => rd,
@@ -400,7 +399,11 @@ impl State {
     fn apply(&mut self, listing: Listing, trigger: Trigger) -> Option<Vec<Pod>> {
         let files = match listing {
             Listing::Missing => {
-                if self.reported.insert(self.root.clone(), "missing".into()).is_none() {
+                if self
+                    .reported
+                    .insert(self.root.clone(), "missing".into())
+                    .is_none()
+                {
                     tracing::info!(path = %self.root.display(), "static pod path does not exist; retrying");
                 }
                 self.pods.clear();
@@ -574,6 +577,62 @@ mod tests {
         );
         assert_eq!(FileSource::new("/", "n").path(), Path::new("/"));
         assert_eq!(FileSource::new("rel//", "n").path(), Path::new("rel"));
+    }
+
+    fn pod(name: &str) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p
+    }
+
+    fn bad(path: &Path) -> Result<Pod, ManifestFailure> {
+        Err(PodConfigError::EmptyManifest {
+            path: path.to_path_buf(),
+        }
+        .into())
+    }
+
+    #[test]
+    fn an_invalid_file_keeps_its_pod_on_watch_events_and_loses_it_on_periodic_relists() {
+        let (recorder, mut events) = EventRecorder::channel(10);
+        let mut state = State::new(PathBuf::from("/m"), recorder);
+        let a = PathBuf::from("/m/a.yaml");
+        let b = PathBuf::from("/m/b.yaml");
+        let names = |pods: Option<Vec<Pod>>| -> Vec<String> {
+            pods.unwrap_or_default()
+                .iter()
+                .map(|p| p.metadata.name.clone().unwrap_or_default())
+                .collect()
+        };
+        let ok = |p: &Path, n: &str| (p.to_path_buf(), Ok(pod(n)));
+
+        let listing = Listing::Files(vec![ok(&a, "a"), ok(&b, "b")]);
+        assert_eq!(names(state.apply(listing, Trigger::Periodic)), ["a", "b"]);
+
+        let listing = Listing::Files(vec![(a.clone(), bad(&a)), ok(&b, "b")]);
+        assert_eq!(names(state.apply(listing, Trigger::Watch)), ["a", "b"]);
+        let ev = events.try_recv().expect("reported");
+        assert_eq!(ev.reason, "FailedValidation");
+        assert_eq!(ev.involved.name, "/m/a.yaml");
+
+        let listing = Listing::Files(vec![(a.clone(), bad(&a)), ok(&b, "b")]);
+        assert_eq!(names(state.apply(listing, Trigger::Periodic)), ["b"]);
+        assert!(events.try_recv().is_err(), "same error reported once");
+
+        // A file that never had a good pod gives nothing, even on a watch event.
+        let listing = Listing::Files(vec![(a.clone(), bad(&a)), ok(&b, "b")]);
+        assert_eq!(names(state.apply(listing, Trigger::Watch)), ["b"]);
+
+        // A missing path empties the set; a failed listing sends nothing.
+        assert_eq!(
+            names(state.apply(Listing::Missing, Trigger::Periodic)),
+            Vec::<String>::new()
+        );
+        let failed = Listing::Failed(PodConfigError::ListManifestDir {
+            path: PathBuf::from("/m"),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+        });
+        assert!(state.apply(failed, Trigger::Periodic).is_none());
     }
 
     #[test]

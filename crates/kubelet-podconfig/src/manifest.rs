@@ -196,9 +196,7 @@ pub fn apply_defaults(
             }
         }
     }
-    pod.status
-        .get_or_insert_with(PodStatus::default)
-        .phase = Some("Pending".to_string());
+    pod.status.get_or_insert_with(PodStatus::default).phase = Some("Pending".to_string());
 
     let reasons = validation::validate_pod(pod);
     if reasons.is_empty() {
@@ -305,7 +303,9 @@ mod tests {
     fn pod_lists_other_kinds_and_multiple_documents_are_rejected() {
         let list = "apiVersion: v1\nkind: PodList\nitems: []\n";
         let err = decode_pod(Path::new("/m/list.yaml"), list.as_bytes()).expect_err("rejected");
-        assert!(matches!(err, PodConfigError::UnsupportedKind { ref kind, .. } if kind == "PodList"));
+        assert!(
+            matches!(err, PodConfigError::UnsupportedKind { ref kind, .. } if kind == "PodList")
+        );
         assert!(err.to_string().contains("/m/list.yaml"), "{err}");
         let two = format!("{POD}---\n{POD}");
         assert!(matches!(

@@ -280,8 +280,14 @@ mod tests {
         }
         let errs = validate_pod(&p);
         assert_eq!(errs.len(), 7, "{errs:#?}");
-        assert!(errs[0].starts_with("metadata.name: Invalid value: \"Web\": a lowercase RFC 1123 subdomain"));
-        assert!(errs[1].starts_with("metadata.namespace: Invalid value: \"kube.system\": a lowercase RFC 1123 label"));
+        assert!(
+            errs[0].starts_with(
+                "metadata.name: Invalid value: \"Web\": a lowercase RFC 1123 subdomain"
+            )
+        );
+        assert!(errs[1].starts_with(
+            "metadata.namespace: Invalid value: \"kube.system\": a lowercase RFC 1123 label"
+        ));
         assert_eq!(
             errs[2],
             "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\""

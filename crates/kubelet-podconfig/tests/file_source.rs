@@ -141,7 +141,10 @@ async fn dropped_manifest_arrives_as_add_long_before_the_periodic_relist() {
     assert_eq!(pod.metadata.name.as_deref(), Some("web-node1"));
     assert_eq!(pod.metadata.namespace.as_deref(), Some("default"));
     let ann = pod.metadata.annotations.clone().unwrap_or_default();
-    assert_eq!(ann.get(annotations::CONFIG_SOURCE).map(String::as_str), Some("file"));
+    assert_eq!(
+        ann.get(annotations::CONFIG_SOURCE).map(String::as_str),
+        Some("file")
+    );
     assert!(ann.contains_key(annotations::CONFIG_SEEN));
     assert_eq!(ann.get(annotations::CONFIG_HASH), pod.metadata.uid.as_ref());
     assert_eq!(
@@ -260,7 +263,10 @@ async fn deleting_a_manifest_removes_its_pod() {
 #[tokio::test]
 async fn dot_files_are_ignored() {
     let dir = tempfile::tempdir().expect("tempdir");
-    write(&dir.path().join(".hidden.yaml"), &manifest("hidden", "busybox"));
+    write(
+        &dir.path().join(".hidden.yaml"),
+        &manifest("hidden", "busybox"),
+    );
     let mut h = Harness::start(dir.path(), Duration::from_secs(60));
     assert_eq!(h.next().await.pods.len(), 0);
     write(&dir.path().join(".swap.yaml"), &manifest("swap", "busybox"));
@@ -287,7 +293,10 @@ async fn a_single_manifest_file_can_be_the_path() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("web.yaml");
     write(&path, &manifest("web", "busybox"));
-    write(&dir.path().join("other.yaml"), &manifest("other", "busybox"));
+    write(
+        &dir.path().join("other.yaml"),
+        &manifest("other", "busybox"),
+    );
     let mut h = Harness::start(&path, Duration::from_secs(60));
     let add = h.next().await;
     assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
