@@ -90,6 +90,8 @@ pub struct KubeletBuilder {
     volume_plugins: Vec<Arc<dyn VolumePlugin>>,
     prober: Option<Arc<dyn ProbeManager>>,
     admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
+    recorder: EventRecorder,
+    events: mpsc::Receiver<crate::event::Event>,
 }
 
 impl std::fmt::Debug for KubeletBuilder {
@@ -106,7 +108,10 @@ impl std::fmt::Debug for KubeletBuilder {
 impl KubeletBuilder {
     /// A builder for node `node_name`, with the built-in `emptyDir` and `hostPath` plugins.
     pub fn new(node_name: impl Into<String>) -> Self {
+        let (recorder, events) = EventRecorder::channel(1024);
         Self {
+            recorder,
+            events,
             node_name: node_name.into(),
             config: KubeletConfig::default(),
             runtime: None,
@@ -117,6 +122,12 @@ impl KubeletBuilder {
             prober: None,
             admit_handlers: Vec::new(),
         }
+    }
+
+    /// The agent's event recorder, for components built before the agent (a runtime's warnings,
+    /// a custom source): events recorded here reach every status sink once the agent runs.
+    pub fn recorder(&self) -> EventRecorder {
+        self.recorder.clone()
     }
 
     /// Engine settings.
@@ -173,7 +184,7 @@ impl KubeletBuilder {
         let runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
         let pleg = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
         validate_node_name(&self.node_name)?;
-        let (recorder, events) = EventRecorder::channel(1024);
+        let (recorder, events) = (self.recorder, self.events);
         let mut pod_config = PodConfig::new(recorder.clone());
         for s in self.sources {
             pod_config.add_source(s)?;
