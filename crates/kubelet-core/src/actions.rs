@@ -165,8 +165,7 @@ pub fn compute_pod_actions(
     let inits = pod::init_containers(pod);
 
     if create_sandbox {
-        if policy == RestartPolicy::Never && attempt != 0 && !status.container_statuses.is_empty()
-        {
+        if policy == RestartPolicy::Never && attempt != 0 && !status.container_statuses.is_empty() {
             // The pod ran once and must not run again: kill only.
             changes.create_sandbox = false;
             return changes;
@@ -174,7 +173,9 @@ pub fn compute_pod_actions(
         let to_start: Vec<usize> = containers
             .iter()
             .enumerate()
-            .filter(|(_, c)| !(policy == RestartPolicy::OnFailure && container_succeeded(c, status)))
+            .filter(|(_, c)| {
+                !(policy == RestartPolicy::OnFailure && container_succeeded(c, status))
+            })
             .map(|(i, _)| i)
             .collect();
         if to_start.is_empty() {
@@ -184,9 +185,9 @@ pub fn compute_pod_actions(
                 // Without sidecars: initialized when the last init container succeeded.
                 inits.is_empty()
                     || inits.last().is_some_and(|c| {
-                        status.find_container(&c.name).is_some_and(|s| {
-                            s.state == ContainerState::Exited && s.exit_code == 0
-                        })
+                        status
+                            .find_container(&c.name)
+                            .is_some_and(|s| s.state == ContainerState::Exited && s.exit_code == 0)
                     })
             };
             if initialized {
@@ -257,8 +258,9 @@ pub fn compute_pod_actions(
                             ContainerToKill {
                                 name: c.name.clone(),
                                 reason: KillReason::UnknownState,
-                                message: "Container is in unknown state, try killing it before restart"
-                                    .to_string(),
+                                message:
+                                    "Container is in unknown state, try killing it before restart"
+                                        .to_string(),
                             },
                         );
                     }
@@ -287,9 +289,9 @@ fn compute_init_container_actions(
     }
     // Regular containers created or running mean initialization finished at some point.
     let mut pod_has_initialized = pod::containers(pod).iter().any(|c| {
-        status.find_container(&c.name).is_some_and(|s| {
-            matches!(s.state, ContainerState::Created | ContainerState::Running)
-        })
+        status
+            .find_container(&c.name)
+            .is_some_and(|s| matches!(s.state, ContainerState::Created | ContainerState::Running))
     });
     let mut previously_initialized = pod_has_initialized;
     let restart_on_failure = pod::restart_policy(pod) != RestartPolicy::Never;
@@ -399,7 +401,8 @@ fn compute_init_container_actions(
                     s,
                     c,
                     KillReason::UnknownState,
-                    format!("Init container is in \"unknown\" state, try killing it before restart"),
+                    "Init container is in \"unknown\" state, try killing it before restart"
+                        .to_string(),
                 );
                 changes.init_containers_to_start.push(i);
             }
@@ -508,7 +511,11 @@ mod tests {
 
     #[test]
     fn new_pod_with_init_containers_starts_only_the_first_init() {
-        let p = pod("Always", vec![container("i1"), container("i2")], vec![container("a")]);
+        let p = pod(
+            "Always",
+            vec![container("i1"), container("i2")],
+            vec![container("a")],
+        );
         let a = compute_pod_actions(&p, &PodRuntimeStatus::default(), &no_probes);
         assert_eq!(a.init_containers_to_start, vec![0]);
         assert!(a.containers_to_start.is_empty());
@@ -548,12 +555,19 @@ mod tests {
         ]);
         let a = compute_pod_actions(&p, &s, &no_probes);
         assert!(a.kill_pod);
-        assert!(a.init_containers_to_start.is_empty(), "sidecars must not keep the pod alive");
+        assert!(
+            a.init_containers_to_start.is_empty(),
+            "sidecars must not keep the pod alive"
+        );
     }
 
     #[test]
     fn init_containers_run_in_order() {
-        let p = pod("Always", vec![container("i1"), container("i2")], vec![container("a")]);
+        let p = pod(
+            "Always",
+            vec![container("i1"), container("i2")],
+            vec![container("a")],
+        );
         // i1 running: wait.
         let a = compute_pod_actions(
             &p,
@@ -611,7 +625,8 @@ mod tests {
         let a = compute_pod_actions(&p, &running, &no_probes);
         assert!(a.init_containers_to_start.is_empty());
         // Started: the next init container starts.
-        let started = |_: &str, t: ProbeType| (t == ProbeType::Startup).then_some(ProbeResult::Success);
+        let started =
+            |_: &str, t: ProbeType| (t == ProbeType::Startup).then_some(ProbeResult::Success);
         let a = compute_pod_actions(&p, &running, &started);
         assert_eq!(a.init_containers_to_start, vec![1]);
         // Main container running, sidecar exited: the sidecar restarts, whatever the policy.
@@ -629,12 +644,16 @@ mod tests {
     fn liveness_failure_and_definition_change_kill_and_restart() {
         let p = pod("Always", vec![], vec![container("a")]);
         let s = status(vec![cs(&p, "a", "ida", ContainerState::Running, 0)]);
-        let failing = |_: &str, t: ProbeType| (t == ProbeType::Liveness).then_some(ProbeResult::Failure);
+        let failing =
+            |_: &str, t: ProbeType| (t == ProbeType::Liveness).then_some(ProbeResult::Failure);
         let a = compute_pod_actions(&p, &s, &failing);
         assert_eq!(a.containers_to_start, vec![0]);
         let k = &a.containers_to_kill["ida"];
         assert_eq!(k.reason, KillReason::LivenessProbe);
-        assert_eq!(k.message, "Container a failed liveness probe, will be restarted");
+        assert_eq!(
+            k.message,
+            "Container a failed liveness probe, will be restarted"
+        );
 
         let mut changed = p.clone();
         if let Some(spec) = changed.spec.as_mut() {
@@ -642,7 +661,10 @@ mod tests {
         }
         let a = compute_pod_actions(&changed, &s, &no_probes);
         assert_eq!(a.containers_to_start, vec![0]);
-        assert_eq!(a.containers_to_kill["ida"].reason, KillReason::DefinitionChanged);
+        assert_eq!(
+            a.containers_to_kill["ida"].reason,
+            KillReason::DefinitionChanged
+        );
     }
 
     #[test]

@@ -53,7 +53,12 @@ impl Backoff {
 
     /// Whether `key` is still backing off from an event at `event_time`; returns the remaining
     /// wait if so.
-    pub fn remaining_since(&self, key: &str, event_time: Instant, now: Instant) -> Option<Duration> {
+    pub fn remaining_since(
+        &self,
+        key: &str,
+        event_time: Instant,
+        now: Instant,
+    ) -> Option<Duration> {
         let e = self.entries.get(key)?;
         if self.expired(event_time, e.last_update) {
             return None;

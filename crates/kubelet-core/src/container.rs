@@ -199,7 +199,12 @@ fn linux_resources(c: &Container) -> Result<Option<LinuxResources>, ContainerCon
         container: c.name.clone(),
         source,
     };
-    let get = |m: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    let get = |m: Option<
+        &std::collections::BTreeMap<
+            String,
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
+        >,
+    >,
                k: &str| m.and_then(|m| m.get(k)).map(|q| q.0.clone());
     let limits = r.limits.as_ref();
     let requests = r.requests.as_ref();

@@ -59,11 +59,7 @@ pub enum RestartPolicy {
 
 /// The pod's restart policy; unset or unknown values mean `Always`, the API default.
 pub fn restart_policy(pod: &Pod) -> RestartPolicy {
-    match pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.restart_policy.as_deref())
-    {
+    match pod.spec.as_ref().and_then(|s| s.restart_policy.as_deref()) {
         Some("OnFailure") => RestartPolicy::OnFailure,
         Some("Never") => RestartPolicy::Never,
         _ => RestartPolicy::Always,
@@ -77,7 +73,10 @@ pub fn is_sidecar(c: &Container) -> bool {
 
 /// The pod's regular containers.
 pub fn containers(pod: &Pod) -> &[Container] {
-    pod.spec.as_ref().map(|s| s.containers.as_slice()).unwrap_or(&[])
+    pod.spec
+        .as_ref()
+        .map(|s| s.containers.as_slice())
+        .unwrap_or(&[])
 }
 
 /// The pod's init containers (regular and sidecars), in order.

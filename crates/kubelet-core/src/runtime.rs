@@ -493,8 +493,11 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// The image if the runtime has it, `None` if it must be pulled.
     async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>>;
     /// Pull an image; returns the image reference.
-    async fn pull_image(&self, image: &ImageSpec, sandbox_config: &PodSandboxConfig)
-    -> Result<String>;
+    async fn pull_image(
+        &self,
+        image: &ImageSpec,
+        sandbox_config: &PodSandboxConfig,
+    ) -> Result<String>;
 
     /// Usage figures for one container. Optional: the default reports
     /// [`ErrorKind::Unimplemented`](crate::ErrorKind).
@@ -599,7 +602,7 @@ pub async fn get_pods(runtime: &dyn ContainerRuntime) -> Result<Vec<RuntimePod>>
     }
     let mut out: Vec<RuntimePod> = pods.into_values().collect();
     for p in &mut out {
-        p.sandboxes.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+        p.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     }
     Ok(out)
 }
@@ -629,7 +632,7 @@ pub async fn get_pod_status(
             Err(e) => return Err(e),
         }
     }
-    sandbox_statuses.sort_by(|a, b| b.created_at.cmp(&a.created_at));
+    sandbox_statuses.sort_by_key(|s| std::cmp::Reverse(s.created_at));
     let containers = runtime
         .list_containers(&ContainerFilter {
             label_selector: selector,

@@ -282,11 +282,18 @@ impl Engine {
 
     async fn mount_volumes(&self, p: &Pod) -> Result<HashMap<String, PathBuf>, String> {
         let mut out = HashMap::new();
-        let volumes = p.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
+        let volumes = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_deref())
+            .unwrap_or(&[]);
         let mut failed = Vec::new();
         for v in volumes {
             let Some(plugin) = self.volume_plugins.iter().find(|pl| pl.can_support(v)) else {
-                failed.push(format!("{}: no volume plugin supports this volume type", v.name));
+                failed.push(format!(
+                    "{}: no volume plugin supports this volume type",
+                    v.name
+                ));
                 continue;
             };
             let dir = self
@@ -446,11 +453,23 @@ impl Engine {
         let inits = pod::init_containers(p);
         for &i in &changes.init_containers_to_start {
             let Some(c) = inits.get(i) else { continue };
-            let kind = if pod::is_sidecar(c) { "sidecar" } else { "init" };
+            let kind = if pod::is_sidecar(c) {
+                "sidecar"
+            } else {
+                "init"
+            };
             let ok = self
                 .start_container(
-                    p, c, kind, rt, &sandbox_id, &sandbox_config, &pod_ips, &host_ip,
-                    volume_paths, &mut out,
+                    p,
+                    c,
+                    kind,
+                    rt,
+                    &sandbox_id,
+                    &sandbox_config,
+                    &pod_ips,
+                    &host_ip,
+                    volume_paths,
+                    &mut out,
                 )
                 .await;
             if !ok && !pod::is_sidecar(c) {
@@ -462,7 +481,15 @@ impl Engine {
         for &i in &changes.containers_to_start {
             let Some(c) = containers.get(i) else { continue };
             self.start_container(
-                p, c, "", rt, &sandbox_id, &sandbox_config, &pod_ips, &host_ip, volume_paths,
+                p,
+                c,
+                "",
+                rt,
+                &sandbox_id,
+                &sandbox_config,
+                &pod_ips,
+                &host_ip,
+                volume_paths,
                 &mut out,
             )
             .await;
@@ -507,7 +534,10 @@ impl Engine {
                 self.recorder.warning(
                     involved,
                     "BackOff",
-                    format!("Back-off restarting failed container {} in pod {pod_desc}", c.name),
+                    format!(
+                        "Back-off restarting failed container {} in pod {pod_desc}",
+                        c.name
+                    ),
                 );
                 out.waiting.insert(
                     c.name.clone(),
@@ -554,8 +584,10 @@ impl Engine {
             Err(e) => {
                 self.recorder
                     .warning(involved, "Failed", format!("Error: {e}"));
-                out.waiting
-                    .insert(c.name.clone(), ("CreateContainerConfigError".into(), e.to_string()));
+                out.waiting.insert(
+                    c.name.clone(),
+                    ("CreateContainerConfigError".into(), e.to_string()),
+                );
                 out.failed = true;
                 return false;
             }
@@ -569,8 +601,10 @@ impl Engine {
             Err(e) => {
                 self.recorder
                     .warning(involved, "Failed", format!("Error: {e}"));
-                out.waiting
-                    .insert(c.name.clone(), ("CreateContainerError".into(), e.to_string()));
+                out.waiting.insert(
+                    c.name.clone(),
+                    ("CreateContainerError".into(), e.to_string()),
+                );
                 out.failed = true;
                 return false;
             }
@@ -610,14 +644,16 @@ impl Engine {
         let present = match self.runtime.image_status(&spec).await {
             Ok(s) => s.is_some(),
             Err(e) => {
-                return Err(("ErrImageInspect".into(), format!("Failed to inspect image {image:?}: {e}")));
+                return Err((
+                    "ErrImageInspect".into(),
+                    format!("Failed to inspect image {image:?}: {e}"),
+                ));
             }
         };
         match policy.as_str() {
             "Never" if !present => {
-                let msg = format!(
-                    "Container image {image:?} is not present with pull policy of Never"
-                );
+                let msg =
+                    format!("Container image {image:?} is not present with pull policy of Never");
                 self.recorder
                     .warning(involved, "ErrImageNeverPull", msg.clone());
                 Err(("ErrImageNeverPull".into(), msg))
@@ -731,11 +767,7 @@ impl Engine {
             let host = get
                 .host
                 .clone()
-                .or_else(|| {
-                    self.status
-                        .get(pod::uid(p))
-                        .and_then(|s| s.pod_ip.clone())
-                })
+                .or_else(|| self.status.get(pod::uid(p)).and_then(|s| s.pod_ip.clone()))
                 .unwrap_or_else(|| "127.0.0.1".into());
             let port = match &get.port {
                 k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => *n,
@@ -766,9 +798,7 @@ impl Engine {
             message.unwrap_or_else(|| format!("Stopping container {name}")),
         );
         let deadline = self.config.runtime_request_timeout + Duration::from_secs(grace);
-        let call = self
-            .runtime
-            .stop_container(id, Duration::from_secs(grace));
+        let call = self.runtime.stop_container(id, Duration::from_secs(grace));
         match tokio::time::timeout(deadline, call).await {
             Ok(Ok(())) => true,
             Ok(Err(e)) if e.is_not_found() => true,
@@ -790,7 +820,12 @@ impl Engine {
         let running: Vec<&ContainerStatus> = rt
             .container_statuses
             .iter()
-            .filter(|c| matches!(c.state, ContainerState::Running | ContainerState::Unknown | ContainerState::Created))
+            .filter(|c| {
+                matches!(
+                    c.state,
+                    ContainerState::Running | ContainerState::Unknown | ContainerState::Created
+                )
+            })
             .collect();
         let sidecar_names: Vec<String> = pod::init_containers(p)
             .iter()
@@ -946,14 +981,21 @@ impl Engine {
         }
         self.unmount_volumes(p).await;
         if opts.evict {
-            self.status
-                .set_terminal(p, Some((opts.reason.clone(), opts.message.clone())), opts.condition.clone());
+            self.status.set_terminal(
+                p,
+                Some((opts.reason.clone(), opts.message.clone())),
+                opts.condition.clone(),
+            );
         }
         self.status.terminate_pod(p);
     }
 
     async fn unmount_volumes(&self, p: &Pod) {
-        let volumes = p.spec.as_ref().and_then(|s| s.volumes.as_deref()).unwrap_or(&[]);
+        let volumes = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_deref())
+            .unwrap_or(&[]);
         for v in volumes {
             if let Some(plugin) = self.volume_plugins.iter().find(|pl| pl.can_support(v)) {
                 let dir = self
@@ -984,9 +1026,11 @@ impl Engine {
                 }
             }
         }
+        // Orphans carry name, namespace and UID from the runtime's labels, which is all the
+        // directory layout needs.
+        let _ = tokio::fs::remove_dir_all(self.pod_dir(p)).await;
+        let _ = tokio::fs::remove_dir_all(self.log_dir(p)).await;
         if !orphan {
-            let _ = tokio::fs::remove_dir_all(self.pod_dir(p)).await;
-            let _ = tokio::fs::remove_dir_all(self.log_dir(p)).await;
             self.status.remove_pod(p);
         }
         if let Some(prober) = &self.prober {
@@ -1023,7 +1067,12 @@ fn effective_grace(p: &Pod, grace_override: Option<i64>) -> i64 {
 }
 
 /// Grace period of a single container kill (`killContainer`): probe-level grace for probe kills.
-fn kill_grace(p: &Pod, spec: Option<&Container>, reason: KillReason, override_: Option<i64>) -> i64 {
+fn kill_grace(
+    p: &Pod,
+    spec: Option<&Container>,
+    reason: KillReason,
+    override_: Option<i64>,
+) -> i64 {
     if let Some(g) = p.metadata.deletion_grace_period_seconds {
         return g;
     }
@@ -1051,7 +1100,7 @@ fn jitter(d: Duration) -> Duration {
 
 fn format_duration(d: Duration) -> String {
     let s = d.as_secs();
-    if s >= 60 && s % 60 == 0 {
+    if s >= 60 && s.is_multiple_of(60) {
         format!("{}m0s", s / 60)
     } else if s >= 60 {
         format!("{}m{}s", s / 60, s % 60)
@@ -1088,7 +1137,6 @@ async fn http_get(host: &str, port: i32, path: &str) -> Result<(), String> {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1102,8 +1150,10 @@ mod tests {
 
     #[test]
     fn grace_period_can_only_shrink() {
-        let mut p = Pod::default();
-        p.spec = Some(Default::default());
+        let mut p = Pod {
+            spec: Some(Default::default()),
+            ..Default::default()
+        };
         assert_eq!(effective_grace(&p, None), 30);
         assert_eq!(effective_grace(&p, Some(5)), 5);
         assert_eq!(effective_grace(&p, Some(60)), 30);

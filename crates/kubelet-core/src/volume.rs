@@ -110,7 +110,10 @@ async fn check_host_path_type(path: &Path, type_: &str) -> Result<()> {
     let fail = |what: &str| {
         Err(Error::new(
             ErrorKind::FailedPrecondition,
-            format!("hostPath type check failed: {} is not a {what}", path.display()),
+            format!(
+                "hostPath type check failed: {} is not a {what}",
+                path.display()
+            ),
         ))
     };
     let meta = tokio::fs::metadata(path).await;
@@ -184,7 +187,11 @@ mod tests {
         let plugin = HostPathPlugin;
         let pod = Pod::default();
         let made = plugin
-            .set_up(&pod, &host_path(&tmp.join("d"), "DirectoryOrCreate"), Path::new("/"))
+            .set_up(
+                &pod,
+                &host_path(&tmp.join("d"), "DirectoryOrCreate"),
+                Path::new("/"),
+            )
             .await
             .expect("created");
         assert!(made.is_dir());
@@ -194,7 +201,11 @@ mod tests {
             .expect_err("a directory is not a file");
         assert!(err.message().contains("is not a file"), "{err}");
         plugin
-            .set_up(&pod, &host_path(&tmp.join("f"), "FileOrCreate"), Path::new("/"))
+            .set_up(
+                &pod,
+                &host_path(&tmp.join("f"), "FileOrCreate"),
+                Path::new("/"),
+            )
             .await
             .expect("file created");
         assert!(tmp.join("f").is_file());

@@ -76,10 +76,17 @@ struct Harness {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn build(rt: Arc<FakeRuntime>, sink: Arc<RecordingSink>, rx: watch::Receiver<Option<Vec<Pod>>>) -> Kubelet {
+fn build(
+    rt: Arc<FakeRuntime>,
+    sink: Arc<RecordingSink>,
+    rx: watch::Receiver<Option<Vec<Pod>>>,
+) -> Kubelet {
     let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(GenericPleg::new(runtime.clone(), GenericPlegConfig::default()));
+    let pleg = Arc::new(GenericPleg::new(
+        runtime.clone(),
+        GenericPlegConfig::default(),
+    ));
     KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
         .runtime(runtime)
@@ -116,7 +123,12 @@ impl Harness {
         self.rt
     }
 
-    async fn wait_status(&self, uid: &str, what: &str, f: impl Fn(&PodStatus) -> bool) -> PodStatus {
+    async fn wait_status(
+        &self,
+        uid: &str,
+        what: &str,
+        f: impl Fn(&PodStatus) -> bool,
+    ) -> PodStatus {
         let uid = uid.to_string();
         match self
             .sink
@@ -153,13 +165,23 @@ fn calls_matching(rt: &FakeRuntime, prefix: &str) -> Vec<String> {
 
 #[tokio::test(start_paused = true)]
 async fn pod_becomes_running_and_ready() {
-    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
     let st = h
         .wait_status("u1", "Running+Ready", |s| {
             phase(s) == "Running" && condition(s, "Ready").as_deref() == Some("True")
         })
         .await;
-    for t in ["PodReadyToStartContainers", "Initialized", "ContainersReady", "PodScheduled"] {
+    for t in [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "ContainersReady",
+        "PodScheduled",
+    ] {
         assert_eq!(condition(&st, t).as_deref(), Some("True"), "{t}");
     }
     assert_eq!(calls_matching(&h.rt, "create_container").len(), 1);
@@ -171,7 +193,10 @@ async fn pod_becomes_running_and_ready() {
 async fn crashing_container_restarts_with_exponential_backoff() {
     let rt = Arc::new(FakeRuntime::new());
     rt.set_auto_exit("app", Duration::from_secs(1), 1);
-    let h = Harness::start_with(rt, Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    let h = Harness::start_with(
+        rt,
+        Some(vec![pod("u1", "Always", vec![], vec![container("app")])]),
+    );
     let mut starts: Vec<Instant> = Vec::new();
     let begin = Instant::now();
     while starts.len() < 5 && begin.elapsed() < Duration::from_secs(400) {
@@ -218,8 +243,14 @@ async fn crashing_container_restarts_with_exponential_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn killed_container_restarts_with_last_state_137() {
-    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
-    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
     let id = h.rt.find_container("u1", "app").expect("container");
     h.rt.exit_container(&id, 137).expect("exit");
     let st = h
@@ -248,8 +279,12 @@ async fn restart_policies_decide_the_final_phase() {
     ] {
         let rt = Arc::new(FakeRuntime::new());
         rt.set_auto_exit("app", Duration::from_secs(1), exit);
-        let h = Harness::start_with(rt, Some(vec![pod("u1", policy, vec![], vec![container("app")])]));
-        h.wait_status("u1", want_phase, |s| phase(s) == want_phase).await;
+        let h = Harness::start_with(
+            rt,
+            Some(vec![pod("u1", policy, vec![], vec![container("app")])]),
+        );
+        h.wait_status("u1", want_phase, |s| phase(s) == want_phase)
+            .await;
         tokio::time::sleep(Duration::from_secs(30)).await;
         assert_eq!(
             calls_matching(&h.rt, "start_container").len() > 1,
@@ -323,13 +358,27 @@ async fn sidecar_starts_before_and_stops_after_the_main_container() {
 
 #[tokio::test(start_paused = true)]
 async fn removed_pod_is_stopped_with_its_grace_period() {
-    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
-    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
     let id = h.rt.find_container("u1", "app").expect("container");
     h.pods.send_replace(Some(vec![]));
     let begin = Instant::now();
-    while h.rt.calls().iter().all(|c| !c.starts_with("remove_pod_sandbox")) {
-        assert!(begin.elapsed() < Duration::from_secs(120), "pod not cleaned up");
+    while h
+        .rt
+        .calls()
+        .iter()
+        .all(|c| !c.starts_with("remove_pod_sandbox"))
+    {
+        assert!(
+            begin.elapsed() < Duration::from_secs(120),
+            "pod not cleaned up"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(
@@ -343,38 +392,68 @@ async fn removed_pod_is_stopped_with_its_grace_period() {
 
 #[tokio::test(start_paused = true)]
 async fn restarted_agent_adopts_running_containers() {
-    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
-    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
     let id = h.rt.find_container("u1", "app").expect("container");
     let rt = h.stop().await;
     rt.clear_calls();
-    let h = Harness::start_with(rt, Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
+    let h = Harness::start_with(
+        rt,
+        Some(vec![pod("u1", "Always", vec![], vec![container("app")])]),
+    );
     h.wait_status("u1", "Running again", |s| {
         phase(s) == "Running" && condition(s, "Ready").as_deref() == Some("True")
     })
     .await;
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert!(calls_matching(&h.rt, "create_container").is_empty(), "{:?}", h.rt.calls());
-    assert!(calls_matching(&h.rt, "stop_container").is_empty(), "{:?}", h.rt.calls());
+    assert!(
+        calls_matching(&h.rt, "create_container").is_empty(),
+        "{:?}",
+        h.rt.calls()
+    );
+    assert!(
+        calls_matching(&h.rt, "stop_container").is_empty(),
+        "{:?}",
+        h.rt.calls()
+    );
     assert_eq!(h.rt.find_container("u1", "app"), Some(id));
     h.stop().await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn unknown_runtime_pods_are_stopped_only_after_every_source_was_seen() {
-    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
-    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
     let rt = h.stop().await;
     rt.clear_calls();
     // The new agent's source has not delivered anything yet.
     let h = Harness::start_with(rt, None);
     tokio::time::sleep(Duration::from_secs(20)).await;
-    assert!(calls_matching(&h.rt, "stop_container").is_empty(), "{:?}", h.rt.calls());
+    assert!(
+        calls_matching(&h.rt, "stop_container").is_empty(),
+        "{:?}",
+        h.rt.calls()
+    );
     // First snapshot: the pod is gone, so its containers are orphans.
     h.pods.send_replace(Some(vec![]));
     let begin = Instant::now();
     while calls_matching(&h.rt, "stop_container").is_empty() {
-        assert!(begin.elapsed() < Duration::from_secs(60), "orphan not stopped");
+        assert!(
+            begin.elapsed() < Duration::from_secs(60),
+            "orphan not stopped"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     h.stop().await;
@@ -382,8 +461,14 @@ async fn unknown_runtime_pods_are_stopped_only_after_every_source_was_seen() {
 
 #[tokio::test(start_paused = true)]
 async fn definition_change_replaces_the_container() {
-    let h = Harness::start(Some(vec![pod("u1", "Always", vec![], vec![container("app")])]));
-    h.wait_status("u1", "Running", |s| phase(s) == "Running").await;
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
     let old = h.rt.find_container("u1", "app").expect("container");
     let mut changed = container("app");
     changed.image = Some("busybox:2".into());
@@ -391,7 +476,9 @@ async fn definition_change_replaces_the_container() {
         .send_replace(Some(vec![pod("u1", "Always", vec![], vec![changed])]));
     h.wait_status("u1", "new image running", |s| {
         s.container_statuses.iter().flatten().any(|c| {
-            c.container_id.as_deref().is_some_and(|id| !id.ends_with(&old))
+            c.container_id
+                .as_deref()
+                .is_some_and(|id| !id.ends_with(&old))
                 && c.state.as_ref().is_some_and(|st| st.running.is_some())
         })
     })

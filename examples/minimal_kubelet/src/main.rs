@@ -161,7 +161,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             "--container-runtime-endpoint {endpoint:?}: expected a unix:// endpoint, or no flag for the process runtime"
         ),
     };
-    let pleg = Arc::new(GenericPleg::new(runtime.clone(), GenericPlegConfig::default()));
+    let pleg = Arc::new(GenericPleg::new(
+        runtime.clone(),
+        GenericPlegConfig::default(),
+    ));
     builder = builder.runtime(runtime).pleg(pleg);
     if let Some(path) = &flags.pod_manifest_path {
         let source = FileSource::new(path, node_name.clone())
@@ -180,14 +183,24 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             .parse()
             .with_context(|| format!("--address {:?}", flags.address))?;
         let listener = server::bind(addr).await?;
-        servers.spawn(server::serve(listener, handle.clone(), true, shutdown.clone()));
+        servers.spawn(server::serve(
+            listener,
+            handle.clone(),
+            true,
+            shutdown.clone(),
+        ));
     }
     if flags.healthz_port != 0 {
         let addr: SocketAddr = format!("{}:{}", flags.healthz_bind_address, flags.healthz_port)
             .parse()
             .with_context(|| format!("--healthz-bind-address {:?}", flags.healthz_bind_address))?;
         let listener = server::bind(addr).await?;
-        servers.spawn(server::serve(listener, handle.clone(), false, shutdown.clone()));
+        servers.spawn(server::serve(
+            listener,
+            handle.clone(),
+            false,
+            shutdown.clone(),
+        ));
     }
 
     {

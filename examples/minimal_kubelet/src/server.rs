@@ -59,7 +59,11 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     r
 }
 
-fn respond(handle: &KubeletHandle, with_pods: bool, req: Request<Incoming>) -> Response<Full<Bytes>> {
+fn respond(
+    handle: &KubeletHandle,
+    with_pods: bool,
+    req: Request<Incoming>,
+) -> Response<Full<Bytes>> {
     if req.method() != Method::GET {
         return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
     }
