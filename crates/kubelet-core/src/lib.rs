@@ -1,4 +1,78 @@
 //! `kubelet-core`: the vocabulary and the engine of the kubelet SDK.
+//!
+//! This crate holds what every other crate of the SDK plugs into:
+//!
+//! * the **traits** outsiders implement: [`ContainerRuntime`] (CRI-shaped, container level),
+//!   [`PodSource`], [`StatusSink`], [`VolumePlugin`], and the subsystem seams
+//!   [`PodLifecycleEventGenerator`], [`ProbeManager`], [`PodAdmitHandler`];
+//! * the **runtime model** ([`runtime`]) with the kubelet's labels and annotations, so a restarted
+//!   agent adopts running containers instead of recreating them;
+//! * the **engine**: the pod config merge ([`merge`]), the sync loop and one worker task per pod
+//!   ([`Kubelet`]), the pure decision function [`actions::compute_pod_actions`], CrashLoopBackOff
+//!   ([`backoff`]), status generation ([`status_gen`]) and the [`StatusManager`];
+//! * the [`KubeletBuilder`] that assembles them.
+//!
+//! Start with [`KubeletBuilder`]. Nothing here spawns work behind the host's back: the agent is
+//! the future returned by [`Kubelet::run`], stopped by a cancellation token, and stopping it
+//! leaves pods running. The `testing` feature adds in-memory doubles (`FakeRuntime`,
+//! `RecordingSink`) for embedders' own tests.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use kubelet_core::k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+//! use kubelet_core::testing::{FakeRuntime, RecordingSink};
+//! use kubelet_core::{KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+//! use tokio_util::sync::CancellationToken;
+//!
+//! /// A source with one fixed pod.
+//! struct OnePod(Pod);
+//!
+//! #[async_trait::async_trait]
+//! impl PodSource for OnePod {
+//!     fn name(&self) -> &str { "file" }
+//!     async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
+//!         let _ = out.snapshot(vec![self.0.clone()]).await;
+//!         shutdown.cancelled().await;
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), kubelet_core::KubeletError> {
+//! let mut pod = Pod {
+//!     spec: Some(PodSpec {
+//!         containers: vec![Container { name: "app".into(), image: Some("busybox".into()), ..Default::default() }],
+//!         host_network: Some(true),
+//!         ..Default::default()
+//!     }),
+//!     ..Default::default()
+//! };
+//! pod.metadata.name = Some("demo".into());
+//! pod.metadata.uid = Some("uid-1".into());
+//!
+//! let runtime = Arc::new(FakeRuntime::new());
+//! let pleg = Arc::new(kubelet_pleg::GenericPleg::new(runtime.clone(), Default::default()));
+//! let sink = Arc::new(RecordingSink::new());
+//! let dir = std::env::temp_dir().join("kubelet-core-doc");
+//! let kubelet = KubeletBuilder::new("node-1")
+//!     .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
+//!     .runtime(runtime)
+//!     .pleg(pleg)
+//!     .pod_source(Arc::new(OnePod(pod)))
+//!     .status_sink(sink.clone())
+//!     .build()?;
+//! let shutdown = CancellationToken::new();
+//! let agent = tokio::spawn(kubelet.run(shutdown.clone()));
+//!
+//! let running = sink
+//!     .wait_for(|r| r.status.phase.as_deref() == Some("Running"), Duration::from_secs(30))
+//!     .await;
+//! assert!(running.is_some());
+//! shutdown.cancel();
+//! let _ = agent.await;
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod actions;
