@@ -79,6 +79,9 @@ struct WorkerState {
     /// The pod is a runtime pod unknown to every source.
     orphan: bool,
     terminated: bool,
+    /// The pod was added again while being torn down: run it again once cleanup is done
+    /// (the kubelet's `restartRequested`).
+    restart_requested: bool,
 }
 
 struct Worker {
@@ -293,12 +296,12 @@ impl SyncLoop {
                             continue;
                         }
                     }
-                    self.dispatch(p, false);
+                    self.dispatch(p, false, true);
                 }
             }
             PodOp::Update | PodOp::Delete => {
                 for p in u.pods {
-                    self.dispatch(p, false);
+                    self.dispatch(p, false, false);
                 }
             }
             PodOp::Reconcile => {
@@ -336,13 +339,23 @@ impl SyncLoop {
         }
     }
 
-    /// Start a worker for `p` or hand it the newer pod.
-    fn dispatch(&mut self, p: Pod, orphan: bool) {
+    /// Start a worker for `p` or hand it the newer pod. `added` marks a pod (re)added by its
+    /// source: a worker tearing the same UID down runs it again afterwards.
+    fn dispatch(&mut self, p: Pod, orphan: bool, added: bool) {
         let uid = pod::uid(&p).to_string();
         if let Some(w) = self.workers.get(&uid) {
-            w.state.lock().pod = Arc::new(p);
-            w.notify.notify_one();
-            return;
+            if w.done.load(std::sync::atomic::Ordering::Relaxed) {
+                self.workers.remove(&uid);
+            } else {
+                let mut st = w.state.lock();
+                if added && st.removed && !st.orphan {
+                    st.restart_requested = true;
+                }
+                st.pod = Arc::new(p);
+                drop(st);
+                w.notify.notify_one();
+                return;
+            }
         }
         let state = Arc::new(Mutex::new(WorkerState {
             pod: Arc::new(p),
@@ -351,6 +364,7 @@ impl SyncLoop {
             removed: orphan,
             orphan,
             terminated: false,
+            restart_requested: false,
         }));
         let notify = Arc::new(Notify::new());
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -418,7 +432,7 @@ impl SyncLoop {
             p.metadata.uid = Some(uid.clone());
             p.metadata.name = Some(st.name.clone());
             p.metadata.namespace = Some(st.namespace.clone());
-            self.dispatch(p, true);
+            self.dispatch(p, true, false);
         }
     }
 }
@@ -533,7 +547,26 @@ async fn worker_loop(
         if terminated && removed_now {
             let pod = state.lock().pod.clone();
             engine.cleanup_pod(&pod, orphan).await;
-            return;
+            let restart = {
+                let mut st = state.lock();
+                if st.restart_requested {
+                    st.restart_requested = false;
+                    st.removed = false;
+                    st.terminated = false;
+                    st.kill = None;
+                    true
+                } else {
+                    false
+                }
+            };
+            if !restart {
+                return;
+            }
+            tracing::info!(pod_uid = %uid, "pod added again while terminating; starting it again");
+            terminating = false;
+            // Wait for a relist that saw the cleanup before deciding anything.
+            last_sync = Some(Instant::now());
+            requeue_at = Some(Instant::now());
         }
     }
 }

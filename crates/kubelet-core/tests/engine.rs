@@ -486,3 +486,33 @@ async fn definition_change_replaces_the_container() {
     assert_eq!(calls_matching(&h.rt, "create_container").len(), 2);
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn pod_removed_and_added_again_runs_again() {
+    let p = pod("u1", "Always", vec![], vec![container("app")]);
+    let h = Harness::start(Some(vec![p.clone()]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
+    let first = h.rt.find_container("u1", "app").expect("container");
+    h.pods.send_replace(Some(vec![]));
+    // Re-add before the teardown finishes.
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    h.pods.send_replace(Some(vec![p]));
+    let begin = Instant::now();
+    loop {
+        let now = h.rt.find_container("u1", "app");
+        if now.is_some() && now != Some(first.clone()) {
+            let st = h.rt.container_status(&now.clone().expect("id")).await;
+            if st.is_ok_and(|s| s.state == kubelet_core::runtime::ContainerState::Running) {
+                break;
+            }
+        }
+        assert!(
+            begin.elapsed() < Duration::from_secs(120),
+            "pod did not run again: {:?}",
+            h.rt.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.stop().await;
+}
