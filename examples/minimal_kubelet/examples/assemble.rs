@@ -15,8 +15,14 @@ async fn agent(manifests: &str) -> anyhow::Result<()> {
         ProcessRuntimeConfig::new("/tmp/agent/runtime").shim(ShimCommand::CurrentExe),
     )?);
     let kubelet = KubeletBuilder::new("node-1")
-        .config(KubeletConfig::with_dirs("/tmp/agent/root", "/tmp/agent/logs"))
-        .pleg(Arc::new(GenericPleg::new(runtime.clone(), GenericPlegConfig::default())))
+        .config(KubeletConfig::with_dirs(
+            "/tmp/agent/root",
+            "/tmp/agent/logs",
+        ))
+        .pleg(Arc::new(GenericPleg::new(
+            runtime.clone(),
+            GenericPlegConfig::default(),
+        )))
         .runtime(runtime)
         .pod_source(Arc::new(FileSource::new(manifests, "node-1")))
         .build()?;
@@ -35,7 +41,11 @@ async fn agent(manifests: &str) -> anyhow::Result<()> {
 fn main() -> anyhow::Result<()> {
     // The process runtime's per-container supervisor is this same binary.
     if let Some(code) = kubelet_process::shim::maybe_run_shim() {
-        std::process::exit(if code == std::process::ExitCode::SUCCESS { 0 } else { 1 });
+        std::process::exit(if code == std::process::ExitCode::SUCCESS {
+            0
+        } else {
+            1
+        });
     }
     let manifests = std::env::args()
         .nth(1)
