@@ -395,15 +395,7 @@ fn convert_instance(
             if let Some(old) = old.filter(|o| state_is_running(o.state.as_ref())) {
                 // It was running and is gone: it terminated, we just do not know how.
                 status.restart_count = old.restart_count.saturating_add(1);
-                ContainerState {
-                    terminated: Some(ContainerStateTerminated {
-                        exit_code: 137,
-                        reason: Some(REASON_CONTAINER_STATUS_UNKNOWN.to_string()),
-                        message: Some(MESSAGE_LOST_ON_TERMINATION.to_string()),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }
+                lost_container_state()
             } else {
                 ContainerState {
                     waiting: Some(ContainerStateWaiting::default()),
@@ -983,72 +975,22 @@ fn generate_conditions(
 // ---------------------------------------------------------------------------------------------
 // QoS class
 
-/// Parse a quantity into nano-units (exact for every suffix the API allows). `None` if invalid.
 fn quantity_nanos(q: &Quantity) -> Option<i128> {
-    let s = q.0.trim();
-    let (num, mult_num, mult_den): (&str, i128, i128) = {
-        let binary: [(&str, i128); 6] = [
-            ("Ki", 1 << 10),
-            ("Mi", 1 << 20),
-            ("Gi", 1 << 30),
-            ("Ti", 1 << 40),
-            ("Pi", 1 << 50),
-            ("Ei", 1 << 60),
-        ];
-        let decimal: [(&str, i128, i128); 8] = [
-            ("n", 1, 1_000_000_000),
-            ("u", 1, 1_000_000),
-            ("m", 1, 1_000),
-            ("k", 1_000, 1),
-            ("M", 1_000_000, 1),
-            ("G", 1_000_000_000, 1),
-            ("T", 1_000_000_000_000, 1),
-            ("P", 1_000_000_000_000_000, 1),
-        ];
-        if let Some((suf, m)) = binary.iter().find(|(suf, _)| s.ends_with(suf)) {
-            (&s[..s.len() - suf.len()], *m, 1)
-        } else if let Some((suf, n, d)) = decimal.iter().find(|(suf, _, _)| s.ends_with(suf)) {
-            (&s[..s.len() - suf.len()], *n, *d)
-        } else if let Some(stripped) = s.strip_suffix('E') {
-            (stripped, 1_000_000_000_000_000_000, 1)
-        } else if let Some(idx) = s.find(['e', 'E']) {
-            let exp: i32 = s[idx + 1..].parse().ok()?;
-            let base = &s[..idx];
-            if exp >= 0 {
-                (base, 10i128.checked_pow(exp.unsigned_abs())?, 1)
-            } else {
-                (base, 1, 10i128.checked_pow(exp.unsigned_abs())?)
-            }
-        } else {
-            (s, 1, 1)
-        }
-    };
-    let (neg, num) = match num.strip_prefix('-') {
-        Some(rest) => (true, rest),
-        None => (false, num.strip_prefix('+').unwrap_or(num)),
-    };
-    let (int_part, frac_part) = num.split_once('.').unwrap_or((num, ""));
-    if int_part.is_empty() && frac_part.is_empty() {
-        return None;
+    crate::quantity::parse_nanos(&q.0)
+}
+
+/// The state of a container that could not be located when the pod was terminated: terminated,
+/// exit code 137, reason `ContainerStatusUnknown`.
+pub(crate) fn lost_container_state() -> ContainerState {
+    ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: 137,
+            reason: Some(REASON_CONTAINER_STATUS_UNKNOWN.to_string()),
+            message: Some(MESSAGE_LOST_ON_TERMINATION.to_string()),
+            ..Default::default()
+        }),
+        ..Default::default()
     }
-    if !int_part.chars().all(|c| c.is_ascii_digit())
-        || !frac_part.chars().all(|c| c.is_ascii_digit())
-    {
-        return None;
-    }
-    // value = (int.frac) * mult_num / mult_den, in nano-units.
-    let digits = format!("{int_part}{frac_part}");
-    let mut value: i128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().ok()?
-    };
-    let frac_den = 10i128.checked_pow(u32::try_from(frac_part.len()).ok()?)?;
-    value = value.checked_mul(mult_num)?.checked_mul(1_000_000_000)?;
-    let den = frac_den.checked_mul(mult_den)?;
-    // Round up, as Kubernetes does for sub-nano precision.
-    let v = (value + den - 1) / den;
-    Some(if neg { -v } else { v })
 }
 
 /// The pod's QoS class (`GetPodQOS`): `Guaranteed`, `Burstable` or `BestEffort`, from the cpu and

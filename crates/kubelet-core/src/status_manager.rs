@@ -693,18 +693,6 @@ fn any_running(status: &PodStatus) -> bool {
         .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
-fn lost_container_state() -> ContainerState {
-    ContainerState {
-        terminated: Some(ContainerStateTerminated {
-            exit_code: 137,
-            reason: Some(REASON_CONTAINER_STATUS_UNKNOWN.to_string()),
-            message: Some(MESSAGE_LOST_ON_TERMINATION.to_string()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
 fn is_terminated(c: &ContainerStatus) -> bool {
     c.state.as_ref().is_some_and(|s| s.terminated.is_some())
 }
@@ -744,7 +732,7 @@ fn terminated_status(pod: &Pod, mut status: PodStatus) -> PodStatus {
     if has_pod_initialized(pod, &status) {
         for c in status.container_statuses.iter_mut().flatten() {
             if !is_terminated(c) {
-                c.state = Some(lost_container_state());
+                c.state = Some(crate::status_gen::lost_container_state());
             }
         }
     }
@@ -762,7 +750,7 @@ fn terminated_status(pod: &Pod, mut status: PodStatus) -> PodStatus {
             .map_or(usize::from(!inits.is_empty()), |i| i + 1);
         for c in inits.iter_mut().take(upto) {
             if !is_terminated(c) {
-                c.state = Some(lost_container_state());
+                c.state = Some(crate::status_gen::lost_container_state());
             }
         }
     }
