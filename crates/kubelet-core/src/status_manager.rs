@@ -38,9 +38,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
-};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, watch};
@@ -50,9 +48,8 @@ use crate::event::Event;
 use crate::pod::{self as podutil, RestartPolicy};
 use crate::sink::StatusSink;
 use crate::status_gen::{
-    self, COND_CONTAINERS_READY, COND_READY, MESSAGE_LOST_ON_TERMINATION, PHASE_FAILED,
-    PHASE_PENDING, REASON_CONTAINER_STATUS_UNKNOWN, is_kubelet_condition, is_shared_condition,
-    is_terminal_phase,
+    self, COND_CONTAINERS_READY, COND_READY, PHASE_FAILED, PHASE_PENDING, is_kubelet_condition,
+    is_shared_condition, is_terminal_phase,
 };
 
 /// How often failed deliveries are retried and every sink is reconciled (`syncPeriod`).
@@ -927,6 +924,8 @@ fn kubelet_view_equal(a: &PodStatus, b: &PodStatus) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::status_gen::{MESSAGE_LOST_ON_TERMINATION, REASON_CONTAINER_STATUS_UNKNOWN};
+    use k8s_openapi::api::core::v1::ContainerStateTerminated;
     use std::sync::atomic::AtomicUsize;
 
     use async_trait::async_trait;
