@@ -1,0 +1,1202 @@
+//! End-to-end tests of the `minimal_kubelet` binary on real host processes.
+//!
+//! Every test starts the real binary as a child process on its own temporary directories
+//! (`--root-dir`, `--pod-log-dir`, `--pod-manifest-path`) and its own read-only port, drops
+//! manifests into the directory (the re-list is set to 60 s, so inotify is what is tested), reads
+//! state through `GET /pods`, and finds container processes by a unique token that is a whole
+//! argument of their command line (`sh -c <script> <token>`: the token is `$0`).
+//!
+//! Every test cleans up through [`Env`]'s `Drop`, also when it fails: it deletes the manifests,
+//! lets the agent stop the pods, kills whatever still carries one of the test's tokens, and
+//! stops the agent.
+
+use std::collections::{BTreeMap, HashSet};
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
+const NODE: &str = "e2e-node";
+/// Generous deadline for anything that should happen "soon".
+const DEADLINE: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(100);
+
+static TOKEN_COUNTER: AtomicU32 = AtomicU32::new(0);
+
+// ---------------------------------------------------------------------------------------------
+// Harness
+// ---------------------------------------------------------------------------------------------
+
+/// One test's agent, directories and tokens; cleans everything up on drop.
+struct Env {
+    test: &'static str,
+    _dir: tempfile::TempDir,
+    manifests: PathBuf,
+    root: PathBuf,
+    logs: PathBuf,
+    /// Scratch directory for files the containers write.
+    work: PathBuf,
+    stderr_path: PathBuf,
+    port: u16,
+    /// `--healthz-port` (0: disabled).
+    healthz_port: u16,
+    agent: Option<Child>,
+    tokens: Vec<String>,
+}
+
+fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    l.local_addr().expect("local addr").port()
+}
+
+impl Env {
+    fn new(test: &'static str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("mk-e2e-{test}-"))
+            .tempdir()
+            .expect("temp dir");
+        let base = dir.path().to_path_buf();
+        let (manifests, root, logs, work) = (
+            base.join("manifests"),
+            base.join("root"),
+            base.join("logs"),
+            base.join("work"),
+        );
+        for d in [&manifests, &root, &logs, &work] {
+            std::fs::create_dir_all(d).expect("create dir");
+        }
+        Env {
+            test,
+            stderr_path: base.join("agent-stderr.log"),
+            _dir: dir,
+            manifests,
+            root,
+            logs,
+            work,
+            port: 0,
+            healthz_port: 0,
+            agent: None,
+            tokens: Vec::new(),
+        }
+    }
+
+    /// A fresh token, remembered for cleanup.
+    fn token(&mut self, what: &str) -> String {
+        let n = TOKEN_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let t = format!("e2e-{}-{what}-{}-{n}", self.test, std::process::id());
+        self.tokens.push(t.clone());
+        t
+    }
+
+    /// Start the agent (on a new free port) and wait until its read-only port answers.
+    fn start(&mut self) {
+        assert!(self.agent.is_none(), "agent already running");
+        self.port = free_port();
+        let stderr = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_path)
+            .expect("open stderr log");
+        let child = Command::new(BIN)
+            .arg("--root-dir")
+            .arg(&self.root)
+            .arg("--pod-log-dir")
+            .arg(&self.logs)
+            .arg("--pod-manifest-path")
+            .arg(&self.manifests)
+            .args(["--read-only-port", &self.port.to_string()])
+            .args(["--address", "127.0.0.1"])
+            .args(["--healthz-port", &self.healthz_port.to_string()])
+            .args(["--healthz-bind-address", "127.0.0.1"])
+            .args(["--node-name", NODE])
+            .args(["--file-check-frequency", "60s"])
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("spawn minimal_kubelet");
+        self.agent = Some(child);
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if http_get(self.port, "/healthz").is_ok() {
+                return;
+            }
+            if let Some(status) = self
+                .agent
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten())
+            {
+                self.agent = None;
+                panic!(
+                    "minimal_kubelet exited during start-up ({status}); stderr:\n{}",
+                    self.stderr()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "minimal_kubelet did not answer on port {} within {DEADLINE:?}; stderr:\n{}",
+                self.port,
+                self.stderr()
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Send SIGINT (Ctrl-C) to the agent and wait for it to exit.
+    fn stop(&mut self) -> ExitStatus {
+        let mut child = self.agent.take().expect("agent running");
+        let pid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+        kill(pid, Signal::SIGINT).expect("SIGINT the agent");
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = child.try_wait().expect("wait for the agent") {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the agent did not exit within {DEADLINE:?} of SIGINT");
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// The agent's stderr so far, without ANSI escapes.
+    fn stderr(&self) -> String {
+        strip_ansi(&std::fs::read_to_string(&self.stderr_path).unwrap_or_default())
+    }
+
+    /// Write a manifest atomically (through a dot-file, which the source ignores).
+    fn write_manifest(&self, file: &str, content: &[u8]) {
+        let tmp = self.manifests.join(format!(".{file}.tmp"));
+        std::fs::write(&tmp, content).expect("write manifest");
+        std::fs::rename(&tmp, self.manifests.join(file)).expect("rename manifest");
+    }
+
+    fn write_pod(&self, file: &str, pod: &Value) {
+        self.write_manifest(file, pod.to_string().as_bytes());
+    }
+
+    fn remove_manifest(&self, file: &str) {
+        std::fs::remove_file(self.manifests.join(file)).expect("remove manifest");
+    }
+
+    /// `GET /pods` items.
+    fn pods(&self) -> Vec<Value> {
+        let (code, body) = http_get(self.port, "/pods").expect("GET /pods");
+        assert_eq!(code, 200, "GET /pods: {body}");
+        let list: Value = serde_json::from_str(&body).expect("/pods is JSON");
+        assert_eq!(list["kind"], "PodList", "{body}");
+        list["items"].as_array().cloned().unwrap_or_default()
+    }
+
+    fn pod(&self, name: &str) -> Option<Value> {
+        self.pods()
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == name)
+    }
+
+    /// Poll `GET /pods` until pod `name` satisfies `pred`; panics with the last state otherwise.
+    fn wait_pod(&self, name: &str, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let pod = self.pod(name);
+            if let Some(p) = &pod
+                && pred(p)
+            {
+                return p.clone();
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "pod {name}: timed out waiting for {what}; last seen:\n{}",
+                    pod.map(|p| serde_json::to_string_pretty(&p["status"]).unwrap_or_default())
+                        .unwrap_or_else(|| "<absent>".into())
+                );
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    fn wait_running_ready(&self, name: &str) -> Value {
+        self.wait_pod(name, "phase Running and Ready=True", |p| {
+            p["status"]["phase"] == "Running" && condition(p, "Ready") == Some("True")
+        })
+    }
+
+    fn wait_pod_gone(&self, name: &str) {
+        wait_until(&format!("pod {name} to leave /pods"), || {
+            self.pod(name).is_none().then_some(())
+        });
+    }
+
+    /// Lines the agent wrote to stderr that mention `needle`.
+    fn stderr_lines_with(&self, needle: &str) -> Vec<String> {
+        self.stderr()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let err = self.stderr();
+            let tail: Vec<&str> = err.lines().rev().take(80).collect();
+            eprintln!(
+                "---- {}: last lines of the agent's stderr ----\n{}",
+                self.test,
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        // 1. Let the agent stop the pods: delete every manifest, wait for the pods to go.
+        if let Some(child) = self.agent.as_mut()
+            && matches!(child.try_wait(), Ok(None))
+        {
+            if let Ok(rd) = std::fs::read_dir(&self.manifests) {
+                for e in rd.flatten() {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while Instant::now() < deadline {
+                let no_procs = self.tokens.iter().all(|t| procs_with_arg(t).is_empty());
+                let no_pods = match http_get(self.port, "/pods") {
+                    Ok((200, body)) => serde_json::from_str::<Value>(&body)
+                        .map(|v| v["items"].as_array().is_some_and(|a| a.is_empty()))
+                        .unwrap_or(true),
+                    _ => true,
+                };
+                if no_procs && no_pods {
+                    break;
+                }
+                std::thread::sleep(POLL);
+            }
+        }
+        // 2. Kill whatever still carries one of our tokens.
+        for t in &self.tokens {
+            for (pid, _) in procs_with_arg(t) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
+        // 3. Stop the agent like Ctrl-C does; kill it if it does not stop.
+        if let Some(mut child) = self.agent.take() {
+            if let Ok(pid) = i32::try_from(child.id()) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if Instant::now() > deadline => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(POLL),
+                }
+            }
+        }
+    }
+}
+
+/// Poll `f` until it returns `Some`, for at most [`DEADLINE`].
+fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(POLL);
+    }
+}
+
+fn strip_ansi(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' && chars.peek() == Some(&'[') {
+            chars.next();
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// A minimal HTTP/1.1 GET; returns the status code and the body.
+fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_string());
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| bad("no end of headers"))?;
+    let head = String::from_utf8_lossy(&raw[..split]).to_string();
+    let mut body = raw[split + 4..].to_vec();
+    let code: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| bad("no status code"))?;
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        body = dechunk(&body).ok_or_else(|| bad("bad chunked body"))?;
+    }
+    Ok((code, String::from_utf8_lossy(&body).to_string()))
+}
+
+fn dechunk(mut b: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let eol = b.windows(2).position(|w| w == b"\r\n")?;
+        let size_str = std::str::from_utf8(&b[..eol]).ok()?;
+        let size = usize::from_str_radix(size_str.split(';').next()?.trim(), 16).ok()?;
+        b = &b[eol + 2..];
+        if size == 0 {
+            return Some(out);
+        }
+        out.extend_from_slice(b.get(..size)?);
+        b = b.get(size + 2..)?;
+    }
+}
+
+/// Processes having `token` as one whole command-line argument: `(pid, ppid)`.
+fn procs_with_arg(token: &str) -> Vec<(i32, i32)> {
+    let me = std::process::id() as i32;
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        if !cmdline_has(pid, token) {
+            continue;
+        }
+        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                let after = &s[s.rfind(')')? + 1..];
+                after.split_whitespace().nth(1)?.parse().ok()
+            })
+            .unwrap_or(0);
+        out.push((pid, ppid));
+    }
+    out
+}
+
+fn cmdline_has(pid: i32, token: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| c.split(|b| *b == 0).any(|a| a == token.as_bytes()))
+        .unwrap_or(false)
+}
+
+/// The container processes carrying `token`: matching processes whose parent does not match
+/// (a shell's fork that has not exec'd yet has the same command line as the shell).
+fn container_pids(token: &str) -> Vec<i32> {
+    let procs = procs_with_arg(token);
+    let pids: HashSet<i32> = procs.iter().map(|(p, _)| *p).collect();
+    procs
+        .into_iter()
+        .filter(|(_, ppid)| !pids.contains(ppid))
+        .map(|(p, _)| p)
+        .collect()
+}
+
+/// Wait until exactly one container process carries `token`; its pid.
+fn wait_single_process(token: &str) -> i32 {
+    wait_until(
+        &format!("exactly one process with argument {token}"),
+        || {
+            let pids = container_pids(token);
+            (pids.len() == 1).then(|| pids[0])
+        },
+    )
+}
+
+fn wait_process_gone(pid: i32, token: &str) {
+    wait_until(&format!("process {pid} ({token}) to exit"), || {
+        (!cmdline_has(pid, token)).then_some(())
+    });
+}
+
+fn condition<'a>(pod: &'a Value, ty: &str) -> Option<&'a str> {
+    pod["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)?["status"]
+        .as_str()
+}
+
+fn container_status<'a>(pod: &'a Value, list: &str, name: &str) -> &'a Value {
+    pod["status"][list]
+        .as_array()
+        .and_then(|a| a.iter().find(|c| c["name"] == name))
+        .unwrap_or(&Value::Null)
+}
+
+fn main_status<'a>(pod: &'a Value, name: &str) -> &'a Value {
+    container_status(pod, "containerStatuses", name)
+}
+
+/// A container running `script` under `/bin/sh -c`, with `token` as `$0`.
+fn sh(name: &str, script: &str, token: &str) -> Value {
+    json!({
+        "name": name,
+        "image": "busybox",
+        "command": ["/bin/sh", "-c", script, token],
+    })
+}
+
+/// A script that keeps running; on SIGTERM it runs `on_term` (then exits if `exit`).
+fn looping(on_term: &str, exit: bool) -> String {
+    let exit = if exit { "; exit 0" } else { "" };
+    format!("trap '{on_term}{exit}' TERM; while true; do sleep 1 & wait $!; done")
+}
+
+/// A v1 Pod manifest.
+fn pod(name: &str, spec: Value) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name },
+        "spec": spec,
+    })
+}
+
+fn static_name(name: &str) -> String {
+    format!("{name}-{NODE}")
+}
+
+fn read_lines(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A manifest becomes a Running, Ready pod with a host process
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn manifest_dropped_in_directory_becomes_running_ready_pod_with_host_process() {
+    let mut env = Env::new("ready");
+    env.start();
+    let token = env.token("main");
+    // YAML on purpose (the other tests write JSON manifests).
+    let yaml = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ready\nspec:\n  containers:\n  - name: main\n    image: busybox\n    command: [\"/bin/sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 1 & wait $!; done\", \"{token}\"]\n"
+    );
+    env.write_manifest("ready.yaml", yaml.as_bytes());
+
+    let name = static_name("ready");
+    let p = env.wait_running_ready(&name);
+    for ty in [
+        "PodReadyToStartContainers",
+        "Initialized",
+        "ContainersReady",
+        "Ready",
+        "PodScheduled",
+    ] {
+        assert_eq!(condition(&p, ty), Some("True"), "condition {ty}: {p:#}");
+    }
+    assert_eq!(p["metadata"]["namespace"], "default");
+    assert_eq!(p["spec"]["nodeName"], NODE);
+    assert_eq!(
+        p["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "file"
+    );
+    let c = main_status(&p, "main");
+    assert_eq!(c["ready"], true, "{c:#}");
+    assert_eq!(c["started"], true, "{c:#}");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert!(c["state"]["running"]["startedAt"].is_string(), "{c:#}");
+    let pid = wait_single_process(&token);
+    assert!(Path::new(&format!("/proc/{pid}")).exists());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. SIGKILL → restart with restartCount 1 and exit code 137
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn container_killed_with_sigkill_is_restarted_with_exit_code_137() {
+    let mut env = Env::new("sigkill");
+    env.start();
+    let token = env.token("main");
+    env.write_pod(
+        "killme.json",
+        &pod(
+            "killme",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    let name = static_name("killme");
+    let before = env.wait_running_ready(&name);
+    let old_id = main_status(&before, "main")["containerID"].clone();
+    let old_pid = wait_single_process(&token);
+
+    kill(Pid::from_raw(old_pid), Signal::SIGKILL).expect("SIGKILL the container");
+
+    let p = env.wait_pod(&name, "restartCount 1 and running again", |p| {
+        let c = main_status(p, "main");
+        c["restartCount"] == 1 && c["state"]["running"].is_object()
+    });
+    let c = main_status(&p, "main");
+    let term = &c["lastState"]["terminated"];
+    assert_eq!(term["exitCode"], 137, "{c:#}");
+    assert_eq!(term["reason"], "Error", "{c:#}");
+    assert_eq!(term["containerID"], old_id, "{c:#}");
+    assert_ne!(c["containerID"], old_id, "a new container: {c:#}");
+    assert!(!cmdline_has(old_pid, &token), "old process still there");
+    let new_pid = wait_single_process(&token);
+    assert_ne!(new_pid, old_pid);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Restart policies, init containers, sidecars
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn on_failure_pod_whose_container_exits_zero_succeeds_without_restart() {
+    let mut env = Env::new("onfailure");
+    env.start();
+    let token = env.token("task");
+    let runs = env.work.join("runs");
+    env.write_pod(
+        "once.json",
+        &pod(
+            "once",
+            json!({
+                "restartPolicy": "OnFailure",
+                "containers": [sh("task", &format!("echo ran >> {}; exit 0", runs.display()), &token)],
+            }),
+        ),
+    );
+    let name = static_name("once");
+    env.wait_pod(&name, "phase Succeeded", |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    // Give a wrongful restart time to happen (the PLEG relists every second).
+    std::thread::sleep(Duration::from_millis(2500));
+    let p = env.pod(&name).expect("pod still listed");
+    assert_eq!(p["status"]["phase"], "Succeeded", "{p:#}");
+    let c = main_status(&p, "task");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 0, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["reason"], "Completed", "{c:#}");
+    assert_eq!(
+        read_lines(&runs),
+        vec!["ran"],
+        "the container ran exactly once"
+    );
+    assert!(container_pids(&token).is_empty());
+}
+
+#[test]
+fn never_pod_ends_failed_on_exit_one_and_succeeded_on_exit_zero() {
+    let mut env = Env::new("never");
+    env.start();
+    let (t_fail, t_ok) = (env.token("fail"), env.token("ok"));
+    let (runs_fail, runs_ok) = (env.work.join("runs-fail"), env.work.join("runs-ok"));
+    for (name, token, runs, code) in [
+        ("never-fail", &t_fail, &runs_fail, 1),
+        ("never-ok", &t_ok, &runs_ok, 0),
+    ] {
+        env.write_pod(
+            &format!("{name}.json"),
+            &pod(
+                name,
+                json!({
+                    "restartPolicy": "Never",
+                    "containers": [sh("task", &format!("echo ran >> {}; exit {code}", runs.display()), token)],
+                }),
+            ),
+        );
+    }
+    env.wait_pod(&static_name("never-fail"), "phase Failed", |p| {
+        p["status"]["phase"] == "Failed"
+    });
+    env.wait_pod(&static_name("never-ok"), "phase Succeeded", |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+
+    let p = env.pod(&static_name("never-fail")).expect("listed");
+    assert_eq!(p["status"]["phase"], "Failed", "{p:#}");
+    let c = main_status(&p, "task");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 1, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["reason"], "Error", "{c:#}");
+    assert_eq!(read_lines(&runs_fail), vec!["ran"]);
+
+    let p = env.pod(&static_name("never-ok")).expect("listed");
+    assert_eq!(p["status"]["phase"], "Succeeded", "{p:#}");
+    let c = main_status(&p, "task");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 0, "{c:#}");
+    assert_eq!(read_lines(&runs_ok), vec!["ran"]);
+}
+
+#[test]
+fn init_containers_run_in_order_before_the_main_container() {
+    let mut env = Env::new("init");
+    env.start();
+    let order = env.work.join("order");
+    let o = order.display().to_string();
+    let (t1, t2, tm) = (env.token("init1"), env.token("init2"), env.token("main"));
+    env.write_pod(
+        "init.json",
+        &pod(
+            "init",
+            json!({
+                "initContainers": [
+                    // The first one is slower, so that running them concurrently would show.
+                    sh("init1", &format!("sleep 0.5; echo init1 >> {o}"), &t1),
+                    sh("init2", &format!("echo init2 >> {o}"), &t2),
+                ],
+                "containers": [sh("main", &format!("echo main >> {o}; {}", looping("", true)), &tm)],
+            }),
+        ),
+    );
+    let name = static_name("init");
+    let p = env.wait_running_ready(&name);
+    assert_eq!(condition(&p, "Initialized"), Some("True"));
+    for init in ["init1", "init2"] {
+        let c = container_status(&p, "initContainerStatuses", init);
+        assert_eq!(c["state"]["terminated"]["exitCode"], 0, "{c:#}");
+        assert_eq!(c["state"]["terminated"]["reason"], "Completed", "{c:#}");
+        assert_eq!(c["restartCount"], 0, "{c:#}");
+    }
+    wait_single_process(&tm);
+    assert_eq!(read_lines(&order), vec!["init1", "init2", "main"]);
+}
+
+#[test]
+fn sidecar_starts_before_and_stops_after_the_main_container() {
+    let mut env = Env::new("sidecar");
+    env.start();
+    let events = env.work.join("events");
+    let e = events.display().to_string();
+    let (ts, tm) = (env.token("sidecar"), env.token("main"));
+    let mut sidecar = sh(
+        "sidecar",
+        &format!(
+            "echo sidecar started >> {e}; {}",
+            looping(&format!("echo sidecar stopped >> {e}"), true)
+        ),
+        &ts,
+    );
+    sidecar["restartPolicy"] = json!("Always");
+    let main = sh(
+        "main",
+        &format!(
+            "echo main started >> {e}; {}",
+            // The small sleep makes a concurrent stop of the sidecar observable.
+            looping(&format!("sleep 1; echo main stopped >> {e}"), true)
+        ),
+        &tm,
+    );
+    env.write_pod(
+        "sidecar.json",
+        &pod(
+            "sidecar",
+            json!({
+                "terminationGracePeriodSeconds": 15,
+                "initContainers": [sidecar],
+                "containers": [main],
+            }),
+        ),
+    );
+    let name = static_name("sidecar");
+    let p = env.wait_running_ready(&name);
+    let s = container_status(&p, "initContainerStatuses", "sidecar");
+    assert!(s["state"]["running"].is_object(), "sidecar running: {s:#}");
+    assert_eq!(s["started"], true, "{s:#}");
+    let (sidecar_pid, main_pid) = (wait_single_process(&ts), wait_single_process(&tm));
+    assert_eq!(read_lines(&events), vec!["sidecar started", "main started"]);
+
+    env.remove_manifest("sidecar.json");
+    wait_process_gone(main_pid, &tm);
+    wait_process_gone(sidecar_pid, &ts);
+    env.wait_pod_gone(&name);
+    assert_eq!(
+        read_lines(&events),
+        vec![
+            "sidecar started",
+            "main started",
+            "main stopped",
+            "sidecar stopped"
+        ]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Deleting and editing manifests
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn deleting_manifest_sends_sigterm_and_sigkill_only_after_the_grace_period() {
+    let mut env = Env::new("grace");
+    env.start();
+    let (ts, tp) = (env.token("stubborn"), env.token("polite"));
+    let (stubborn_mark, polite_mark) = (env.work.join("stubborn"), env.work.join("polite"));
+    // Ignores SIGTERM (records it, keeps running): only SIGKILL after 3 s ends it.
+    env.write_pod(
+        "stubborn.json",
+        &pod(
+            "stubborn",
+            json!({
+                "terminationGracePeriodSeconds": 3,
+                "containers": [sh("main", &looping(&format!("echo term >> {}", stubborn_mark.display()), false), &ts)],
+            }),
+        ),
+    );
+    // Exits on SIGTERM: gone long before its (long) grace period.
+    env.write_pod(
+        "polite.json",
+        &pod(
+            "polite",
+            json!({
+                "terminationGracePeriodSeconds": 30,
+                "containers": [sh("main", &looping(&format!("echo term >> {}", polite_mark.display()), true), &tp)],
+            }),
+        ),
+    );
+    env.wait_running_ready(&static_name("stubborn"));
+    env.wait_running_ready(&static_name("polite"));
+    let (stubborn_pid, polite_pid) = (wait_single_process(&ts), wait_single_process(&tp));
+
+    let t0 = Instant::now();
+    env.remove_manifest("stubborn.json");
+    env.remove_manifest("polite.json");
+    let (mut stubborn_gone, mut polite_gone) = (None, None);
+    while (stubborn_gone.is_none() || polite_gone.is_none()) && t0.elapsed() < DEADLINE {
+        if stubborn_gone.is_none() && !cmdline_has(stubborn_pid, &ts) {
+            stubborn_gone = Some(t0.elapsed());
+        }
+        if polite_gone.is_none() && !cmdline_has(polite_pid, &tp) {
+            polite_gone = Some(t0.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let stubborn_gone = stubborn_gone.expect("the process ignoring SIGTERM was never killed");
+    let polite_gone = polite_gone.expect("the process exiting on SIGTERM never exited");
+
+    assert_eq!(read_lines(&stubborn_mark), vec!["term"], "SIGTERM first");
+    assert_eq!(read_lines(&polite_mark), vec!["term"], "SIGTERM first");
+    // SIGKILL only after the 3 s grace period (20 ms polling tolerance), but not much later.
+    assert!(
+        stubborn_gone >= Duration::from_millis(2950),
+        "killed after {stubborn_gone:?}, before the 3 s grace period"
+    );
+    assert!(
+        stubborn_gone < Duration::from_secs(10),
+        "killed only after {stubborn_gone:?}"
+    );
+    assert!(
+        polite_gone < Duration::from_millis(2500),
+        "a process exiting on SIGTERM took {polite_gone:?}"
+    );
+    env.wait_pod_gone(&static_name("stubborn"));
+    env.wait_pod_gone(&static_name("polite"));
+}
+
+#[test]
+fn editing_manifest_replaces_the_pod() {
+    let mut env = Env::new("edit");
+    env.start();
+    let (t_old, t_new) = (env.token("old"), env.token("new"));
+    let name = static_name("edit");
+    env.write_pod(
+        "edit.json",
+        &pod(
+            "edit",
+            json!({ "containers": [sh("main", &looping("", true), &t_old)] }),
+        ),
+    );
+    let before = env.wait_running_ready(&name);
+    let old_pid = wait_single_process(&t_old);
+
+    env.write_pod(
+        "edit.json",
+        &pod(
+            "edit",
+            json!({ "containers": [sh("main", &looping("", true), &t_new)] }),
+        ),
+    );
+    let after = env.wait_pod(&name, "the edited command running and ready", |p| {
+        p["spec"]["containers"][0]["command"][3] == t_new.as_str()
+            && p["status"]["phase"] == "Running"
+            && condition(p, "Ready") == Some("True")
+    });
+    wait_process_gone(old_pid, &t_old);
+    let new_pid = wait_single_process(&t_new);
+    assert_ne!(new_pid, old_pid);
+    assert!(container_pids(&t_old).is_empty(), "old process still there");
+    assert_ne!(
+        after["metadata"]["uid"], before["metadata"]["uid"],
+        "an edited manifest is a new pod"
+    );
+    assert_eq!(main_status(&after, "main")["restartCount"], 0);
+    assert_eq!(env.pods().len(), 1, "only the new pod is listed");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Agent restart adopts running containers
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn restarting_the_agent_leaves_running_containers_untouched() {
+    let mut env = Env::new("restart");
+    env.start();
+    let token = env.token("main");
+    env.write_pod(
+        "survivor.json",
+        &pod(
+            "survivor",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    let name = static_name("survivor");
+    let before = env.wait_running_ready(&name);
+    let pid = wait_single_process(&token);
+    let cid = main_status(&before, "main")["containerID"].clone();
+
+    let status = env.stop();
+    assert!(status.success(), "agent exit on SIGINT: {status}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        cmdline_has(pid, &token),
+        "the container died with the agent"
+    );
+
+    env.start();
+    let after = env.wait_running_ready(&name);
+    let c = main_status(&after, "main");
+    assert_eq!(c["containerID"], cid, "the same container: {c:#}");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    // Give a wrongful restart time to happen (the PLEG relists every second).
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        container_pids(&token),
+        vec![pid],
+        "same pid, no new process"
+    );
+    let again = env.pod(&name).expect("listed");
+    let c = main_status(&again, "main");
+    assert_eq!(c["containerID"], cid, "{c:#}");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert_eq!(again["status"]["phase"], "Running");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. Malformed manifests
+// ---------------------------------------------------------------------------------------------
+
+/// Starts a valid pod, drops `bad` as `file`, expects a stderr line naming the file and
+/// containing `expect`, and checks the valid pod kept running untouched.
+fn malformed_manifest_case(test: &'static str, file: &str, bad: &[u8], expect: &str) {
+    let mut env = Env::new(test);
+    env.start();
+    let token = env.token("good");
+    env.write_pod(
+        "good.json",
+        &pod(
+            "good",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    let name = static_name("good");
+    env.wait_running_ready(&name);
+    let pid = wait_single_process(&token);
+
+    env.write_manifest(file, bad);
+    let path = env.manifests.join(file).display().to_string();
+    let lines = wait_until(
+        &format!("an error naming {path} with {expect:?} on stderr"),
+        || {
+            let l: Vec<String> = env
+                .stderr_lines_with(&path)
+                .into_iter()
+                .filter(|l| l.contains(expect))
+                .collect();
+            (!l.is_empty()).then_some(l)
+        },
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("WARN") || l.contains("ERROR")),
+        "the error is logged as a warning or error: {lines:#?}"
+    );
+
+    // A moment for any wrongful effect on the other pod to show.
+    std::thread::sleep(Duration::from_millis(1500));
+    let pods = env.pods();
+    let names: Vec<&Value> = pods.iter().map(|p| &p["metadata"]["name"]).collect();
+    assert_eq!(names, vec![&json!(name)], "only the valid pod is listed");
+    let p = env.pod(&name).expect("valid pod listed");
+    assert_eq!(p["status"]["phase"], "Running");
+    assert_eq!(main_status(&p, "main")["restartCount"], 0);
+    assert_eq!(
+        container_pids(&token),
+        vec![pid],
+        "the valid pod's process is untouched"
+    );
+    assert!(
+        env.agent
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None))),
+        "the agent keeps running"
+    );
+}
+
+#[test]
+fn manifest_with_bad_yaml_is_reported_and_other_pods_keep_running() {
+    malformed_manifest_case(
+        "badyaml",
+        "bad-yaml.yaml",
+        b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: [unclosed\n  spec: {\n",
+        "decoding static pod manifest",
+    );
+}
+
+#[test]
+fn manifest_without_name_is_reported_and_other_pods_keep_running() {
+    let bad = pod(
+        "placeholder",
+        json!({ "containers": [{ "name": "c", "image": "busybox", "command": ["true"] }] }),
+    );
+    let mut bad = bad;
+    bad["metadata"] = json!({});
+    malformed_manifest_case(
+        "noname",
+        "no-name.json",
+        bad.to_string().as_bytes(),
+        "name is needed for the pod",
+    );
+}
+
+#[test]
+fn manifest_with_duplicate_container_names_is_reported_and_other_pods_keep_running() {
+    let bad = pod(
+        "dup",
+        json!({ "containers": [
+            { "name": "same", "image": "busybox", "command": ["sleep", "1000"] },
+            { "name": "same", "image": "busybox", "command": ["sleep", "1001"] },
+        ] }),
+    );
+    malformed_manifest_case(
+        "dupnames",
+        "dup.json",
+        bad.to_string().as_bytes(),
+        "Duplicate value: \"same\"",
+    );
+}
+
+#[test]
+fn manifest_of_20_mib_is_reported_and_other_pods_keep_running() {
+    // A valid pod followed by 20 MiB of YAML comments: only the size is wrong.
+    let mut bad = String::from(
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: huge\nspec:\n  containers:\n  - name: c\n    image: busybox\n    command: [\"sleep\", \"1000\"]\n",
+    );
+    let line = format!("#{}\n", "x".repeat(1023));
+    while bad.len() < 20 * 1024 * 1024 {
+        bad.push_str(&line);
+    }
+    malformed_manifest_case(
+        "huge",
+        "huge.yaml",
+        bad.as_bytes(),
+        "exceeds the maximum size",
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Health
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn healthz_returns_200_ok_on_the_read_only_and_healthz_ports() {
+    let mut env = Env::new("healthz");
+    let healthz_port = free_port();
+    env.healthz_port = healthz_port;
+    env.start();
+    for port in [env.port, healthz_port] {
+        let (code, body) = wait_until(&format!("GET /healthz on {port} to answer 200"), || {
+            http_get(port, "/healthz").ok().filter(|(c, _)| *c == 200)
+        });
+        assert_eq!((code, body.as_str()), (200, "ok"));
+    }
+    // /pods is served on the read-only port only.
+    assert_eq!(http_get(env.port, "/pods").expect("GET /pods").0, 200);
+    assert_eq!(http_get(healthz_port, "/pods").expect("GET /pods").0, 404);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Root only: cgroup memory limits
+// ---------------------------------------------------------------------------------------------
+
+/// True if root-only tests should run; prints a skip line (or fails, when
+/// `KUBELET_SDK_REQUIRE_ROOT=1`) otherwise.
+fn root_or_skip(test: &str) -> bool {
+    if nix::unistd::geteuid().is_root() {
+        return true;
+    }
+    assert!(
+        std::env::var("KUBELET_SDK_REQUIRE_ROOT").as_deref() != Ok("1"),
+        "{test}: KUBELET_SDK_REQUIRE_ROOT=1 but not running as root"
+    );
+    println!("SKIPPED {test}: needs root (set KUBELET_SDK_REQUIRE_ROOT=1 to make this a failure)");
+    false
+}
+
+/// Mount points of cgroup hierarchies: v1 by controller, and the v2 mount.
+fn cgroup_mounts() -> (
+    BTreeMap<String, (PathBuf, String)>,
+    Option<(PathBuf, String)>,
+) {
+    let mut v1 = BTreeMap::new();
+    let mut v2 = None;
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    for line in info.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let pre: Vec<&str> = pre.split_whitespace().collect();
+        let post: Vec<&str> = post.split_whitespace().collect();
+        let (Some(root), Some(mp), Some(fstype)) = (pre.get(3), pre.get(4), post.first()) else {
+            continue;
+        };
+        match *fstype {
+            "cgroup2" => v2 = Some((PathBuf::from(mp), root.to_string())),
+            "cgroup" => {
+                for opt in post.get(2).copied().unwrap_or("").split(',') {
+                    v1.insert(opt.to_string(), (PathBuf::from(mp), root.to_string()));
+                }
+            }
+            _ => {}
+        }
+    }
+    (v1, v2)
+}
+
+/// The memory limit file of `pid`'s cgroup and its expected format (v1 or v2).
+fn memory_limit_file(pid: i32) -> Option<PathBuf> {
+    let (v1, v2) = cgroup_mounts();
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let join = |mp: &Path, root: &str, path: &str| {
+        let rel = path
+            .strip_prefix(root)
+            .unwrap_or(path)
+            .trim_start_matches('/');
+        mp.join(rel)
+    };
+    for line in cg.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if ctrls.split(',').any(|c| c == "memory")
+            && let Some((mp, root)) = v1.get("memory")
+        {
+            let f = join(mp, root, path).join("memory.limit_in_bytes");
+            if path != "/" && f.exists() {
+                return Some(f);
+            }
+        }
+    }
+    for line in cg.lines() {
+        if let Some(path) = line.strip_prefix("0::")
+            && let Some((mp, root)) = &v2
+        {
+            let f = join(mp, root, path).join("memory.max");
+            if path != "/" && f.exists() {
+                return Some(f);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn memory_limit_from_manifest_is_the_containers_cgroup_limit_when_root() {
+    if !root_or_skip("memory_limit_from_manifest_is_the_containers_cgroup_limit_when_root") {
+        return;
+    }
+    let (v1, v2) = cgroup_mounts();
+    let v2_memory = v2.as_ref().is_some_and(|(mp, _)| {
+        std::fs::read_to_string(mp.join("cgroup.controllers"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .any(|c| c == "memory")
+    });
+    if !v1.contains_key("memory") && !v2_memory {
+        assert!(
+            std::env::var("KUBELET_SDK_REQUIRE_ROOT").as_deref() != Ok("1"),
+            "KUBELET_SDK_REQUIRE_ROOT=1 but no cgroup memory controller is available"
+        );
+        println!(
+            "SKIPPED memory limit test: no cgroup v1 memory hierarchy or v2 memory controller"
+        );
+        return;
+    }
+    let mut env = Env::new("memlimit");
+    env.start();
+    let token = env.token("main");
+    let mut c = sh("main", &looping("", true), &token);
+    c["resources"] = json!({ "limits": { "memory": "48Mi" } });
+    env.write_pod(
+        "limited.json",
+        &pod("limited", json!({ "containers": [c] })),
+    );
+    let p = env.wait_running_ready(&static_name("limited"));
+    assert_eq!(p["status"]["qosClass"], "Burstable", "{p:#}");
+    let pid = wait_single_process(&token);
+    let file = memory_limit_file(pid).unwrap_or_else(|| {
+        panic!(
+            "process {pid} is in no limited memory cgroup: /proc/{pid}/cgroup =\n{}",
+            std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
+        )
+    });
+    let limit = std::fs::read_to_string(&file).expect("read the limit");
+    assert_eq!(
+        limit.trim(),
+        (48u64 * 1024 * 1024).to_string(),
+        "{}",
+        file.display()
+    );
+}
