@@ -5,15 +5,17 @@
 //! 1. **Baseline.** Spawns `N` `sleep` processes directly (`std::process::Command`) and times
 //!    until every one has exec'd; sums their VmRSS. This is the cost of the work without the agent.
 //! 2. **Startup.** Starts the agent on fresh temp dirs (`--file-check-frequency 60s`, so only
-//!    inotify delivers the manifests), waits for `GET /healthz` = 200, then writes `N` pod
+//!    inotify delivers the manifests), waits for `GET /healthz` = 200 and then `r/R` of the 1 s
+//!    relist period (run `r` of `R`, so the runs sample the PLEG's phase), then writes `N` pod
 //!    manifests (one container `sleep <unique token>`, `restartPolicy: Always`; each written to a
 //!    dot-file and renamed, so it lands atomically). Polls `GET /pods` every 20 ms and records the
 //!    time from the first write until every pod is `Running` with `Ready=True`, plus each pod's own
 //!    write-to-first-seen-`Running` time (p50/p99 across pods).
-//! 3. **Memory.** After 5 s of steady state: the agent's VmRSS and VmHWM, the total VmRSS of the
+//! 3. **Memory.** After 5 s of steady state: the agent's VmRSS, VmHWM and PSS, the total VmRSS and
+//!    PSS (`/proc/<pid>/smaps_rollup`, shared pages split among their users) of the
 //!    per-container shims (processes whose argv carries `__kubelet-process-shim` and this run's
 //!    root dir, found by scanning `/proc`, since shims are not always the agent's descendants) and
-//!    of the container processes.
+//!    of the container processes; compared with the baseline sleeps' total.
 //! 4. **Idle CPU.** utime+stime of the agent (and of all shims) over a 10 s window with `N` pods
 //!    running and no requests, as % of one core.
 //! 5. **Teardown.** Deletes the manifests, times until `/pods` no longer lists them (60 s cap),
@@ -51,6 +53,8 @@ const POLL: Duration = Duration::from_millis(20);
 const STEADY: Duration = Duration::from_secs(5);
 /// Idle window for the CPU figure.
 const IDLE_WINDOW: Duration = Duration::from_secs(10);
+/// The agent's PLEG relist period (`kubelet_pleg::GENERIC_PLEG_RELIST_PERIOD`).
+const RELIST_PERIOD: Duration = Duration::from_secs(1);
 /// Node name given to the agent (pod names get `-bench-node` appended).
 const NODE: &str = "bench-node";
 
@@ -87,6 +91,11 @@ struct Metric {
 }
 
 const METRICS: &[Metric] = &[
+    Metric {
+        key: "write_offset_ms",
+        unit: "ms",
+        what: "delay after /healthz before the first write (relist phase)",
+    },
     Metric {
         key: "baseline_spawn_ms",
         unit: "ms",
@@ -141,6 +150,36 @@ const METRICS: &[Metric] = &[
         key: "shim_rss_each_kib",
         unit: "KiB",
         what: "shims: VmRSS per shim",
+    },
+    Metric {
+        key: "shims_pss_kib",
+        unit: "KiB",
+        what: "shims: total PSS (shared pages split)",
+    },
+    Metric {
+        key: "shim_pss_each_kib",
+        unit: "KiB",
+        what: "shims: PSS per shim",
+    },
+    Metric {
+        key: "agent_pss_kib",
+        unit: "KiB",
+        what: "agent PSS, N pods",
+    },
+    Metric {
+        key: "containers_pss_kib",
+        unit: "KiB",
+        what: "container sleeps: total PSS",
+    },
+    Metric {
+        key: "baseline_pss_kib",
+        unit: "KiB",
+        what: "baseline sleeps: total PSS",
+    },
+    Metric {
+        key: "overhead_pss_ratio",
+        unit: "x",
+        what: "(agent+shims+containers) / baseline PSS",
     },
     Metric {
         key: "containers_rss_kib",
@@ -297,9 +336,10 @@ fn token_prefix() -> String {
 
 fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'static str, f64>> {
     let mut out = BTreeMap::new();
-    let (spawn_ms, baseline_rss) = baseline(args.pods, run)?;
+    let (spawn_ms, baseline_rss, baseline_pss) = baseline(args.pods, run)?;
     out.insert("baseline_spawn_ms", spawn_ms);
     out.insert("baseline_rss_kib", baseline_rss as f64);
+    out.insert("baseline_pss_kib", baseline_pss as f64);
 
     let tmp = tempfile::Builder::new()
         .prefix("startup-bench-")
@@ -318,6 +358,13 @@ fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'
         "agent_rss_0_pods_kib",
         proc_status_kib(pid, "VmRSS:").unwrap_or(0) as f64,
     );
+
+    // Sample the relist phase: run r of R waits r/R of the 1 s relist period after /healthz
+    // (the agent relists once at start, then every second), so the runs do not all land at the
+    // same point of the PLEG's cycle.
+    let offset = RELIST_PERIOD.mul_f64(run as f64 / args.runs as f64);
+    sleep(offset);
+    out.insert("write_offset_ms", ms(offset));
 
     // Write the manifests.
     let names: Vec<String> = (0..args.pods).map(|i| format!("bench-{run}-{i}")).collect();
@@ -387,8 +434,10 @@ fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'
 
     // Memory after a steady period.
     sleep(STEADY);
-    let agent_rss = proc_status_kib(pid, "VmRSS:").unwrap_or(0);
+    let agent_rss = rss_kib(pid);
+    let agent_pss = pss_kib(pid);
     out.insert("agent_rss_kib", agent_rss as f64);
+    out.insert("agent_pss_kib", agent_pss as f64);
     out.insert(
         "agent_hwm_kib",
         proc_status_kib(pid, "VmHWM:").unwrap_or(0) as f64,
@@ -397,26 +446,26 @@ fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'
     let shims = find_procs(|argv| {
         argv.iter().any(|a| a == SHIM_MARKER) && argv.iter().any(|a| a.starts_with(&root_str))
     });
-    let shims_rss: u64 = shims
-        .iter()
-        .filter_map(|&p| proc_status_kib(p, "VmRSS:"))
-        .sum();
+    let each = |total: u64| total as f64 / shims.len().max(1) as f64;
+    let (shims_rss, shims_pss) = (sum_kib(&shims, rss_kib), sum_kib(&shims, pss_kib));
     out.insert("shims", shims.len() as f64);
     out.insert("shims_rss_kib", shims_rss as f64);
-    out.insert(
-        "shim_rss_each_kib",
-        shims_rss as f64 / shims.len().max(1) as f64,
-    );
+    out.insert("shim_rss_each_kib", each(shims_rss));
+    out.insert("shims_pss_kib", shims_pss as f64);
+    out.insert("shim_pss_each_kib", each(shims_pss));
     let run_prefix = format!("{}1{run:02}", token_prefix());
     let containers = find_procs(|argv| is_token_sleep(argv, &run_prefix));
-    let containers_rss: u64 = containers
-        .iter()
-        .filter_map(|&p| proc_status_kib(p, "VmRSS:"))
-        .sum();
+    let containers_rss = sum_kib(&containers, rss_kib);
+    let containers_pss = sum_kib(&containers, pss_kib);
     out.insert("containers_rss_kib", containers_rss as f64);
+    out.insert("containers_pss_kib", containers_pss as f64);
     out.insert(
         "overhead_rss_ratio",
         (agent_rss + shims_rss + containers_rss) as f64 / baseline_rss.max(1) as f64,
+    );
+    out.insert(
+        "overhead_pss_ratio",
+        (agent_pss + shims_pss + containers_pss) as f64 / baseline_pss.max(1) as f64,
     );
 
     // Idle CPU: no requests during the window.
@@ -455,8 +504,9 @@ fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'
     Ok(out)
 }
 
-/// Spawn `n` sleeps directly; return (ms until all exec'd, their total VmRSS in KiB).
-fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64)> {
+/// Spawn `n` sleeps directly; return (ms until all exec'd, their total VmRSS and PSS in KiB,
+/// read 500 ms later).
+fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64, u64)> {
     let t0 = Instant::now();
     let mut children: Vec<Child> = Vec::with_capacity(n);
     let mut result = Ok(());
@@ -485,15 +535,15 @@ fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64)> {
         sleep(Duration::from_micros(200));
     }
     let spawn_ms = ms(t0.elapsed());
-    let rss: u64 = pids
-        .iter()
-        .filter_map(|&p| proc_status_kib(p, "VmRSS:"))
-        .sum();
+    if result.is_ok() {
+        sleep(Duration::from_millis(500));
+    }
+    let (rss, pss) = (sum_kib(&pids, rss_kib), sum_kib(&pids, pss_kib));
     for mut c in children {
         let _ = c.kill();
         let _ = c.wait();
     }
-    result.map(|()| (spawn_ms, rss))
+    result.map(|()| (spawn_ms, rss, pss))
 }
 
 /// The agent process; dropping it stops the agent and kills this harness's token processes.
@@ -692,6 +742,28 @@ fn proc_status_kib(pid: i32, key: &str) -> Option<u64> {
     s.lines()
         .find_map(|l| l.strip_prefix(key))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
+}
+
+/// VmRSS of `pid` in KiB (0 if it is gone).
+fn rss_kib(pid: i32) -> u64 {
+    proc_status_kib(pid, "VmRSS:").unwrap_or(0)
+}
+
+/// Proportional set size of `pid` in KiB (`/proc/<pid>/smaps_rollup`; shared pages divided
+/// among their users, so sums over processes do not count the binary's text N times).
+fn pss_kib(pid: i32) -> u64 {
+    fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Pss:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn sum_kib(pids: &[i32], f: fn(i32) -> u64) -> u64 {
+    pids.iter().map(|&p| f(p)).sum()
 }
 
 /// utime + stime of `pid` in clock ticks.
