@@ -48,6 +48,9 @@ struct Env {
     port: u16,
     /// `--healthz-port` (0: disabled).
     healthz_port: u16,
+    /// Pass `--root-dir`, `--pod-log-dir` and `--pod-manifest-path` relative to the agent's
+    /// working directory (the temp dir) instead of absolute.
+    relative_dirs: bool,
     agent: Option<Child>,
     tokens: Vec<String>,
 }
@@ -83,6 +86,7 @@ impl Env {
             work,
             port: 0,
             healthz_port: 0,
+            relative_dirs: false,
             agent: None,
             tokens: Vec::new(),
         }
@@ -105,13 +109,24 @@ impl Env {
             .append(true)
             .open(&self.stderr_path)
             .expect("open stderr log");
+        let base = self._dir.path();
+        let dir_arg = |p: &Path| {
+            if self.relative_dirs {
+                p.strip_prefix(base)
+                    .expect("under the temp dir")
+                    .to_path_buf()
+            } else {
+                p.to_path_buf()
+            }
+        };
         let child = Command::new(BIN)
+            .current_dir(base)
             .arg("--root-dir")
-            .arg(&self.root)
+            .arg(dir_arg(&self.root))
             .arg("--pod-log-dir")
-            .arg(&self.logs)
+            .arg(dir_arg(&self.logs))
             .arg("--pod-manifest-path")
-            .arg(&self.manifests)
+            .arg(dir_arg(&self.manifests))
             .args(["--read-only-port", &self.port.to_string()])
             .args(["--address", "127.0.0.1"])
             .args(["--healthz-port", &self.healthz_port.to_string()])
@@ -829,7 +844,7 @@ fn deleting_manifest_sends_sigterm_and_sigkill_only_after_the_grace_period() {
         "killed only after {stubborn_gone:?}"
     );
     assert!(
-        polite_gone < Duration::from_millis(2500),
+        polite_gone < Duration::from_secs(5),
         "a process exiting on SIGTERM took {polite_gone:?}"
     );
     env.wait_pod_gone(&static_name("stubborn"));
@@ -1069,6 +1084,34 @@ fn healthz_returns_200_ok_on_the_read_only_and_healthz_ports() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Relative directories
+// ---------------------------------------------------------------------------------------------
+
+/// Reproduces a bug: with a relative `--root-dir` every container start fails with
+/// `StartError` ("container record missing"), because the process runtime starts the shim with
+/// `current_dir("/")` and a state directory relative to the agent's working directory
+/// (crates/kubelet-process/src/runtime.rs, `.arg(&dir).current_dir("/")`). Run with
+/// `cargo test -p minimal_kubelet --test e2e -- --ignored`.
+#[test]
+#[ignore = "bug: a relative --root-dir makes every container start fail (shim runs in /)"]
+fn relative_root_dir_runs_containers() {
+    let mut env = Env::new("reldirs");
+    env.relative_dirs = true;
+    env.start();
+    let token = env.token("main");
+    env.write_pod(
+        "rel.json",
+        &pod(
+            "rel",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    let p = env.wait_running_ready(&static_name("rel"));
+    assert_eq!(main_status(&p, "main")["restartCount"], 0, "{p:#}");
+    wait_single_process(&token);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Root only: cgroup memory limits
 // ---------------------------------------------------------------------------------------------
 
@@ -1086,11 +1129,11 @@ fn root_or_skip(test: &str) -> bool {
     false
 }
 
+/// A cgroup mount: its mount point and the root of the hierarchy it shows.
+type Mount = (PathBuf, String);
+
 /// Mount points of cgroup hierarchies: v1 by controller, and the v2 mount.
-fn cgroup_mounts() -> (
-    BTreeMap<String, (PathBuf, String)>,
-    Option<(PathBuf, String)>,
-) {
+fn cgroup_mounts() -> (BTreeMap<String, Mount>, Option<Mount>) {
     let mut v1 = BTreeMap::new();
     let mut v2 = None;
     let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
@@ -1116,7 +1159,7 @@ fn cgroup_mounts() -> (
     (v1, v2)
 }
 
-/// The memory limit file of `pid`'s cgroup and its expected format (v1 or v2).
+/// The memory limit file of `pid`'s cgroup (`memory.limit_in_bytes` or `memory.max`).
 fn memory_limit_file(pid: i32) -> Option<PathBuf> {
     let (v1, v2) = cgroup_mounts();
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
