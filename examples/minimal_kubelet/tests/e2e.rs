@@ -534,7 +534,7 @@ fn manifest_dropped_in_directory_becomes_running_ready_pod_with_host_process() {
     let token = env.token("main");
     // YAML on purpose (the other tests write JSON manifests).
     let yaml = format!(
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ready\nspec:\n  containers:\n  - name: main\n    image: busybox\n    command: [\"/bin/sh\", \"-c\", \"trap 'exit 0' TERM; while true; do sleep 1 & wait $!; done\", \"{token}\"]\n"
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ready\nspec:\n  containers:\n  - name: main\n    image: busybox\n    command: [\"/bin/sh\", \"-c\", \"echo hello; trap 'exit 0' TERM; while true; do sleep 1 & wait $!; done\", \"{token}\"]\n"
     );
     env.write_manifest("ready.yaml", yaml.as_bytes());
 
@@ -562,6 +562,24 @@ fn manifest_dropped_in_directory_becomes_running_ready_pod_with_host_process() {
     assert!(c["state"]["running"]["startedAt"].is_string(), "{c:#}");
     let pid = wait_single_process(&token);
     assert!(Path::new(&format!("/proc/{pid}")).exists());
+
+    // Its output is in the pod log dir, in the CRI log format.
+    let uid = p["metadata"]["uid"].as_str().expect("uid");
+    let log = env
+        .logs
+        .join(format!("default_{name}_{uid}"))
+        .join("main")
+        .join("0.log");
+    let line = wait_until(&format!("hello in {}", log.display()), || {
+        read_lines(&log).into_iter().find(|l| l.ends_with("hello"))
+    });
+    let fields: Vec<&str> = line.splitn(4, ' ').collect();
+    assert_eq!(fields.len(), 4, "{line:?}");
+    assert!(
+        fields[0].ends_with('Z') && fields[0].contains('T'),
+        "{line:?}"
+    );
+    assert_eq!(&fields[1..], ["stdout", "F", "hello"], "{line:?}");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -600,6 +618,48 @@ fn container_killed_with_sigkill_is_restarted_with_exit_code_137() {
     assert!(!cmdline_has(old_pid, &token), "old process still there");
     let new_pid = wait_single_process(&token);
     assert_ne!(new_pid, old_pid);
+}
+
+#[test]
+fn crashing_container_is_restarted_at_once_then_backs_off_ten_seconds() {
+    let mut env = Env::new("backoff");
+    env.start();
+    let token = env.token("crash");
+    let runs = env.work.join("runs");
+    env.write_pod(
+        "crash.json",
+        &pod(
+            "crash",
+            json!({ "containers": [sh("main", &format!("date +%s.%N >> {}; exit 1", runs.display()), &token)] }),
+        ),
+    );
+    let name = static_name("crash");
+    let p = env.wait_pod(&name, "CrashLoopBackOff after the first restart", |p| {
+        let c = main_status(p, "main");
+        c["restartCount"] == 1 && c["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+    });
+    let c = main_status(&p, "main");
+    let msg = c["state"]["waiting"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(msg.contains("back-off 10s"), "{c:#}");
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 1, "{c:#}");
+    let times = wait_until("a third run", || {
+        let t: Vec<f64> = read_lines(&runs)
+            .iter()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        (t.len() >= 3).then_some(t)
+    });
+    let (first_gap, second_gap) = (times[1] - times[0], times[2] - times[1]);
+    assert!(
+        first_gap < 5.0,
+        "the first restart is immediate; took {first_gap:.2} s"
+    );
+    assert!(
+        (9.5..20.0).contains(&second_gap),
+        "the second restart waits the 10 s back-off; took {second_gap:.2} s"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -937,6 +997,40 @@ fn restarting_the_agent_leaves_running_containers_untouched() {
     assert_eq!(c["containerID"], cid, "{c:#}");
     assert_eq!(c["restartCount"], 0, "{c:#}");
     assert_eq!(again["status"]["phase"], "Running");
+}
+
+#[test]
+fn pod_whose_manifest_was_deleted_while_the_agent_was_down_is_stopped_on_restart() {
+    let mut env = Env::new("orphan");
+    let (t_keep, t_gone) = (env.token("keep"), env.token("gone"));
+    // Manifests present before the agent starts: the initial listing, not inotify.
+    for (name, token) in [("keep", &t_keep), ("gone", &t_gone)] {
+        env.write_pod(
+            &format!("{name}.json"),
+            &pod(
+                name,
+                json!({ "containers": [sh("main", &looping("", true), token)] }),
+            ),
+        );
+    }
+    env.start();
+    env.wait_running_ready(&static_name("keep"));
+    env.wait_running_ready(&static_name("gone"));
+    let (keep_pid, gone_pid) = (wait_single_process(&t_keep), wait_single_process(&t_gone));
+
+    assert!(env.stop().success());
+    env.remove_manifest("gone.json");
+    env.start();
+    wait_process_gone(gone_pid, &t_gone);
+    env.wait_pod_gone(&static_name("gone"));
+    let keep = env.wait_running_ready(&static_name("keep"));
+    assert_eq!(main_status(&keep, "main")["restartCount"], 0);
+    assert_eq!(
+        container_pids(&t_keep),
+        vec![keep_pid],
+        "the kept pod is untouched"
+    );
+    assert!(container_pids(&t_gone).is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------
