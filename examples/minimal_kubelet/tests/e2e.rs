@@ -662,6 +662,41 @@ fn crashing_container_is_restarted_at_once_then_backs_off_ten_seconds() {
     );
 }
 
+#[test]
+fn container_whose_command_does_not_exist_reports_start_error_and_backs_off() {
+    let mut env = Env::new("noexec");
+    env.start();
+    let missing = env.work.join("no-such-program");
+    env.write_pod(
+        "noexec.json",
+        &pod(
+            "noexec",
+            json!({ "containers": [{ "name": "main", "image": "busybox", "command": [missing] }] }),
+        ),
+    );
+    let p = env.wait_pod(
+        &static_name("noexec"),
+        "a StartError in CrashLoopBackOff",
+        |p| {
+            let c = main_status(p, "main");
+            c["lastState"]["terminated"]["reason"] == "StartError"
+                && c["state"]["waiting"]["reason"] == "CrashLoopBackOff"
+        },
+    );
+    let c = main_status(&p, "main");
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 128, "{c:#}");
+    let msg = c["lastState"]["terminated"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        msg.contains("no-such-program"),
+        "the message names the program: {c:#}"
+    );
+    assert_eq!(p["status"]["phase"], "Running", "{p:#}");
+    assert_eq!(c["ready"], false, "{c:#}");
+    assert_eq!(condition(&p, "Ready"), Some("False"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 3. Restart policies, init containers, sidecars
 // ---------------------------------------------------------------------------------------------
@@ -909,6 +944,38 @@ fn deleting_manifest_sends_sigterm_and_sigkill_only_after_the_grace_period() {
     );
     env.wait_pod_gone(&static_name("stubborn"));
     env.wait_pod_gone(&static_name("polite"));
+}
+
+#[test]
+fn zero_grace_period_still_sends_sigterm_and_waits_the_two_second_minimum() {
+    let mut env = Env::new("zerograce");
+    env.start();
+    let token = env.token("main");
+    let mark = env.work.join("term");
+    env.write_pod(
+        "zero.json",
+        &pod(
+            "zero",
+            json!({
+                "terminationGracePeriodSeconds": 0,
+                "containers": [sh("main", &looping(&format!("echo term >> {}", mark.display()), false), &token)],
+            }),
+        ),
+    );
+    env.wait_running_ready(&static_name("zero"));
+    let pid = wait_single_process(&token);
+    let t0 = Instant::now();
+    env.remove_manifest("zero.json");
+    wait_process_gone(pid, &token);
+    let gone = t0.elapsed();
+    assert_eq!(read_lines(&mark), vec!["term"], "SIGTERM first");
+    // The kubelet never gives the runtime less than 2 s (`minimumGracePeriodInSeconds`).
+    assert!(
+        gone >= Duration::from_millis(1950),
+        "killed after {gone:?}, before the 2 s minimum"
+    );
+    assert!(gone < Duration::from_secs(10), "killed only after {gone:?}");
+    env.wait_pod_gone(&static_name("zero"));
 }
 
 #[test]
