@@ -1100,6 +1100,44 @@ fn pod_whose_manifest_was_deleted_while_the_agent_was_down_is_stopped_on_restart
     assert!(container_pids(&t_gone).is_empty());
 }
 
+#[test]
+fn completed_pod_is_not_run_again_after_agent_restart() {
+    let mut env = Env::new("donerestart");
+    env.start();
+    let token = env.token("task");
+    let runs = env.work.join("runs");
+    env.write_pod(
+        "done.json",
+        &pod(
+            "done",
+            json!({
+                "restartPolicy": "OnFailure",
+                "containers": [sh("task", &format!("echo ran >> {}; exit 0", runs.display()), &token)],
+            }),
+        ),
+    );
+    let name = static_name("done");
+    env.wait_pod(&name, "phase Succeeded", |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    assert!(env.stop().success());
+    env.start();
+    env.wait_pod(&name, "phase Succeeded after the restart", |p| {
+        p["status"]["phase"] == "Succeeded"
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    let p = env.pod(&name).expect("listed");
+    assert_eq!(p["status"]["phase"], "Succeeded", "{p:#}");
+    let c = main_status(&p, "task");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 0, "{c:#}");
+    assert_eq!(
+        read_lines(&runs),
+        vec!["ran"],
+        "the container ran exactly once"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 6. Malformed manifests
 // ---------------------------------------------------------------------------------------------
