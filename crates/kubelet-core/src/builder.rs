@@ -184,6 +184,15 @@ impl KubeletBuilder {
         let runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
         let pleg = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
         validate_node_name(&self.node_name)?;
+        // Paths reach runtimes and their helper processes, whose working directory differs from
+        // ours: make them absolute once.
+        let mut config = self.config;
+        for dir in [&mut config.root_dir, &mut config.pod_log_dir] {
+            *dir = std::path::absolute(&*dir).map_err(|source| KubeletError::ResolveDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
         let (recorder, events) = (self.recorder, self.events);
         let mut pod_config = PodConfig::new(recorder.clone());
         for s in self.sources {
@@ -195,7 +204,7 @@ impl KubeletBuilder {
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         Ok(Kubelet::assemble(crate::kubelet::Parts {
             node_name: self.node_name,
-            config: self.config,
+            config,
             runtime,
             pleg,
             pleg_events,

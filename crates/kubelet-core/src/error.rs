@@ -151,6 +151,15 @@ pub enum KubeletError {
     /// The PLEG's event channel was already taken by someone else.
     #[error("the PLEG event channel was already taken")]
     PlegEventsTaken,
+    /// A configured directory could not be made absolute.
+    #[error("resolving directory {path}: {source}")]
+    ResolveDir {
+        /// The directory as configured.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// Creating the agent's root directory failed.
     #[error("creating root directory {path}: {source}")]
     CreateRootDir {

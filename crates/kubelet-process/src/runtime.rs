@@ -89,9 +89,16 @@ impl ProcessRuntime {
     /// Like [`new`](Self::new), recording Warning events (`ResourceLimitsNotEnforced`,
     /// `MountsNotSupported`) on the pod through `recorder`.
     pub fn with_recorder(
-        config: ProcessRuntimeConfig,
+        mut config: ProcessRuntimeConfig,
         recorder: EventRecorder,
     ) -> Result<Self, ProcessError> {
+        // The shims run with `/` as their working directory: every path they get is absolute.
+        config.root_dir =
+            std::path::absolute(&config.root_dir).map_err(|source| ProcessError::State {
+                op: "resolving",
+                path: config.root_dir.clone(),
+                source,
+            })?;
         for d in [
             config.root_dir.join("sandboxes"),
             config.root_dir.join("containers"),

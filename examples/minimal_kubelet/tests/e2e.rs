@@ -1286,13 +1286,9 @@ fn healthz_returns_200_ok_on_the_read_only_and_healthz_ports() {
 // Relative directories
 // ---------------------------------------------------------------------------------------------
 
-/// Reproduces a bug: with a relative `--root-dir` every container start fails with
-/// `StartError` ("container record missing"), because the process runtime starts the shim with
-/// `current_dir("/")` and a state directory relative to the agent's working directory
-/// (crates/kubelet-process/src/runtime.rs, `.arg(&dir).current_dir("/")`). Run with
-/// `cargo test -p minimal_kubelet --test e2e -- --ignored`.
+/// Relative `--root-dir` and `--pod-log-dir` work: the shims run with `/` as their working
+/// directory, so the runtime and the engine resolve every directory before handing it on.
 #[test]
-#[ignore = "bug: a relative --root-dir makes every container start fail (shim runs in /)"]
 fn relative_root_dir_runs_containers() {
     let mut env = Env::new("reldirs");
     env.relative_dirs = true;
