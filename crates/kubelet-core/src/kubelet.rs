@@ -156,6 +156,7 @@ impl Kubelet {
             let ctx = ProbeContext {
                 statuses: status.reader(),
                 runtime: runtime.clone(),
+                recorder: recorder.clone(),
             };
             let t = inner.clone();
             tasks.spawn(async move { p.run(ctx, t).await });

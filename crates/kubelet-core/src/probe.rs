@@ -58,6 +58,8 @@ pub struct ProbeContext {
     pub statuses: StatusReader,
     /// The runtime, for exec probes.
     pub runtime: Arc<dyn ContainerRuntime>,
+    /// Recorder for the `Unhealthy` and `ProbeWarning` events.
+    pub recorder: crate::event::EventRecorder,
 }
 
 impl std::fmt::Debug for ProbeContext {
