@@ -78,12 +78,81 @@ pub enum PodConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The manifest URL is not an `http://` or `https://` URL with a host.
+    #[error("invalid manifest URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Fetching the manifest URL failed (connect, TLS, timeout, or reading the body).
+    #[error("fetching pods from URL {url}: {reason}")]
+    FetchUrl {
+        /// The URL.
+        url: String,
+        /// The cause.
+        reason: String,
+    },
+    /// The manifest URL answered with a status other than 200.
+    #[error("{url}: received status {status}; expected 200 OK")]
+    UrlStatus {
+        /// The URL.
+        url: String,
+        /// The HTTP status code.
+        status: u16,
+    },
+    /// The manifest URL answered with an empty body (an empty snapshot was sent).
+    #[error("zero-length data received from {url}")]
+    EmptyBody {
+        /// The URL.
+        url: String,
+    },
+    /// The manifest URL's body is larger than the kubelet's `maxConfigLength`.
+    #[error("manifest from URL {url} exceeds the maximum size of {limit} bytes")]
+    BodyTooLarge {
+        /// The URL.
+        url: String,
+        /// The limit, in bytes.
+        limit: u64,
+    },
+    /// A certificate, key or CA file could not be loaded.
+    #[error("loading TLS material from {path}: {reason}")]
+    LoadTls {
+        /// The file.
+        path: PathBuf,
+        /// What went wrong.
+        reason: String,
+    },
+    /// The push endpoint was configured without any way to authenticate clients.
+    #[error(
+        "the pod push endpoint needs a bearer token file or a client CA file (with a serving certificate); refusing to accept pods from anyone"
+    )]
+    PushNoAuthentication,
+    /// The push endpoint could not bind its address.
+    #[error("binding the pod push endpoint to {addr}: {source}")]
+    PushBind {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl PodConfigError {
-    /// The manifest file or directory the error is about.
+    /// The manifest file, directory or URL the error is about.
     pub fn path(&self) -> &std::path::Path {
         match self {
+            PodConfigError::InvalidUrl { url, .. }
+            | PodConfigError::FetchUrl { url, .. }
+            | PodConfigError::UrlStatus { url, .. }
+            | PodConfigError::EmptyBody { url }
+            | PodConfigError::BodyTooLarge { url, .. } => std::path::Path::new(url),
+            PodConfigError::LoadTls { path, .. } => path,
+            PodConfigError::PushNoAuthentication | PodConfigError::PushBind { .. } => {
+                std::path::Path::new("")
+            }
             PodConfigError::ListManifestDir { path, .. }
             | PodConfigError::ReadManifest { path, .. }
             | PodConfigError::ManifestTooLarge { path, .. }

@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::PodConfigError;
 use crate::manifest::{self, ManifestFailure};
+use crate::validation::ValidationOptions;
 
 /// Settings of a [`FileSource`]. Start from [`Default`] and adjust with the setters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +58,8 @@ pub struct FileSourceConfig {
     pub max_write_wait: Duration,
     /// Retry period while the path does not exist (default 1 s, as the kubelet's).
     pub missing_path_retry: Duration,
+    /// How manifests are validated (default: static pods without API references).
+    pub validation: ValidationOptions,
 }
 
 impl Default for FileSourceConfig {
@@ -66,6 +69,7 @@ impl Default for FileSourceConfig {
             debounce: Duration::from_millis(100),
             max_write_wait: Duration::from_secs(2),
             missing_path_retry: Duration::from_secs(1),
+            validation: ValidationOptions::static_pod(),
         }
     }
 }
@@ -86,6 +90,12 @@ impl FileSourceConfig {
     /// Set the longest wait for a file still open for writing.
     pub fn max_write_wait(mut self, wait: Duration) -> Self {
         self.max_write_wait = wait;
+        self
+    }
+
+    /// Allow static pods to reference API objects (set when the agent has an API source).
+    pub fn allow_api_references(mut self, allow: bool) -> Self {
+        self.validation = self.validation.allow_api_references(allow);
         self
     }
 
@@ -269,7 +279,9 @@ impl FileSource {
     ) -> Option<bool> {
         let path = self.path.clone();
         let node = self.node_name.clone();
-        let listing = match tokio::task::spawn_blocking(move || list(&path, &node)).await {
+        let options = self.config.validation;
+        let listing = match tokio::task::spawn_blocking(move || list(&path, &node, &options)).await
+        {
             Ok(listing) => listing,
             Err(e) => {
                 tracing::error!(error = %e, "static pod listing task failed");
@@ -312,7 +324,7 @@ enum Listing {
 }
 
 /// Read every manifest under `path` (blocking).
-fn list(path: &Path, node_name: &str) -> Listing {
+fn list(path: &Path, node_name: &str, options: &ValidationOptions) -> Listing {
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Listing::Missing,
@@ -324,7 +336,10 @@ fn list(path: &Path, node_name: &str) -> Listing {
         }
     };
     if !meta.is_dir() {
-        return Listing::Files(vec![(path.to_path_buf(), manifest::load(path, node_name))]);
+        return Listing::Files(vec![(
+            path.to_path_buf(),
+            manifest::load(path, node_name, options),
+        )]);
     }
     let entries = match std::fs::read_dir(path) {
         Ok(rd) => rd,
@@ -363,7 +378,7 @@ fn list(path: &Path, node_name: &str) -> Listing {
             Ok(m) if !m.is_file() => {
                 tracing::debug!(path = %file.display(), "manifest path is not a regular file; skipping");
             }
-            Ok(_) => files.push((file.clone(), manifest::load(&file, node_name))),
+            Ok(_) => files.push((file.clone(), manifest::load(&file, node_name, options))),
             // Deleted between listing and stat: it is simply gone.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => files.push((

@@ -33,14 +33,21 @@
 
 pub mod error;
 pub mod file;
+pub mod http;
 pub mod manifest;
+pub mod tls;
 pub mod validation;
 
 pub use error::PodConfigError;
 pub use file::{FileSource, FileSourceConfig};
+pub use http::{HttpSource, HttpSourceConfig};
 pub use kubelet_core::config::{
     PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot, annotations, sources,
 };
 pub use kubelet_core::merge::{PodConfig, PodStorage, SourcesSeen};
 pub use kubelet_core::{Event, EventRecorder, EventType, InvolvedObject};
-pub use manifest::{MAX_MANIFEST_SIZE, ManifestOrigin, apply_defaults, decode_pod, load_manifest};
+pub use manifest::{
+    MAX_MANIFEST_SIZE, ManifestOrigin, apply_defaults, apply_defaults_with, decode_pod,
+    decode_pods, load_manifest,
+};
+pub use validation::{ValidationOptions, validate_pod, validate_pod_with};

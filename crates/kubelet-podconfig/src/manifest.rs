@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus, Toleration};
 use kubelet_core::config::annotations;
 
 use crate::error::PodConfigError;
-use crate::validation;
+use crate::validation::{self, ValidationOptions};
 
 /// The largest manifest the kubelet reads (`maxConfigLength`, 10 MiB).
 pub const MAX_MANIFEST_SIZE: u64 = 10 * 1024 * 1024;
@@ -73,11 +73,7 @@ pub fn decode_pod(path: &Path, data: &[u8]) -> Result<Pod, PodConfigError> {
             path: path.to_path_buf(),
         });
     }
-    let value: serde_json::Value = if text.trim_start().starts_with('{') {
-        serde_json::from_str(text).map_err(|e| decode_err(format!("invalid JSON: {e}")))?
-    } else {
-        serde_yaml_ng::from_str(text).map_err(|e| decode_err(format!("invalid YAML: {e}")))?
-    };
+    let value = parse_value(text).map_err(decode_err)?;
     let Some(obj) = value.as_object() else {
         return Err(decode_err(
             "the manifest is not an object (expected a v1 Pod)".to_string(),
@@ -98,6 +94,59 @@ pub fn decode_pod(path: &Path, data: &[u8]) -> Result<Pod, PodConfigError> {
         });
     }
     serde_json::from_value(value).map_err(|e| decode_err(format!("not a valid Pod: {e}")))
+}
+
+/// Decode the body of a manifest URL (or of a push request): one `v1` `Pod`, or a `v1`
+/// `PodList` whose items are pods. `origin` names the body in errors.
+pub fn decode_pods(origin: &str, data: &[u8]) -> Result<Vec<Pod>, PodConfigError> {
+    let path = Path::new(origin);
+    match decode_pod(path, data) {
+        Ok(pod) => Ok(vec![pod]),
+        Err(PodConfigError::UnsupportedKind {
+            kind, api_version, ..
+        }) if kind == "PodList" && api_version == "v1" => {
+            let text = std::str::from_utf8(data).map_err(|e| PodConfigError::DecodeManifest {
+                path: path.to_path_buf(),
+                reason: format!("not UTF-8: {e}"),
+            })?;
+            let decode_err = |reason: String| PodConfigError::DecodeManifest {
+                path: path.to_path_buf(),
+                reason,
+            };
+            let value = parse_value(text).map_err(decode_err)?;
+            let items = match value.get("items") {
+                None | Some(serde_json::Value::Null) => return Ok(Vec::new()),
+                Some(serde_json::Value::Array(items)) => items.clone(),
+                Some(_) => return Err(decode_err("PodList items is not a list".to_string())),
+            };
+            let mut pods = Vec::with_capacity(items.len());
+            for (i, mut item) in items.into_iter().enumerate() {
+                let Some(obj) = item.as_object_mut() else {
+                    return Err(decode_err(format!("PodList item {i} is not an object")));
+                };
+                obj.entry("apiVersion").or_insert_with(|| "v1".into());
+                obj.entry("kind").or_insert_with(|| "Pod".into());
+                if obj.get("apiVersion").and_then(|v| v.as_str()) != Some("v1")
+                    || obj.get("kind").and_then(|v| v.as_str()) != Some("Pod")
+                {
+                    return Err(decode_err(format!("PodList item {i} is not a v1 Pod")));
+                }
+                pods.push(serde_json::from_value(item).map_err(|e| {
+                    decode_err(format!("PodList item {i} is not a valid Pod: {e}"))
+                })?);
+            }
+            Ok(pods)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn parse_value(text: &str) -> Result<serde_json::Value, String> {
+    if text.trim_start().starts_with('{') {
+        serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
+    } else {
+        serde_yaml_ng::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
+    }
 }
 
 /// FNV-1a, 128 bits (Go's `hash/fnv.New128a`).
@@ -145,6 +194,17 @@ pub fn apply_defaults(
     pod: &mut Pod,
     origin: ManifestOrigin<'_>,
     node_name: &str,
+) -> Result<(), PodConfigError> {
+    apply_defaults_with(pod, origin, node_name, &ValidationOptions::static_pod())
+}
+
+/// [`apply_defaults`] with explicit validation options (for example
+/// [`ValidationOptions::allow_api_references`] when the agent also has an API source).
+pub fn apply_defaults_with(
+    pod: &mut Pod,
+    origin: ManifestOrigin<'_>,
+    node_name: &str,
+    options: &ValidationOptions,
 ) -> Result<(), PodConfigError> {
     let path = match origin {
         ManifestOrigin::File(p) => p.to_path_buf(),
@@ -198,7 +258,7 @@ pub fn apply_defaults(
     }
     pod.status.get_or_insert_with(PodStatus::default).phase = Some("Pending".to_string());
 
-    let reasons = validation::validate_pod(pod);
+    let reasons = validation::validate_pod_with(pod, options);
     if reasons.is_empty() {
         Ok(())
     } else {
@@ -208,13 +268,17 @@ pub fn apply_defaults(
 
 /// Read, decode, default and validate one manifest file: the pod the file source delivers.
 pub fn load_manifest(path: &Path, node_name: &str) -> Result<Pod, PodConfigError> {
-    load(path, node_name).map_err(|f| f.error)
+    load(path, node_name, &ValidationOptions::static_pod()).map_err(|f| f.error)
 }
 
-pub(crate) fn load(path: &Path, node_name: &str) -> Result<Pod, ManifestFailure> {
+pub(crate) fn load(
+    path: &Path,
+    node_name: &str,
+    options: &ValidationOptions,
+) -> Result<Pod, ManifestFailure> {
     let data = read_manifest_file(path)?;
     let mut pod = decode_pod(path, &data)?;
-    match apply_defaults(&mut pod, ManifestOrigin::File(path), node_name) {
+    match apply_defaults_with(&mut pod, ManifestOrigin::File(path), node_name, options) {
         Ok(()) => Ok(pod),
         Err(error) => {
             let decoded = pod.metadata.name.is_some().then(|| Box::new(pod));
