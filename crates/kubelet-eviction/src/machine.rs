@@ -1,0 +1,604 @@
+//! [`MachineStats`]: the reference [`StatsProvider`] reading the real machine — cgroup v1 / v2
+//! files, `/proc/meminfo`, `/proc/loadavg`, `statvfs` — and per-pod usage from a
+//! [`ContainerRuntime`] plus the pod's volume and log directories.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use kubelet_core::ContainerRuntime;
+use tokio::time::Instant;
+
+use crate::error::EvictionError;
+use crate::signal::Signal;
+use crate::stats::{
+    ActivePod, ContainerUsage, MemoryCgroup, Observations, PodUsage, SignalObservation,
+    StatsProvider,
+};
+
+/// The cgroup hierarchy holding the memory controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CgroupFs {
+    /// cgroup v1: the mount point of the memory controller (`/sys/fs/cgroup/memory`).
+    V1 {
+        /// Mount point of the memory hierarchy.
+        memory: PathBuf,
+    },
+    /// cgroup v2: the unified mount point (`/sys/fs/cgroup`).
+    V2 {
+        /// Mount point of the unified hierarchy.
+        root: PathBuf,
+    },
+}
+
+impl CgroupFs {
+    /// Detect from `<proc_root>/self/mountinfo`: the v1 memory hierarchy if mounted, else a v2
+    /// hierarchy offering the memory controller.
+    pub fn detect(proc_root: &Path) -> Option<Self> {
+        let text = std::fs::read_to_string(proc_root.join("self/mountinfo")).ok()?;
+        Self::from_mountinfo(&text)
+    }
+
+    /// Pick the memory hierarchy from a mountinfo text.
+    pub fn from_mountinfo(text: &str) -> Option<Self> {
+        let mut v2 = Vec::new();
+        for line in text.lines() {
+            let Some((pre, post)) = line.split_once(" - ") else {
+                continue;
+            };
+            let pre: Vec<&str> = pre.split_whitespace().collect();
+            let post: Vec<&str> = post.split_whitespace().collect();
+            let (Some(mp), Some(fstype)) = (pre.get(4), post.first()) else {
+                continue;
+            };
+            let mp = PathBuf::from(mp.replace("\\040", " "));
+            match *fstype {
+                "cgroup" => {
+                    let opts = post.get(2).copied().unwrap_or_default();
+                    if opts.split(',').any(|o| o == "memory") {
+                        return Some(CgroupFs::V1 { memory: mp });
+                    }
+                }
+                "cgroup2" => v2.push(mp),
+                _ => {}
+            }
+        }
+        v2.into_iter()
+            .find(|mp| {
+                std::fs::read_to_string(mp.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
+            })
+            .map(|root| CgroupFs::V2 { root })
+    }
+
+    /// Directory of cgroup `rel` (relative to the hierarchy root).
+    pub fn dir(&self, rel: &Path) -> PathBuf {
+        let rel = rel.strip_prefix("/").unwrap_or(rel);
+        match self {
+            CgroupFs::V1 { memory } => memory.join(rel),
+            CgroupFs::V2 { root } => root.join(rel),
+        }
+    }
+}
+
+/// What "node memory" means for `memory.available`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MemorySource {
+    /// The whole machine (the kubelet's meaning): capacity `MemTotal`, working set of the root
+    /// cgroup (v1) or from `/proc/meminfo` (v2 or no cgroups).
+    Node,
+    /// A cgroup with a memory limit, treated as the node: capacity is its limit (or `MemTotal`
+    /// when unlimited), working set its usage minus inactive file cache. Lets an embedder (or a
+    /// test) run eviction against a slice of the machine.
+    Cgroup(PathBuf),
+}
+
+/// Settings of [`MachineStats`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct MachineStatsConfig {
+    /// procfs mount (`/proc`).
+    pub proc_root: PathBuf,
+    /// The memory cgroup hierarchy; `None` when there is none.
+    pub cgroup: Option<CgroupFs>,
+    /// What node memory is.
+    pub memory: MemorySource,
+    /// `allocatableMemory.available`: the pods' cgroup (relative to the hierarchy) and the
+    /// node's allocatable memory in bytes. `None` leaves the signal unobserved.
+    pub allocatable: Option<(PathBuf, u64)>,
+    /// A path on nodefs (the kubelet's root dir); `None` leaves nodefs signals unobserved.
+    pub nodefs: Option<PathBuf>,
+    /// A path on the runtime's image filesystem, when the runtime reports one.
+    pub imagefs: Option<PathBuf>,
+    /// The kubelet's root dir: pod volumes live under `<root_dir>/pods/<uid>/volumes`.
+    pub root_dir: Option<PathBuf>,
+    /// The pod log dir: `<pod_log_dir>/<ns>_<name>_<uid>`.
+    pub pod_log_dir: Option<PathBuf>,
+}
+
+impl MachineStatsConfig {
+    /// The real machine: `/proc`, the detected cgroup hierarchy, the whole node's memory.
+    pub fn detect() -> Self {
+        let proc_root = PathBuf::from("/proc");
+        Self {
+            cgroup: CgroupFs::detect(&proc_root),
+            proc_root,
+            memory: MemorySource::Node,
+            allocatable: None,
+            nodefs: None,
+            imagefs: None,
+            root_dir: None,
+            pod_log_dir: None,
+        }
+    }
+
+    /// Explicit roots (for fixtures laid out like `/proc` and cgroupfs).
+    pub fn with_roots(proc_root: impl Into<PathBuf>, cgroup: Option<CgroupFs>) -> Self {
+        Self {
+            proc_root: proc_root.into(),
+            cgroup,
+            memory: MemorySource::Node,
+            allocatable: None,
+            nodefs: None,
+            imagefs: None,
+            root_dir: None,
+            pod_log_dir: None,
+        }
+    }
+
+    /// Treat cgroup `rel` as the node's memory.
+    pub fn memory_cgroup(mut self, rel: impl Into<PathBuf>) -> Self {
+        self.memory = MemorySource::Cgroup(rel.into());
+        self
+    }
+
+    /// Observe nodefs at `path` and take pod volumes from `<path>/pods`.
+    pub fn root_dir(mut self, path: impl Into<PathBuf>) -> Self {
+        let p = path.into();
+        self.nodefs = Some(p.clone());
+        self.root_dir = Some(p);
+        self
+    }
+
+    /// Observe the image filesystem at `path`.
+    pub fn imagefs(mut self, path: impl Into<PathBuf>) -> Self {
+        self.imagefs = Some(path.into());
+        self
+    }
+
+    /// Pod logs live under `path`.
+    pub fn pod_log_dir(mut self, path: impl Into<PathBuf>) -> Self {
+        self.pod_log_dir = Some(path.into());
+        self
+    }
+
+    /// Observe `allocatableMemory.available` on cgroup `rel` with `capacity` bytes.
+    pub fn allocatable(mut self, rel: impl Into<PathBuf>, capacity: u64) -> Self {
+        self.allocatable = Some((rel.into(), capacity));
+        self
+    }
+}
+
+/// The reference [`StatsProvider`]: reads the machine, and the runtime for per-pod usage.
+#[derive(Clone)]
+pub struct MachineStats {
+    config: MachineStatsConfig,
+    runtime: Option<Arc<dyn ContainerRuntime>>,
+}
+
+impl std::fmt::Debug for MachineStats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MachineStats")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Memory figures of one cgroup or of the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryFigures {
+    /// Capacity, bytes.
+    pub capacity: u64,
+    /// Usage, bytes.
+    pub usage: u64,
+    /// Inactive file cache, bytes.
+    pub inactive_file: u64,
+}
+
+impl MemoryFigures {
+    /// Working set: usage minus inactive file cache.
+    pub fn working_set(&self) -> u64 {
+        self.usage.saturating_sub(self.inactive_file)
+    }
+
+    /// Available: capacity minus working set.
+    pub fn available(&self) -> i64 {
+        self.capacity as i64 - self.working_set() as i64
+    }
+}
+
+impl MachineStats {
+    /// A provider with `config` and no runtime (pods then have no usage and rank first).
+    pub fn new(config: MachineStatsConfig) -> Self {
+        Self {
+            config,
+            runtime: None,
+        }
+    }
+
+    /// Take per-container usage from `runtime` (`ContainerRuntime::container_stats`).
+    pub fn with_runtime(mut self, runtime: Arc<dyn ContainerRuntime>) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &MachineStatsConfig {
+        &self.config
+    }
+
+    fn read(&self, path: &Path) -> Result<String, EvictionError> {
+        std::fs::read_to_string(path).map_err(|source| EvictionError::ReadStats {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    fn meminfo(&self) -> Result<HashMap<String, u64>, EvictionError> {
+        let path = self.config.proc_root.join("meminfo");
+        let text = self.read(&path)?;
+        let mut out = HashMap::new();
+        for line in text.lines() {
+            let Some((k, rest)) = line.split_once(':') else {
+                continue;
+            };
+            let mut it = rest.split_whitespace();
+            let Some(Ok(v)) = it.next().map(str::parse::<u64>) else {
+                continue;
+            };
+            let mult = match it.next() {
+                Some("kB") => 1024,
+                _ => 1,
+            };
+            out.insert(k.trim().to_string(), v.saturating_mul(mult));
+        }
+        if !out.contains_key("MemTotal") {
+            return Err(EvictionError::ParseStats {
+                path,
+                reason: "no MemTotal".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn mem_total(&self) -> Result<u64, EvictionError> {
+        Ok(self.meminfo()?.get("MemTotal").copied().unwrap_or(0))
+    }
+
+    fn read_u64(&self, path: &Path) -> Result<u64, EvictionError> {
+        let text = self.read(path)?;
+        text.trim()
+            .parse::<u64>()
+            .map_err(|_| EvictionError::ParseStats {
+                path: path.to_path_buf(),
+                reason: format!("not a number: {:?}", text.trim()),
+            })
+    }
+
+    fn stat_field(&self, path: &Path, key: &str) -> Result<u64, EvictionError> {
+        let text = self.read(path)?;
+        text.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse::<u64>().ok()).flatten()
+            })
+            .ok_or_else(|| EvictionError::ParseStats {
+                path: path.to_path_buf(),
+                reason: format!("no {key}"),
+            })
+    }
+
+    /// Memory figures of cgroup `rel`; capacity is its limit, capped by `MemTotal`.
+    pub fn cgroup_memory(&self, rel: &Path) -> Result<MemoryFigures, EvictionError> {
+        let Some(fs) = &self.config.cgroup else {
+            return Err(EvictionError::ParseStats {
+                path: rel.to_path_buf(),
+                reason: "no memory cgroup hierarchy".into(),
+            });
+        };
+        let dir = fs.dir(rel);
+        let total = self.mem_total()?;
+        match fs {
+            CgroupFs::V1 { .. } => {
+                let limit = self.read_u64(&dir.join("memory.limit_in_bytes"))?;
+                let usage = self.read_u64(&dir.join("memory.usage_in_bytes"))?;
+                let inactive = self.stat_field(&dir.join("memory.stat"), "total_inactive_file")?;
+                Ok(MemoryFigures {
+                    capacity: limit.min(total),
+                    usage,
+                    inactive_file: inactive,
+                })
+            }
+            CgroupFs::V2 { .. } => {
+                let max_path = dir.join("memory.max");
+                let max = self.read(&max_path)?;
+                let limit = match max.trim() {
+                    "max" => u64::MAX,
+                    v => v.parse().map_err(|_| EvictionError::ParseStats {
+                        path: max_path,
+                        reason: format!("not a limit: {v:?}"),
+                    })?,
+                };
+                let usage = self.read_u64(&dir.join("memory.current"))?;
+                let inactive = self.stat_field(&dir.join("memory.stat"), "inactive_file")?;
+                Ok(MemoryFigures {
+                    capacity: limit.min(total),
+                    usage,
+                    inactive_file: inactive,
+                })
+            }
+        }
+    }
+
+    /// Memory figures of the node as configured by [`MemorySource`].
+    pub fn node_memory(&self) -> Result<MemoryFigures, EvictionError> {
+        match &self.config.memory {
+            MemorySource::Cgroup(rel) => self.cgroup_memory(rel),
+            MemorySource::Node => {
+                let mi = self.meminfo()?;
+                let total = mi.get("MemTotal").copied().unwrap_or(0);
+                if let Some(CgroupFs::V1 { memory }) = &self.config.cgroup {
+                    // cAdvisor's root container: root cgroup usage minus total_inactive_file.
+                    let usage = self.read_u64(&memory.join("memory.usage_in_bytes"))?;
+                    let inactive =
+                        self.stat_field(&memory.join("memory.stat"), "total_inactive_file")?;
+                    return Ok(MemoryFigures {
+                        capacity: total,
+                        usage,
+                        inactive_file: inactive,
+                    });
+                }
+                // v2 has no memory.current at the root: usage from meminfo, as cAdvisor.
+                let free = mi.get("MemFree").copied().unwrap_or(0);
+                let inactive = mi.get("Inactive(file)").copied().unwrap_or(0);
+                Ok(MemoryFigures {
+                    capacity: total,
+                    usage: total.saturating_sub(free),
+                    inactive_file: inactive,
+                })
+            }
+        }
+    }
+
+    fn memory_observations(&self, now: Instant) -> Result<Observations, EvictionError> {
+        let mut out = Observations::new();
+        let m = self.node_memory()?;
+        out.insert(
+            Signal::MemoryAvailable,
+            SignalObservation {
+                available: m.available(),
+                capacity: m.capacity as i64,
+                time: now,
+            },
+        );
+        if let Some((rel, capacity)) = &self.config.allocatable {
+            match self.cgroup_memory(rel) {
+                Ok(f) => {
+                    out.insert(
+                        Signal::AllocatableMemoryAvailable,
+                        SignalObservation {
+                            available: *capacity as i64 - f.working_set() as i64,
+                            capacity: *capacity as i64,
+                            time: now,
+                        },
+                    );
+                }
+                Err(e) => tracing::debug!(error = %e, "allocatable memory not observed"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// `pid.available`: `kernel/pid_max` minus the number of tasks (`/proc/loadavg`).
+    pub fn pids(&self) -> Result<(i64, i64), EvictionError> {
+        let max = self.read_u64(&self.config.proc_root.join("sys/kernel/pid_max"))? as i64;
+        let path = self.config.proc_root.join("loadavg");
+        let text = self.read(&path)?;
+        let running = text
+            .split_whitespace()
+            .nth(3)
+            .and_then(|f| f.split_once('/'))
+            .and_then(|(_, total)| total.parse::<i64>().ok())
+            .ok_or_else(|| EvictionError::ParseStats {
+                path,
+                reason: format!("unexpected content {:?}", text.trim()),
+            })?;
+        Ok((max - running, max))
+    }
+
+    fn fs_observations(
+        &self,
+        path: &Path,
+        bytes: Signal,
+        inodes: Signal,
+        now: Instant,
+        out: &mut Observations,
+    ) -> Result<(), EvictionError> {
+        let st = nix::sys::statvfs::statvfs(path).map_err(|source| EvictionError::Statvfs {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let frsize = st.fragment_size() as i64;
+        out.insert(
+            bytes,
+            SignalObservation {
+                available: st.blocks_available() as i64 * frsize,
+                capacity: st.blocks() as i64 * frsize,
+                time: now,
+            },
+        );
+        if st.files() > 0 {
+            out.insert(
+                inodes,
+                SignalObservation {
+                    available: st.files_free() as i64,
+                    capacity: st.files() as i64,
+                    time: now,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn pod_dirs(&self, p: &ActivePod) -> Vec<PathBuf> {
+        let pod = &p.pod;
+        let uid = kubelet_core::pod::uid(pod);
+        let mut dirs = Vec::new();
+        if let Some(root) = &self.config.root_dir {
+            dirs.push(root.join("pods").join(uid).join("volumes"));
+        }
+        if let Some(logs) = &self.config.pod_log_dir {
+            dirs.push(logs.join(format!(
+                "{}_{}_{}",
+                kubelet_core::pod::namespace(pod),
+                kubelet_core::pod::name(pod),
+                uid
+            )));
+        }
+        dirs
+    }
+}
+
+/// Bytes (allocated blocks) and inodes used under `dir`, not following symlinks or crossing
+/// into other filesystems.
+pub fn disk_usage(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::symlink_metadata(dir).ok()?;
+    let dev = root.dev();
+    let mut bytes = 0u64;
+    let mut inodes = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(md) = std::fs::symlink_metadata(&d) else {
+            continue;
+        };
+        if md.dev() != dev {
+            continue;
+        }
+        bytes = bytes.saturating_add(md.blocks().saturating_mul(512));
+        inodes += 1;
+        if md.is_dir()
+            && let Ok(rd) = std::fs::read_dir(&d)
+        {
+            stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
+        }
+    }
+    Some((bytes, inodes))
+}
+
+#[async_trait]
+impl StatsProvider for MachineStats {
+    async fn observe(&self) -> Result<Observations, EvictionError> {
+        let now = Instant::now();
+        let mut out = self.memory_observations(now)?;
+        match self.pids() {
+            Ok((available, capacity)) => {
+                out.insert(
+                    Signal::PidAvailable,
+                    SignalObservation {
+                        available,
+                        capacity,
+                        time: now,
+                    },
+                );
+            }
+            Err(e) => tracing::debug!(error = %e, "pid.available not observed"),
+        }
+        if let Some(p) = &self.config.nodefs
+            && let Err(e) = self.fs_observations(
+                p,
+                Signal::NodeFsAvailable,
+                Signal::NodeFsInodesFree,
+                now,
+                &mut out,
+            )
+        {
+            tracing::warn!(error = %e, "nodefs not observed");
+        }
+        if let Some(p) = &self.config.imagefs
+            && let Err(e) = self.fs_observations(
+                p,
+                Signal::ImageFsAvailable,
+                Signal::ImageFsInodesFree,
+                now,
+                &mut out,
+            )
+        {
+            tracing::warn!(error = %e, "imagefs not observed");
+        }
+        Ok(out)
+    }
+
+    async fn observe_memory(&self) -> Result<Observations, EvictionError> {
+        self.memory_observations(Instant::now())
+    }
+
+    async fn pod_usage(&self, pods: &[ActivePod]) -> HashMap<String, PodUsage> {
+        let mut out = HashMap::new();
+        for p in pods {
+            let mut usage = PodUsage::default();
+            let mut any = false;
+            if let Some(rt) = &self.runtime {
+                for (name, id) in &p.containers {
+                    match rt.container_stats(id).await {
+                        Ok(s) => {
+                            any = true;
+                            usage.containers.push(ContainerUsage {
+                                name: name.clone(),
+                                memory_working_set: s.memory_working_set_bytes,
+                                processes: s.process_count,
+                                disk_bytes: None,
+                            });
+                        }
+                        Err(e) => {
+                            tracing::debug!(container = %id, error = %e, "no container stats")
+                        }
+                    }
+                }
+            }
+            let dirs = self.pod_dirs(p);
+            if !dirs.is_empty() {
+                let (mut bytes, mut inodes, mut seen) = (0u64, 0u64, false);
+                for d in dirs {
+                    if let Some((b, i)) = disk_usage(&d) {
+                        bytes += b;
+                        inodes += i;
+                        seen = true;
+                    }
+                }
+                if seen {
+                    any = true;
+                    usage.volume_bytes = Some(bytes);
+                    usage.inodes = Some(inodes);
+                }
+            }
+            if any {
+                out.insert(kubelet_core::pod::uid(&p.pod).to_string(), usage);
+            }
+        }
+        out
+    }
+
+    fn memory_cgroup(&self) -> Option<MemoryCgroup> {
+        let fs = self.config.cgroup.as_ref()?;
+        let rel = match &self.config.memory {
+            MemorySource::Node => PathBuf::new(),
+            MemorySource::Cgroup(rel) => rel.clone(),
+        };
+        Some(match fs {
+            CgroupFs::V1 { .. } => MemoryCgroup::V1(fs.dir(&rel)),
+            CgroupFs::V2 { .. } => MemoryCgroup::V2(fs.dir(&rel)),
+        })
+    }
+}

@@ -1,0 +1,627 @@
+//! [`EvictionManager`]: the kubelet's `synchronize` loop plus fast detection.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use kubelet_core::{EventRecorder, InvolvedObject, KillPodOptions, KubeletHandle, PodAdmitHandler};
+use parking_lot::RwLock;
+use prometheus_client::registry::Registry;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::EvictionAdmitHandler;
+use crate::config::{EvictionConfig, Threshold};
+use crate::decide::{
+    EvictionState, Round, eviction_grace_period, eviction_message, has_node_reclaim, is_critical,
+    rank, reclaimable_threshold, sort_by_eviction_priority, thresholds_met,
+};
+use crate::error::EvictionError;
+use crate::metrics::EvictionMetrics;
+use crate::notify::KernelWakers;
+use crate::signal::{NodeCondition, Signal};
+use crate::stats::{ActivePod, MemoryCgroup, Observations, PodUsage, StatsProvider};
+
+/// The pods the manager may evict and the way to kill them. Implemented for
+/// [`KubeletHandle`]; implement it to use the manager without the engine.
+#[async_trait]
+pub trait PodControl: Send + Sync + 'static {
+    /// Pods admitted and not terminated, with their runtime container IDs.
+    async fn active_pods(&self) -> Vec<ActivePod>;
+    /// Kill `pod` with `options` and return once it has terminated.
+    async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError>;
+}
+
+fn _assert_control_dyn(_: &dyn PodControl) {}
+
+#[async_trait]
+impl PodControl for KubeletHandle {
+    async fn active_pods(&self) -> Vec<ActivePod> {
+        self.statuses()
+            .list()
+            .into_iter()
+            .filter(|p| {
+                !matches!(
+                    p.status.phase.as_deref(),
+                    Some("Failed") | Some("Succeeded")
+                )
+            })
+            .map(|p| {
+                let containers = p
+                    .status
+                    .container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(p.status.init_container_statuses.iter().flatten())
+                    .filter_map(|cs| {
+                        let id = cs.container_id.as_deref()?;
+                        Some((
+                            cs.name.clone(),
+                            kubelet_core::status_gen::strip_container_id(id).to_string(),
+                        ))
+                    })
+                    .collect();
+                ActivePod {
+                    pod: p.pod.clone(),
+                    containers,
+                }
+            })
+            .collect()
+    }
+
+    async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError> {
+        let uid = kubelet_core::pod::uid(pod);
+        KubeletHandle::kill_pod(self, uid, options)
+            .await
+            .map_err(|_| EvictionError::KillPod {
+                uid: uid.to_string(),
+            })
+    }
+}
+
+/// Node-level reclaim for disk pressure (image and container garbage collection).
+#[async_trait]
+pub trait NodeReclaimer: Send + Sync + 'static {
+    /// Remove every dead container (`DeleteAllUnusedContainers`).
+    async fn delete_unused_containers(&self) -> kubelet_core::Result<()>;
+    /// Remove unused images (`DeleteUnusedImages`).
+    async fn delete_unused_images(&self) -> kubelet_core::Result<()>;
+}
+
+/// How the node's filesystems are laid out, which decides what node-level reclaim runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FsLayout {
+    /// One filesystem for everything: nodefs and imagefs pressure → containers, then images.
+    #[default]
+    Single,
+    /// A dedicated image filesystem: nodefs → nothing; imagefs/containerfs → containers, images.
+    SeparateImageFs,
+    /// A split container filesystem: imagefs → images; nodefs/containerfs → containers.
+    SplitContainerFs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReclaimStep {
+    Containers,
+    Images,
+}
+
+fn reclaim_steps(layout: FsLayout, signal: Signal) -> Vec<ReclaimStep> {
+    use ReclaimStep::*;
+    if !has_node_reclaim(signal) {
+        return vec![];
+    }
+    let fs = match signal {
+        Signal::NodeFsAvailable | Signal::NodeFsInodesFree => "node",
+        Signal::ImageFsAvailable | Signal::ImageFsInodesFree => "image",
+        _ => "container",
+    };
+    match (layout, fs) {
+        (FsLayout::Single, _) => vec![Containers, Images],
+        (FsLayout::SeparateImageFs, "node") => vec![],
+        (FsLayout::SeparateImageFs, _) => vec![Containers, Images],
+        (FsLayout::SplitContainerFs, "image") => vec![Images],
+        (FsLayout::SplitContainerFs, _) => vec![Containers],
+    }
+}
+
+/// Something the manager did, for observers (benchmarks, logs, node status writers).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ManagerEvent {
+    /// A memory threshold was found met by the fast check (`source`: `poll` or the kernel
+    /// notification that woke it).
+    Crossed {
+        /// The signal.
+        signal: Signal,
+        /// Available at detection.
+        available: i64,
+        /// When it was detected.
+        at: Instant,
+        /// What woke the check.
+        source: &'static str,
+    },
+    /// A full synchronisation ran.
+    Synchronized {
+        /// The node conditions after it.
+        conditions: BTreeSet<NodeCondition>,
+        /// Thresholds met.
+        met: Vec<Threshold>,
+    },
+    /// A pod was evicted.
+    Evicted(Eviction),
+}
+
+/// One eviction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Eviction {
+    /// Pod UID.
+    pub uid: String,
+    /// `namespace/name`.
+    pub pod: String,
+    /// The signal that drove it.
+    pub signal: Signal,
+    /// The status message.
+    pub message: String,
+    /// The grace period override used.
+    pub grace_period_seconds: i64,
+    /// When the kill was requested.
+    pub at: Instant,
+}
+
+/// What one synchronisation did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SyncResult {
+    /// The decision round.
+    pub round: Round,
+    /// Node-level reclaim ran and resolved the pressure.
+    pub reclaimed: bool,
+    /// The pod evicted, if any.
+    pub evicted: Option<Eviction>,
+}
+
+/// The eviction manager: watches signals, keeps node conditions, evicts one pod per round, and
+/// serves admission. Drive it with [`run`](Self::run).
+pub struct EvictionManager {
+    config: EvictionConfig,
+    stats: Arc<dyn StatsProvider>,
+    pods: Arc<dyn PodControl>,
+    reclaimer: Option<(Arc<dyn NodeReclaimer>, FsLayout)>,
+    recorder: Option<EventRecorder>,
+    node_name: String,
+    conditions: Arc<RwLock<BTreeSet<NodeCondition>>>,
+    metrics: EvictionMetrics,
+    state: EvictionState,
+    events: broadcast::Sender<ManagerEvent>,
+    proc_root: std::path::PathBuf,
+}
+
+impl std::fmt::Debug for EvictionManager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EvictionManager")
+            .field("config", &self.config)
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EvictionManager {
+    /// A manager with `config`, reading `stats` and killing through `pods`.
+    pub fn new(
+        config: EvictionConfig,
+        stats: Arc<dyn StatsProvider>,
+        pods: Arc<dyn PodControl>,
+    ) -> Self {
+        let (events, _) = broadcast::channel(256);
+        Self {
+            config,
+            stats,
+            pods,
+            reclaimer: None,
+            recorder: None,
+            node_name: String::new(),
+            conditions: Arc::default(),
+            metrics: EvictionMetrics::default(),
+            state: EvictionState::new(),
+            events,
+            proc_root: "/proc".into(),
+        }
+    }
+
+    /// Run `reclaimer` first for disk pressure, according to `layout`.
+    pub fn with_reclaimer(mut self, reclaimer: Arc<dyn NodeReclaimer>, layout: FsLayout) -> Self {
+        self.reclaimer = Some((reclaimer, layout));
+        self
+    }
+
+    /// Record the kubelet's events (`EvictionThresholdMet` on the node, `Evicted` on pods).
+    pub fn with_recorder(mut self, recorder: EventRecorder, node_name: impl Into<String>) -> Self {
+        self.recorder = Some(recorder);
+        self.node_name = node_name.into();
+        self
+    }
+
+    /// Where `/proc` is (for the PSI trigger); default `/proc`.
+    pub fn with_proc_root(mut self, proc_root: impl Into<std::path::PathBuf>) -> Self {
+        self.proc_root = proc_root.into();
+        self
+    }
+
+    /// The admission handler to give the engine (`KubeletBuilder::admit_handler`).
+    pub fn admit_handler(&self) -> Arc<dyn PodAdmitHandler> {
+        Arc::new(EvictionAdmitHandler {
+            conditions: self.conditions.clone(),
+            static_pods_are_critical: self.config.static_pods_are_critical,
+        })
+    }
+
+    /// The node's current pressure conditions (shared with admission).
+    pub fn node_conditions(&self) -> NodeConditions {
+        NodeConditions(self.conditions.clone())
+    }
+
+    /// Register `kubelet_evictions` and `kubelet_eviction_stats_age_seconds`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        self.metrics.register(registry);
+    }
+
+    /// The metrics (for embedders reading them directly).
+    pub fn metrics(&self) -> &EvictionMetrics {
+        &self.metrics
+    }
+
+    /// Subscribe to what the manager does.
+    pub fn subscribe(&self) -> broadcast::Receiver<ManagerEvent> {
+        self.events.subscribe()
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EvictionConfig {
+        &self.config
+    }
+
+    /// One `synchronize` round: observe, update conditions, reclaim or evict at most one pod.
+    pub async fn synchronize(&mut self) -> Result<SyncResult, EvictionError> {
+        let observations = self.stats.observe().await?;
+        let now = Instant::now();
+        let round = self.state.observe(&self.config, &observations, now);
+        *self.conditions.write() = round.conditions.clone();
+        let _ = self.events.send(ManagerEvent::Synchronized {
+            conditions: round.conditions.clone(),
+            met: round.met.clone(),
+        });
+        let mut result = SyncResult {
+            round: round.clone(),
+            reclaimed: false,
+            evicted: None,
+        };
+        let mut thresholds = round.to_reclaim.clone();
+        if thresholds.is_empty() {
+            return Ok(result);
+        }
+        sort_by_eviction_priority(&mut thresholds);
+        let Some(threshold) = reclaimable_threshold(&thresholds).cloned() else {
+            return Ok(result);
+        };
+        let resource = threshold.signal.resource();
+        tracing::warn!(signal = %threshold.signal, threshold = %threshold, "eviction threshold met, attempting to reclaim {resource}");
+        if let Some(r) = &self.recorder {
+            r.warning(
+                InvolvedObject::node(&self.node_name),
+                "EvictionThresholdMet",
+                format!("Attempting to reclaim {resource}"),
+            );
+        }
+        if self.reclaim_node_level(&threshold, &thresholds).await {
+            result.reclaimed = true;
+            return Ok(result);
+        }
+        result.evicted = self.evict_one(&threshold, &thresholds, &observations).await;
+        Ok(result)
+    }
+
+    /// Node-level reclaim for `threshold`; true when afterwards no threshold of the reclaimed
+    /// set is met any more (minimum reclaim included).
+    async fn reclaim_node_level(&self, threshold: &Threshold, thresholds: &[Threshold]) -> bool {
+        let Some((reclaimer, layout)) = &self.reclaimer else {
+            return false;
+        };
+        let steps = reclaim_steps(*layout, threshold.signal);
+        if steps.is_empty() {
+            return false;
+        }
+        for step in steps {
+            let r = match step {
+                ReclaimStep::Containers => reclaimer.delete_unused_containers().await,
+                ReclaimStep::Images => reclaimer.delete_unused_images().await,
+            };
+            if let Err(e) = r {
+                tracing::warn!(error = %e, step = ?step, "node-level reclaim failed");
+            }
+        }
+        match self.stats.observe().await {
+            Ok(obs) => {
+                let still = thresholds_met(thresholds, &obs, true);
+                if still.is_empty() {
+                    tracing::info!(signal = %threshold.signal, "node-level reclaim resolved the pressure; no pod evicted");
+                    return true;
+                }
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "observing after node-level reclaim failed");
+                false
+            }
+        }
+    }
+
+    async fn evict_one(
+        &mut self,
+        threshold: &Threshold,
+        thresholds: &[Threshold],
+        observations: &Observations,
+    ) -> Option<Eviction> {
+        let resource = threshold.signal.resource();
+        let active = self.pods.active_pods().await;
+        if active.is_empty() {
+            tracing::info!("eviction threshold met but there are no pods to evict");
+            return None;
+        }
+        let usage = self.stats.pod_usage(&active).await;
+        let mut ranked: Vec<(&ActivePod, Option<&PodUsage>)> = active
+            .iter()
+            .map(|p| (p, usage.get(kubelet_core::pod::uid(&p.pod))))
+            .collect();
+        rank(resource, &mut ranked, |e| e.0.pod.as_ref(), |e| e.1);
+        for (p, u) in ranked {
+            let pod = p.pod.as_ref();
+            if is_critical(pod, self.config.static_pods_are_critical) {
+                tracing::info!(pod = %kubelet_core::pod::full_name(pod), "cannot evict a critical pod");
+                continue;
+            }
+            let grace =
+                eviction_grace_period(threshold, pod, self.config.max_pod_grace_period_seconds);
+            let (message, annotations) =
+                eviction_message(resource, pod, u, thresholds, observations);
+            let eviction = Eviction {
+                uid: kubelet_core::pod::uid(pod).to_string(),
+                pod: format!(
+                    "{}/{}",
+                    kubelet_core::pod::namespace(pod),
+                    kubelet_core::pod::name(pod)
+                ),
+                signal: threshold.signal,
+                message: message.clone(),
+                grace_period_seconds: grace,
+                at: Instant::now(),
+            };
+            tracing::warn!(pod = %eviction.pod, signal = %threshold.signal, grace, %message, ?annotations, "evicting pod");
+            if let Some(r) = &self.recorder {
+                r.warning(InvolvedObject::pod(pod), "Evicted", message.clone());
+            }
+            let _ = self.events.send(ManagerEvent::Evicted(eviction.clone()));
+            let age = observations.get(&threshold.signal).map_or(0.0, |o| {
+                Instant::now()
+                    .saturating_duration_since(o.time)
+                    .as_secs_f64()
+            });
+            self.metrics.record(threshold.signal.as_str(), age);
+            let options = KillPodOptions {
+                grace_period_override: Some(grace),
+                evict: true,
+                reason: "Evicted".into(),
+                message,
+                condition: Some(disruption_condition()),
+            };
+            if let Err(e) = self.pods.kill_pod(pod, options).await {
+                tracing::error!(error = %e, pod = %eviction.pod, "eviction failed");
+            }
+            return Some(eviction);
+        }
+        tracing::info!("eviction threshold met but every pod is critical");
+        None
+    }
+
+    fn memory_thresholds(&self) -> Vec<Threshold> {
+        self.config
+            .thresholds
+            .iter()
+            .filter(|t| t.signal.is_memory())
+            .cloned()
+            .collect()
+    }
+
+    /// The `memory.usage_in_bytes` value at which the most sensitive `memory.available`
+    /// threshold is crossed: `capacity − threshold + inactive_file` (the kubelet's memcg
+    /// notifier), for the v1 eventfd.
+    async fn memcg_threshold_usage(&self) -> Option<u64> {
+        let obs = self.stats.observe_memory().await.ok()?;
+        let o = obs.get(&Signal::MemoryAvailable)?;
+        let quantity = self
+            .config
+            .thresholds
+            .iter()
+            .filter(|t| t.signal == Signal::MemoryAvailable)
+            .map(|t| t.value.quantity(o.capacity))
+            .max()?;
+        let inactive = self.inactive_file().unwrap_or(0);
+        u64::try_from(o.capacity - quantity + inactive).ok()
+    }
+
+    fn inactive_file(&self) -> Option<i64> {
+        let (dir, key) = match self.stats.memory_cgroup()? {
+            MemoryCgroup::V1(d) => (d, "total_inactive_file"),
+            MemoryCgroup::V2(d) => (d, "inactive_file"),
+        };
+        let text = std::fs::read_to_string(dir.join("memory.stat")).ok()?;
+        text.lines().find_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            (k == key).then(|| v.trim().parse().ok()).flatten()
+        })
+    }
+
+    /// Run until `shutdown`: a full synchronisation every `monitoring_interval` (and when a
+    /// soft threshold's grace period ends), immediately again after an eviction, and as soon as
+    /// the fast check (a poll every `fast_poll_interval`, woken early by kernel notifications)
+    /// sees a memory threshold crossed.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let memory_thresholds = self.memory_thresholds();
+        let cgroup = self.stats.memory_cgroup();
+        let fast = self
+            .config
+            .fast_poll_interval
+            .filter(|_| !memory_thresholds.is_empty());
+        let mut wakers = match fast {
+            Some(_) => KernelWakers::new(cgroup.as_ref(), &self.proc_root),
+            None => KernelWakers::default(),
+        };
+        loop {
+            if shutdown.is_cancelled() {
+                return;
+            }
+            let result = match self.synchronize().await {
+                Ok(r) => Some(r),
+                Err(e) => {
+                    tracing::warn!(error = %e, "eviction manager: synchronize failed");
+                    None
+                }
+            };
+            if result.as_ref().is_some_and(|r| r.evicted.is_some()) {
+                continue;
+            }
+            let now = Instant::now();
+            let mut deadline = now + self.config.monitoring_interval;
+            if let Some(d) = result.as_ref().and_then(|r| r.round.next_grace_deadline) {
+                deadline = deadline.min(d.max(now));
+            }
+            let mut was_met = result
+                .as_ref()
+                .is_some_and(|r| r.round.met.iter().any(|t| t.signal.is_memory()));
+            if fast.is_some()
+                && let Some(usage) = self.memcg_threshold_usage().await
+            {
+                wakers.arm_threshold(cgroup.as_ref(), usage);
+            }
+            let Some(period) = fast else {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep_until(deadline) => {}
+                }
+                continue;
+            };
+            // Fast path: cheap memory checks until a crossing or the next full round.
+            let mut next_poll = Instant::now() + period;
+            loop {
+                let source = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep_until(deadline) => break,
+                    _ = tokio::time::sleep_until(next_poll) => "poll",
+                    s = wakers.wait() => s,
+                };
+                next_poll = Instant::now() + period;
+                let obs = match self.stats.observe_memory().await {
+                    Ok(o) => o,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "fast memory check failed");
+                        continue;
+                    }
+                };
+                let met = thresholds_met(&memory_thresholds, &obs, false);
+                if met.is_empty() {
+                    was_met = false;
+                    continue;
+                }
+                if was_met {
+                    continue;
+                }
+                let at = Instant::now();
+                for t in &met {
+                    let available = obs.get(&t.signal).map_or(0, |o| o.available);
+                    tracing::info!(signal = %t.signal, available, source, "memory threshold crossed");
+                    let _ = self.events.send(ManagerEvent::Crossed {
+                        signal: t.signal,
+                        available,
+                        at,
+                        source,
+                    });
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// The `DisruptionTarget` condition the kubelet adds to evicted pods.
+pub fn disruption_condition() -> PodCondition {
+    PodCondition {
+        type_: "DisruptionTarget".into(),
+        status: "True".into(),
+        reason: Some("TerminationByKubelet".into()),
+        message: Some("The node was low on resource.".into()),
+        ..Default::default()
+    }
+}
+
+/// A cloneable reader of the node's pressure conditions, for node status writers.
+#[derive(Debug, Clone)]
+pub struct NodeConditions(Arc<RwLock<BTreeSet<NodeCondition>>>);
+
+impl NodeConditions {
+    /// Conditions currently true.
+    pub fn active(&self) -> BTreeSet<NodeCondition> {
+        self.0.read().clone()
+    }
+
+    /// Every pressure condition with its status, reason and message as the kubelet reports
+    /// them (`(type, "True"|"False", reason, message)`).
+    pub fn report(&self) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+        let active = self.active();
+        NodeCondition::ALL
+            .iter()
+            .map(|c| {
+                let on = active.contains(c);
+                (
+                    c.as_str(),
+                    if on { "True" } else { "False" },
+                    c.reason(on),
+                    c.message(on),
+                )
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reclaim_depends_on_the_filesystem_layout() {
+        use ReclaimStep::*;
+        assert_eq!(
+            reclaim_steps(FsLayout::Single, Signal::NodeFsAvailable),
+            vec![Containers, Images]
+        );
+        assert_eq!(
+            reclaim_steps(FsLayout::Single, Signal::ImageFsInodesFree),
+            vec![Containers, Images]
+        );
+        assert!(reclaim_steps(FsLayout::SeparateImageFs, Signal::NodeFsAvailable).is_empty());
+        assert_eq!(
+            reclaim_steps(FsLayout::SeparateImageFs, Signal::ImageFsAvailable),
+            vec![Containers, Images]
+        );
+        assert_eq!(
+            reclaim_steps(FsLayout::SplitContainerFs, Signal::ImageFsAvailable),
+            vec![Images]
+        );
+        assert_eq!(
+            reclaim_steps(FsLayout::SplitContainerFs, Signal::NodeFsAvailable),
+            vec![Containers]
+        );
+        assert!(reclaim_steps(FsLayout::Single, Signal::MemoryAvailable).is_empty());
+        assert!(reclaim_steps(FsLayout::Single, Signal::PidAvailable).is_empty());
+    }
+}

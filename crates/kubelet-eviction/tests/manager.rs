@@ -1,0 +1,430 @@
+//! The manager loop with scripted stats and a recording pod control, under paused time.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubelet_core::KillPodOptions;
+use kubelet_eviction::{
+    ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionManager, EvictionSettings,
+    FsLayout, ManagerEvent, NodeCondition, NodeReclaimer, Observations, PodControl, PodUsage,
+    Signal, SignalObservation, StatsProvider,
+};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+const MI: i64 = 1 << 20;
+
+/// Stats whose values the test sets.
+#[derive(Default)]
+struct Scripted {
+    available: Mutex<HashMap<Signal, (i64, i64)>>,
+    usage: Mutex<HashMap<String, PodUsage>>,
+}
+
+impl Scripted {
+    fn set(&self, s: Signal, available: i64, capacity: i64) {
+        self.available.lock().insert(s, (available, capacity));
+    }
+}
+
+#[async_trait]
+impl StatsProvider for Scripted {
+    async fn observe(&self) -> Result<Observations, EvictionError> {
+        let now = Instant::now();
+        Ok(self
+            .available
+            .lock()
+            .iter()
+            .map(|(s, (a, c))| {
+                (
+                    *s,
+                    SignalObservation {
+                        available: *a,
+                        capacity: *c,
+                        time: now,
+                    },
+                )
+            })
+            .collect())
+    }
+    async fn pod_usage(&self, _pods: &[ActivePod]) -> HashMap<String, PodUsage> {
+        self.usage.lock().clone()
+    }
+}
+
+/// Pods that die when killed, recording the kill options.
+#[derive(Default)]
+struct Recording {
+    pods: Mutex<Vec<Pod>>,
+    kills: Mutex<Vec<(String, KillPodOptions, Instant)>>,
+}
+
+#[async_trait]
+impl PodControl for Recording {
+    async fn active_pods(&self) -> Vec<ActivePod> {
+        self.pods
+            .lock()
+            .iter()
+            .map(|p| ActivePod {
+                pod: Arc::new(p.clone()),
+                containers: vec![],
+            })
+            .collect()
+    }
+    async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError> {
+        let uid = kubelet_core::pod::uid(pod).to_string();
+        self.pods
+            .lock()
+            .retain(|p| kubelet_core::pod::uid(p) != uid);
+        self.kills
+            .lock()
+            .push((uid.clone(), options, Instant::now()));
+        Ok(())
+    }
+}
+
+fn pod(name: &str, priority: i32, request: Option<&str>, static_pod: bool) -> Pod {
+    let mut c = Container {
+        name: "app".into(),
+        ..Default::default()
+    };
+    if let Some(r) = request {
+        c.resources = Some(ResourceRequirements {
+            requests: Some([("memory".to_string(), Quantity(r.into()))].into()),
+            ..Default::default()
+        });
+    }
+    let mut p = Pod {
+        spec: Some(PodSpec {
+            containers: vec![c],
+            priority: Some(priority),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    p.metadata.name = Some(name.into());
+    p.metadata.namespace = Some("default".into());
+    p.metadata.uid = Some(name.into());
+    if static_pod {
+        p.metadata.annotations = Some(
+            [(
+                "kubernetes.io/config.source".to_string(),
+                "file".to_string(),
+            )]
+            .into(),
+        );
+    }
+    p
+}
+
+fn usage(mib: u64) -> PodUsage {
+    PodUsage {
+        containers: vec![ContainerUsage {
+            name: "app".into(),
+            memory_working_set: Some(mib << 20),
+            processes: Some(1),
+            disk_bytes: None,
+        }],
+        ..Default::default()
+    }
+}
+
+fn config(hard: &str, soft: &str, grace: &str) -> EvictionConfig {
+    let mut s = EvictionSettings::default();
+    s.hard = Some(kubelet_eviction::parse_threshold_flag("evictionHard", hard).unwrap());
+    s.soft = kubelet_eviction::parse_threshold_flag("evictionSoft", soft).unwrap();
+    s.soft_grace_period =
+        kubelet_eviction::parse_map_flag("evictionSoftGracePeriod", grace).unwrap();
+    EvictionConfig::from_settings(&s).unwrap()
+}
+
+struct Setup {
+    stats: Arc<Scripted>,
+    pods: Arc<Recording>,
+    manager: EvictionManager,
+}
+
+fn setup(cfg: EvictionConfig, pods: Vec<Pod>, usages: &[(&str, u64)]) -> Setup {
+    let stats = Arc::new(Scripted::default());
+    stats.set(Signal::MemoryAvailable, 900 * MI, 1000 * MI);
+    *stats.usage.lock() = usages
+        .iter()
+        .map(|(n, m)| (n.to_string(), usage(*m)))
+        .collect();
+    let control = Arc::new(Recording::default());
+    *control.pods.lock() = pods;
+    let manager = EvictionManager::new(cfg, stats.clone(), control.clone());
+    Setup {
+        stats,
+        pods: control,
+        manager,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hard_threshold_evicts_the_top_ranked_pod_with_one_second_grace() {
+    let mut s = setup(
+        config("memory.available<100Mi", "", ""),
+        vec![
+            pod("small", 0, Some("100Mi"), false),
+            pod("hog", 0, Some("50Mi"), false),
+            pod("system", 2_000_000_000, None, false),
+        ],
+        &[("small", 50), ("hog", 700), ("system", 900)],
+    );
+    let r = s.manager.synchronize().await.unwrap();
+    assert!(r.evicted.is_none() && r.round.conditions.is_empty());
+
+    s.stats.set(Signal::MemoryAvailable, 80 * MI, 1000 * MI);
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let r = s.manager.synchronize().await.unwrap();
+    let ev = r.evicted.expect("one pod evicted");
+    assert_eq!(ev.uid, "hog");
+    assert_eq!(ev.grace_period_seconds, 1);
+    assert!(r.round.conditions.contains(&NodeCondition::MemoryPressure));
+    let kills = s.pods.kills.lock().clone();
+    assert_eq!(kills.len(), 1, "one pod per round");
+    let (uid, opts, _) = &kills[0];
+    assert_eq!(uid, "hog");
+    assert!(opts.evict);
+    assert_eq!(opts.reason, "Evicted");
+    assert_eq!(opts.grace_period_override, Some(1));
+    assert_eq!(
+        opts.message,
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. \
+         Container app was using 700Mi, request is 50Mi, has larger consumption of memory. "
+    );
+    let cond = opts.condition.as_ref().unwrap();
+    assert_eq!(
+        (cond.type_.as_str(), cond.status.as_str()),
+        ("DisruptionTarget", "True")
+    );
+    assert_eq!(cond.reason.as_deref(), Some("TerminationByKubelet"));
+    assert_eq!(s.manager.metrics().evictions.get("memory.available"), 1);
+
+    // Still under pressure: the next round takes the next pod, never the critical one.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let r = s.manager.synchronize().await.unwrap();
+    assert_eq!(r.evicted.map(|e| e.uid).as_deref(), Some("small"));
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let r = s.manager.synchronize().await.unwrap();
+    assert!(r.evicted.is_none(), "only a critical pod is left");
+    assert_eq!(s.pods.pods.lock().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn static_pods_are_spared_unless_the_policy_is_switched_off() {
+    let pods = vec![
+        pod("static-hog", 0, None, true),
+        pod("api-pod", 100, None, false),
+    ];
+    let usages = [("static-hog", 800), ("api-pod", 10)];
+    let mut s = setup(
+        config("memory.available<100Mi", "", ""),
+        pods.clone(),
+        &usages,
+    );
+    s.stats.set(Signal::MemoryAvailable, 50 * MI, 1000 * MI);
+    let r = s.manager.synchronize().await.unwrap();
+    assert_eq!(r.evicted.map(|e| e.uid).as_deref(), Some("api-pod"));
+
+    let mut cfg = config("memory.available<100Mi", "", "");
+    cfg.static_pods_are_critical = false;
+    let mut s = setup(cfg, pods, &usages);
+    s.stats.set(Signal::MemoryAvailable, 50 * MI, 1000 * MI);
+    let r = s.manager.synchronize().await.unwrap();
+    assert_eq!(
+        r.evicted.map(|e| e.uid).as_deref(),
+        Some("static-hog"),
+        "lower priority goes first"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_soft_threshold_evicts_only_after_its_grace_period_with_the_max_pod_grace() {
+    let mut cfg = config("", "memory.available<300Mi", "memory.available=30s");
+    cfg.max_pod_grace_period_seconds = 20;
+    let s = setup(cfg, vec![pod("p", 0, None, false)], &[("p", 100)]);
+    s.stats.set(Signal::MemoryAvailable, 200 * MI, 1000 * MI);
+    let shutdown = CancellationToken::new();
+    let start = Instant::now();
+    let task = tokio::spawn(s.manager.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(s.pods.kills.lock().is_empty(), "grace period not over");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let kills = s.pods.kills.lock().clone();
+    assert_eq!(kills.len(), 1);
+    let waited = kills[0].2 - start;
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
+        "{waited:?}"
+    );
+    assert_eq!(
+        kills[0].1.grace_period_override,
+        Some(20),
+        "min(max pod grace, pod's 30 s)"
+    );
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_fast_check_detects_a_crossing_long_before_the_full_sync() {
+    let mut s = setup(
+        config("memory.available<100Mi", "", ""),
+        vec![pod("hog", 0, None, false)],
+        &[("hog", 900)],
+    );
+    s.manager = {
+        let mut cfg = config("memory.available<100Mi", "", "");
+        cfg.fast_poll_interval = Some(Duration::from_millis(100));
+        EvictionManager::new(cfg, s.stats.clone(), s.pods.clone())
+    };
+    let mut events = s.manager.subscribe();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(s.manager.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(s.pods.kills.lock().is_empty());
+    let crossed_at = Instant::now();
+    s.stats.set(Signal::MemoryAvailable, 60 * MI, 1000 * MI);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let kills = s.pods.kills.lock().clone();
+    assert_eq!(kills.len(), 1, "evicted before the 10 s sync");
+    let latency = kills[0].2 - crossed_at;
+    assert!(
+        latency <= Duration::from_millis(100),
+        "detected within one poll: {latency:?}"
+    );
+    let mut saw_crossing = false;
+    while let Ok(e) = events.try_recv() {
+        if let ManagerEvent::Crossed { signal, source, .. } = e {
+            assert_eq!(signal, Signal::MemoryAvailable);
+            assert!(
+                ["poll", "psi", "memcg threshold", "memory.events"].contains(&source),
+                "{source}"
+            );
+            saw_crossing = true;
+        }
+    }
+    assert!(saw_crossing);
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_fast_detection_the_full_sync_runs_every_ten_seconds() {
+    let mut cfg = config("memory.available<100Mi", "", "");
+    cfg.fast_poll_interval = None;
+    let s = setup(cfg, vec![pod("hog", 0, None, false)], &[("hog", 900)]);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(s.manager.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let crossed_at = Instant::now();
+    s.stats.set(Signal::MemoryAvailable, 60 * MI, 1000 * MI);
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    assert!(s.pods.kills.lock().is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let kills = s.pods.kills.lock().clone();
+    assert_eq!(kills.len(), 1);
+    assert!(kills[0].2 - crossed_at >= Duration::from_millis(9500));
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn memory_pressure_persists_for_the_transition_period_and_drives_admission() {
+    let mut s = setup(config("memory.available<100Mi", "", ""), vec![], &[]);
+    let admit = s.manager.admit_handler();
+    let conditions = s.manager.node_conditions();
+    let best_effort = pod("new", 0, None, false);
+    let burstable = pod("new2", 0, Some("10Mi"), false);
+    assert!(admit.admit(&best_effort, &[]).admit);
+    s.stats.set(Signal::MemoryAvailable, 50 * MI, 1000 * MI);
+    s.manager.synchronize().await.unwrap();
+    let r = admit.admit(&best_effort, &[]);
+    assert!(!r.admit);
+    assert_eq!(r.reason, "Evicted");
+    assert_eq!(r.message, "The node had condition: [MemoryPressure]. ");
+    assert!(admit.admit(&burstable, &[]).admit);
+    let report = conditions.report();
+    assert!(report.contains(&(
+        "MemoryPressure",
+        "True",
+        "KubeletHasInsufficientMemory",
+        "kubelet has insufficient memory available"
+    )));
+    assert!(report.contains(&(
+        "DiskPressure",
+        "False",
+        "KubeletHasNoDiskPressure",
+        "kubelet has no disk pressure"
+    )));
+
+    s.stats.set(Signal::MemoryAvailable, 500 * MI, 1000 * MI);
+    tokio::time::advance(Duration::from_secs(299)).await;
+    s.manager.synchronize().await.unwrap();
+    assert!(
+        !admit.admit(&best_effort, &[]).admit,
+        "pressure kept for 5 minutes"
+    );
+    tokio::time::advance(Duration::from_secs(1)).await;
+    s.manager.synchronize().await.unwrap();
+    assert!(admit.admit(&best_effort, &[]).admit);
+    assert!(conditions.active().is_empty());
+}
+
+struct FreeingReclaimer {
+    stats: Arc<Scripted>,
+    calls: Mutex<Vec<&'static str>>,
+    frees: bool,
+}
+
+#[async_trait]
+impl NodeReclaimer for FreeingReclaimer {
+    async fn delete_unused_containers(&self) -> kubelet_core::Result<()> {
+        self.calls.lock().push("containers");
+        Ok(())
+    }
+    async fn delete_unused_images(&self) -> kubelet_core::Result<()> {
+        self.calls.lock().push("images");
+        if self.frees {
+            self.stats.set(Signal::NodeFsAvailable, 500, 1000);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn disk_pressure_runs_node_level_reclaim_before_evicting() {
+    for frees in [true, false] {
+        let s = setup(
+            config("nodefs.available<10%", "", ""),
+            vec![pod("p", 0, None, false)],
+            &[("p", 1)],
+        );
+        s.stats.set(Signal::NodeFsAvailable, 50, 1000);
+        let reclaimer = Arc::new(FreeingReclaimer {
+            stats: s.stats.clone(),
+            calls: Mutex::new(vec![]),
+            frees,
+        });
+        let mut manager = s
+            .manager
+            .with_reclaimer(reclaimer.clone(), FsLayout::Single);
+        let r = manager.synchronize().await.unwrap();
+        assert_eq!(*reclaimer.calls.lock(), vec!["containers", "images"]);
+        assert!(r.round.conditions.contains(&NodeCondition::DiskPressure));
+        if frees {
+            assert!(r.reclaimed && r.evicted.is_none());
+        } else {
+            assert_eq!(r.evicted.map(|e| e.signal), Some(Signal::NodeFsAvailable));
+        }
+    }
+}
