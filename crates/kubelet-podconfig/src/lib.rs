@@ -35,6 +35,7 @@ pub mod error;
 pub mod file;
 pub mod http;
 pub mod manifest;
+pub mod push;
 pub mod tls;
 pub mod validation;
 
@@ -50,4 +51,5 @@ pub use manifest::{
     MAX_MANIFEST_SIZE, ManifestOrigin, apply_defaults, apply_defaults_with, decode_pod,
     decode_pods, load_manifest,
 };
+pub use push::{PUSH_SOURCE, PushSource, PushSourceConfig};
 pub use validation::{ValidationOptions, validate_pod, validate_pod_with};

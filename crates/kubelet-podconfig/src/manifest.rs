@@ -21,6 +21,9 @@ pub enum ManifestOrigin<'a> {
     File(&'a Path),
     /// A manifest URL (the UID hash covers `url:<url>`).
     Url(&'a str),
+    /// The push endpoint, with the pod's `<namespace>/<name>` as submitted (the UID hash covers
+    /// `host:<node>` and `push:<namespace>/<name>`).
+    Push(&'a str),
 }
 
 /// A manifest that failed, with the pod if it got as far as decoding (so an event can name it).
@@ -209,6 +212,7 @@ pub fn apply_defaults_with(
     let path = match origin {
         ManifestOrigin::File(p) => p.to_path_buf(),
         ManifestOrigin::Url(u) => PathBuf::from(u),
+        ManifestOrigin::Push(key) => PathBuf::from(format!("push:{key}")),
     };
     let name = match pod.metadata.name.as_deref() {
         Some(n) if !n.is_empty() => n.to_string(),
@@ -230,6 +234,10 @@ pub fn apply_defaults_with(
                 h.write(format!("file:{}", p.display()).as_bytes());
             }
             ManifestOrigin::Url(u) => h.write(format!("url:{u}").as_bytes()),
+            ManifestOrigin::Push(key) => {
+                h.write(format!("host:{node_name}").as_bytes());
+                h.write(format!("push:{key}").as_bytes());
+            }
         }
         pod.metadata.uid = Some(h.hex());
     }
