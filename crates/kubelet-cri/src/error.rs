@@ -1,0 +1,179 @@
+//! [`CriError`], and how CRI failures map to the core's [`ErrorKind`].
+
+use std::time::Duration;
+
+use kubelet_core::{Error, ErrorKind};
+
+/// What went wrong talking to a CRI runtime.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CriError {
+    /// The endpoint is not a `unix://` URL (or a bare absolute socket path).
+    #[error("invalid CRI endpoint {endpoint:?}: {reason}")]
+    InvalidEndpoint {
+        /// The endpoint as given.
+        endpoint: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// The runtime answered a call with an error status.
+    #[error("CRI {op} failed: {} ({:?})", status.message(), status.code())]
+    Rpc {
+        /// The RPC (`RunPodSandbox`, `ListContainers`, …).
+        op: &'static str,
+        /// The gRPC status.
+        #[source]
+        status: tonic::Status,
+    },
+    /// The runtime did not answer within the call's deadline.
+    #[error("CRI {op} did not answer within {timeout:?}")]
+    Timeout {
+        /// The RPC.
+        op: &'static str,
+        /// The deadline that passed.
+        timeout: Duration,
+    },
+    /// The runtime answered with a message that lacks a required field.
+    #[error("CRI {op} answered without {field}")]
+    IncompleteResponse {
+        /// The RPC.
+        op: &'static str,
+        /// The missing field.
+        field: &'static str,
+    },
+    /// The runtime speaks another CRI API version than `v1`.
+    #[error("runtime {runtime} speaks CRI API {api_version:?}, this client speaks v1")]
+    UnsupportedApiVersion {
+        /// Runtime name and version.
+        runtime: String,
+        /// The API version it reported.
+        api_version: String,
+    },
+    /// Preparing a host file for the container (the termination message file) failed.
+    #[error("preparing {path}: {source}")]
+    PrepareHostFile {
+        /// The file or directory.
+        path: std::path::PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl CriError {
+    /// The core error kind this failure maps to, so the engine can branch on it.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            CriError::InvalidEndpoint { .. } => ErrorKind::InvalidArgument,
+            CriError::Rpc { status, .. } => status_kind(status),
+            CriError::Timeout { .. } => ErrorKind::DeadlineExceeded,
+            CriError::IncompleteResponse { .. } => ErrorKind::Internal,
+            CriError::UnsupportedApiVersion { .. } => ErrorKind::FailedPrecondition,
+            CriError::PrepareHostFile { source, .. } => match source.kind() {
+                std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+                _ => ErrorKind::Internal,
+            },
+        }
+    }
+}
+
+impl From<CriError> for Error {
+    fn from(e: CriError) -> Self {
+        Error::new(e.kind(), e.to_string()).with_source(e)
+    }
+}
+
+/// Maps a gRPC status to a core error kind.
+///
+/// containerd reports some conditions with `Unknown` and a telling message (an exec that ran out
+/// of time, an object that is gone); those are recognised by their text. Transport failures (the
+/// socket is gone, the connection was reset while containerd restarts) are `Unavailable`.
+pub(crate) fn status_kind(status: &tonic::Status) -> ErrorKind {
+    use tonic::Code;
+    match status.code() {
+        Code::NotFound => ErrorKind::NotFound,
+        Code::AlreadyExists => ErrorKind::AlreadyExists,
+        Code::InvalidArgument | Code::OutOfRange => ErrorKind::InvalidArgument,
+        Code::Unavailable | Code::Cancelled | Code::Aborted | Code::ResourceExhausted => {
+            ErrorKind::Unavailable
+        }
+        Code::DeadlineExceeded => ErrorKind::DeadlineExceeded,
+        Code::PermissionDenied | Code::Unauthenticated => ErrorKind::PermissionDenied,
+        Code::Unimplemented => ErrorKind::Unimplemented,
+        Code::FailedPrecondition => ErrorKind::FailedPrecondition,
+        Code::Unknown | Code::Internal | Code::DataLoss | Code::Ok => {
+            let m = status.message().to_ascii_lowercase();
+            if m.contains("deadline exceeded") || (m.contains("timeout") && m.contains("exceeded"))
+            {
+                ErrorKind::DeadlineExceeded
+            } else if m.contains("not found") || m.contains("does not exist") {
+                ErrorKind::NotFound
+            } else if m.contains("transport error")
+                || m.contains("connection refused")
+                || m.contains("broken pipe")
+                || m.contains("connection reset")
+            {
+                ErrorKind::Unavailable
+            } else {
+                ErrorKind::Internal
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    #[test]
+    fn grpc_codes_map_to_core_kinds() {
+        let table = [
+            (Status::new(Code::NotFound, "x"), ErrorKind::NotFound),
+            (Status::new(Code::Unavailable, "x"), ErrorKind::Unavailable),
+            (
+                Status::new(Code::DeadlineExceeded, "x"),
+                ErrorKind::DeadlineExceeded,
+            ),
+            (
+                Status::new(Code::InvalidArgument, "x"),
+                ErrorKind::InvalidArgument,
+            ),
+            (
+                Status::new(
+                    Code::Unknown,
+                    "timeout 1s exceeded: context deadline exceeded",
+                ),
+                ErrorKind::DeadlineExceeded,
+            ),
+            (
+                Status::new(
+                    Code::Unknown,
+                    "an error occurred when try to find container \"x\": not found",
+                ),
+                ErrorKind::NotFound,
+            ),
+            (
+                Status::new(Code::Unknown, "transport error"),
+                ErrorKind::Unavailable,
+            ),
+            (Status::new(Code::Unknown, "boom"), ErrorKind::Internal),
+        ];
+        for (status, kind) in table {
+            let e: Error = CriError::Rpc { op: "Test", status }.into();
+            assert_eq!(e.kind(), kind, "{e}");
+        }
+    }
+
+    #[test]
+    fn timeouts_are_deadline_exceeded() {
+        let e: Error = CriError::Timeout {
+            op: "ListContainers",
+            timeout: Duration::from_secs(1),
+        }
+        .into();
+        assert_eq!(e.kind(), ErrorKind::DeadlineExceeded);
+        assert!(e.message().contains("ListContainers"));
+    }
+}

@@ -1,0 +1,375 @@
+//! A private containerd per test, started and torn down with `scripts/containerd-test-env.sh`,
+//! and an agent harness (engine + relist PLEG + [`CriRuntime`] + an in-test pod source).
+
+#![allow(clippy::unwrap_used)]
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use kubelet_core::runtime::{ContainerFilter, SandboxFilter, labels};
+use kubelet_core::testing::RecordingSink;
+use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_cri::{CriConfig, CriRuntime};
+use kubelet_pleg::{GenericPleg, GenericPlegConfig};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh")
+}
+
+fn required() -> bool {
+    std::env::var("KUBELET_SDK_REQUIRE_ROOT").is_ok_and(|v| v == "1")
+}
+
+/// A running private containerd. Dropping it removes every pod it ran, stops it and deletes
+/// its directory (mounts, network namespaces and bridge included), also when a test fails.
+pub struct ContainerdEnv {
+    pub dir: PathBuf,
+    pub socket: PathBuf,
+    pub busybox: String,
+    pub pause: String,
+    pub subnet: String,
+}
+
+impl ContainerdEnv {
+    /// Starts one, or returns `None` after printing a skip line when this machine cannot
+    /// (not root, no containerd and no way to install it). With `KUBELET_SDK_REQUIRE_ROOT=1` a
+    /// missing prerequisite fails the test instead.
+    pub fn start(test: &str) -> Option<Self> {
+        let skip = |why: String| -> Option<Self> {
+            if required() {
+                panic!("{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1 makes this a failure)");
+            }
+            eprintln!("SKIP {test}: {why}");
+            None
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return skip("needs root to run containerd".into());
+        }
+        let dir = match tempfile::Builder::new()
+            .prefix("ksdk-cri-")
+            .tempdir_in("/tmp")
+        {
+            Ok(d) => d.keep(),
+            Err(e) => return skip(format!("creating a temporary directory: {e}")),
+        };
+        let out = std::process::Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .output();
+        let out = match out {
+            Ok(o) if o.status.success() => o,
+            Ok(o) => {
+                let _ = std::process::Command::new("bash")
+                    .arg(script())
+                    .arg("stop")
+                    .arg(&dir)
+                    .status();
+                return skip(format!(
+                    "containerd-test-env.sh start failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                ));
+            }
+            Err(e) => return skip(format!("running containerd-test-env.sh: {e}")),
+        };
+        let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let get = |k: &str| vars.get(k).cloned().unwrap_or_default();
+        Some(Self {
+            socket: PathBuf::from(get("CONTAINERD_SOCKET")),
+            busybox: get("BUSYBOX_IMAGE"),
+            pause: get("PAUSE_IMAGE"),
+            subnet: get("POD_SUBNET"),
+            dir,
+        })
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+
+    pub fn cri_config(&self) -> CriConfig {
+        CriConfig::new(self.endpoint())
+            .request_timeout(Duration::from_secs(60))
+            .termination_message_dir(self.dir.join("kubelet/pods"))
+    }
+
+    pub async fn runtime(&self) -> Arc<CriRuntime> {
+        Arc::new(
+            CriRuntime::connect(self.cri_config())
+                .await
+                .expect("connect to the test containerd"),
+        )
+    }
+
+    fn run_script(&self, cmd: &str) {
+        let status = std::process::Command::new("bash")
+            .arg(script())
+            .arg(cmd)
+            .arg(&self.dir)
+            .status()
+            .expect("run containerd-test-env.sh");
+        assert!(status.success(), "containerd-test-env.sh {cmd} failed");
+    }
+
+    /// SIGKILLs containerd (shims and containers live on), as a crash would.
+    pub fn kill_containerd(&self) {
+        self.run_script("kill");
+    }
+
+    /// Starts containerd again on the same root and state.
+    pub fn restart_containerd(&self) {
+        self.run_script("restart");
+    }
+}
+
+impl Drop for ContainerdEnv {
+    fn drop(&mut self) {
+        // Remove every pod through CRI first (CNI teardown, shims exit cleanly), then stop.
+        let config = self.cri_config().request_timeout(Duration::from_secs(20));
+        let _ = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            else {
+                return;
+            };
+            rt.block_on(async move {
+                let Ok(cri) = CriRuntime::new(config) else {
+                    return;
+                };
+                let Ok(sandboxes) = cri.list_pod_sandboxes(&SandboxFilter::default()).await else {
+                    return;
+                };
+                for s in sandboxes {
+                    let _ = cri.stop_pod_sandbox(&s.id).await;
+                    let _ = cri.remove_pod_sandbox(&s.id).await;
+                }
+            });
+        })
+        .join();
+        let _ = std::process::Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// A pod source fed by the test through a watch channel.
+pub struct TestSource {
+    rx: watch::Receiver<Vec<Pod>>,
+}
+
+#[async_trait]
+impl PodSource for TestSource {
+    fn name(&self) -> &str {
+        "file"
+    }
+    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
+        let mut rx = self.rx.clone();
+        loop {
+            let pods = rx.borrow_and_update().clone();
+            if out.snapshot(pods).await.is_err() {
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+        }
+    }
+}
+
+/// One running agent.
+pub struct Agent {
+    pub sink: Arc<RecordingSink>,
+    pub shutdown: CancellationToken,
+    pub task: tokio::task::JoinHandle<()>,
+}
+
+impl Agent {
+    /// Starts an agent on `runtime` reading pods from `pods`.
+    pub fn start(
+        env: &ContainerdEnv,
+        runtime: Arc<dyn ContainerRuntime>,
+        pods: watch::Receiver<Vec<Pod>>,
+    ) -> Self {
+        let sink = Arc::new(RecordingSink::new());
+        let pleg = Arc::new(GenericPleg::new(
+            runtime.clone(),
+            GenericPlegConfig::default(),
+        ));
+        let kubelet = KubeletBuilder::new("node-1")
+            .config(KubeletConfig::with_dirs(
+                env.dir.join("kubelet"),
+                env.dir.join("logs"),
+            ))
+            .runtime(runtime)
+            .pleg(pleg)
+            .pod_source(Arc::new(TestSource { rx: pods }))
+            .status_sink(sink.clone())
+            .build()
+            .expect("build the agent");
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(kubelet.run(shutdown.clone()));
+        Self {
+            sink,
+            shutdown,
+            task,
+        }
+    }
+
+    /// Stops the agent; pods keep running.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(60), self.task).await;
+    }
+
+    pub fn status(&self, uid: &str) -> Option<PodStatus> {
+        self.sink.latest(uid)
+    }
+
+    /// Polls the latest status of `uid` until `pred` holds (at most `within`).
+    pub async fn wait_for(
+        &self,
+        uid: &str,
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&PodStatus) -> bool,
+    ) -> PodStatus {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(s) = self.status(uid)
+                && pred(&s)
+            {
+                return s;
+            }
+            if tokio::time::Instant::now() > deadline {
+                panic!(
+                    "pod {uid}: {what} not reached within {within:?}; last status: {:#?}\nevents: {:#?}",
+                    self.status(uid),
+                    self.sink.events()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// Polls `f` until it returns `Some` (at most `within`).
+pub async fn eventually<T, F, Fut>(within: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() <= deadline,
+            "{what} not reached within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub fn container(name: &str, image: &str, script: &str) -> Container {
+    Container {
+        name: name.into(),
+        image: Some(image.into()),
+        command: Some(vec!["/bin/sh".into(), "-c".into(), script.into()]),
+        ..Default::default()
+    }
+}
+
+pub fn pod(uid: &str, host_network: bool, containers: Vec<Container>) -> Pod {
+    let mut p = Pod {
+        spec: Some(PodSpec {
+            containers,
+            host_network: Some(host_network),
+            termination_grace_period_seconds: Some(30),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    p.metadata.name = Some(format!("pod-{uid}"));
+    p.metadata.namespace = Some("default".into());
+    p.metadata.uid = Some(uid.into());
+    p
+}
+
+pub fn phase(s: &PodStatus) -> &str {
+    s.phase.as_deref().unwrap_or("")
+}
+
+pub fn running(s: &PodStatus) -> bool {
+    phase(s) == "Running"
+        && s.container_statuses.as_ref().is_some_and(|cs| {
+            !cs.is_empty()
+                && cs.iter().all(|c| {
+                    c.state
+                        .as_ref()
+                        .and_then(|st| st.running.as_ref())
+                        .is_some()
+                })
+        })
+}
+
+/// `(name, containerID without the runtime prefix, restartCount)` of every container.
+pub fn container_ids(s: &PodStatus) -> Vec<(String, String, i32)> {
+    let mut v: Vec<_> = s
+        .container_statuses
+        .iter()
+        .flatten()
+        .map(|c| {
+            let id = c.container_id.clone().unwrap_or_default();
+            let id = id.rsplit("://").next().unwrap_or("").to_string();
+            (c.name.clone(), id, c.restart_count)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn uid_selector(uid: &str) -> BTreeMap<String, String> {
+    [(labels::POD_UID.to_string(), uid.to_string())].into()
+}
+
+/// Every sandbox the runtime has for pod `uid`.
+pub async fn sandboxes_of(
+    rt: &dyn ContainerRuntime,
+    uid: &str,
+) -> Vec<kubelet_core::runtime::PodSandbox> {
+    rt.list_pod_sandboxes(&SandboxFilter {
+        label_selector: uid_selector(uid),
+        ..Default::default()
+    })
+    .await
+    .expect("ListPodSandbox")
+}
+
+/// Every container the runtime has for pod `uid`.
+pub async fn containers_of(
+    rt: &dyn ContainerRuntime,
+    uid: &str,
+) -> Vec<kubelet_core::runtime::Container> {
+    rt.list_containers(&ContainerFilter {
+        label_selector: uid_selector(uid),
+        ..Default::default()
+    })
+    .await
+    .expect("ListContainers")
+}

@@ -1,0 +1,671 @@
+//! `CriRuntime` and the engine against a real, private containerd 1.6 (one per test, started by
+//! `scripts/containerd-test-env.sh`). Needs root; skipped with a message otherwise, and failing
+//! instead when `KUBELET_SDK_REQUIRE_ROOT=1` (CI).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    Agent, ContainerdEnv, container, container_ids, containers_of, eventually, phase, pod, running,
+    sandboxes_of,
+};
+use k8s_openapi::api::core::v1::{
+    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, ResourceRequirements, Volume,
+    VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubelet_core::ErrorKind;
+use kubelet_core::runtime::{
+    ContainerConfig, ContainerMetadata, ContainerRuntime, ContainerState, ImageSpec, Labels,
+    PodSandboxConfig, PodSandboxMetadata, RuntimeStatus, SandboxState,
+};
+use tokio::sync::watch;
+
+const LONG: Duration = Duration::from_secs(90);
+
+fn sandbox_config(uid: &str, host_network: bool, env: &ContainerdEnv) -> PodSandboxConfig {
+    let mut labels = Labels::new();
+    labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
+    PodSandboxConfig {
+        metadata: PodSandboxMetadata {
+            name: format!("direct-{uid}"),
+            namespace: "default".into(),
+            uid: uid.into(),
+            attempt: 0,
+        },
+        hostname: format!("direct-{uid}"),
+        log_directory: env.dir.join("logs").join(uid),
+        labels,
+        host_network,
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_calls_cover_a_pods_life_on_containerd() {
+    let Some(env) = ContainerdEnv::start("direct_calls_cover_a_pods_life_on_containerd") else {
+        return;
+    };
+    let rt = env.runtime().await;
+
+    let v = rt.version().await.unwrap();
+    assert_eq!(v.runtime_name, "containerd");
+    assert_eq!(v.runtime_api_version, "v1");
+    let status = rt.status().await.unwrap();
+    for cond in [RuntimeStatus::RUNTIME_READY, RuntimeStatus::NETWORK_READY] {
+        assert!(
+            status.condition(cond).is_some_and(|c| c.status),
+            "{cond} not true: {status:?}"
+        );
+    }
+    assert_eq!(
+        rt.sandbox_image().await.unwrap().as_deref(),
+        Some(env.pause.as_str())
+    );
+
+    let present = rt
+        .image_status(&ImageSpec {
+            image: env.busybox.clone(),
+        })
+        .await
+        .unwrap();
+    assert!(present.is_some_and(|i| !i.id.is_empty()));
+    let missing = rt
+        .image_status(&ImageSpec {
+            image: "localhost/kubelet-sdk/absent:1".into(),
+        })
+        .await
+        .unwrap();
+    assert!(missing.is_none());
+
+    // A pod-network sandbox gets an IP from the bridge network; a host-network one does not.
+    let bridge_cfg = sandbox_config("direct-bridge", false, &env);
+    let bridge = rt.run_pod_sandbox(&bridge_cfg).await.unwrap();
+    let st = rt.pod_sandbox_status(&bridge).await.unwrap();
+    assert_eq!(st.state, SandboxState::Ready);
+    assert!(!st.host_network);
+    let ip = st.ip.clone().expect("pod IP");
+    let prefix = env.subnet.rsplit_once('.').unwrap().0;
+    assert!(ip.starts_with(prefix), "{ip} not in {}", env.subnet);
+
+    let host_cfg = sandbox_config("direct-host", true, &env);
+    let host = rt.run_pod_sandbox(&host_cfg).await.unwrap();
+    let st = rt.pod_sandbox_status(&host).await.unwrap();
+    assert!(st.host_network);
+
+    let mut cfg = ContainerConfig {
+        metadata: ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
+        },
+        image: env.busybox.clone(),
+        command: vec!["/bin/sh".into(), "-c".into()],
+        args: vec!["echo started; exec sleep 1000".into()],
+        working_dir: "/tmp".into(),
+        envs: vec![kubelet_core::runtime::EnvVar {
+            name: "GREETING".into(),
+            value: "hello".into(),
+        }],
+        log_path: "app/0.log".into(),
+        resources: Some(kubelet_core::runtime::LinuxResources {
+            memory_limit_in_bytes: 64 << 20,
+            cpu_shares: 256,
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+        }),
+        ..Default::default()
+    };
+    cfg.labels = bridge_cfg.labels.clone();
+    let id = rt
+        .create_container(&bridge, &cfg, &bridge_cfg)
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.container_status(&id).await.unwrap().state,
+        ContainerState::Created
+    );
+    rt.start_container(&id).await.unwrap();
+    let cs = rt.container_status(&id).await.unwrap();
+    assert_eq!(cs.state, ContainerState::Running);
+    assert!(cs.started_at.is_some());
+    assert_eq!(cs.log_path, env.dir.join("logs/direct-bridge/app/0.log"));
+
+    let out = rt
+        .exec_sync(
+            &id,
+            &["/bin/sh".into(), "-c".into(), "echo $GREETING; pwd; cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max".into()],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 0, "{out:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines, ["hello", "/tmp", &(64u64 << 20).to_string()]);
+    let failing = rt
+        .exec_sync(
+            &id,
+            &["/bin/sh".into(), "-c".into(), "exit 3".into()],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(failing.exit_code, 3);
+    let slow = rt
+        .exec_sync(
+            &id,
+            &["/bin/sleep".into(), "30".into()],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(slow.kind(), ErrorKind::DeadlineExceeded, "{slow}");
+
+    let stats = rt.container_stats(&id).await.unwrap();
+    assert!(stats.memory_working_set_bytes.is_some(), "{stats:?}");
+    assert!(stats.cpu_usage_core_nanoseconds.is_some(), "{stats:?}");
+
+    let listed = rt
+        .list_containers(&kubelet_core::runtime::ContainerFilter {
+            pod_sandbox_id: Some(bridge.clone()),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].id, id);
+
+    // sh ignores SIGTERM as PID 1 without a trap: the stop escalates to SIGKILL after 1 s.
+    rt.stop_container(&id, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let cs = rt.container_status(&id).await.unwrap();
+    assert_eq!(cs.state, ContainerState::Exited);
+    assert_eq!(cs.exit_code, 137);
+    let log = std::fs::read_to_string(&cs.log_path).unwrap();
+    assert!(log.contains(" stdout F started"), "{log}");
+
+    rt.remove_container(&id).await.unwrap();
+    rt.remove_container(&id).await.unwrap();
+    let e = rt.container_status(&id).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+
+    for s in [&bridge, &host] {
+        rt.stop_pod_sandbox(s).await.unwrap();
+        rt.stop_pod_sandbox(s).await.unwrap();
+        rt.remove_pod_sandbox(s).await.unwrap();
+        rt.remove_pod_sandbox(s).await.unwrap();
+    }
+    assert!(
+        rt.list_pod_sandboxes(&Default::default())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_and_bridge_network_pods_reach_running_with_their_spec_applied() {
+    let Some(env) =
+        ContainerdEnv::start("host_and_bridge_network_pods_reach_running_with_their_spec_applied")
+    else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let host_dir = env.dir.join("hostpath");
+    std::fs::create_dir_all(&host_dir).unwrap();
+
+    let field = |path: &str| EnvVar {
+        name: path.replace(['.', '/'], "_").to_uppercase(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector {
+                field_path: path.into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut app = container(
+        "app",
+        &env.busybox,
+        "echo $METADATA_NAME > /host/name; echo $STATUS_PODIP > /host/ip; \
+         echo from-app > /scratch/x; exec sleep 1000",
+    );
+    app.env = Some(vec![
+        field("metadata.name"),
+        field("metadata.namespace"),
+        field("metadata.uid"),
+        field("status.podIP"),
+        field("spec.nodeName"),
+    ]);
+    app.volume_mounts = Some(vec![
+        VolumeMount {
+            name: "host".into(),
+            mount_path: "/host".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "scratch".into(),
+            mount_path: "/scratch".into(),
+            ..Default::default()
+        },
+    ]);
+    app.resources = Some(ResourceRequirements {
+        limits: Some(
+            [
+                ("memory".to_string(), Quantity("32Mi".into())),
+                ("cpu".to_string(), Quantity("250m".into())),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    });
+    let mut bridge_pod = pod("bridge", false, vec![app]);
+    if let Some(spec) = bridge_pod.spec.as_mut() {
+        spec.volumes = Some(vec![
+            Volume {
+                name: "host".into(),
+                host_path: Some(HostPathVolumeSource {
+                    path: host_dir.to_string_lossy().into_owned(),
+                    type_: None,
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            },
+        ]);
+    }
+    let host_pod = pod(
+        "host",
+        true,
+        vec![container("app", &env.busybox, "exec sleep 1000")],
+    );
+    let (_tx, rx) = watch::channel(vec![bridge_pod, host_pod]);
+    let agent = Agent::start(&env, rt.clone(), rx);
+
+    let st = agent.wait_for("bridge", LONG, "Running", running).await;
+    let ip = st.pod_ip.clone().expect("pod IP");
+    let prefix = env.subnet.rsplit_once('.').unwrap().0;
+    assert!(ip.starts_with(prefix), "{ip} not in {}", env.subnet);
+    agent.wait_for("host", LONG, "Running", running).await;
+
+    // fieldRef env and the hostPath volume: the container wrote its name and IP to the host.
+    let written = eventually(LONG, "files from the container", || {
+        let host_dir = host_dir.clone();
+        async move {
+            let name = std::fs::read_to_string(host_dir.join("name")).ok()?;
+            let ip = std::fs::read_to_string(host_dir.join("ip")).ok()?;
+            Some((name, ip))
+        }
+    })
+    .await;
+    assert_eq!(written.0.trim(), "pod-bridge");
+    assert_eq!(written.1.trim(), ip);
+
+    // exec in the engine-created container: env, the emptyDir and the memory limit.
+    let (_, id, _) = container_ids(&st).remove(0);
+    let out = rt
+        .exec_sync(
+            &id,
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo $METADATA_NAMESPACE $METADATA_UID $SPEC_NODENAME; cat /scratch/x; \
+                 cat /sys/fs/cgroup/memory/memory.limit_in_bytes 2>/dev/null || cat /sys/fs/cgroup/memory.max; \
+                 hostname"
+                    .into(),
+            ],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "default bridge node-1",
+            "from-app",
+            &(32u64 << 20).to_string(),
+            "pod-bridge"
+        ],
+        "{out:?}"
+    );
+    let cs = rt.container_status(&id).await.unwrap();
+    let res = cs.resources.expect("resources in the status");
+    assert_eq!(res.memory_limit_in_bytes, 32 << 20);
+    assert_eq!(res.cpu_quota, 25_000);
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashing_container_restarts_with_backoff_and_dead_instances_are_collected() {
+    let Some(env) = ContainerdEnv::start(
+        "a_crashing_container_restarts_with_backoff_and_dead_instances_are_collected",
+    ) else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let mut crasher = container("crasher", &env.busybox, "echo bye; exit 1");
+    crasher.termination_message_policy = Some("FallbackToLogsOnError".into());
+    let p = pod("crash", true, vec![crasher]);
+    let (_tx, rx) = watch::channel(vec![p]);
+    let agent = Agent::start(&env, rt.clone(), rx);
+
+    // First restart at once, the next after 10 s: restartCount 2 and CrashLoopBackOff.
+    let st = agent
+        .wait_for("crash", LONG, "two restarts and CrashLoopBackOff", |s| {
+            s.container_statuses.iter().flatten().any(|c| {
+                c.restart_count >= 2
+                    && c.state
+                        .as_ref()
+                        .and_then(|st| st.waiting.as_ref())
+                        .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+            })
+        })
+        .await;
+    let c = &st.container_statuses.as_ref().unwrap()[0];
+    let last = c
+        .last_state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .expect("lastState.terminated");
+    assert_eq!(last.exit_code, 1);
+    assert_eq!(last.message.as_deref().map(str::trim), Some("bye"));
+
+    // GC keeps the newest dead instance only (plus a running one, if any).
+    eventually(LONG, "dead instances collected", || {
+        let rt = rt.clone();
+        async move {
+            let cs = containers_of(rt.as_ref(), "crash").await;
+            let dead = cs
+                .iter()
+                .filter(|c| c.state == ContainerState::Exited)
+                .count();
+            (dead <= 1).then_some(())
+        }
+    })
+    .await;
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_pod_delivers_sigterm_within_the_grace_period_and_removes_it() {
+    let Some(env) = ContainerdEnv::start(
+        "deleting_a_pod_delivers_sigterm_within_the_grace_period_and_removes_it",
+    ) else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let host_dir = env.dir.join("term");
+    std::fs::create_dir_all(&host_dir).unwrap();
+    let mut c = container(
+        "graceful",
+        &env.busybox,
+        "trap 'echo TERM > /out/got-term; exit 0' TERM; echo ready > /out/ready; \
+         while :; do sleep 1; done",
+    );
+    c.volume_mounts = Some(vec![VolumeMount {
+        name: "out".into(),
+        mount_path: "/out".into(),
+        ..Default::default()
+    }]);
+    let mut p = pod("graceful", false, vec![c]);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.termination_grace_period_seconds = Some(60);
+        spec.volumes = Some(vec![Volume {
+            name: "out".into(),
+            host_path: Some(HostPathVolumeSource {
+                path: host_dir.to_string_lossy().into_owned(),
+                type_: None,
+            }),
+            ..Default::default()
+        }]);
+    }
+    let keep = pod(
+        "keep",
+        true,
+        vec![container("app", &env.busybox, "exec sleep 1000")],
+    );
+    let (tx, rx) = watch::channel(vec![p, keep.clone()]);
+    let agent = Agent::start(&env, rt.clone(), rx);
+    agent.wait_for("graceful", LONG, "Running", running).await;
+    eventually(LONG, "container ready", || {
+        let f = host_dir.join("ready");
+        async move { f.exists().then_some(()) }
+    })
+    .await;
+
+    let started = tokio::time::Instant::now();
+    tx.send(vec![keep]).unwrap();
+    eventually(LONG, "pod removed from containerd", || {
+        let rt = rt.clone();
+        async move {
+            let s = sandboxes_of(rt.as_ref(), "graceful").await;
+            let c = containers_of(rt.as_ref(), "graceful").await;
+            (s.is_empty() && c.is_empty()).then_some(())
+        }
+    })
+    .await;
+    // SIGTERM reached the trap, and the container did not wait for the 60 s SIGKILL.
+    assert_eq!(
+        std::fs::read_to_string(host_dir.join("got-term"))
+            .unwrap()
+            .trim(),
+        "TERM"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(55),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(agent.sink.removed().contains(&"graceful".to_string()));
+    // The other pod is untouched.
+    let st = agent.status("keep").unwrap();
+    assert!(running(&st), "{st:?}");
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_adopts_running_containers() {
+    let Some(env) = ContainerdEnv::start("a_restarted_agent_adopts_running_containers") else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let pods = vec![
+        pod(
+            "adopt-a",
+            true,
+            vec![container("app", &env.busybox, "exec sleep 1000")],
+        ),
+        pod(
+            "adopt-b",
+            false,
+            vec![
+                container("one", &env.busybox, "exec sleep 1000"),
+                container("two", &env.busybox, "exec sleep 1000"),
+            ],
+        ),
+    ];
+    let (_tx, rx) = watch::channel(pods);
+    let agent = Agent::start(&env, rt.clone(), rx.clone());
+    let a = agent.wait_for("adopt-a", LONG, "Running", running).await;
+    let b = agent.wait_for("adopt-b", LONG, "Running", running).await;
+    agent.stop().await;
+
+    // A new agent process would start with a new runtime client too.
+    let rt2 = env.runtime().await;
+    let agent = Agent::start(&env, rt2.clone(), rx);
+    let a2 = agent.wait_for("adopt-a", LONG, "Running", running).await;
+    let b2 = agent.wait_for("adopt-b", LONG, "Running", running).await;
+    assert_eq!(container_ids(&a), container_ids(&a2));
+    assert_eq!(container_ids(&b), container_ids(&b2));
+    // Give a wrong decision time to show, then check nothing was recreated.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for uid in ["adopt-a", "adopt-b"] {
+        assert_eq!(sandboxes_of(rt2.as_ref(), uid).await.len(), 1, "{uid}");
+    }
+    assert_eq!(containers_of(rt2.as_ref(), "adopt-b").await.len(), 2);
+    assert_eq!(
+        container_ids(&agent.status("adopt-b").unwrap()),
+        container_ids(&b)
+    );
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_containerd_mid_run_loses_and_duplicates_nothing() {
+    let Some(env) =
+        ContainerdEnv::start("restarting_containerd_mid_run_loses_and_duplicates_nothing")
+    else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let pods = vec![
+        pod(
+            "survive-host",
+            true,
+            vec![container("app", &env.busybox, "exec sleep 1000")],
+        ),
+        pod(
+            "survive-bridge",
+            false,
+            vec![container("app", &env.busybox, "exec sleep 1000")],
+        ),
+    ];
+    let (tx, rx) = watch::channel(pods.clone());
+    let agent = Agent::start(&env, rt.clone(), rx);
+    let h = agent
+        .wait_for("survive-host", LONG, "Running", running)
+        .await;
+    let b = agent
+        .wait_for("survive-bridge", LONG, "Running", running)
+        .await;
+
+    env.kill_containerd();
+    let e = rt.list_containers(&Default::default()).await.unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    // Several relists fail while containerd is away.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    env.restart_containerd();
+
+    // The same client reaches the new containerd.
+    eventually(LONG, "containerd answers again", || {
+        let rt = rt.clone();
+        async move { rt.version().await.ok() }
+    })
+    .await;
+    // A pod added after the restart starts normally.
+    let mut more = pods.clone();
+    more.push(pod(
+        "after-restart",
+        true,
+        vec![container("app", &env.busybox, "exec sleep 1000")],
+    ));
+    tx.send(more).unwrap();
+    agent
+        .wait_for("after-restart", LONG, "Running", running)
+        .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let h2 = agent.status("survive-host").unwrap();
+    let b2 = agent.status("survive-bridge").unwrap();
+    assert!(running(&h2) && running(&b2), "{h2:?} {b2:?}");
+    assert_eq!(container_ids(&h), container_ids(&h2));
+    assert_eq!(container_ids(&b), container_ids(&b2));
+    assert_eq!(b.pod_ip, b2.pod_ip);
+    for uid in ["survive-host", "survive-bridge", "after-restart"] {
+        assert_eq!(sandboxes_of(rt.as_ref(), uid).await.len(), 1, "{uid}");
+        assert_eq!(containers_of(rt.as_ref(), uid).await.len(), 1, "{uid}");
+    }
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pull_policy_never_with_a_missing_image_waits_with_err_image_never_pull() {
+    let Some(env) = ContainerdEnv::start(
+        "pull_policy_never_with_a_missing_image_waits_with_err_image_never_pull",
+    ) else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let mut never = container("app", "localhost/kubelet-sdk/absent:1", "exec sleep 1000");
+    never.image_pull_policy = Some("Never".into());
+    let mut present = container("app", &env.busybox, "exec sleep 1000");
+    present.image_pull_policy = Some("Never".into());
+    let mut pull = container("app", "localhost:1/kubelet-sdk/absent:1", "exec sleep 1000");
+    pull.image_pull_policy = Some("IfNotPresent".into());
+    let pods = vec![
+        pod("never", true, vec![never]),
+        pod("present", true, vec![present]),
+        pod("pull", true, vec![pull]),
+    ];
+    let (_tx, rx) = watch::channel(pods);
+    let agent = Agent::start(&env, rt.clone(), rx);
+
+    let waiting_reason = |s: &k8s_openapi::api::core::v1::PodStatus| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .find_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+    };
+    let st = agent
+        .wait_for("never", LONG, "ErrImageNeverPull", |s| {
+            waiting_reason(s).as_deref() == Some("ErrImageNeverPull")
+        })
+        .await;
+    assert_eq!(phase(&st), "Pending");
+    // An image that cannot be pulled (no registry answers) fails with ErrImagePull or, after
+    // the first failure, ImagePullBackOff.
+    agent
+        .wait_for("pull", LONG, "ErrImagePull", |s| {
+            matches!(
+                waiting_reason(s).as_deref(),
+                Some("ErrImagePull" | "ImagePullBackOff")
+            )
+        })
+        .await;
+    agent.wait_for("present", LONG, "Running", running).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(running(&agent.status("present").unwrap()));
+    assert!(containers_of(rt.as_ref(), "never").await.is_empty());
+    agent.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_termination_message_file_reaches_the_status() {
+    let Some(env) = ContainerdEnv::start("a_termination_message_file_reaches_the_status") else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let c = container(
+        "job",
+        &env.busybox,
+        "echo all done > /dev/termination-log; exit 0",
+    );
+    let mut p = pod("msg", true, vec![c]);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+    }
+    let (_tx, rx) = watch::channel(vec![p]);
+    let agent = Agent::start(&env, rt.clone(), rx);
+    let st = agent
+        .wait_for("msg", LONG, "Succeeded", |s| phase(s) == "Succeeded")
+        .await;
+    let term = st.container_statuses.as_ref().unwrap()[0]
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.clone())
+        .expect("terminated");
+    assert_eq!(term.exit_code, 0);
+    assert_eq!(term.message.as_deref().map(str::trim), Some("all done"));
+    let _ = Arc::clone(&rt);
+    agent.stop().await;
+}
