@@ -6,8 +6,14 @@
 //! - A full re-list at start and then every [`FileSourceConfig::check_frequency`] (20 s by
 //!   default, the kubelet's `fileCheckFrequency`).
 //! - An inotify watch on the directory (for a single file: on its parent directory, filtered to
-//!   that file's name, so editors that save by rename keep being seen). Events on dot-files are
-//!   ignored (editor swap files, `.tmp` files of atomic saves), and so are subdirectories.
+//!   that file's name, so editors that save by rename keep being seen). Editor artefacts are
+//!   ignored, in listings and in events ([`is_ignored_name`]: dot-files such as swap files and
+//!   the `.tmp` files of atomic saves, backups ending in `~`, Emacs `#auto-save#` files; the
+//!   kubelet ignores only dot-files), and so are subdirectories.
+//! - ConfigMap-style directories (visible symlinks into `..data`, which the writer swaps
+//!   atomically) are followed: a change of `..data` re-reads the directory. When the path itself
+//!   is a symlink to a directory, its parent is watched too, and a re-pointed link moves the
+//!   watch to the new target.
 //! - Watch events are debounced: after an event the source waits until no event came for
 //!   [`FileSourceConfig::debounce`] (100 ms), and while a file is still open for writing
 //!   (`IN_MODIFY` without `IN_CLOSE_WRITE`) up to [`FileSourceConfig::max_write_wait`] (2 s), so
@@ -34,7 +40,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use inotify::{EventMask, EventStream, Inotify, WatchMask};
+use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::config::sources;
 use kubelet_core::merge::REASON_FAILED_VALIDATION;
@@ -224,7 +230,7 @@ impl PodSource for FileSource {
                 ev = event => {
                     let Some(w) = watcher.as_mut() else { continue };
                     let mut burst = Burst::default();
-                    burst.take(&w.only, ev);
+                    burst.take(&w.filter, ev);
                     if !burst.relevant && burst.alive {
                         continue;
                     }
@@ -244,7 +250,7 @@ impl PodSource for FileSource {
                                 _ = shutdown.cancelled() => return,
                                 _ = tokio::time::sleep_until(deadline) => break,
                                 ev = w.stream.next() => {
-                                    burst.take(&w.only, ev);
+                                    burst.take(&w.filter, ev);
                                     last = Instant::now();
                                     if !burst.alive { break; }
                                 }
@@ -355,7 +361,7 @@ fn list(path: &Path, node_name: &str, options: &ValidationOptions) -> Listing {
         match entry {
             Ok(e) => {
                 let name = e.file_name();
-                if !name.to_string_lossy().starts_with('.') {
+                if !is_ignored_name(&name.to_string_lossy()) {
                     names.push(name);
                 }
             }
@@ -482,11 +488,21 @@ impl State {
     }
 }
 
-/// An inotify watch on the manifest directory (or on the parent of a manifest file).
+/// An inotify watch on the manifest directory (or on the parent of a manifest file), plus, when
+/// the path is a symlink, a watch on the link's directory so a re-pointed link is noticed.
 struct Watcher {
     stream: EventStream<Vec<u8>>,
+    filter: Filter,
+}
+
+/// Which events of a [`Watcher`] count.
+#[derive(Debug, Default)]
+struct Filter {
     /// For a single-file path: the only name whose events count.
     only: Option<OsString>,
+    /// For a symlinked path: the watch on the link's parent and the link's name; an event on
+    /// that name means the link was replaced, so the watch must be set up again.
+    link: Option<(WatchDescriptor, OsString)>,
 }
 
 impl Watcher {
@@ -501,19 +517,54 @@ impl Watcher {
             | WatchMask::MOVED_TO
             | WatchMask::DELETE_SELF
             | WatchMask::MOVE_SELF;
-        let (dir, only) = if std::fs::metadata(path)?.is_dir() {
+        let parent = || match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        let is_dir = std::fs::metadata(path)?.is_dir();
+        let (dir, only) = if is_dir {
             (path.to_path_buf(), None)
         } else {
-            let parent = match path.parent() {
-                Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-                _ => PathBuf::from("."),
-            };
-            (parent, path.file_name().map(OsString::from))
+            (parent(), path.file_name().map(OsString::from))
         };
         inotify.watches().add(&dir, mask)?;
+        let mut link = None;
+        if is_dir
+            && std::fs::symlink_metadata(path)?.file_type().is_symlink()
+            && let Some(name) = path.file_name()
+        {
+            let wd = inotify.watches().add(
+                parent(),
+                WatchMask::CREATE
+                    | WatchMask::DELETE
+                    | WatchMask::MOVED_FROM
+                    | WatchMask::MOVED_TO
+                    | WatchMask::DONT_FOLLOW,
+            )?;
+            link = Some((wd, OsString::from(name)));
+        }
         let stream = inotify.into_event_stream(vec![0u8; 4096])?;
-        Ok(Self { stream, only })
+        Ok(Self {
+            stream,
+            filter: Filter { only, link },
+        })
     }
+}
+
+/// True for names that are editor or tool artefacts, never manifests: dot-files (swap files,
+/// `.tmp` files of atomic saves, the `..data` machinery of ConfigMap mounts), backups ending in
+/// `~`, and Emacs auto-save files `#name#`.
+pub fn is_ignored_name(name: &str) -> bool {
+    name.starts_with('.')
+        || name.ends_with('~')
+        || (name.len() > 1 && name.starts_with('#') && name.ends_with('#'))
+}
+
+/// True for the names of a ConfigMap/Secret volume's atomic writer (`..data`, `..data_tmp`,
+/// `..<timestamp>`): ignored as manifests, but a change to them is a change of the manifests
+/// the visible symlinks point to.
+fn is_atomic_writer_name(name: &str) -> bool {
+    name.starts_with("..")
 }
 
 /// What a run of watch events amounts to.
@@ -538,7 +589,7 @@ impl Default for Burst {
 }
 
 impl Burst {
-    fn take(&mut self, only: &Option<OsString>, ev: Option<std::io::Result<inotify::EventOwned>>) {
+    fn take(&mut self, filter: &Filter, ev: Option<std::io::Result<inotify::EventOwned>>) {
         let ev = match ev {
             Some(Ok(ev)) => ev,
             Some(Err(e)) => {
@@ -562,10 +613,26 @@ impl Burst {
             return;
         }
         let Some(name) = ev.name else { return };
-        if name.to_string_lossy().starts_with('.') || ev.mask.contains(EventMask::ISDIR) {
+        if let Some((wd, link)) = &filter.link
+            && ev.wd == *wd
+        {
+            if name == *link {
+                // The symlinked path now points elsewhere: re-list and watch the new target.
+                self.relevant = true;
+                self.alive = false;
+            }
             return;
         }
-        if only.as_ref().is_some_and(|only| *only != name) {
+        let text = name.to_string_lossy();
+        if is_atomic_writer_name(&text) {
+            // `..data` swapped: every manifest behind the visible symlinks may have changed.
+            self.relevant = true;
+            return;
+        }
+        if is_ignored_name(&text) || ev.mask.contains(EventMask::ISDIR) {
+            return;
+        }
+        if filter.only.as_ref().is_some_and(|only| *only != name) {
             return;
         }
         self.relevant = true;

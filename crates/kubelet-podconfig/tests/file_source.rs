@@ -430,3 +430,144 @@ async fn a_broken_edit_keeps_the_old_pod_until_the_periodic_relist() {
     assert_eq!((add.op, uids(&add)), (PodOp::Add, uid));
     h.stop().await;
 }
+
+/// The layout of a ConfigMap volume: `web.yaml -> ..data/web.yaml`, `..data -> ..<version>`,
+/// and an update that swaps `..data` atomically, as the kubelet's atomic writer does.
+fn configmap_version(dir: &Path, version: &str, files: &[(&str, String)]) {
+    let v = dir.join(version);
+    std::fs::create_dir(&v).expect("version dir");
+    for (name, text) in files {
+        write(&v.join(name), text);
+    }
+    let tmp = dir.join("..data_tmp");
+    std::os::unix::fs::symlink(version, &tmp).expect("symlink");
+    std::fs::rename(&tmp, dir.join("..data")).expect("swap ..data");
+    for (name, _) in files {
+        let visible = dir.join(name);
+        if std::fs::symlink_metadata(&visible).is_err() {
+            std::os::unix::fs::symlink(format!("..data/{name}"), &visible).expect("symlink");
+        }
+    }
+}
+
+#[tokio::test]
+async fn configmap_style_data_swaps_yield_one_update_per_edit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    configmap_version(
+        dir.path(),
+        "..v1",
+        &[("web.yaml", manifest("web", "busybox"))],
+    );
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+
+    // An edit: a new version directory and an atomic swap of `..data` (all dot-names).
+    configmap_version(
+        dir.path(),
+        "..v2",
+        &[("web.yaml", manifest("web", "nginx"))],
+    );
+    std::fs::remove_dir_all(dir.path().join("..v1")).expect("old version");
+    let updates = h.drain().await;
+    assert_eq!(
+        summary(&updates),
+        vec![(PodOp::Remove, 1), (PodOp::Add, 1)],
+        "{updates:#?}"
+    );
+    let image = updates[1].pods[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers[0].image.clone());
+    assert_eq!(image.as_deref(), Some("nginx"));
+
+    // A new key: one more pod, the other untouched.
+    configmap_version(
+        dir.path(),
+        "..v3",
+        &[
+            ("web.yaml", manifest("web", "nginx")),
+            ("db.yaml", manifest("db", "postgres")),
+        ],
+    );
+    std::fs::remove_dir_all(dir.path().join("..v2")).expect("old version");
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+    assert!(h.events.try_recv().is_err(), "no validation events");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_symlinked_manifest_directory_follows_a_repointed_link() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (a, b) = (root.path().join("a"), root.path().join("b"));
+    std::fs::create_dir(&a).expect("a");
+    std::fs::create_dir(&b).expect("b");
+    write(&a.join("web.yaml"), &manifest("web", "busybox"));
+    write(&b.join("web.yaml"), &manifest("web", "nginx"));
+    let link = root.path().join("manifests");
+    std::os::unix::fs::symlink(&a, &link).expect("link");
+
+    let mut h = Harness::start(&link, Duration::from_secs(60));
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+
+    // Edits behind the link are seen.
+    write(&a.join("db.yaml"), &manifest("db", "postgres"));
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+
+    // Re-point the link atomically (as `ln -sfn` + rename): b replaces a.
+    let tmp = root.path().join("manifests.tmp");
+    std::os::unix::fs::symlink(&b, &tmp).expect("tmp link");
+    std::fs::rename(&tmp, &link).expect("swap link");
+    let updates = h.drain().await;
+    assert_eq!(
+        summary(&updates),
+        vec![(PodOp::Remove, 2), (PodOp::Add, 1)],
+        "{updates:#?}"
+    );
+
+    // And the watch now follows b.
+    write(&b.join("cache.yaml"), &manifest("cache", "redis"));
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn editor_backups_autosaves_and_vim_saves_never_duplicate_or_miss_a_pod() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    assert_eq!(h.next().await.pods.len(), 0);
+    let path = dir.path().join("web.yaml");
+    write(&path, &manifest("web", "busybox"));
+    let updates = h.drain().await;
+    assert_eq!(summary(&updates), vec![(PodOp::Add, 1)], "{updates:#?}");
+
+    // Emacs while editing: a lock symlink, an auto-save file and a backup. None is a pod.
+    std::os::unix::fs::symlink("user@host.1234", dir.path().join(".#web.yaml")).expect("lock");
+    write(&dir.path().join("#web.yaml#"), &manifest("web", "nginx"));
+    write(&dir.path().join("web.yaml~"), &manifest("web", "busybox"));
+    let updates = h.drain().await;
+    assert!(updates.is_empty(), "{updates:#?}");
+
+    // Vim's default save: probe file 4913, rename the original to a backup, write the new
+    // file, delete the backup. Exactly one replacement.
+    let probe = dir.path().join("4913");
+    write(&probe, "");
+    std::fs::remove_file(&probe).expect("probe");
+    std::fs::rename(&path, dir.path().join("web.yaml~")).expect("backup");
+    write(&path, &manifest("web", "nginx"));
+    std::fs::remove_file(dir.path().join("web.yaml~")).expect("remove backup");
+    let updates = h.drain().await;
+    assert_eq!(
+        summary(&updates),
+        vec![(PodOp::Remove, 1), (PodOp::Add, 1)],
+        "{updates:#?}"
+    );
+    assert!(h.events.try_recv().is_err(), "no validation events");
+
+    // A periodic re-list sees the same set: nothing more.
+    h.stop().await;
+}
