@@ -41,9 +41,17 @@ struct Flags {
     /// Node name; defaults to the hostname.
     #[arg(long = "node-name")]
     node_name: Option<String>,
-    /// Container runtime endpoint. Unset: the built-in process runtime.
+    /// Container runtime endpoint. Unset: the built-in process runtime; `unix:///…`: a CRI v1
+    /// runtime such as containerd (`unix:///run/containerd/containerd.sock`).
     #[arg(long = "container-runtime-endpoint")]
     container_runtime_endpoint: Option<String>,
+    /// Sandbox (pause) image for CRI runtimes. CRI has no per-sandbox field for it: the agent
+    /// makes sure it is present and warns when the runtime is configured with another one.
+    #[arg(long = "pod-infra-container-image")]
+    pod_infra_container_image: Option<String>,
+    /// Deadline of every CRI call except image pulls (the kubelet's runtimeRequestTimeout).
+    #[arg(long = "runtime-request-timeout", default_value = "2m", value_parser = parse_duration)]
+    runtime_request_timeout: Duration,
     /// Port of the read-only API (`/healthz`, `/pods`); 0 disables it (the kubelet's default).
     #[arg(long = "read-only-port", default_value_t = 0)]
     read_only_port: u16,
@@ -56,6 +64,29 @@ struct Flags {
     /// Address of the healthz endpoint.
     #[arg(long = "healthz-bind-address", default_value = "127.0.0.1")]
     healthz_bind_address: String,
+    /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
+    /// Unset: the kubelet's defaults.
+    #[arg(long = "eviction-hard")]
+    eviction_hard: Option<String>,
+    /// Soft eviction thresholds (each needs a grace period).
+    #[arg(long = "eviction-soft", default_value = "")]
+    eviction_soft: String,
+    /// Grace periods of soft thresholds, e.g. `memory.available=1m30s`.
+    #[arg(long = "eviction-soft-grace-period", default_value = "")]
+    eviction_soft_grace_period: String,
+    /// Minimum reclaim per signal, e.g. `memory.available=0Mi,nodefs.available=500Mi`.
+    #[arg(long = "eviction-minimum-reclaim", default_value = "")]
+    eviction_minimum_reclaim: String,
+    /// How long a pressure condition stays after it was last observed (Go duration).
+    #[arg(long = "eviction-pressure-transition-period", default_value = "5m")]
+    eviction_pressure_transition_period: String,
+    /// Upper bound of the grace period of soft evictions, seconds.
+    #[arg(long = "eviction-max-pod-grace-period", default_value_t = 0)]
+    eviction_max_pod_grace_period: i64,
+    /// Let eviction take static pods (all of this agent's pods come from files): priority then
+    /// decides. The kubelet never evicts static pods.
+    #[arg(long = "evict-static-pods", default_value_t = false)]
+    evict_static_pods: bool,
     /// Log verbosity (kubelet-style); `RUST_LOG` takes precedence.
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
@@ -80,6 +111,46 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(format!("duration {s:?} must be positive"));
     }
     Ok(Duration::from_secs_f64(v * mult))
+}
+
+/// The eviction manager from the `--eviction-*` flags, reading this machine and the runtime.
+fn eviction_manager(
+    flags: &Flags,
+    runtime: Arc<dyn ContainerRuntime>,
+    pod_log_dir: &std::path::Path,
+    pods: kubelet_eviction::DeferredPods,
+) -> anyhow::Result<kubelet_eviction::EvictionManager> {
+    use kubelet_eviction::{parse_map_flag, parse_threshold_flag};
+    let mut s = kubelet_eviction::EvictionSettings::default();
+    s.hard = flags
+        .eviction_hard
+        .as_deref()
+        .map(|f| parse_threshold_flag("--eviction-hard", f))
+        .transpose()?;
+    s.soft = parse_threshold_flag("--eviction-soft", &flags.eviction_soft)?;
+    s.soft_grace_period = parse_map_flag(
+        "--eviction-soft-grace-period",
+        &flags.eviction_soft_grace_period,
+    )?;
+    s.minimum_reclaim = parse_map_flag(
+        "--eviction-minimum-reclaim",
+        &flags.eviction_minimum_reclaim,
+    )?;
+    s.pressure_transition_period = Some(flags.eviction_pressure_transition_period.clone());
+    s.max_pod_grace_period = Some(flags.eviction_max_pod_grace_period);
+    let mut config = kubelet_eviction::EvictionConfig::from_settings(&s)?;
+    config.static_pods_are_critical = !flags.evict_static_pods;
+    let stats = kubelet_eviction::MachineStats::new(
+        kubelet_eviction::MachineStatsConfig::detect()
+            .root_dir(&flags.root_dir)
+            .pod_log_dir(pod_log_dir),
+    )
+    .with_runtime(runtime);
+    Ok(kubelet_eviction::EvictionManager::new(
+        config,
+        Arc::new(stats),
+        Arc::new(pods),
+    ))
 }
 
 fn init_logging(verbosity: u8) {
@@ -153,10 +224,22 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                     .context("starting the process runtime")?,
             )
         }
-        Some(endpoint) if endpoint.starts_with("unix://") => bail!(
-            "--container-runtime-endpoint {endpoint}: CRI runtimes are not supported by this build yet; \
-             leave the flag unset to use the built-in process runtime"
-        ),
+        Some(endpoint) if endpoint.starts_with("unix://") => {
+            let root_dir = std::path::absolute(&flags.root_dir)
+                .with_context(|| format!("--root-dir {}", flags.root_dir.display()))?;
+            let config = kubelet_cri::CriConfig::new(endpoint)
+                .request_timeout(flags.runtime_request_timeout)
+                .termination_message_dir(root_dir.join("pods"));
+            let cri = kubelet_cri::CriRuntime::connect(config)
+                .await
+                .with_context(|| format!("--container-runtime-endpoint {endpoint}"))?;
+            if let Some(image) = &flags.pod_infra_container_image
+                && let Err(e) = cri.ensure_sandbox_image(image).await
+            {
+                tracing::warn!(image = %image, error = %e, "--pod-infra-container-image is not available");
+            }
+            Arc::new(cri)
+        }
         Some(endpoint) => bail!(
             "--container-runtime-endpoint {endpoint:?}: expected a unix:// endpoint, or no flag for the process runtime"
         ),
@@ -165,6 +248,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         runtime.clone(),
         GenericPlegConfig::default(),
     ));
+    // Node-pressure eviction: its admission handler goes into the agent, the agent's handle
+    // into it once built.
+    let mut metrics = prometheus_client::registry::Registry::default();
+    let evictor_pods = kubelet_eviction::DeferredPods::new();
+    let evictor = eviction_manager(&flags, runtime.clone(), &pod_log_dir, evictor_pods.clone())?
+        .with_recorder(builder.recorder(), node_name.clone());
+    evictor.register_metrics(&mut metrics);
+    builder = builder.admit_handler(evictor.admit_handler());
     builder = builder.runtime(runtime).pleg(pleg);
     if let Some(path) = &flags.pod_manifest_path {
         let source = FileSource::new(path, node_name.clone())
@@ -175,6 +266,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     let kubelet = builder.build().context("assembling the agent")?;
     let handle = kubelet.handle();
+    evictor_pods.set(Arc::new(handle.clone()));
+    let metrics = Arc::new(metrics);
 
     let shutdown = CancellationToken::new();
     let mut servers = tokio::task::JoinSet::new();
@@ -186,6 +279,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         servers.spawn(server::serve(
             listener,
             handle.clone(),
+            metrics.clone(),
             true,
             shutdown.clone(),
         ));
@@ -198,6 +292,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         servers.spawn(server::serve(
             listener,
             handle.clone(),
+            metrics.clone(),
             false,
             shutdown.clone(),
         ));
@@ -212,8 +307,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         });
     }
     tracing::info!(node = %node_name, "minimal_kubelet running");
+    let evicting = tokio::spawn(evictor.run(shutdown.clone()));
     kubelet.run(shutdown.clone()).await;
     shutdown.cancel();
+    let _ = evicting.await;
     while servers.join_next().await.is_some() {}
     Ok(())
 }

@@ -2,6 +2,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use anyhow::Context;
 use http_body_util::Full;
@@ -9,6 +10,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use kubelet_core::{KubeletHandle, PlegHealth};
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -19,10 +21,11 @@ pub(crate) async fn bind(addr: SocketAddr) -> anyhow::Result<TcpListener> {
         .with_context(|| format!("binding {addr}"))
 }
 
-/// Serve until `shutdown`; `with_pods` adds `/pods` (the read-only port).
+/// Serve until `shutdown`; `with_pods` adds `/pods` and `/metrics` (the read-only port).
 pub(crate) async fn serve(
     listener: TcpListener,
     handle: KubeletHandle,
+    metrics: Arc<Registry>,
     with_pods: bool,
     shutdown: CancellationToken,
 ) {
@@ -38,10 +41,12 @@ pub(crate) async fn serve(
             },
         };
         let handle = handle.clone();
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let handle = handle.clone();
-                async move { Ok::<_, Infallible>(respond(&handle, with_pods, req)) }
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&handle, &metrics, with_pods, req)) }
             });
             if let Err(e) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
@@ -61,6 +66,7 @@ fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
 
 fn respond(
     handle: &KubeletHandle,
+    metrics: &Registry,
     with_pods: bool,
     req: Request<Incoming>,
 ) -> Response<Full<Bytes>> {
@@ -75,6 +81,22 @@ fn respond(
                 format!("[-]pleg failed: {msg}\nhealthz check failed\n"),
             ),
         },
+        "/metrics" if with_pods => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, metrics) {
+                Ok(()) => {
+                    let mut r = text(StatusCode::OK, body);
+                    r.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static(
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        ),
+                    );
+                    r
+                }
+                Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+            }
+        }
         "/pods" | "/pods/" if with_pods => {
             let items: Vec<serde_json::Value> = handle
                 .statuses()
