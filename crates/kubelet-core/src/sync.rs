@@ -132,8 +132,38 @@ impl Engine {
             .or_insert_with(Instant::now)
     }
 
-    fn probe_result(&self, id: &str, t: ProbeType) -> Option<ProbeResult> {
-        self.prober.as_ref().and_then(|p| p.result(id, t))
+    /// The prober's result for container instance `id`. A probe the spec configures but the
+    /// prober has not recorded yet (a new instance it has not observed) counts as `Unknown`,
+    /// so readiness starts False and a startup probe holds `started` back (the kubelet checks
+    /// for a worker by pod and container name in the same case).
+    fn probe_result(
+        &self,
+        p: &Pod,
+        rt: &PodRuntimeStatus,
+        id: &str,
+        t: ProbeType,
+    ) -> Option<ProbeResult> {
+        let prober = self.prober.as_ref()?;
+        prober.result(id, t).or_else(|| {
+            let name = &rt
+                .container_statuses
+                .iter()
+                .find(|c| c.id == id)?
+                .metadata
+                .name;
+            let spec = p.spec.as_ref()?;
+            let c = spec
+                .containers
+                .iter()
+                .chain(spec.init_containers.iter().flatten())
+                .find(|c| &c.name == name)?;
+            let configured = match t {
+                ProbeType::Liveness => c.liveness_probe.is_some(),
+                ProbeType::Readiness => c.readiness_probe.is_some(),
+                ProbeType::Startup => c.startup_probe.is_some(),
+            };
+            configured.then_some(ProbeResult::Unknown)
+        })
     }
 
     /// Static pods sharing a full name run one after the other: `Some(wait)` while another
@@ -196,7 +226,7 @@ impl Engine {
     ) -> k8s_openapi::api::core::v1::PodStatus {
         let (sandbox_changed, _, _) = actions::pod_sandbox_changed(p, rt);
         let old = self.status.get(pod::uid(p));
-        let probe = |id: &str, t: ProbeType| self.probe_result(id, t);
+        let probe = |id: &str, t: ProbeType| self.probe_result(p, rt, id, t);
         let host_ip = self
             .config
             .node_ip
@@ -373,7 +403,7 @@ impl Engine {
         volume_paths: &HashMap<String, PathBuf>,
     ) -> RuntimeSync {
         let mut out = RuntimeSync::default();
-        let probe = |id: &str, t: ProbeType| self.probe_result(id, t);
+        let probe = |id: &str, t: ProbeType| self.probe_result(p, rt, id, t);
         let changes = actions::compute_pod_actions(p, rt, &probe);
         if changes.create_sandbox && changes.sandbox_id.is_some() {
             self.recorder.normal(

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ACCEPT, CONNECTION, HOST, HeaderName, HeaderValue, LOCATION, USER_AGENT};
+use http::header::{ACCEPT, HOST, HeaderName, HeaderValue, LOCATION, USER_AGENT};
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
@@ -73,10 +73,13 @@ fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// Connect with the timeout left, no Nagle, and `SO_LINGER` 0 so that closing the probe socket
-/// sends a reset instead of leaving a `TIME-WAIT` entry behind (thousands of probes a second
-/// would otherwise exhaust ephemeral ports). The kubelet uses a 1 s linger for the same reason;
-/// a non-zero linger would block a runtime thread in `close`, so this uses 0.
+/// Connect with no Nagle and `SO_LINGER` 0, so that closing the probe socket sends a reset
+/// instead of leaving a `TIME-WAIT` entry behind (thousands of probes a second would otherwise
+/// exhaust ephemeral ports). The kubelet uses a 1 s linger for the same reason; a non-zero
+/// linger would block a runtime thread in `close`, so this uses 0. For the same reason HTTP
+/// probes do not send `Connection: close` (Go does, as its keep-alives are off): the server
+/// then keeps the connection open after the response and the prober, closing first with a
+/// reset, leaves no `TIME-WAIT` on either side. Connections are never reused.
 async fn dial(host: &str, port: u16) -> std::io::Result<TcpStream> {
     let stream = match host.parse::<IpAddr>() {
         Ok(ip) => TcpStream::connect((ip, port)).await?,
@@ -188,7 +191,6 @@ fn request_headers(net: &NetConfig, spec: &HttpGetSpec) -> (HeaderMap, Option<St
         }
         Some(_) => {}
     }
-    headers.insert(CONNECTION, HeaderValue::from_static("close"));
     (headers, host_override)
 }
 

@@ -394,6 +394,28 @@ impl Prober {
         self.updates_rx.lock().take()
     }
 
+    /// Run one attempt of `handler` now, outside any schedule and without thresholds,
+    /// events or metrics (for one-off checks and tests): `pod_ip` is the default host of
+    /// network probes, `container_id` the target of exec probes.
+    pub async fn probe_once(
+        &self,
+        handler: &ProbeHandler,
+        pod_ip: Option<&str>,
+        container_id: &str,
+        timeout: Duration,
+        targets: &dyn ProbeTargets,
+    ) -> Outcome {
+        execute(
+            &self.shared.net,
+            handler,
+            pod_ip,
+            container_id,
+            timeout,
+            targets,
+        )
+        .await
+    }
+
     /// Counters of the prober itself (probes run, lateness against schedule).
     pub fn stats(&self) -> ProberStats {
         let s = &self.shared.stats;
@@ -970,50 +992,64 @@ impl ProbeTask {
     }
 
     async fn once(&self) -> Outcome {
-        let handler = match &self.handler {
-            Ok(h) => h,
-            Err(e) => return Outcome::Error(e.to_string()),
-        };
-        let host = || match &self.host {
-            Some(h) => h.as_str(),
-            // No pod IP: like an empty host in Go's dialer, the local machine.
-            None => "127.0.0.1",
-        };
-        match handler.as_ref() {
-            ProbeHandler::Exec { command } => {
-                match self
-                    .targets
-                    .exec(&self.container_id, command, self.timeout)
-                    .await
-                {
-                    Ok(r) => {
-                        let mut output = r.stdout;
-                        output.extend_from_slice(&r.stderr);
-                        output.truncate(MAX_BODY);
-                        let text = String::from_utf8_lossy(&output).into_owned();
-                        if r.exit_code == 0 {
-                            Outcome::Success(text)
-                        } else {
-                            Outcome::Failure(text)
-                        }
+        match &self.handler {
+            Ok(h) => {
+                execute(
+                    &self.shared.net,
+                    h,
+                    self.host.as_deref(),
+                    &self.container_id,
+                    self.timeout,
+                    self.targets.as_ref(),
+                )
+                .await
+            }
+            Err(e) => Outcome::Error(e.to_string()),
+        }
+    }
+}
+
+/// One attempt of `handler`.
+async fn execute(
+    net: &NetConfig,
+    handler: &ProbeHandler,
+    pod_ip: Option<&str>,
+    container_id: &str,
+    timeout: Duration,
+    targets: &dyn ProbeTargets,
+) -> Outcome {
+    // No pod IP: like an empty host in Go's dialer, the local machine.
+    let pod_host = pod_ip.unwrap_or("127.0.0.1");
+    match handler {
+        ProbeHandler::Exec { command } => {
+            match targets.exec(container_id, command, timeout).await {
+                Ok(r) => {
+                    let mut output = r.stdout;
+                    output.extend_from_slice(&r.stderr);
+                    output.truncate(MAX_BODY);
+                    let text = String::from_utf8_lossy(&output).into_owned();
+                    if r.exit_code == 0 {
+                        Outcome::Success(text)
+                    } else {
+                        Outcome::Failure(text)
                     }
-                    Err(ExecFailure::Timeout) => {
-                        Outcome::Failure(format!("command {:?} timed out", command.join(" ")))
-                    }
-                    Err(ExecFailure::Error(e)) => Outcome::Error(e),
                 }
+                Err(ExecFailure::Timeout) => {
+                    Outcome::Failure(format!("command {:?} timed out", command.join(" ")))
+                }
+                Err(ExecFailure::Error(e)) => Outcome::Error(e),
             }
-            ProbeHandler::HttpGet(spec) => {
-                let h = spec.host.as_deref().unwrap_or_else(host);
-                handler::http_probe(&self.shared.net, spec, h, self.timeout).await
-            }
-            ProbeHandler::TcpSocket { host: h, port } => {
-                let h = h.as_deref().unwrap_or_else(host);
-                handler::tcp_probe(h, *port, self.timeout).await
-            }
-            ProbeHandler::Grpc { port, service } => {
-                handler::grpc_probe(&self.shared.net, host(), *port, service, self.timeout).await
-            }
+        }
+        ProbeHandler::HttpGet(spec) => {
+            let h = spec.host.as_deref().unwrap_or(pod_host);
+            handler::http_probe(net, spec, h, timeout).await
+        }
+        ProbeHandler::TcpSocket { host, port } => {
+            let h = host.as_deref().unwrap_or(pod_host);
+            handler::tcp_probe(h, *port, timeout).await
+        }
+        ProbeHandler::Grpc { port, service } => {
+            handler::grpc_probe(net, pod_host, *port, service, timeout).await
         }
     }
 }
