@@ -42,4 +42,6 @@ pub mod proto;
 mod runtime;
 
 pub use error::CriError;
-pub use runtime::{CRI_API_VERSION, CriConfig, CriRuntime, DEFAULT_ENDPOINT, socket_path};
+pub use runtime::{
+    CRI_API_VERSION, CriConfig, CriRuntime, DEFAULT_ENDPOINT, SandboxImageCheck, socket_path,
+};

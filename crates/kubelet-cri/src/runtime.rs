@@ -120,6 +120,18 @@ pub fn socket_path(endpoint: &str) -> Result<PathBuf, CriError> {
     Ok(PathBuf::from(path))
 }
 
+/// Result of [`CriRuntime::ensure_sandbox_image`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SandboxImageCheck {
+    /// The sandbox image the runtime is configured with, if it reports it.
+    pub runtime_sandbox_image: Option<String>,
+    /// True when the image was missing and has been pulled.
+    pub pulled: bool,
+    /// False when the runtime reports a different sandbox image than the requested one.
+    pub matches_runtime: bool,
+}
+
 /// A [`ContainerRuntime`] that talks CRI v1 to containerd (or CRI-O) over a unix socket.
 ///
 /// The connection is made lazily and remade after it breaks, so a runtime that restarts is
@@ -202,6 +214,62 @@ impl CriRuntime {
             return Ok(None);
         };
         Ok(json_string_field(config, "sandboxImage"))
+    }
+
+    /// What a node agent can do with its `--pod-infra-container-image` over CRI: make sure the
+    /// image is present (pulling it if not), and compare it with the sandbox image the runtime
+    /// is configured with, since that, not the agent, decides what sandboxes run. A difference
+    /// is logged as a warning and reported in the result.
+    pub async fn ensure_sandbox_image(&self, image: &str) -> Result<SandboxImageCheck, CriError> {
+        let configured = self.sandbox_image().await?;
+        let mut c = self.images.clone();
+        let present = self
+            .unary(
+                "ImageStatus",
+                self.timeout(),
+                move |r| async move { c.image_status(r).await },
+                cri::ImageStatusRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.to_string(),
+                        ..Default::default()
+                    }),
+                    verbose: false,
+                },
+            )
+            .await?
+            .image
+            .is_some();
+        let mut pulled = false;
+        if !present {
+            let mut c = self.images.clone();
+            self.unary(
+                "PullImage",
+                self.config.image_pull_timeout,
+                move |r| async move { c.pull_image(r).await },
+                cri::PullImageRequest {
+                    image: Some(cri::ImageSpec {
+                        image: image.to_string(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            )
+            .await?;
+            pulled = true;
+        }
+        let matches_runtime = configured.as_deref().is_none_or(|c| c == image);
+        if !matches_runtime {
+            warn!(
+                requested = image,
+                runtime = configured.as_deref().unwrap_or(""),
+                "the runtime runs sandboxes with its own configured sandbox image, not the requested one"
+            );
+        }
+        Ok(SandboxImageCheck {
+            runtime_sandbox_image: configured,
+            pulled,
+            matches_runtime,
+        })
     }
 
     async fn cri_version(&self) -> Result<cri::VersionResponse, CriError> {

@@ -66,6 +66,15 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
         rt.sandbox_image().await.unwrap().as_deref(),
         Some(env.pause.as_str())
     );
+    let check = rt.ensure_sandbox_image(&env.pause).await.unwrap();
+    assert!(check.matches_runtime && !check.pulled, "{check:?}");
+    let check = rt.ensure_sandbox_image(&env.busybox).await.unwrap();
+    assert!(!check.matches_runtime && !check.pulled, "{check:?}");
+    let e = rt
+        .ensure_sandbox_image("localhost:1/kubelet-sdk/absent:1")
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("PullImage"), "{e}");
 
     let present = rt
         .image_status(&ImageSpec {

@@ -41,9 +41,17 @@ struct Flags {
     /// Node name; defaults to the hostname.
     #[arg(long = "node-name")]
     node_name: Option<String>,
-    /// Container runtime endpoint. Unset: the built-in process runtime.
+    /// Container runtime endpoint. Unset: the built-in process runtime; `unix:///…`: a CRI v1
+    /// runtime such as containerd (`unix:///run/containerd/containerd.sock`).
     #[arg(long = "container-runtime-endpoint")]
     container_runtime_endpoint: Option<String>,
+    /// Sandbox (pause) image for CRI runtimes. CRI has no per-sandbox field for it: the agent
+    /// makes sure it is present and warns when the runtime is configured with another one.
+    #[arg(long = "pod-infra-container-image")]
+    pod_infra_container_image: Option<String>,
+    /// Deadline of every CRI call except image pulls (the kubelet's runtimeRequestTimeout).
+    #[arg(long = "runtime-request-timeout", default_value = "2m", value_parser = parse_duration)]
+    runtime_request_timeout: Duration,
     /// Port of the read-only API (`/healthz`, `/pods`); 0 disables it (the kubelet's default).
     #[arg(long = "read-only-port", default_value_t = 0)]
     read_only_port: u16,
@@ -216,10 +224,22 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                     .context("starting the process runtime")?,
             )
         }
-        Some(endpoint) if endpoint.starts_with("unix://") => bail!(
-            "--container-runtime-endpoint {endpoint}: CRI runtimes are not supported by this build yet; \
-             leave the flag unset to use the built-in process runtime"
-        ),
+        Some(endpoint) if endpoint.starts_with("unix://") => {
+            let root_dir = std::path::absolute(&flags.root_dir)
+                .with_context(|| format!("--root-dir {}", flags.root_dir.display()))?;
+            let config = kubelet_cri::CriConfig::new(endpoint)
+                .request_timeout(flags.runtime_request_timeout)
+                .termination_message_dir(root_dir.join("pods"));
+            let cri = kubelet_cri::CriRuntime::connect(config)
+                .await
+                .with_context(|| format!("--container-runtime-endpoint {endpoint}"))?;
+            if let Some(image) = &flags.pod_infra_container_image
+                && let Err(e) = cri.ensure_sandbox_image(image).await
+            {
+                tracing::warn!(image = %image, error = %e, "--pod-infra-container-image is not available");
+            }
+            Arc::new(cri)
+        }
         Some(endpoint) => bail!(
             "--container-runtime-endpoint {endpoint:?}: expected a unix:// endpoint, or no flag for the process runtime"
         ),
