@@ -82,6 +82,17 @@ impl Backoff {
         );
     }
 
+    /// Whether `key` is still backing off from its last [`next`](Self::next) (the kubelet's
+    /// `IsInBackOffSinceUpdate`, used for ImagePullBackOff); returns the remaining wait if so.
+    pub fn remaining_since_update(&self, key: &str, now: Instant) -> Option<Duration> {
+        let e = self.entries.get(key)?;
+        if self.expired(now, e.last_update) {
+            return None;
+        }
+        let since = now.saturating_duration_since(e.last_update);
+        (since < e.backoff).then(|| e.backoff - since)
+    }
+
     /// Drop entries idle for more than twice the maximum.
     pub fn gc(&mut self, now: Instant) {
         let max2 = self.max * 2;
@@ -98,6 +109,34 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn image_pull_backoff_counts_from_the_last_failure_and_doubles() {
+        let mut b = Backoff::crash_loop();
+        let t0 = Instant::now();
+        assert_eq!(b.remaining_since_update("img", t0), None);
+        b.next("img", t0, t0);
+        assert_eq!(
+            b.remaining_since_update("img", t0 + Duration::from_secs(4)),
+            Some(Duration::from_secs(6))
+        );
+        assert_eq!(
+            b.remaining_since_update("img", t0 + Duration::from_secs(10)),
+            None
+        );
+        let t1 = t0 + Duration::from_secs(11);
+        b.next("img", t1, t1);
+        assert_eq!(b.get("img"), Duration::from_secs(20));
+        assert_eq!(
+            b.remaining_since_update("img", t1 + Duration::from_secs(15)),
+            Some(Duration::from_secs(5))
+        );
+        // Idle for more than twice the maximum: forgotten.
+        assert_eq!(
+            b.remaining_since_update("img", t1 + Duration::from_secs(601)),
+            None
+        );
+    }
 
     #[tokio::test(start_paused = true)]
     async fn crash_loop_doubles_to_the_cap_and_resets_after_ten_minutes() {

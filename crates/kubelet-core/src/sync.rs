@@ -691,6 +691,19 @@ impl Engine {
             "Never" => Ok(()),
             "IfNotPresent" if present => Ok(()),
             _ => {
+                // ImagePullBackOff (10 s doubling to 300 s), keyed by pod UID and image as the
+                // kubelet's image manager; the `<uid>/` prefix lets pod cleanup drop it.
+                let key = format!("{}/image/{image}", pod::uid(p));
+                if self
+                    .backoff
+                    .lock()
+                    .remaining_since_update(&key, Instant::now())
+                    .is_some()
+                {
+                    let msg = format!("Back-off pulling image {image:?}");
+                    self.recorder.normal(involved, "BackOff", msg.clone());
+                    return Err(("ImagePullBackOff".into(), msg));
+                }
                 self.recorder.normal(
                     involved.clone(),
                     "Pulling",
@@ -707,6 +720,8 @@ impl Engine {
                         Ok(())
                     }
                     Err(e) => {
+                        let now = Instant::now();
+                        self.backoff.lock().next(&key, now, now);
                         let msg = format!("Failed to pull image {image:?}: {e}");
                         self.recorder.warning(involved, "Failed", msg.clone());
                         Err(("ErrImagePull".into(), msg))

@@ -516,3 +516,50 @@ async fn pod_removed_and_added_again_runs_again() {
     }
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn failing_image_pulls_back_off_with_image_pull_backoff() {
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_images_present_by_default(false);
+    rt.fail_always(
+        kubelet_core::testing::FakeOp::PullImage,
+        kubelet_core::ErrorKind::Unavailable,
+        "registry unreachable",
+    );
+    let mut c = container("app");
+    c.image_pull_policy = Some("IfNotPresent".into());
+    let h = Harness::start_with(rt, Some(vec![pod("u1", "Always", vec![], vec![c])]));
+    let reason = |s: &PodStatus| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .find_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+    };
+    h.wait_status("u1", "ErrImagePull", |s| {
+        reason(s).as_deref() == Some("ErrImagePull")
+    })
+    .await;
+    h.wait_status("u1", "ImagePullBackOff", |s| {
+        reason(s).as_deref() == Some("ImagePullBackOff")
+    })
+    .await;
+    let mut pulls: Vec<Instant> = Vec::new();
+    let begin = Instant::now();
+    while pulls.len() < 3 && begin.elapsed() < Duration::from_secs(200) {
+        let n = calls_matching(&h.rt, "pull_image").len();
+        while pulls.len() < n {
+            pulls.push(Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(pulls.len() >= 3, "expected 3 pulls, saw {}", pulls.len());
+    // The first pull failed before `begin`; later pulls wait out 10 s, then 20 s, since the
+    // previous failure (plus the pod worker's jittered retry period).
+    let gap = (pulls[2] - pulls[1]).as_secs_f64();
+    assert!(
+        gap >= 20.0,
+        "pulls {gap}s apart, expected the doubled 20 s back-off"
+    );
+    assert!(h.rt.containers().is_empty());
+    h.stop().await;
+}

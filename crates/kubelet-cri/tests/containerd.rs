@@ -631,14 +631,16 @@ async fn pull_policy_never_with_a_missing_image_waits_with_err_image_never_pull(
         })
         .await;
     assert_eq!(phase(&st), "Pending");
-    // An image that cannot be pulled (no registry answers) fails with ErrImagePull or, after
-    // the first failure, ImagePullBackOff.
+    // An image that cannot be pulled (no registry answers) fails with ErrImagePull, then the
+    // next attempts wait in ImagePullBackOff.
     agent
         .wait_for("pull", LONG, "ErrImagePull", |s| {
-            matches!(
-                waiting_reason(s).as_deref(),
-                Some("ErrImagePull" | "ImagePullBackOff")
-            )
+            waiting_reason(s).as_deref() == Some("ErrImagePull")
+        })
+        .await;
+    agent
+        .wait_for("pull", LONG, "ImagePullBackOff", |s| {
+            waiting_reason(s).as_deref() == Some("ImagePullBackOff")
         })
         .await;
     agent.wait_for("present", LONG, "Running", running).await;
