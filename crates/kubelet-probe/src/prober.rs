@@ -416,6 +416,16 @@ impl Prober {
         .await
     }
 
+    /// Zero the counters behind [`stats`](Self::stats) (for measuring a window).
+    pub fn reset_stats(&self) {
+        let s = &self.shared.stats;
+        s.started.store(0, Ordering::Relaxed);
+        s.completed.store(0, Ordering::Relaxed);
+        for c in s.lateness.iter() {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+
     /// Counters of the prober itself (probes run, lateness against schedule).
     pub fn stats(&self) -> ProberStats {
         let s = &self.shared.stats;

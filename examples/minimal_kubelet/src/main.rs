@@ -87,6 +87,11 @@ struct Flags {
     /// decides. The kubelet never evicts static pods.
     #[arg(long = "evict-static-pods", default_value_t = false)]
     evict_static_pods: bool,
+    /// Beyond the kubelet: count probe errors (an exec the runtime rejects, a probe port that
+    /// names no container port) as probe failures. The kubelet discards them, so a liveness
+    /// probe that keeps erroring never restarts anything.
+    #[arg(long = "probe-errors-as-failures", default_value_t = false)]
+    probe_errors_as_failures: bool,
     /// Log verbosity (kubelet-style); `RUST_LOG` takes precedence.
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
@@ -255,6 +260,12 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let evictor = eviction_manager(&flags, runtime.clone(), &pod_log_dir, evictor_pods.clone())?
         .with_recorder(builder.recorder(), node_name.clone());
     evictor.register_metrics(&mut metrics);
+    // Liveness, readiness and startup probes.
+    let prober = Arc::new(kubelet_probe::Prober::new(
+        kubelet_probe::ProberConfig::default().errors_as_failures(flags.probe_errors_as_failures),
+    ));
+    prober.register_metrics(&mut metrics);
+    builder = builder.prober(prober);
     builder = builder.admit_handler(evictor.admit_handler());
     builder = builder.runtime(runtime).pleg(pleg);
     if let Some(path) = &flags.pod_manifest_path {
