@@ -157,6 +157,9 @@ pub struct EvictionConfig {
     pub monitoring_interval: Duration,
     /// Period of the cheap memory poll (100 ms); `None` disables fast detection.
     pub fast_poll_interval: Option<Duration>,
+    /// Use kernel notifications (cgroup v1 memory threshold eventfd, PSI trigger, inotify on
+    /// cgroup v2 `memory.events`) to wake the fast check early (`true`).
+    pub kernel_notifications: bool,
     /// Policy: static and mirror pods are critical and never evicted (the kubelet's rule, `true`).
     /// A standalone agent whose pods all come from files sets it to `false` so that priority
     /// decides.
@@ -171,6 +174,7 @@ impl Default for EvictionConfig {
             max_pod_grace_period_seconds: 0,
             monitoring_interval: DEFAULT_MONITORING_INTERVAL,
             fast_poll_interval: Some(DEFAULT_FAST_POLL_INTERVAL),
+            kernel_notifications: true,
             static_pods_are_critical: true,
         }
     }

@@ -411,8 +411,8 @@ impl EvictionManager {
                 grace_period_override: Some(grace),
                 evict: true,
                 reason: "Evicted".into(),
+                condition: Some(disruption_condition(&message)),
                 message,
-                condition: Some(disruption_condition()),
             };
             if let Err(e) = self.pods.kill_pod(pod, options).await {
                 tracing::error!(error = %e, pod = %eviction.pod, "eviction failed");
@@ -472,9 +472,11 @@ impl EvictionManager {
             .config
             .fast_poll_interval
             .filter(|_| !memory_thresholds.is_empty());
-        let mut wakers = match fast {
-            Some(_) => KernelWakers::new(cgroup.as_ref(), &self.proc_root),
-            None => KernelWakers::default(),
+        let kernel = fast.is_some() && self.config.kernel_notifications;
+        let mut wakers = if kernel {
+            KernelWakers::new(cgroup.as_ref(), &self.proc_root)
+        } else {
+            KernelWakers::default()
         };
         loop {
             if shutdown.is_cancelled() {
@@ -498,9 +500,7 @@ impl EvictionManager {
             let mut was_met = result
                 .as_ref()
                 .is_some_and(|r| r.round.met.iter().any(|t| t.signal.is_memory()));
-            if fast.is_some()
-                && let Some(usage) = self.memcg_threshold_usage().await
-            {
+            if kernel && let Some(usage) = self.memcg_threshold_usage().await {
                 wakers.arm_threshold(cgroup.as_ref(), usage);
             }
             let Some(period) = fast else {
@@ -552,13 +552,14 @@ impl EvictionManager {
     }
 }
 
-/// The `DisruptionTarget` condition the kubelet adds to evicted pods.
-pub fn disruption_condition() -> PodCondition {
+/// The `DisruptionTarget` condition the kubelet adds to evicted pods, carrying the eviction
+/// message.
+pub fn disruption_condition(message: &str) -> PodCondition {
     PodCondition {
         type_: "DisruptionTarget".into(),
         status: "True".into(),
         reason: Some("TerminationByKubelet".into()),
-        message: Some("The node was low on resource.".into()),
+        message: Some(message.to_string()),
         ..Default::default()
     }
 }

@@ -207,6 +207,7 @@ async fn a_hard_threshold_evicts_the_top_ranked_pod_with_one_second_grace() {
         ("DisruptionTarget", "True")
     );
     assert_eq!(cond.reason.as_deref(), Some("TerminationByKubelet"));
+    assert_eq!(cond.message.as_deref(), Some(opts.message.as_str()));
     assert_eq!(s.manager.metrics().evictions.get("memory.available"), 1);
 
     // Still under pressure: the next round takes the next pod, never the critical one.
