@@ -54,12 +54,12 @@ impl ProberMetrics {
         // prometheus-client appends `_total` to counters.
         registry.register(
             "prober_probe",
-            "Cumulative number of a liveness, readiness or startup probe for a container by result.",
+            "Cumulative number of a liveness, readiness or startup probe for a container by result",
             self.total.clone(),
         );
         registry.register_with_unit(
             "prober_probe_duration",
-            "Duration in seconds for a probe response.",
+            "Duration in seconds for a probe response",
             Unit::Seconds,
             self.duration.clone(),
         );

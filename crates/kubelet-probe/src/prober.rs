@@ -67,6 +67,12 @@ impl ProberConfig {
         self
     }
 
+    /// Set [`update_capacity`](Self::update_capacity) (at least 1).
+    pub fn update_capacity(mut self, n: usize) -> Self {
+        self.update_capacity = n.max(1);
+        self
+    }
+
     /// Set [`max_concurrent`](Self::max_concurrent) (at least 1).
     pub fn max_concurrent(mut self, n: usize) -> Self {
         self.max_concurrent = n.max(1);
@@ -496,9 +502,15 @@ impl Prober {
                 Some(cmd) = cmd_rx.recv() => Ev::Command(cmd),
                 Some(done) = s.inflight.join_next_with_id(), if !s.inflight.is_empty() => Ev::Done(done),
                 Some(exp) = poll_fn(|cx| s.queue.poll_expired(cx)), if !s.queue.is_empty() => Ev::Due(exp.into_inner()),
-                Ok(permit) = s.out.shared.updates_tx.reserve(), if !s.out.overflow.is_empty() => {
-                    if let Some(u) = s.out.overflow.pop_front() {
-                        permit.send(u);
+                r = s.out.shared.updates_tx.reserve(), if !s.out.overflow.is_empty() => {
+                    match r {
+                        Ok(permit) => {
+                            if let Some(u) = s.out.overflow.pop_front() {
+                                permit.send(u);
+                            }
+                        }
+                        // Nobody listens any more.
+                        Err(_) => s.out.overflow.clear(),
                     }
                     continue;
                 }

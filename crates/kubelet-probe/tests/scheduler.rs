@@ -492,3 +492,49 @@ async fn probe_metrics_use_the_kubelet_names_and_labels() {
     );
     h.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn result_changes_beyond_the_channel_capacity_are_held_back_not_lost() {
+    let mut h = Harness::start(
+        ProberConfig::default().update_capacity(1).max_concurrent(2),
+        LONG_AGO,
+    )
+    .await;
+    for i in 0..5 {
+        let pod = format!("p{i}");
+        h.targets.inner.set(
+            &pod,
+            "app",
+            ContainerObservation::running(format!("c{i}"), Instant::now(), None),
+        );
+        h.prober.add_probe(ProbeRegistration::new(
+            pod,
+            "app",
+            ProbeType::Readiness,
+            exec_spec(timing(1, 3)),
+        ));
+    }
+    run_for(Duration::from_secs(3)).await;
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        let u = tokio::time::timeout(Duration::from_secs(5), h.updates.recv())
+            .await
+            .unwrap()
+            .unwrap();
+        got.push((u.container_id, u.result));
+    }
+    for i in 0..5 {
+        let id = format!("c{i}");
+        let mine: Vec<ProbeResult> = got
+            .iter()
+            .filter(|(c, _)| *c == id)
+            .map(|(_, r)| *r)
+            .collect();
+        assert_eq!(
+            mine,
+            vec![ProbeResult::Failure, ProbeResult::Success],
+            "{id}"
+        );
+    }
+    h.stop().await;
+}
