@@ -308,7 +308,9 @@ async fn one_run(
     let mut events = manager.subscribe();
     let shutdown = CancellationToken::new();
     let manager_task = tokio::spawn(manager.run(shutdown.clone()));
-    // Let the manager's first synchronisation happen at a random phase, as on a real node.
+    // Let the manager's first synchronisation run before the hog starts. The phase of the 10 s
+    // round relative to the crossing is therefore the same in every run (about 10 s minus the
+    // time the hog takes to reach the threshold); on a real node it is uniform over 0–10 s.
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     // Ground truth: the cgroup's usage counter as the hog reads it after each chunk, minus the

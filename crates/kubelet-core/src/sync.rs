@@ -198,10 +198,11 @@ impl Engine {
 
     /// A pod an admission handler rejected: it ends `Failed` with the handler's reason.
     pub(crate) fn reject_pod(&self, p: &Pod, reason: &str, message: &str) {
+        // The kubelet's `rejectPod` prefixes the handler's message.
         let mut st = k8s_openapi::api::core::v1::PodStatus {
             phase: Some("Failed".into()),
             reason: Some(reason.into()),
-            message: Some(message.into()),
+            message: Some(format!("Pod was rejected: {message}")),
             ..Default::default()
         };
         if let Some(old) = self.status.get(pod::uid(p)) {

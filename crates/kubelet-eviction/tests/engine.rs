@@ -189,15 +189,9 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
         .await
         .expect("the late pod is rejected");
     assert_eq!(rejected.status.reason.as_deref(), Some("Evicted"));
-    assert!(
-        rejected
-            .status
-            .message
-            .as_deref()
-            .unwrap_or_default()
-            .ends_with("The node had condition: [MemoryPressure]. "),
-        "{:?}",
-        rejected.status.message
+    assert_eq!(
+        rejected.status.message.as_deref(),
+        Some("Pod was rejected: The node had condition: [MemoryPressure]. ")
     );
     assert!(
         sink.statuses("uid-late")
