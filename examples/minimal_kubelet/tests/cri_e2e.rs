@@ -1,0 +1,351 @@
+//! `minimal_kubelet --container-runtime-endpoint unix:///…` runs static pods on a real, private
+//! containerd started by `scripts/containerd-test-env.sh`. Needs root; skipped with a message
+//! otherwise, and failing instead when `KUBELET_SDK_REQUIRE_ROOT=1` (CI).
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
+const LONG: Duration = Duration::from_secs(90);
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh")
+}
+
+/// A private containerd plus the agent; everything is stopped and removed on drop.
+struct Env {
+    dir: PathBuf,
+    vars: BTreeMap<String, String>,
+    port: u16,
+    agent: Option<Child>,
+}
+
+impl Env {
+    fn start(test: &str) -> Option<Self> {
+        let required = std::env::var("KUBELET_SDK_REQUIRE_ROOT").is_ok_and(|v| v == "1");
+        let skip = |why: String| -> Option<Self> {
+            assert!(!required, "{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1)");
+            eprintln!("SKIP {test}: {why}");
+            None
+        };
+        if !nix::unistd::geteuid().is_root() {
+            return skip("needs root to run containerd".into());
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("ksdk-mk-cri-")
+            .tempdir_in("/tmp")
+            .unwrap()
+            .keep();
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(dir.join("containerd"))
+            .output()
+            .unwrap();
+        let env = Self {
+            vars: String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|l| l.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            port: TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port(),
+            agent: None,
+            dir,
+        };
+        if !out.status.success() {
+            return skip(format!(
+                "containerd-test-env.sh start failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        std::fs::create_dir_all(env.manifests()).unwrap();
+        Some(env)
+    }
+
+    fn var(&self, k: &str) -> &str {
+        self.vars.get(k).map(String::as_str).unwrap_or("")
+    }
+
+    fn manifests(&self) -> PathBuf {
+        self.dir.join("manifests")
+    }
+
+    fn start_agent(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("agent.log"))
+            .unwrap();
+        let child = Command::new(BIN)
+            .arg("--container-runtime-endpoint")
+            .arg(format!("unix://{}", self.var("CONTAINERD_SOCKET")))
+            .arg("--pod-infra-container-image")
+            .arg(self.var("PAUSE_IMAGE"))
+            .arg("--pod-manifest-path")
+            .arg(self.manifests())
+            .arg("--root-dir")
+            .arg(self.dir.join("root"))
+            .arg("--pod-log-dir")
+            .arg(self.dir.join("logs"))
+            .arg("--node-name")
+            .arg("cri-node")
+            .arg("--read-only-port")
+            .arg(self.port.to_string())
+            .arg("--address")
+            .arg("127.0.0.1")
+            .arg("--healthz-port")
+            .arg("0")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.agent = Some(child);
+    }
+
+    /// SIGINT: the agent stops and leaves the pods running.
+    fn stop_agent(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = kill(Pid::from_raw(child.id() as i32), Signal::SIGINT);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if child.try_wait().unwrap().is_some() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn pods(&self) -> Option<Vec<Value>> {
+        let body = http_get(self.port, "/pods").ok()?;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        Some(v["items"].as_array()?.clone())
+    }
+
+    fn pod(&self, name: &str) -> Option<Value> {
+        self.pods()?
+            .into_iter()
+            .find(|p| p["metadata"]["name"] == format!("{name}-cri-node"))
+    }
+
+    /// Container IDs the runtime has (`ctr -n k8s.io containers ls -q`), sandboxes included.
+    fn runtime_containers(&self) -> Vec<String> {
+        let out = Command::new("ctr")
+            .arg("-a")
+            .arg(self.var("CONTAINERD_SOCKET"))
+            .args(["-n", "k8s.io", "containers", "ls", "-q"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.agent.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::thread::panicking()
+            && let Ok(log) = std::fs::read_to_string(self.dir.join("agent.log"))
+        {
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            eprintln!("agent log (last lines, newest first):\n{}", tail.join("\n"));
+        }
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(self.dir.join("containerd"))
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    http_get_addr(SocketAddr::from(([127, 0, 0, 1], port)), path).map(|(_, b)| b)
+}
+
+fn http_get_addr(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok((code, body))
+}
+
+fn dechunk(mut b: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = b.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        b = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
+    }
+    out
+}
+
+fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + LONG;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} not reached within {LONG:?}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn running(pod: &Value) -> bool {
+    pod["status"]["phase"] == "Running"
+        && pod["status"]["containerStatuses"]
+            .as_array()
+            .is_some_and(|cs| {
+                !cs.is_empty() && cs.iter().all(|c| c["state"]["running"].is_object())
+            })
+}
+
+fn container_ids(pod: &Value) -> Vec<String> {
+    let mut ids: Vec<String> = pod["status"]["containerStatuses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["containerID"].as_str().map(str::to_string))
+        .collect();
+    ids.sort();
+    ids
+}
+
+fn write_manifest(dir: &Path, name: &str, yaml: &str) {
+    let tmp = dir.join(format!(".{name}.yaml.tmp"));
+    std::fs::write(&tmp, yaml).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).unwrap();
+}
+
+#[test]
+fn static_pods_run_on_containerd_survive_an_agent_restart_and_are_removed_with_their_manifest() {
+    let Some(mut env) = Env::start(
+        "static_pods_run_on_containerd_survive_an_agent_restart_and_are_removed_with_their_manifest",
+    ) else {
+        return;
+    };
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    write_manifest(
+        &env.manifests(),
+        "web",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: web\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"mkdir -p /www && echo hello-from-cri > /www/index.html && exec httpd -f -p 8080 -h /www\"]\n"
+        ),
+    );
+    write_manifest(
+        &env.manifests(),
+        "host",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: host\nspec:\n  terminationGracePeriodSeconds: 2\n  hostNetwork: true\n  containers:\n  - name: app\n    \
+             image: {image}\n    command: [\"/bin/sleep\", \"100000\"]\n"
+        ),
+    );
+    env.start_agent();
+
+    let web = wait_until("web Running", || env.pod("web").filter(running));
+    let host = wait_until("host Running", || env.pod("host").filter(running));
+    let ip = web["status"]["podIP"].as_str().unwrap().to_string();
+    let prefix = env
+        .var("POD_SUBNET")
+        .rsplit_once('.')
+        .unwrap()
+        .0
+        .to_string();
+    assert!(
+        ip.starts_with(&prefix),
+        "{ip} not in {}",
+        env.var("POD_SUBNET")
+    );
+    assert!(
+        container_ids(&web)[0].starts_with("containerd://"),
+        "{:?}",
+        container_ids(&web)
+    );
+    // The pod network works: the host reaches httpd on the pod IP.
+    let addr: SocketAddr = format!("{ip}:8080").parse().unwrap();
+    let (code, body) = wait_until("httpd answers on the pod IP", || {
+        http_get_addr(addr, "/index.html").ok()
+    });
+    assert_eq!((code, body.trim()), (200, "hello-from-cri"));
+
+    // Restart the agent: the same containers are adopted, none is recreated.
+    let before = env.runtime_containers();
+    env.stop_agent();
+    env.start_agent();
+    let web2 = wait_until("web Running after the restart", || {
+        env.pod("web").filter(running)
+    });
+    let host2 = wait_until("host Running after the restart", || {
+        env.pod("host").filter(running)
+    });
+    assert_eq!(container_ids(&web), container_ids(&web2));
+    assert_eq!(container_ids(&host), container_ids(&host2));
+    std::thread::sleep(Duration::from_secs(3));
+    let mut after = env.runtime_containers();
+    let mut before_sorted = before;
+    before_sorted.sort();
+    after.sort();
+    assert_eq!(before_sorted, after, "containers (and sandboxes) changed");
+
+    // Deleting the manifests removes the pods from containerd.
+    std::fs::remove_file(env.manifests().join("web.yaml")).unwrap();
+    std::fs::remove_file(env.manifests().join("host.yaml")).unwrap();
+    wait_until("containerd has no containers left", || {
+        env.runtime_containers().is_empty().then_some(())
+    });
+    wait_until("/pods empty", || {
+        env.pods().filter(|p| p.is_empty()).map(|_| ())
+    });
+    env.stop_agent();
+}
