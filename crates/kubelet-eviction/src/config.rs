@@ -160,6 +160,9 @@ pub struct EvictionConfig {
     /// Use kernel notifications (cgroup v1 memory threshold eventfd, PSI trigger, inotify on
     /// cgroup v2 `memory.events`) to wake the fast check early (`true`).
     pub kernel_notifications: bool,
+    /// `localStorageCapacityIsolation`: evict pods over their emptyDir `sizeLimit` or
+    /// ephemeral-storage limits (`true`).
+    pub local_storage_capacity_isolation: bool,
     /// Policy: static and mirror pods are critical and never evicted (the kubelet's rule, `true`).
     /// A standalone agent whose pods all come from files sets it to `false` so that priority
     /// decides.
@@ -175,6 +178,7 @@ impl Default for EvictionConfig {
             monitoring_interval: DEFAULT_MONITORING_INTERVAL,
             fast_poll_interval: Some(DEFAULT_FAST_POLL_INTERVAL),
             kernel_notifications: true,
+            local_storage_capacity_isolation: true,
             static_pods_are_critical: true,
         }
     }

@@ -370,6 +370,100 @@ pub fn eviction_message(
     (message, annotations)
 }
 
+/// A local ephemeral-storage limit a pod exceeded (`localStorageEviction`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalStorageViolation {
+    /// The pseudo-signal counted in `kubelet_evictions`: `emptydirfs.limit`,
+    /// `ephemeralpodfs.limit` or `ephemeralcontainerfs.limit`.
+    pub signal: &'static str,
+    /// The kubelet's message.
+    pub message: String,
+}
+
+fn quantity_string(q: &str) -> String {
+    let binary = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+        .iter()
+        .any(|x| q.ends_with(x));
+    match kubelet_core::quantity::parse_bytes(q) {
+        Ok(v) if binary => format_quantity(v, QuantityFormat::BinarySi),
+        Ok(v) => format_quantity(v, QuantityFormat::DecimalSi),
+        Err(_) => q.to_string(),
+    }
+}
+
+fn container_limit(c: &Container, resource: &str) -> Option<(i64, String)> {
+    let q = c.resources.as_ref()?.limits.as_ref()?.get(resource)?;
+    let v = kubelet_core::quantity::parse_bytes(&q.0).ok()?;
+    Some((v, q.0.clone()))
+}
+
+/// The first local-storage limit `pod` exceeds, checked as the kubelet does: emptyDir
+/// `sizeLimit`s, then the pod's total against the sum of its containers' ephemeral-storage
+/// limits, then each container's logs (and writable layer) against its own limit.
+pub fn local_storage_violation(pod: &Pod, usage: &PodUsage) -> Option<LocalStorageViolation> {
+    let spec = pod.spec.as_ref()?;
+    for v in spec.volumes.iter().flatten() {
+        let Some(limit) = v.empty_dir.as_ref().and_then(|e| e.size_limit.as_ref()) else {
+            continue;
+        };
+        let Ok(limit_bytes) = kubelet_core::quantity::parse_bytes(&limit.0) else {
+            continue;
+        };
+        if let Some(&used) = usage.volumes.get(&v.name)
+            && limit_bytes > 0
+            && used > limit_bytes as u64
+        {
+            return Some(LocalStorageViolation {
+                signal: "emptydirfs.limit",
+                message: format!(
+                    "Usage of EmptyDir volume {:?} exceeds the limit {:?}. ",
+                    v.name,
+                    quantity_string(&limit.0)
+                ),
+            });
+        }
+    }
+    let limits: Vec<i64> = spec
+        .containers
+        .iter()
+        .filter_map(|c| container_limit(c, "ephemeral-storage").map(|(v, _)| v))
+        .collect();
+    if !limits.is_empty()
+        && let Some(total) = usage.disk()
+    {
+        let limit: i64 = limits.iter().sum();
+        if total > limit as u64 {
+            return Some(LocalStorageViolation {
+                signal: "ephemeralpodfs.limit",
+                message: format!(
+                    "Pod ephemeral local storage usage exceeds the total limit of containers {}. ",
+                    format_quantity(limit, QuantityFormat::BinarySi)
+                ),
+            });
+        }
+    }
+    for cu in &usage.containers {
+        let Some(c) = spec.containers.iter().find(|c| c.name == cu.name) else {
+            continue;
+        };
+        if let (Some((limit, raw)), Some(used)) =
+            (container_limit(c, "ephemeral-storage"), cu.disk_bytes)
+            && limit != 0
+            && used > limit as u64
+        {
+            return Some(LocalStorageViolation {
+                signal: "ephemeralcontainerfs.limit",
+                message: format!(
+                    "Container {} exceeded its local ephemeral storage limit {:?}. ",
+                    c.name,
+                    quantity_string(&raw)
+                ),
+            });
+        }
+    }
+    None
+}
+
 /// Sort thresholds memory first (`byEvictionPriority`), keeping the order otherwise.
 pub fn sort_by_eviction_priority(thresholds: &mut [Threshold]) {
     thresholds.sort_by_key(|t| !t.signal.is_memory());
@@ -843,6 +937,67 @@ mod tests {
         assert!(has_node_reclaim(Signal::ImageFsAvailable));
         assert!(!has_node_reclaim(Signal::MemoryAvailable));
         assert!(!has_node_reclaim(Signal::PidAvailable));
+    }
+
+    #[test]
+    fn local_storage_limits_are_checked_in_the_kubelets_order() {
+        use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+        let mut p = pod("p", None, None);
+        let spec = p.spec.as_mut().unwrap();
+        spec.volumes = Some(vec![Volume {
+            name: "cache".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                size_limit: Some(Quantity("1Mi".into())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }]);
+        spec.containers[0].resources = Some(ResourceRequirements {
+            limits: Some([("ephemeral-storage".to_string(), Quantity("4Mi".into()))].into()),
+            ..Default::default()
+        });
+        let usage = |vol: u64, logs: u64| PodUsage {
+            containers: vec![ContainerUsage {
+                name: "app".into(),
+                disk_bytes: Some(logs),
+                ..Default::default()
+            }],
+            volume_bytes: Some(vol),
+            volumes: [("cache".to_string(), vol)].into(),
+            inodes: None,
+        };
+        assert_eq!(local_storage_violation(&p, &usage(1 << 20, 1 << 20)), None);
+        let v = local_storage_violation(&p, &usage(2 << 20, 0)).unwrap();
+        assert_eq!(v.signal, "emptydirfs.limit");
+        assert_eq!(
+            v.message,
+            "Usage of EmptyDir volume \"cache\" exceeds the limit \"1Mi\". "
+        );
+        // Logs alone over the container's limit (the volume within its own): the pod total
+        // (volume + logs) is checked before the container.
+        let v = local_storage_violation(&p, &usage(1 << 20, 5 << 20)).unwrap();
+        assert_eq!(v.signal, "ephemeralpodfs.limit");
+        assert_eq!(
+            v.message,
+            "Pod ephemeral local storage usage exceeds the total limit of containers 4Mi. "
+        );
+        // A second container without a limit raises the pod total but not the first's limit.
+        let mut two = p.clone();
+        let mut other = two.spec.as_ref().unwrap().containers[0].clone();
+        other.name = "other".into();
+        other.resources.as_mut().unwrap().limits =
+            Some([("ephemeral-storage".to_string(), Quantity("100Mi".into()))].into());
+        two.spec.as_mut().unwrap().containers.push(other);
+        let v = local_storage_violation(&two, &usage(0, 5 << 20)).unwrap();
+        assert_eq!(v.signal, "ephemeralcontainerfs.limit");
+        assert_eq!(
+            v.message,
+            "Container app exceeded its local ephemeral storage limit \"4Mi\". "
+        );
+        assert_eq!(
+            local_storage_violation(&pod("plain", None, None), &usage(9 << 30, 9 << 30)),
+            None
+        );
     }
 
     proptest! {

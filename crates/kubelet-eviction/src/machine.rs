@@ -450,24 +450,6 @@ impl MachineStats {
         }
         Ok(())
     }
-
-    fn pod_dirs(&self, p: &ActivePod) -> Vec<PathBuf> {
-        let pod = &p.pod;
-        let uid = kubelet_core::pod::uid(pod);
-        let mut dirs = Vec::new();
-        if let Some(root) = &self.config.root_dir {
-            dirs.push(root.join("pods").join(uid).join("volumes"));
-        }
-        if let Some(logs) = &self.config.pod_log_dir {
-            dirs.push(logs.join(format!(
-                "{}_{}_{}",
-                kubelet_core::pod::namespace(pod),
-                kubelet_core::pod::name(pod),
-                uid
-            )));
-        }
-        dirs
-    }
 }
 
 /// Bytes (allocated blocks) and inodes used under `dir`, not following symlinks or crossing
@@ -567,20 +549,50 @@ impl StatsProvider for MachineStats {
                     }
                 }
             }
-            let dirs = self.pod_dirs(p);
-            if !dirs.is_empty() {
-                let (mut bytes, mut inodes, mut seen) = (0u64, 0u64, false);
-                for d in dirs {
-                    if let Some((b, i)) = disk_usage(&d) {
-                        bytes += b;
-                        inodes += i;
-                        seen = true;
+            // Volumes: every plugin's directory counts towards the pod; emptyDirs also
+            // individually (for their sizeLimit).
+            if let Some(root) = &self.config.root_dir {
+                let vols = root
+                    .join("pods")
+                    .join(kubelet_core::pod::uid(&p.pod))
+                    .join("volumes");
+                if let Some((b, i)) = disk_usage(&vols) {
+                    any = true;
+                    usage.volume_bytes = Some(b);
+                    usage.inodes = Some(i);
+                    if let Ok(rd) = std::fs::read_dir(vols.join("kubernetes.io~empty-dir")) {
+                        for e in rd.filter_map(|e| e.ok()) {
+                            if let (Ok(name), Some((b, _))) =
+                                (e.file_name().into_string(), disk_usage(&e.path()))
+                            {
+                                usage.volumes.insert(name, b);
+                            }
+                        }
                     }
                 }
-                if seen {
+            }
+            // Logs: per container (`<ns>_<name>_<uid>/<container>/`).
+            if let Some(logs) = &self.config.pod_log_dir {
+                let dir = logs.join(format!(
+                    "{}_{}_{}",
+                    kubelet_core::pod::namespace(&p.pod),
+                    kubelet_core::pod::name(&p.pod),
+                    kubelet_core::pod::uid(&p.pod)
+                ));
+                for c in kubelet_core::pod::containers(&p.pod) {
+                    let Some((b, i)) = disk_usage(&dir.join(&c.name)) else {
+                        continue;
+                    };
                     any = true;
-                    usage.volume_bytes = Some(bytes);
-                    usage.inodes = Some(inodes);
+                    usage.inodes = Some(usage.inodes.unwrap_or(0) + i);
+                    match usage.containers.iter_mut().find(|u| u.name == c.name) {
+                        Some(u) => u.disk_bytes = Some(b),
+                        None => usage.containers.push(ContainerUsage {
+                            name: c.name.clone(),
+                            disk_bytes: Some(b),
+                            ..Default::default()
+                        }),
+                    }
                 }
             }
             if any {

@@ -16,7 +16,8 @@ use crate::admission::EvictionAdmitHandler;
 use crate::config::{EvictionConfig, Threshold};
 use crate::decide::{
     EvictionState, Round, eviction_grace_period, eviction_message, has_node_reclaim, is_critical,
-    rank, reclaimable_threshold, sort_by_eviction_priority, thresholds_met,
+    local_storage_violation, rank, reclaimable_threshold, sort_by_eviction_priority,
+    thresholds_met,
 };
 use crate::error::EvictionError;
 use crate::metrics::EvictionMetrics;
@@ -160,8 +161,9 @@ pub struct Eviction {
     pub uid: String,
     /// `namespace/name`.
     pub pod: String,
-    /// The signal that drove it.
-    pub signal: Signal,
+    /// The signal that drove it, as counted in `kubelet_evictions` (`memory.available`, …, or a
+    /// local-storage pseudo-signal such as `emptydirfs.limit`).
+    pub signal: String,
     /// The status message.
     pub message: String,
     /// The grace period override used.
@@ -177,8 +179,11 @@ pub struct SyncResult {
     pub round: Round,
     /// Node-level reclaim ran and resolved the pressure.
     pub reclaimed: bool,
-    /// The pod evicted, if any.
+    /// The pod evicted for a threshold, if any.
     pub evicted: Option<Eviction>,
+    /// Pods evicted for exceeding their local ephemeral-storage limits (checked first; when any
+    /// is evicted the round ends there).
+    pub local_storage_evictions: Vec<Eviction>,
 }
 
 /// The eviction manager: watches signals, keeps node conditions, evicts one pod per round, and
@@ -295,7 +300,14 @@ impl EvictionManager {
             round: round.clone(),
             reclaimed: false,
             evicted: None,
+            local_storage_evictions: Vec::new(),
         };
+        if self.config.local_storage_capacity_isolation {
+            result.local_storage_evictions = self.local_storage_eviction().await;
+            if !result.local_storage_evictions.is_empty() {
+                return Ok(result);
+            }
+        }
         let mut thresholds = round.to_reclaim.clone();
         if thresholds.is_empty() {
             return Ok(result);
@@ -384,43 +396,93 @@ impl EvictionManager {
                 eviction_grace_period(threshold, pod, self.config.max_pod_grace_period_seconds);
             let (message, annotations) =
                 eviction_message(resource, pod, u, thresholds, observations);
-            let eviction = Eviction {
-                uid: kubelet_core::pod::uid(pod).to_string(),
-                pod: format!(
-                    "{}/{}",
-                    kubelet_core::pod::namespace(pod),
-                    kubelet_core::pod::name(pod)
-                ),
-                signal: threshold.signal,
-                message: message.clone(),
-                grace_period_seconds: grace,
-                at: Instant::now(),
-            };
-            tracing::warn!(pod = %eviction.pod, signal = %threshold.signal, grace, %message, ?annotations, "evicting pod");
-            if let Some(r) = &self.recorder {
-                r.warning(InvolvedObject::pod(pod), "Evicted", message.clone());
-            }
-            let _ = self.events.send(ManagerEvent::Evicted(eviction.clone()));
+            tracing::debug!(?annotations, "eviction annotations");
             let age = observations.get(&threshold.signal).map_or(0.0, |o| {
                 Instant::now()
                     .saturating_duration_since(o.time)
                     .as_secs_f64()
             });
-            self.metrics.record(threshold.signal.as_str(), age);
-            let options = KillPodOptions {
-                grace_period_override: Some(grace),
-                evict: true,
-                reason: "Evicted".into(),
-                condition: Some(disruption_condition(&message)),
-                message,
-            };
-            if let Err(e) = self.pods.kill_pod(pod, options).await {
-                tracing::error!(error = %e, pod = %eviction.pod, "eviction failed");
-            }
+            let eviction = self
+                .evict_pod(pod, threshold.signal.as_str(), grace, message, age)
+                .await;
             return Some(eviction);
         }
         tracing::info!("eviction threshold met but every pod is critical");
         None
+    }
+
+    /// Kill `pod` as an eviction: event, metric, `DisruptionTarget`, `Failed`/`Evicted`.
+    async fn evict_pod(
+        &self,
+        pod: &Pod,
+        signal: &str,
+        grace: i64,
+        message: String,
+        stats_age: f64,
+    ) -> Eviction {
+        let eviction = Eviction {
+            uid: kubelet_core::pod::uid(pod).to_string(),
+            pod: format!(
+                "{}/{}",
+                kubelet_core::pod::namespace(pod),
+                kubelet_core::pod::name(pod)
+            ),
+            signal: signal.to_string(),
+            message: message.clone(),
+            grace_period_seconds: grace,
+            at: Instant::now(),
+        };
+        tracing::warn!(pod = %eviction.pod, signal, grace, %message, "evicting pod");
+        if let Some(r) = &self.recorder {
+            r.warning(InvolvedObject::pod(pod), "Evicted", message.clone());
+        }
+        let _ = self.events.send(ManagerEvent::Evicted(eviction.clone()));
+        self.metrics.record(signal, stats_age);
+        let options = KillPodOptions {
+            grace_period_override: Some(grace),
+            evict: true,
+            reason: "Evicted".into(),
+            condition: Some(disruption_condition(&message)),
+            message,
+        };
+        if let Err(e) = self.pods.kill_pod(pod, options).await {
+            tracing::error!(error = %e, pod = %eviction.pod, "eviction failed");
+        }
+        eviction
+    }
+
+    /// Evict every non-critical pod over one of its local ephemeral-storage limits
+    /// (`localStorageEviction`), with the 1 s grace period of hard evictions.
+    async fn local_storage_eviction(&self) -> Vec<Eviction> {
+        let active = self.pods.active_pods().await;
+        if active.is_empty() {
+            return Vec::new();
+        }
+        let usage = self.stats.pod_usage(&active).await;
+        let mut out = Vec::new();
+        for p in &active {
+            let Some(u) = usage.get(kubelet_core::pod::uid(&p.pod)) else {
+                continue;
+            };
+            let Some(v) = local_storage_violation(&p.pod, u) else {
+                continue;
+            };
+            if is_critical(&p.pod, self.config.static_pods_are_critical) {
+                tracing::info!(pod = %kubelet_core::pod::full_name(&p.pod), "cannot evict a critical pod");
+                continue;
+            }
+            out.push(
+                self.evict_pod(
+                    &p.pod,
+                    v.signal,
+                    crate::config::IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS,
+                    v.message,
+                    0.0,
+                )
+                .await,
+            );
+        }
+        out
     }
 
     fn memory_thresholds(&self) -> Vec<Threshold> {
@@ -489,7 +551,10 @@ impl EvictionManager {
                     None
                 }
             };
-            if result.as_ref().is_some_and(|r| r.evicted.is_some()) {
+            if result
+                .as_ref()
+                .is_some_and(|r| r.evicted.is_some() || !r.local_storage_evictions.is_empty())
+            {
                 continue;
             }
             let now = Instant::now();

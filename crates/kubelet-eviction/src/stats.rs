@@ -44,7 +44,7 @@ pub struct ContainerUsage {
     pub memory_working_set: Option<u64>,
     /// Number of processes.
     pub processes: Option<u64>,
-    /// Writable layer plus logs, bytes.
+    /// Writable layer plus logs, bytes (the process runtime has no writable layer: logs only).
     pub disk_bytes: Option<u64>,
 }
 
@@ -53,8 +53,10 @@ pub struct ContainerUsage {
 pub struct PodUsage {
     /// Per container.
     pub containers: Vec<ContainerUsage>,
-    /// Local volumes (emptyDir) and logs not attributed to a container, bytes.
+    /// The pod's volumes (every plugin's directory), bytes.
     pub volume_bytes: Option<u64>,
+    /// Usage of each emptyDir volume by name, bytes (for `sizeLimit`).
+    pub volumes: BTreeMap<String, u64>,
     /// Inodes used by the pod's volumes and logs.
     pub inodes: Option<u64>,
 }

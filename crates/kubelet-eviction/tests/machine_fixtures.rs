@@ -272,7 +272,16 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
             .pod_log_dir(&logs),
     )
     .with_runtime(rt);
-    let mut pod = Pod::default();
+    let mut pod = Pod {
+        spec: Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![k8s_openapi::api::core::v1::Container {
+                name: "app".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
     pod.metadata.name = Some("web".into());
     pod.metadata.namespace = Some("default".into());
     pod.metadata.uid = Some("uid-1".into());
@@ -284,6 +293,15 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
     let u = &usage["uid-1"];
     assert_eq!(u.memory(), Some(300 * MI));
     assert_eq!(u.processes(), Some(7));
+    assert!(
+        u.volumes["cache"] >= 64 * 1024,
+        "per-emptyDir usage: {:?}",
+        u.volumes
+    );
+    assert!(
+        u.containers[0].disk_bytes.unwrap() > 0,
+        "the container's log directory counts"
+    );
     let disk = u.disk().unwrap();
     assert!(disk >= 64 * 1024, "volume bytes counted: {disk}");
     assert!(

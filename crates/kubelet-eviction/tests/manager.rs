@@ -425,7 +425,56 @@ async fn disk_pressure_runs_node_level_reclaim_before_evicting() {
         if frees {
             assert!(r.reclaimed && r.evicted.is_none());
         } else {
-            assert_eq!(r.evicted.map(|e| e.signal), Some(Signal::NodeFsAvailable));
+            assert_eq!(
+                r.evicted.map(|e| e.signal).as_deref(),
+                Some("nodefs.available")
+            );
         }
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn pods_over_their_local_storage_limits_are_evicted_before_thresholds_are_considered() {
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+    let mut over = pod("over", 0, None, false);
+    over.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+        name: "scratch".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("10Mi".into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    let mut s = setup(
+        config("memory.available<100Mi", "", ""),
+        vec![over, pod("hog", 0, None, false)],
+        &[("hog", 900)],
+    );
+    let mut u = usage(10);
+    u.volumes.insert("scratch".into(), 20 << 20);
+    s.stats.usage.lock().insert("over".into(), u);
+    s.stats.set(Signal::MemoryAvailable, 50 * MI, 1000 * MI);
+    let r = s.manager.synchronize().await.unwrap();
+    assert!(
+        r.evicted.is_none(),
+        "the round ends after local-storage evictions"
+    );
+    assert_eq!(r.local_storage_evictions.len(), 1);
+    let e = &r.local_storage_evictions[0];
+    assert_eq!(
+        (e.uid.as_str(), e.signal.as_str()),
+        ("over", "emptydirfs.limit")
+    );
+    assert_eq!(e.grace_period_seconds, 1);
+    let kills = s.pods.kills.lock().clone();
+    assert_eq!(kills.len(), 1);
+    assert_eq!(
+        kills[0].1.message,
+        "Usage of EmptyDir volume \"scratch\" exceeds the limit \"10Mi\". "
+    );
+    assert_eq!(s.manager.metrics().evictions.get("emptydirfs.limit"), 1);
+    // Next round: the memory threshold takes the hog.
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let r = s.manager.synchronize().await.unwrap();
+    assert_eq!(r.evicted.map(|e| e.uid).as_deref(), Some("hog"));
 }
