@@ -38,6 +38,7 @@
 
 mod convert;
 pub mod error;
+mod metrics;
 pub mod proto;
 mod runtime;
 

@@ -16,6 +16,7 @@ use tracing::{debug, warn};
 
 use crate::convert;
 use crate::error::CriError;
+use crate::metrics::RuntimeMetrics;
 use crate::proto::v1 as cri;
 use crate::proto::v1::image_service_client::ImageServiceClient;
 use crate::proto::v1::runtime_service_client::RuntimeServiceClient;
@@ -143,6 +144,7 @@ pub struct CriRuntime {
     runtime: RuntimeServiceClient<Channel>,
     images: ImageServiceClient<Channel>,
     config: CriConfig,
+    metrics: RuntimeMetrics,
 }
 
 impl CriRuntime {
@@ -167,6 +169,7 @@ impl CriRuntime {
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             config,
+            metrics: RuntimeMetrics::new(),
         })
     }
 
@@ -187,6 +190,13 @@ impl CriRuntime {
             "connected to CRI runtime"
         );
         Ok(rt)
+    }
+
+    /// Registers the kubelet's runtime operation metrics (`kubelet_runtime_operations_total`,
+    /// `kubelet_runtime_operations_errors_total`, `kubelet_runtime_operations_duration_seconds`,
+    /// by `operation_type`) into `registry`. Clones of this runtime share them.
+    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.metrics.register(registry);
     }
 
     /// The settings this runtime was made with.
@@ -302,6 +312,24 @@ impl CriRuntime {
         if let Some(t) = timeout {
             request.set_timeout(t);
         }
+        let started = Instant::now();
+        let result = self.call_with_deadline(op, timeout, call, request).await;
+        self.metrics
+            .observe(op, started.elapsed().as_secs_f64(), result.is_err());
+        result
+    }
+
+    async fn call_with_deadline<Req, Resp, F, Fut>(
+        &self,
+        op: &'static str,
+        timeout: Option<Duration>,
+        call: F,
+        request: tonic::Request<Req>,
+    ) -> Result<Resp, CriError>
+    where
+        F: FnOnce(tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
         let started = Instant::now();
         let result = match timeout {
             Some(t) => match tokio::time::timeout(t, call(request)).await {

@@ -220,6 +220,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let mut builder = KubeletBuilder::new(node_name.clone())
         .config(KubeletConfig::with_dirs(&flags.root_dir, &pod_log_dir));
 
+    // A CRI runtime's kubelet_runtime_operations_* metrics are registered below.
+    let mut cri_runtime: Option<kubelet_cri::CriRuntime> = None;
     let runtime: Arc<dyn ContainerRuntime> = match flags.container_runtime_endpoint.as_deref() {
         None | Some("") => {
             let config = ProcessRuntimeConfig::new(flags.root_dir.join("runtime").join("process"))
@@ -243,6 +245,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             {
                 tracing::warn!(image = %image, error = %e, "--pod-infra-container-image is not available");
             }
+            cri_runtime = Some(cri.clone());
             Arc::new(cri)
         }
         Some(endpoint) => bail!(
@@ -256,6 +259,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     // Node-pressure eviction: its admission handler goes into the agent, the agent's handle
     // into it once built.
     let mut metrics = prometheus_client::registry::Registry::default();
+    if let Some(cri) = &cri_runtime {
+        cri.register_metrics(&mut metrics);
+    }
     let evictor_pods = kubelet_eviction::DeferredPods::new();
     let evictor = eviction_manager(&flags, runtime.clone(), &pod_log_dir, evictor_pods.clone())?
         .with_recorder(builder.recorder(), node_name.clone());

@@ -319,6 +319,19 @@ fn static_pods_run_on_containerd_survive_an_agent_restart_and_are_removed_with_t
     });
     assert_eq!((code, body.trim()), (200, "hello-from-cri"));
 
+    // The runtime operation metrics are served with the agent's others.
+    let metrics = http_get(env.port, "/metrics").unwrap();
+    for series in [
+        "kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"} 2",
+        "kubelet_runtime_operations_total{operation_type=\"list_containers\"}",
+        "kubelet_runtime_operations_duration_seconds_bucket{",
+    ] {
+        assert!(
+            metrics.contains(series),
+            "{series} missing from /metrics:\n{metrics}"
+        );
+    }
+
     // Restart the agent: the same containers are adopted, none is recreated.
     let before = env.runtime_containers();
     env.stop_agent();
