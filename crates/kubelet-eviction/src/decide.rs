@@ -293,8 +293,8 @@ pub fn rank<'a, T>(
     });
 }
 
-/// The eviction message and annotations (`evictionMessage`): "The node was low on resource:
-/// <res>. Threshold quantity: <q>, available: <a>. " plus one sentence per container using more
+/// The eviction message and annotations (`evictionMessage`): `The node was low on resource:
+/// {res}. Threshold quantity: {q}, available: {a}. ` plus one sentence per container using more
 /// than its request.
 pub fn eviction_message(
     resource: Resource,

@@ -31,7 +31,7 @@ pub type Observations = BTreeMap<Signal, SignalObservation>;
 pub struct ActivePod {
     /// The pod.
     pub pod: Arc<Pod>,
-    /// `(container name, runtime container ID without the `<runtime>://` prefix)`.
+    /// Container name and runtime container ID (without the `<runtime>://` prefix).
     pub containers: Vec<(String, String)>,
 }
 
