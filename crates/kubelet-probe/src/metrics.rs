@@ -74,8 +74,6 @@ pub(crate) struct WorkerMetrics {
     /// Kept so that the `unknown` series is exported (at 0) as by the kubelet.
     _unknown: Counter,
     duration: Histogram,
-    labels: TotalLabels,
-    duration_labels: DurationLabels,
 }
 
 impl WorkerMetrics {
@@ -110,8 +108,6 @@ impl WorkerMetrics {
             failed: m.total.get_or_create_owned(&with("failed")),
             _unknown: m.total.get_or_create_owned(&with("unknown")),
             duration: m.duration.get_or_create_owned(&duration_labels),
-            labels,
-            duration_labels,
         }
     }
 
@@ -130,15 +126,32 @@ impl WorkerMetrics {
         }
     }
 
-    /// Remove this worker's series (the kubelet deletes them when a worker stops).
-    pub(crate) fn remove(&self, m: &ProberMetrics) {
+    /// Remove a worker's series (the kubelet deletes them when a worker stops). The labels are
+    /// rebuilt rather than stored, to keep workers small.
+    pub(crate) fn remove(
+        m: &ProberMetrics,
+        probe_type: &'static str,
+        container: &str,
+        pod: &str,
+        namespace: &str,
+        pod_uid: &str,
+    ) {
         for result in ["successful", "failed", "unknown"] {
             m.total.remove(&TotalLabels {
+                probe_type,
                 result,
-                ..self.labels.clone()
+                container: container.to_string(),
+                pod: pod.to_string(),
+                namespace: namespace.to_string(),
+                pod_uid: pod_uid.to_string(),
             });
         }
-        m.duration.remove(&self.duration_labels);
+        m.duration.remove(&DurationLabels {
+            probe_type,
+            container: container.to_string(),
+            pod: pod.to_string(),
+            namespace: namespace.to_string(),
+        });
     }
 }
 

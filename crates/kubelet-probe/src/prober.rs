@@ -229,9 +229,33 @@ fn initial_result(t: ProbeType) -> ProbeResult {
     }
 }
 
-/// Lateness histogram: 50 µs buckets up to 100 ms, then one overflow bucket.
-const LATENESS_BUCKET_US: u64 = 50;
-const LATENESS_BUCKETS: usize = 2001;
+/// Lateness histogram: 50 µs buckets up to 100 ms, then 10 ms buckets up to 10 s, then one
+/// overflow bucket.
+const FINE_US: u64 = 50;
+const FINE_BUCKETS: u64 = 2000;
+const COARSE_US: u64 = 10_000;
+const COARSE_BUCKETS: u64 = 990;
+const LATENESS_BUCKETS: usize = (FINE_BUCKETS + COARSE_BUCKETS + 1) as usize;
+
+fn lateness_bucket(us: u64) -> usize {
+    let fine_end = FINE_US * FINE_BUCKETS;
+    let i = if us < fine_end {
+        us / FINE_US
+    } else {
+        (FINE_BUCKETS + (us - fine_end) / COARSE_US).min(FINE_BUCKETS + COARSE_BUCKETS)
+    };
+    usize::try_from(i).unwrap_or(LATENESS_BUCKETS - 1)
+}
+
+/// Upper bound of bucket `i`, microseconds.
+fn lateness_upper_us(i: usize) -> u64 {
+    let i = i as u64;
+    if i < FINE_BUCKETS {
+        (i + 1) * FINE_US
+    } else {
+        FINE_US * FINE_BUCKETS + (i - FINE_BUCKETS + 1) * COARSE_US
+    }
+}
 
 /// Counters for benchmarks and dashboards of the prober itself.
 #[derive(Debug)]
@@ -252,10 +276,7 @@ impl Stats {
 
     fn record_lateness(&self, late: Duration) {
         let us = u64::try_from(late.as_micros()).unwrap_or(u64::MAX);
-        let i = usize::try_from(us / LATENESS_BUCKET_US)
-            .unwrap_or(usize::MAX)
-            .min(LATENESS_BUCKETS - 1);
-        self.lateness[i].fetch_add(1, Ordering::Relaxed);
+        self.lateness[lateness_bucket(us)].fetch_add(1, Ordering::Relaxed);
         self.started.fetch_add(1, Ordering::Relaxed);
     }
 }
@@ -270,9 +291,10 @@ pub struct ProberStats {
     pub completed: u64,
     /// Workers (configured probes) alive.
     pub workers: u64,
-    /// Median lateness of probe starts against their schedule (50 µs resolution).
+    /// Median lateness of probe starts against their schedule (50 µs resolution below 100 ms,
+    /// 10 ms above).
     pub lateness_p50: Duration,
-    /// 99th percentile lateness (50 µs resolution; 100 ms means "100 ms or more").
+    /// 99th percentile lateness (same resolution; 9.91 s means "that or more").
     pub lateness_p99: Duration,
 }
 
@@ -452,11 +474,10 @@ impl Prober {
             for (i, c) in counts.iter().enumerate() {
                 seen += c;
                 if seen >= rank {
-                    let upper = (i as u64 + 1) * LATENESS_BUCKET_US;
-                    return Duration::from_micros(upper);
+                    return Duration::from_micros(lateness_upper_us(i));
                 }
             }
-            Duration::from_micros(LATENESS_BUCKETS as u64 * LATENESS_BUCKET_US)
+            Duration::from_micros(lateness_upper_us(LATENESS_BUCKETS - 1))
         };
         ProberStats {
             started: s.started.load(Ordering::Relaxed),
@@ -524,7 +545,7 @@ impl Prober {
         }
         s.inflight.shutdown().await;
         for (_, w) in s.workers.drain() {
-            w.metrics.remove(&s.out.shared.metrics);
+            w.remove_metrics(&s.out.shared.metrics);
         }
         s.out.shared.workers.store(0, Ordering::Relaxed);
         // Results stay readable; a later run starts the workers again from the pods added.
@@ -670,6 +691,17 @@ impl Outputs {
 }
 
 impl Worker {
+    fn remove_metrics(&self, m: &ProberMetrics) {
+        WorkerMetrics::remove(
+            m,
+            probe_type_name(self.probe_type),
+            &self.container,
+            &self.involved.name,
+            &self.involved.namespace,
+            &self.pod_uid,
+        );
+    }
+
     /// The kubelet's `doProbe` up to running the probe (steps 1-9).
     fn before_probe(&mut self, obs: Observation, now: Instant, out: &mut Outputs) -> Step {
         let c = match obs {
@@ -888,7 +920,7 @@ impl Scheduler {
         if let Some(cid) = &w.container_id {
             self.out.remove_result(cid, w.probe_type);
         }
-        w.metrics.remove(&self.out.shared.metrics);
+        w.remove_metrics(&self.out.shared.metrics);
         self.by_key
             .remove(&(w.pod_uid.clone(), w.container.clone(), w.probe_type));
         self.out.shared.workers.fetch_sub(1, Ordering::Relaxed);
