@@ -200,7 +200,13 @@ pub struct EvictionManager {
     state: EvictionState,
     events: broadcast::Sender<ManagerEvent>,
     proc_root: std::path::PathBuf,
+    /// Pods evicted in the last [`POD_CLEANUP_TIMEOUT`], never chosen again meanwhile (the
+    /// kubelet waits that long for an evicted pod to be cleaned up).
+    recently_evicted: parking_lot::Mutex<std::collections::HashMap<String, Instant>>,
 }
+
+/// How long an evicted pod is not considered again (`podCleanupTimeout`).
+pub const POD_CLEANUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 impl std::fmt::Debug for EvictionManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -231,6 +237,7 @@ impl EvictionManager {
             state: EvictionState::new(),
             events,
             proc_root: "/proc".into(),
+            recently_evicted: Default::default(),
         }
     }
 
@@ -388,6 +395,9 @@ impl EvictionManager {
         rank(resource, &mut ranked, |e| e.0.pod.as_ref(), |e| e.1);
         for (p, u) in ranked {
             let pod = p.pod.as_ref();
+            if self.was_recently_evicted(pod) {
+                continue;
+            }
             if is_critical(pod, self.config.static_pods_are_critical) {
                 tracing::info!(pod = %kubelet_core::pod::full_name(pod), "cannot evict a critical pod");
                 continue;
@@ -411,6 +421,13 @@ impl EvictionManager {
         None
     }
 
+    fn was_recently_evicted(&self, pod: &Pod) -> bool {
+        let now = Instant::now();
+        let mut m = self.recently_evicted.lock();
+        m.retain(|_, at| now.saturating_duration_since(*at) < POD_CLEANUP_TIMEOUT);
+        m.contains_key(kubelet_core::pod::uid(pod))
+    }
+
     /// Kill `pod` as an eviction: event, metric, `DisruptionTarget`, `Failed`/`Evicted`.
     async fn evict_pod(
         &self,
@@ -420,6 +437,9 @@ impl EvictionManager {
         message: String,
         stats_age: f64,
     ) -> Eviction {
+        self.recently_evicted
+            .lock()
+            .insert(kubelet_core::pod::uid(pod).to_string(), Instant::now());
         let eviction = Eviction {
             uid: kubelet_core::pod::uid(pod).to_string(),
             pod: format!(
@@ -461,6 +481,9 @@ impl EvictionManager {
         let usage = self.stats.pod_usage(&active).await;
         let mut out = Vec::new();
         for p in &active {
+            if self.was_recently_evicted(&p.pod) {
+                continue;
+            }
             let Some(u) = usage.get(kubelet_core::pod::uid(&p.pod)) else {
                 continue;
             };

@@ -478,3 +478,55 @@ async fn pods_over_their_local_storage_limits_are_evicted_before_thresholds_are_
     let r = s.manager.synchronize().await.unwrap();
     assert_eq!(r.evicted.map(|e| e.uid).as_deref(), Some("hog"));
 }
+
+/// Pods that survive kills (a control that cannot kill).
+struct Immortal(Vec<Pod>, Mutex<Vec<String>>);
+
+#[async_trait]
+impl PodControl for Immortal {
+    async fn active_pods(&self) -> Vec<ActivePod> {
+        self.0
+            .iter()
+            .map(|p| ActivePod {
+                pod: Arc::new(p.clone()),
+                containers: vec![],
+            })
+            .collect()
+    }
+    async fn kill_pod(&self, pod: &Pod, _options: KillPodOptions) -> Result<(), EvictionError> {
+        self.1.lock().push(kubelet_core::pod::uid(pod).to_string());
+        Ok(())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_just_evicted_is_not_chosen_again_until_the_cleanup_timeout() {
+    let stats = Arc::new(Scripted::default());
+    stats.set(Signal::MemoryAvailable, 50 * MI, 1000 * MI);
+    *stats.usage.lock() = [("a".to_string(), usage(900)), ("b".to_string(), usage(100))].into();
+    let control = Arc::new(Immortal(
+        vec![pod("a", 0, None, false), pod("b", 0, None, false)],
+        Mutex::new(vec![]),
+    ));
+    let mut m = EvictionManager::new(
+        config("memory.available<100Mi", "", ""),
+        stats,
+        control.clone(),
+    );
+    for _ in 0..3 {
+        m.synchronize().await.unwrap();
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert_eq!(
+        *control.1.lock(),
+        vec!["a", "b"],
+        "each pod once, then nothing left to choose"
+    );
+    tokio::time::advance(Duration::from_secs(30)).await;
+    m.synchronize().await.unwrap();
+    assert_eq!(
+        control.1.lock().last().map(String::as_str),
+        Some("a"),
+        "after 30 s the survivor is chosen again"
+    );
+}
