@@ -33,15 +33,21 @@ cmd_install() {
     [ -x "$CNI_BIN_DIR/bridge" ] || missing+=(containernetworking-plugins)
     [ -x "$BUSYBOX_BIN" ] || missing+=(busybox-static)
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v pgrep >/dev/null 2>&1 || missing+=(procps)
     if [ "${#missing[@]}" -eq 0 ]; then
         return 0
     fi
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
         die "missing ${missing[*]} and cannot install them (needs root and apt-get)"
     fi
+    # Tests start environments in parallel: one installer at a time (dpkg has one lock).
+    exec 9>"${TMPDIR:-/tmp}/kubelet-sdk-containerd-install.lock"
+    flock 9
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq >/dev/null
     apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    flock -u 9
+    exec 9>&-
 }
 
 # sha256 of a file, hex.
