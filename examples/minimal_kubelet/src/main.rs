@@ -1,7 +1,8 @@
 //! `minimal_kubelet`: a standalone node agent assembled from the kubelet SDK crates.
 //!
 //! Static pods from `--pod-manifest-path` run on the built-in process runtime (each container a
-//! supervised host process); `--read-only-port` serves `GET /healthz` and `GET /pods` like the
+//! supervised host process), or with `--container-runtime-endpoint unix:///…` on a CRI runtime
+//! such as containerd (`kubelet-cri`); `--read-only-port` serves `GET /healthz` and `GET /pods` like the
 //! kubelet's read-only port. Ctrl-C stops the agent and leaves pods running; the next start
 //! adopts them.
 
