@@ -49,7 +49,7 @@ pub use kubelet_core::merge::{PodConfig, PodStorage, SourcesSeen};
 pub use kubelet_core::{Event, EventRecorder, EventType, InvolvedObject};
 pub use manifest::{
     MAX_MANIFEST_SIZE, ManifestOrigin, apply_defaults, apply_defaults_with, decode_pod,
-    decode_pods, load_manifest,
+    decode_pods, load_manifest, load_pods,
 };
 pub use push::{PUSH_SOURCE, PushSource, PushSourceConfig};
 pub use validation::{ValidationOptions, validate_pod, validate_pod_with};

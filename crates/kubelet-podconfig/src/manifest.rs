@@ -144,12 +144,65 @@ pub fn decode_pods(origin: &str, data: &[u8]) -> Result<Vec<Pod>, PodConfigError
     }
 }
 
+/// Deepest nesting a manifest may have (flow brackets, or block indentation columns for YAML).
+/// Real pods stay far below; the YAML parser is slow (super-linear) on pathological nesting, so
+/// such input is refused by a linear scan before parsing. JSON has its own limit (128 levels).
+pub const MAX_NESTING: usize = 256;
+
 fn parse_value(text: &str) -> Result<serde_json::Value, String> {
     if text.trim_start().starts_with('{') {
         serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
     } else {
+        check_yaml_nesting(text)?;
         serde_yaml_ng::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
     }
+}
+
+/// Refuse YAML whose flow nesting (`[`, `{` outside quotes) or block indentation exceeds
+/// [`MAX_NESTING`] (indentation counted in columns, so the limit on levels is generous).
+fn check_yaml_nesting(text: &str) -> Result<(), String> {
+    let mut depth = 0usize;
+    let mut quote: Option<char> = None;
+    let mut at_line_start = true;
+    let mut indent = 0usize;
+    for c in text.chars() {
+        if at_line_start {
+            if c == ' ' {
+                indent += 1;
+                if indent > MAX_NESTING * 4 {
+                    return Err(format!(
+                        "invalid YAML: indentation deeper than {} columns",
+                        MAX_NESTING * 4
+                    ));
+                }
+                continue;
+            }
+            at_line_start = false;
+        }
+        match (quote, c) {
+            (_, '\n') => {
+                // Quotes rarely span lines in manifests; resetting keeps a stray apostrophe
+                // (`# it's`) from hiding what follows.
+                quote = None;
+                at_line_start = true;
+                indent = 0;
+            }
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, '"' | '\'') => quote = Some(c),
+            (None, '[' | '{') => {
+                depth += 1;
+                if depth > MAX_NESTING {
+                    return Err(format!(
+                        "invalid YAML: nesting deeper than {MAX_NESTING} levels"
+                    ));
+                }
+            }
+            (None, ']' | '}') => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// FNV-1a, 128 bits (Go's `hash/fnv.New128a`).
@@ -272,6 +325,36 @@ pub fn apply_defaults_with(
     } else {
         Err(PodConfigError::InvalidPod { path, reasons })
     }
+}
+
+/// Decode, default and validate a manifest body already in memory, as the sources do: for a
+/// [`ManifestOrigin::File`] exactly one `Pod`, otherwise a `Pod` or a `PodList`. Bodies over
+/// [`MAX_MANIFEST_SIZE`] are rejected before decoding. Never panics, whatever the bytes.
+pub fn load_pods(
+    origin: ManifestOrigin<'_>,
+    data: &[u8],
+    node_name: &str,
+    options: &ValidationOptions,
+) -> Result<Vec<Pod>, PodConfigError> {
+    let name = match origin {
+        ManifestOrigin::File(p) => p.display().to_string(),
+        ManifestOrigin::Url(u) => u.to_string(),
+        ManifestOrigin::Push(key) => format!("push:{key}"),
+    };
+    if data.len() as u64 > MAX_MANIFEST_SIZE {
+        return Err(PodConfigError::ManifestTooLarge {
+            path: PathBuf::from(name),
+            limit: MAX_MANIFEST_SIZE,
+        });
+    }
+    let mut pods = match origin {
+        ManifestOrigin::File(p) => vec![decode_pod(p, data)?],
+        _ => decode_pods(&name, data)?,
+    };
+    for pod in &mut pods {
+        apply_defaults_with(pod, origin, node_name, options)?;
+    }
+    Ok(pods)
 }
 
 /// Read, decode, default and validate one manifest file: the pod the file source delivers.
