@@ -1385,6 +1385,41 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn warnings_count_as_success_with_a_probe_warning_event_and_failures_emit_unhealthy() {
+        let p = Prober::default();
+        let (recorder, mut events) = EventRecorder::channel(10);
+        let mut out = Outputs {
+            shared: p.shared.clone(),
+            overflow: VecDeque::new(),
+            recorder,
+        };
+        let mut w = worker(&out, ProbeType::Readiness, ProbeTiming::default());
+        let now = Instant::now();
+        w.before_probe(running("c1", now), now, &mut out);
+        w.after_probe(
+            "c1",
+            Outcome::Warning("Probe terminated redirects, Response body: moved".into()),
+            Duration::ZERO,
+            &mut out,
+        );
+        assert_eq!(
+            out.shared.results.read()["c1"][1],
+            Some(ProbeResult::Success)
+        );
+        let ev = events.try_recv().unwrap();
+        assert_eq!(ev.reason, "ProbeWarning");
+        assert_eq!(
+            ev.message,
+            "Readiness probe warning: Probe terminated redirects, Response body: moved"
+        );
+        assert_eq!(ev.type_, kubelet_core::EventType::Warning);
+        w.after_probe("c1", fail(), Duration::ZERO, &mut out);
+        let ev = events.try_recv().unwrap();
+        assert_eq!(ev.reason, "Unhealthy");
+        assert_eq!(ev.message, "Readiness probe failed: boom");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_deleting_pod_quiets_liveness_but_keeps_probing_readiness() {
         let (mut out, _rx) = outputs();
         let now = Instant::now();

@@ -86,6 +86,7 @@ fn app() -> Container {
 }
 
 struct Agent {
+    rt: Arc<FakeRuntime>,
     sink: Arc<RecordingSink>,
     _pods: watch::Sender<Vec<Pod>>,
     shutdown: CancellationToken,
@@ -96,7 +97,8 @@ struct Agent {
 impl Agent {
     fn start(pod: Pod) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let runtime: Arc<dyn ContainerRuntime> = Arc::new(FakeRuntime::new());
+        let rt = Arc::new(FakeRuntime::new());
+        let runtime: Arc<dyn ContainerRuntime> = rt.clone();
         let pleg = Arc::new(GenericPleg::new(
             runtime.clone(),
             GenericPlegConfig::default(),
@@ -118,6 +120,7 @@ impl Agent {
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(kubelet.run(shutdown.clone()));
         Self {
+            rt,
             sink,
             _pods: tx,
             shutdown,
@@ -235,7 +238,10 @@ async fn a_pod_whose_http_server_starts_failing_is_marked_unready_then_ready_aga
 async fn a_failing_liveness_probe_restarts_the_container() {
     let srv = common::http_server(false).await;
     let mut c = app();
-    c.liveness_probe = Some(http_probe(srv.addr.port(), "/health", 2));
+    let mut probe = http_probe(srv.addr.port(), "/health", 2);
+    // The probe-level grace period applies to the liveness kill (the pod's is 1 s).
+    probe.termination_grace_period_seconds = Some(7);
+    c.liveness_probe = Some(probe);
     let agent = Agent::start(pod("live-1", c));
     let s = agent.wait_after("live-1", 0, "running", running).await;
     let first_id = app_status(&s).unwrap().container_id.clone();
@@ -260,6 +266,16 @@ async fn a_failing_liveness_probe_restarts_the_container() {
         })
         .await;
     assert_ne!(app_status(&s).unwrap().container_id, first_id);
+    let first = kubelet_core::status_gen::strip_container_id(first_id.as_deref().unwrap());
+    assert!(
+        agent
+            .rt
+            .calls()
+            .iter()
+            .any(|c| c == &format!("stop_container {first} 7s")),
+        "{:#?}",
+        agent.rt.calls()
+    );
     let last = app_status(&s).unwrap().last_state.clone().unwrap();
     assert!(last.terminated.is_some(), "{last:#?}");
     assert!(
