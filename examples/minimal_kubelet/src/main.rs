@@ -16,7 +16,9 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
-use kubelet_podconfig::{FileSource, FileSourceConfig};
+use kubelet_podconfig::{
+    FileSource, FileSourceConfig, HttpSource, HttpSourceConfig, PushSource, PushSourceConfig,
+};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;
 
@@ -32,6 +34,35 @@ struct Flags {
     /// How often the manifest path is re-listed, besides inotify.
     #[arg(long = "file-check-frequency", default_value = "20s", value_parser = parse_duration)]
     file_check_frequency: Duration,
+    /// URL of static pod manifests (one Pod or a PodList), polled every --http-check-frequency.
+    #[arg(long = "manifest-url")]
+    manifest_url: Option<String>,
+    /// Header sent with every --manifest-url request, `Name:Value` (repeatable).
+    #[arg(long = "manifest-url-header", value_parser = kubelet_podconfig::http::parse_header)]
+    manifest_url_header: Vec<(String, String)>,
+    /// How often --manifest-url is polled.
+    #[arg(long = "http-check-frequency", default_value = "20s", value_parser = parse_duration)]
+    http_check_frequency: Duration,
+    /// PEM file of the CAs that verify an https --manifest-url (default: the system's roots).
+    #[arg(long = "manifest-url-ca-file")]
+    manifest_url_ca_file: Option<PathBuf>,
+    /// Address of the pod push endpoint (POST/PUT/DELETE /pods). Off unless set; needs
+    /// --pod-push-token-file or --pod-push-client-ca-file. Bind to localhost unless you mean it.
+    #[arg(long = "pod-push-address")]
+    pod_push_address: Option<SocketAddr>,
+    /// File of bearer tokens (one per line) accepted by the push endpoint.
+    #[arg(long = "pod-push-token-file")]
+    pod_push_token_file: Option<PathBuf>,
+    /// PEM file of the CAs whose client certificates the push endpoint accepts (needs
+    /// --pod-push-tls-cert-file and --pod-push-tls-private-key-file).
+    #[arg(long = "pod-push-client-ca-file")]
+    pod_push_client_ca_file: Option<PathBuf>,
+    /// Serving certificate of the push endpoint (HTTPS).
+    #[arg(long = "pod-push-tls-cert-file")]
+    pod_push_tls_cert_file: Option<PathBuf>,
+    /// Private key of the push endpoint's serving certificate.
+    #[arg(long = "pod-push-tls-private-key-file")]
+    pod_push_tls_private_key_file: Option<PathBuf>,
     /// Directory for pod directories and the process runtime's state.
     #[arg(long = "root-dir", default_value = "/var/lib/kubelet")]
     root_dir: PathBuf,
@@ -279,8 +310,45 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         let source = FileSource::new(path, node_name.clone())
             .with_config(FileSourceConfig::default().check_frequency(flags.file_check_frequency));
         builder = builder.pod_source(Arc::new(source));
-    } else {
-        tracing::warn!("no --pod-manifest-path: this agent has no pod source and will run no pods");
+    }
+    if let Some(url) = &flags.manifest_url {
+        let mut config = HttpSourceConfig::default().check_frequency(flags.http_check_frequency);
+        for (name, value) in &flags.manifest_url_header {
+            config = config.header(name, value);
+        }
+        if let Some(ca) = &flags.manifest_url_ca_file {
+            config = config.ca_file(ca);
+        }
+        let source = HttpSource::new(url, node_name.clone(), config)
+            .with_context(|| format!("--manifest-url {url}"))?;
+        builder = builder.pod_source(Arc::new(source));
+    }
+    if let Some(address) = flags.pod_push_address {
+        let mut config = PushSourceConfig::default().address(address);
+        if let Some(tokens) = &flags.pod_push_token_file {
+            config = config.token_file(tokens);
+        }
+        if let (Some(cert), Some(key)) = (
+            &flags.pod_push_tls_cert_file,
+            &flags.pod_push_tls_private_key_file,
+        ) {
+            config = config.tls(cert, key);
+        }
+        if let Some(ca) = &flags.pod_push_client_ca_file {
+            config = config.client_ca_file(ca);
+        }
+        let source = PushSource::bind(config, node_name.clone())
+            .await
+            .context("--pod-push-address")?;
+        builder = builder.pod_source(Arc::new(source));
+    }
+    if flags.pod_manifest_path.is_none()
+        && flags.manifest_url.is_none()
+        && flags.pod_push_address.is_none()
+    {
+        tracing::warn!(
+            "no --pod-manifest-path, --manifest-url or --pod-push-address: this agent has no pod source and will run no pods"
+        );
     }
     let kubelet = builder.build().context("assembling the agent")?;
     let handle = kubelet.handle();
