@@ -1,8 +1,9 @@
-//! Watch a static pod directory and print the merged pod updates, using only
-//! `kubelet-podconfig`.
+//! Watch a static pod directory (or poll a manifest URL) and print the merged pod updates,
+//! using only `kubelet-podconfig`.
 //!
 //! ```text
 //! cargo run -p kubelet-podconfig --example watch_dir -- /etc/kubernetes/manifests my-node
+//! cargo run -p kubelet-podconfig --example watch_dir -- http://127.0.0.1:8000/pods.yaml my-node
 //! ```
 //!
 //! Drop, edit or delete manifests in the directory and watch ADD / REMOVE updates arrive;
@@ -10,7 +11,7 @@
 
 use std::sync::Arc;
 
-use kubelet_podconfig::{EventRecorder, FileSource, PodConfig};
+use kubelet_podconfig::{EventRecorder, FileSource, HttpSource, HttpSourceConfig, PodConfig};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -22,14 +23,22 @@ async fn main() -> anyhow::Result<()> {
         )
         .init();
     let mut args = std::env::args().skip(1);
-    let dir = args
-        .next()
-        .ok_or_else(|| anyhow::anyhow!("usage: watch_dir <manifest dir or file> [node name]"))?;
+    let dir = args.next().ok_or_else(|| {
+        anyhow::anyhow!("usage: watch_dir <manifest dir, file or URL> [node name]")
+    })?;
     let node = args.next().unwrap_or_else(|| "localhost".to_string());
 
     let (recorder, mut events) = EventRecorder::channel(100);
     let mut config = PodConfig::new(recorder);
-    config.add_source(Arc::new(FileSource::new(dir, node)))?;
+    if dir.starts_with("http://") || dir.starts_with("https://") {
+        config.add_source(Arc::new(HttpSource::new(
+            dir,
+            node,
+            HttpSourceConfig::default(),
+        )?))?;
+    } else {
+        config.add_source(Arc::new(FileSource::new(dir, node)))?;
+    }
 
     let shutdown = CancellationToken::new();
     let (mut updates, run) = config.start(shutdown.clone());

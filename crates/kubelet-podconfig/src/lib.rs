@@ -1,8 +1,15 @@
-//! `kubelet-podconfig`: where pods come from. Pod sources for the kubelet SDK, starting with
-//! static pods from files ([`FileSource`], the kubelet's `--pod-manifest-path`), and the pod
-//! config merge that turns the sources' snapshots into ADD / UPDATE / DELETE / REMOVE /
-//! RECONCILE updates ([`PodConfig`], [`PodStorage`], defined in `kubelet-core` and re-exported
-//! here so this crate is usable on its own).
+//! `kubelet-podconfig`: where pods come from. The pod sources of the kubelet SDK and the pod
+//! config merge that turns their snapshots into ADD / UPDATE / DELETE / REMOVE / RECONCILE
+//! updates ([`PodConfig`], [`PodStorage`], defined in `kubelet-core` and re-exported here so this
+//! crate is usable on its own, without the engine).
+//!
+//! - [`FileSource`] (`file`): static pods from a directory or file (`--pod-manifest-path`),
+//!   editor-safe.
+//! - [`HttpSource`] (`http`): static pods from a manifest URL (`--manifest-url`), a Pod or a
+//!   PodList, over HTTP or HTTPS.
+//! - [`PushSource`] (`push`): an authenticated HTTP endpoint that accepts pod manifests
+//!   (`POST`/`PUT`/`DELETE /pods`), off unless built.
+//! - [`validation`]: the API server's pod validation, shared by all three, with its messages.
 //!
 //! Start with [`FileSource::new`] and [`PodConfig`]: register the source, call
 //! [`PodConfig::start`], spawn the future it returns and read [`PodUpdate`]s from the receiver.
@@ -28,7 +35,7 @@
 //! ```
 //!
 //! `examples/watch_dir.rs` is the same as a runnable program:
-//! `cargo run -p kubelet-podconfig --example watch_dir -- <dir> [node]`.
+//! `cargo run -p kubelet-podconfig --example watch_dir -- <dir or http(s) URL> [node]`.
 #![forbid(unsafe_code)]
 
 pub mod error;
