@@ -121,9 +121,52 @@ pub fn container_hash(c: &Container) -> u64 {
     u64::from(h)
 }
 
+/// True when any (init or regular) container of the pod asks to run privileged (the kubelet's
+/// `HasPrivilegedContainer`), so its sandbox must be privileged too.
+pub fn has_privileged_container(pod: &Pod) -> bool {
+    init_containers(pod).iter().chain(containers(pod)).any(|c| {
+        c.security_context
+            .as_ref()
+            .and_then(|s| s.privileged)
+            .unwrap_or(false)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_pod_is_privileged_when_any_container_is() {
+        use k8s_openapi::api::core::v1::{PodSpec, SecurityContext};
+        let plain = Container {
+            name: "a".into(),
+            ..Default::default()
+        };
+        let mut privileged = plain.clone();
+        privileged.name = "p".into();
+        privileged.security_context = Some(SecurityContext {
+            privileged: Some(true),
+            ..Default::default()
+        });
+        let pod = |inits: Vec<Container>, cs: Vec<Container>| Pod {
+            spec: Some(PodSpec {
+                init_containers: Some(inits),
+                containers: cs,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert!(!has_privileged_container(&pod(vec![], vec![plain.clone()])));
+        assert!(has_privileged_container(&pod(
+            vec![],
+            vec![plain.clone(), privileged.clone()]
+        )));
+        assert!(has_privileged_container(&pod(
+            vec![privileged],
+            vec![plain]
+        )));
+    }
 
     #[test]
     fn hash_depends_on_name_and_image_only() {

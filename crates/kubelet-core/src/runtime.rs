@@ -110,6 +110,9 @@ pub struct PodSandboxConfig {
     pub host_network: bool,
     /// Parent cgroup for the pod's containers, if the agent manages pod cgroups.
     pub cgroup_parent: String,
+    /// True when any container of the pod runs privileged: CRI runtimes refuse privileged
+    /// containers in a sandbox that is not privileged itself.
+    pub privileged: bool,
 }
 
 /// Sandbox state.

@@ -393,6 +393,7 @@ impl Engine {
             annotations: p.metadata.annotations.clone().unwrap_or_default(),
             host_network,
             cgroup_parent: String::new(),
+            privileged: pod::has_privileged_container(p),
         }
     }
 

@@ -103,6 +103,7 @@ pub(crate) fn sandbox_config_in(c: &core::PodSandboxConfig) -> cri::PodSandboxCo
             cgroup_parent: c.cgroup_parent.clone(),
             security_context: Some(cri::LinuxSandboxSecurityContext {
                 namespace_options: Some(namespace_options(c.host_network)),
+                privileged: c.privileged,
                 ..Default::default()
             }),
             ..Default::default()

@@ -14,8 +14,8 @@ use common::{
     sandboxes_of,
 };
 use k8s_openapi::api::core::v1::{
-    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, ResourceRequirements, Volume,
-    VolumeMount,
+    EnvVar, EnvVarSource, HostPathVolumeSource, ObjectFieldSelector, ResourceRequirements,
+    SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubelet_core::ErrorKind;
@@ -292,10 +292,24 @@ async fn host_and_bridge_network_pods_reach_running_with_their_spec_applied() {
             },
         ]);
     }
+    let mut nobody = container("nobody", &env.busybox, "exec sleep 1000");
+    nobody.security_context = Some(SecurityContext {
+        run_as_user: Some(65534),
+        ..Default::default()
+    });
+    let mut privileged = container("privileged", &env.busybox, "exec sleep 1000");
+    privileged.security_context = Some(SecurityContext {
+        privileged: Some(true),
+        ..Default::default()
+    });
     let host_pod = pod(
         "host",
         true,
-        vec![container("app", &env.busybox, "exec sleep 1000")],
+        vec![
+            container("app", &env.busybox, "exec sleep 1000"),
+            nobody,
+            privileged,
+        ],
     );
     let (_tx, rx) = watch::channel(vec![bridge_pod, host_pod]);
     let agent = Agent::start(&env, rt.clone(), rx);
@@ -304,7 +318,7 @@ async fn host_and_bridge_network_pods_reach_running_with_their_spec_applied() {
     let ip = st.pod_ip.clone().expect("pod IP");
     let prefix = env.subnet.rsplit_once('.').unwrap().0;
     assert!(ip.starts_with(prefix), "{ip} not in {}", env.subnet);
-    agent.wait_for("host", LONG, "Running", running).await;
+    let host = agent.wait_for("host", LONG, "Running", running).await;
 
     // fieldRef env and the hostPath volume: the container wrote its name and IP to the host.
     let written = eventually(LONG, "files from the container", || {
@@ -352,6 +366,36 @@ async fn host_and_bridge_network_pods_reach_running_with_their_spec_applied() {
     let res = cs.resources.expect("resources in the status");
     assert_eq!(res.memory_limit_in_bytes, 32 << 20);
     assert_eq!(res.cpu_quota, 25_000);
+
+    // runAsUser and privileged: the uid, and the capability set (a privileged container gets
+    // every capability, the others the runtime's default set).
+    let ids = container_ids(&host);
+    let id_of = |name: &str| ids.iter().find(|c| c.0 == name).unwrap().1.clone();
+    let probe = "id -u; grep CapEff /proc/self/status | cut -f2";
+    let mut seen = Vec::new();
+    for name in ["app", "nobody", "privileged"] {
+        let out = rt
+            .exec_sync(
+                &id_of(name),
+                &["/bin/sh".into(), "-c".into(), probe.into()],
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut words = text.split_whitespace();
+        let uid = words.next().unwrap_or("").to_string();
+        let caps = u64::from_str_radix(words.next().unwrap_or(""), 16).unwrap();
+        seen.push((uid, caps));
+    }
+    assert_eq!(seen[0].0, "0");
+    assert_eq!(seen[1].0, "65534");
+    assert_eq!(seen[2].0, "0");
+    // CAP_SYS_ADMIN (bit 21) only in the privileged container.
+    let sys_admin = 1u64 << 21;
+    assert_eq!(seen[0].1 & sys_admin, 0, "{seen:?}");
+    assert_ne!(seen[2].1 & sys_admin, 0, "{seen:?}");
+    assert!(seen[2].1.count_ones() > seen[0].1.count_ones(), "{seen:?}");
     agent.stop().await;
 }
 
