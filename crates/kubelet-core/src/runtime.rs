@@ -373,6 +373,18 @@ impl RuntimeStatus {
     /// Name of the condition that says pod networking is ready.
     pub const NETWORK_READY: &'static str = "NetworkReady";
 
+    /// `RuntimeReady` and `NetworkReady` both true: a runtime with nothing to report.
+    pub fn all_ready() -> Self {
+        let ready = |type_: &str| RuntimeCondition {
+            type_: type_.to_string(),
+            status: true,
+            ..Default::default()
+        };
+        Self {
+            conditions: vec![ready(Self::RUNTIME_READY), ready(Self::NETWORK_READY)],
+        }
+    }
+
     /// The condition named `type_`, if reported.
     pub fn condition(&self, type_: &str) -> Option<&RuntimeCondition> {
         self.conditions.iter().find(|c| c.type_ == type_)

@@ -45,8 +45,7 @@ use crate::event::Event;
 use crate::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerRuntime, ContainerState, ContainerStats,
     ContainerStatus, ExecResult, Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus,
-    RuntimeCondition, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels,
-    labels_match,
+    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
 use crate::sink::StatusSink;
 
@@ -335,20 +334,7 @@ impl FakeRuntime {
                 stop_exit_code: 137,
                 auto_exit: HashMap::new(),
                 stats: HashMap::new(),
-                runtime_status: RuntimeStatus {
-                    conditions: vec![
-                        RuntimeCondition {
-                            type_: RuntimeStatus::RUNTIME_READY.to_string(),
-                            status: true,
-                            ..Default::default()
-                        },
-                        RuntimeCondition {
-                            type_: RuntimeStatus::NETWORK_READY.to_string(),
-                            status: true,
-                            ..Default::default()
-                        },
-                    ],
-                },
+                runtime_status: RuntimeStatus::all_ready(),
                 exec_handler: None,
             }),
         }

@@ -363,40 +363,7 @@ pub fn expand_static(input: &str, env: &[EnvVar]) -> String {
             .find(|e| e.name == name && e.value_from.is_none())
             .map(|e| e.value.clone().unwrap_or_default())
     };
-    let bytes = input.as_bytes();
-    let mut out = String::with_capacity(input.len());
-    let mut i = 0;
-    let mut literal_start = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'$' && i + 1 < bytes.len() {
-            match bytes[i + 1] {
-                b'$' => {
-                    out.push_str(&input[literal_start..i]);
-                    out.push('$');
-                    i += 2;
-                    literal_start = i;
-                    continue;
-                }
-                b'(' => {
-                    if let Some(close) = input[i + 2..].find(')') {
-                        let name = &input[i + 2..i + 2 + close];
-                        out.push_str(&input[literal_start..i]);
-                        match lookup(name) {
-                            Some(v) => out.push_str(&v),
-                            None => out.push_str(&input[i..i + 3 + close]),
-                        }
-                        i += 3 + close;
-                        literal_start = i;
-                        continue;
-                    }
-                }
-                _ => {}
-            }
-        }
-        i += 1;
-    }
-    out.push_str(&input[literal_start..]);
-    out
+    kubelet_core::container::expand(input, &lookup)
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ use jiff::Timestamp;
 use kubelet_core::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStats,
     ContainerStatus, EnvVar, ExecResult, Image, ImageSpec, LinuxResources, Mount, PodSandbox,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeCondition, RuntimeStatus,
-    RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeStatus, RuntimeVersion,
+    SandboxFilter, SandboxState, labels, labels_match,
 };
 use kubelet_core::{ContainerRuntime, EventRecorder, InvolvedObject};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -1020,20 +1020,7 @@ impl ContainerRuntime for ProcessRuntime {
     }
 
     async fn status(&self) -> kubelet_core::Result<RuntimeStatus> {
-        Ok(RuntimeStatus {
-            conditions: vec![
-                RuntimeCondition {
-                    type_: RuntimeStatus::RUNTIME_READY.to_string(),
-                    status: true,
-                    ..Default::default()
-                },
-                RuntimeCondition {
-                    type_: RuntimeStatus::NETWORK_READY.to_string(),
-                    status: true,
-                    ..Default::default()
-                },
-            ],
-        })
+        Ok(RuntimeStatus::all_ready())
     }
 
     async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> kubelet_core::Result<String> {
