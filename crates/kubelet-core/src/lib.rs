@@ -82,6 +82,7 @@ pub mod builder;
 pub mod cache;
 pub mod config;
 pub mod container;
+pub mod duration;
 pub mod error;
 pub mod event;
 pub mod kubelet;

@@ -577,7 +577,7 @@ impl Engine {
                         "CrashLoopBackOff".into(),
                         format!(
                             "back-off {} restarting failed container={} pod={pod_desc}",
-                            format_duration(delay),
+                            crate::duration::format_go(delay),
                             c.name
                         ),
                     ),
@@ -1145,17 +1145,6 @@ fn jitter(d: Duration) -> Duration {
     d + d.mul_f64(f)
 }
 
-fn format_duration(d: Duration) -> String {
-    let s = d.as_secs();
-    if s >= 60 && s.is_multiple_of(60) {
-        format!("{}m0s", s / 60)
-    } else if s >= 60 {
-        format!("{}m{}s", s / 60, s % 60)
-    } else {
-        format!("{s}s")
-    }
-}
-
 /// A minimal HTTP/1.1 GET for lifecycle hooks: success on 2xx and 3xx.
 async fn http_get(host: &str, port: i32, path: &str) -> Result<(), String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1187,13 +1176,6 @@ async fn http_get(host: &str, port: i32, path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_messages_use_go_duration_format() {
-        assert_eq!(format_duration(Duration::from_secs(10)), "10s");
-        assert_eq!(format_duration(Duration::from_secs(300)), "5m0s");
-        assert_eq!(format_duration(Duration::from_secs(80)), "1m20s");
-    }
 
     #[test]
     fn grace_period_can_only_shrink() {

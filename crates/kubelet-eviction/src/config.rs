@@ -478,52 +478,7 @@ fn split_flag(
 }
 
 /// Parse a Go duration (`300ms`, `1m30s`, `1.5h`, `0`). Returns (negative, magnitude).
-pub fn parse_go_duration(s: &str) -> Result<(bool, Duration), String> {
-    let bad = || format!("time: invalid duration {s:?}");
-    let t = s.trim();
-    let (neg, mut rest) = match t.as_bytes().first() {
-        Some(b'-') => (true, &t[1..]),
-        Some(b'+') => (false, &t[1..]),
-        _ => (false, t),
-    };
-    if rest == "0" {
-        return Ok((neg, Duration::ZERO));
-    }
-    if rest.is_empty() {
-        return Err(bad());
-    }
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let num_len = rest
-            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("time: missing unit in duration {s:?}"))?;
-        let num = &rest[..num_len];
-        if num.is_empty() || num == "." {
-            return Err(bad());
-        }
-        let v: f64 = num.parse().map_err(|_| bad())?;
-        rest = &rest[num_len..];
-        let unit_len = rest
-            .find(|c: char| c.is_ascii_digit() || c == '.')
-            .unwrap_or(rest.len());
-        let unit = &rest[..unit_len];
-        rest = &rest[unit_len..];
-        let mult = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" | "μs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            _ => return Err(format!("time: unknown unit {unit:?} in duration {s:?}")),
-        };
-        total += v * mult;
-    }
-    if !total.is_finite() || total > 1e12 {
-        return Err(bad());
-    }
-    Ok((neg, Duration::from_secs_f64(total)))
-}
+pub use kubelet_core::duration::parse_go as parse_go_duration;
 
 /// Print a quantity as Kubernetes' canonical form does (`resource.Quantity.String`).
 pub fn format_quantity(value: i64, format: QuantityFormat) -> String {

@@ -130,24 +130,12 @@ struct Flags {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    let (num, mult) = if let Some(n) = s.strip_suffix("ms") {
-        (n, 0.001)
-    } else if let Some(n) = s.strip_suffix('s') {
-        (n, 1.0)
-    } else if let Some(n) = s.strip_suffix('m') {
-        (n, 60.0)
-    } else if let Some(n) = s.strip_suffix('h') {
-        (n, 3600.0)
-    } else {
-        (s, 1.0)
-    };
-    let v: f64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {s:?} (use e.g. 20s, 500ms, 1m)"))?;
-    if !(v.is_finite() && v > 0.0) {
-        return Err(format!("duration {s:?} must be positive"));
+    match kubelet_core::duration::parse_go(s)? {
+        (false, d) if !d.is_zero() => Ok(d),
+        _ => Err(format!(
+            "duration {s:?} must be positive (e.g. 20s, 500ms, 1m)"
+        )),
     }
-    Ok(Duration::from_secs_f64(v * mult))
 }
 
 /// The eviction manager from the `--eviction-*` flags, reading this machine and the runtime.
