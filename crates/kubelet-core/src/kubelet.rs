@@ -280,9 +280,15 @@ impl SyncLoop {
                         .map(|t| t.0)
                         .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
                 });
+                // The active pods are gathered once per batch (and only when someone admits);
+                // each admitted pod joins them for the next decision.
+                let mut active = if self.admit_handlers.is_empty() {
+                    Vec::new()
+                } else {
+                    self.active_pods()
+                };
                 for p in pods {
-                    if !self.workers.contains_key(pod::uid(&p)) {
-                        let active = self.active_pods();
+                    if !self.admit_handlers.is_empty() && !self.workers.contains_key(pod::uid(&p)) {
                         let rejected = self.admit_handlers.iter().find_map(|h| {
                             let r = h.admit(&p, &active);
                             (!r.admit).then_some(r)
@@ -296,6 +302,7 @@ impl SyncLoop {
                             self.engine.reject_pod(&p, &r.reason, &r.message);
                             continue;
                         }
+                        active.push(p.clone());
                     }
                     self.dispatch(p, false, true);
                 }
