@@ -110,7 +110,10 @@ pub use kubelet::Kubelet;
 pub use merge::{PodConfig, PodStorage};
 pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
-pub use runtime::{ContainerRuntime, PodRuntimeStatus, RuntimePod};
+pub use runtime::{
+    ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerRuntime, PodRuntimeStatus,
+    RuntimePod,
+};
 pub use sink::StatusSink;
 pub use status_gen::{StatusInput, generate_pod_status, get_phase};
 pub use status_manager::{StatusManager, StatusReader};

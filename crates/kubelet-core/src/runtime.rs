@@ -522,9 +522,73 @@ pub trait ContainerRuntime: Send + Sync + 'static {
             format!("container_stats is not supported by this runtime ({container_id})"),
         ))
     }
+
+    /// A stream of container lifecycle events pushed by the runtime (CRI `GetContainerEvents`,
+    /// containerd task events, the process runtime's exit notifications), for an evented PLEG.
+    ///
+    /// Optional: the default reports [`ErrorKind::Unimplemented`](crate::ErrorKind), and a PLEG
+    /// then relies on relisting alone. The stream ends or yields an error when the connection
+    /// breaks; the caller calls again to resubscribe. Events may be lost or duplicated across a
+    /// resubscription: consumers must treat them as hints and keep a relist as the safety net.
+    async fn container_events(&self) -> Result<ContainerEventStream> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unimplemented,
+            "container_events is not supported by this runtime",
+        ))
+    }
 }
 
 fn _assert_runtime_dyn(_: &dyn ContainerRuntime) {}
+
+/// What happened to a container, as a runtime event reports it (CRI `ContainerEventType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ContainerEventKind {
+    /// The container was created.
+    Created,
+    /// The container started running.
+    Started,
+    /// The container stopped (its process exited or was killed).
+    Stopped,
+    /// The container was removed.
+    Deleted,
+}
+
+/// One container event pushed by a runtime; see [`ContainerRuntime::container_events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ContainerEvent {
+    /// The container (or, for sandbox events, the sandbox) ID.
+    pub container_id: String,
+    /// What happened.
+    pub kind: ContainerEventKind,
+    /// The pod UID when the runtime knows it without another call (CRI events carry the sandbox
+    /// metadata; containerd task events do not).
+    pub pod_uid: Option<String>,
+    /// When the runtime says it happened.
+    pub created_at: Timestamp,
+}
+
+impl ContainerEvent {
+    /// A new event.
+    pub fn new(
+        container_id: impl Into<String>,
+        kind: ContainerEventKind,
+        pod_uid: Option<String>,
+        created_at: Timestamp,
+    ) -> Self {
+        Self {
+            container_id: container_id.into(),
+            kind,
+            pod_uid,
+            created_at,
+        }
+    }
+}
+
+/// The stream [`ContainerRuntime::container_events`] returns.
+pub type ContainerEventStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<ContainerEvent>> + Send + 'static>>;
 
 /// A pod as the runtime sees it: its sandboxes and containers grouped by pod UID.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
