@@ -1,6 +1,8 @@
 //! Kubernetes-style events (`Normal` / `Warning` with a reason), recorded by every part of the
 //! agent and delivered to the [`StatusSink`](crate::StatusSink)s.
 
+use std::collections::BTreeMap;
+
 use jiff::Timestamp;
 use tokio::sync::mpsc;
 
@@ -91,6 +93,11 @@ pub struct Event {
     pub message: String,
     /// When it happened.
     pub timestamp: Timestamp,
+    /// Annotations for the API object (`metadata.annotations` of the posted `Event`), as the
+    /// kubelet's `AnnotatedEventf` attaches them: e.g. the `Evicted` event carries
+    /// `offending_containers`, `offending_containers_usage` and `starved_resource`. Empty for
+    /// most events.
+    pub annotations: BTreeMap<String, String>,
 }
 
 /// Cheap, cloneable handle that records events: each event is logged through `tracing` and, if
@@ -121,15 +128,30 @@ impl EventRecorder {
         reason: &str,
         message: impl Into<String>,
     ) {
+        self.record_with_annotations(involved, type_, reason, message, BTreeMap::new());
+    }
+
+    /// Record an event that carries annotations (the kubelet's `AnnotatedEventf`).
+    pub fn record_with_annotations(
+        &self,
+        involved: InvolvedObject,
+        type_: EventType,
+        reason: &str,
+        message: impl Into<String>,
+        annotations: BTreeMap<String, String>,
+    ) {
         let message = message.into();
+        // Logged only when there are some.
+        let logged = (!annotations.is_empty()).then(|| format!("{annotations:?}"));
+        let logged = logged.as_deref();
         match type_ {
             EventType::Normal => tracing::info!(
                 kind = %involved.kind, object = %format_args!("{}/{}", involved.namespace, involved.name),
-                reason, "{message}"
+                reason, annotations = logged, "{message}"
             ),
             EventType::Warning => tracing::warn!(
                 kind = %involved.kind, object = %format_args!("{}/{}", involved.namespace, involved.name),
-                reason, "{message}"
+                reason, annotations = logged, "{message}"
             ),
         }
         if let Some(tx) = &self.tx {
@@ -139,6 +161,7 @@ impl EventRecorder {
                 reason: reason.to_string(),
                 message,
                 timestamp: Timestamp::now(),
+                annotations,
             };
             if tx.try_send(ev).is_err() {
                 tracing::debug!(reason, "event queue full or closed; event dropped");
@@ -154,5 +177,31 @@ impl EventRecorder {
     /// Record a `Warning` event.
     pub fn warning(&self, involved: InvolvedObject, reason: &str, message: impl Into<String>) {
         self.record(involved, EventType::Warning, reason, message);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recorded_events_carry_their_annotations_and_plain_ones_none() {
+        let (recorder, mut rx) = EventRecorder::channel(4);
+        recorder.warning(InvolvedObject::node("n"), "Plain", "no annotations");
+        let annotations = BTreeMap::from([("starved_resource".to_string(), "memory".to_string())]);
+        recorder.record_with_annotations(
+            InvolvedObject::node("n"),
+            EventType::Warning,
+            "Annotated",
+            "with annotations",
+            annotations.clone(),
+        );
+        let plain = rx.try_recv().expect("plain event queued");
+        assert_eq!(plain.reason, "Plain");
+        assert!(plain.annotations.is_empty());
+        let annotated = rx.try_recv().expect("annotated event queued");
+        assert_eq!(annotated.reason, "Annotated");
+        assert_eq!(annotated.type_, EventType::Warning);
+        assert_eq!(annotated.annotations, annotations);
     }
 }

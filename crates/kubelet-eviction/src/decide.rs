@@ -296,6 +296,12 @@ pub fn rank<'a, T>(
 /// The eviction message and annotations (`evictionMessage`): `The node was low on resource:
 /// {res}. Threshold quantity: {q}, available: {a}. ` plus one sentence per container using more
 /// than its request.
+///
+/// The annotations go on the `Evicted` event, with the kubelet's keys and formats:
+/// `offending_containers` (the names of the containers using more than their request, joined
+/// with `,`), `offending_containers_usage` (their usage as quantities, same order) and
+/// `starved_resource` (`memory`, `ephemeral-storage`, …). As in the kubelet, a pod without
+/// usage statistics gets the message only and no annotations.
 pub fn eviction_message(
     resource: Resource,
     pod: &Pod,
@@ -316,52 +322,53 @@ pub fn eviction_message(
     }
     let mut names = Vec::new();
     let mut usages = Vec::new();
-    if let Some(u) = usage {
-        for cu in &u.containers {
-            let Some(c) = kubelet_core::pod::containers(pod)
-                .iter()
-                .find(|c| c.name == cu.name)
-            else {
-                continue;
+    let Some(u) = usage else {
+        return (message, annotations);
+    };
+    for cu in &u.containers {
+        let Some(c) = kubelet_core::pod::containers(pod)
+            .iter()
+            .find(|c| c.name == cu.name)
+        else {
+            continue;
+        };
+        let used = match resource {
+            Resource::Memory => cu.memory_working_set,
+            Resource::EphemeralStorage => cu.disk_bytes,
+            _ => None,
+        };
+        let Some(used) = used.map(|v| i64::try_from(v).unwrap_or(i64::MAX)) else {
+            continue;
+        };
+        let req_raw = c
+            .resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|m| m.get(resource.as_str()))
+            .map(|q| q.0.clone());
+        let req = req_raw
+            .as_deref()
+            .and_then(|s| kubelet_core::quantity::parse_bytes(s).ok())
+            .unwrap_or(0);
+        if used > req {
+            let req_fmt = match &req_raw {
+                Some(s)
+                    if ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+                        .iter()
+                        .any(|x| s.ends_with(x)) =>
+                {
+                    format_quantity(req, QuantityFormat::BinarySi)
+                }
+                Some(_) => format_quantity(req, QuantityFormat::DecimalSi),
+                None => "0".into(),
             };
-            let used = match resource {
-                Resource::Memory => cu.memory_working_set,
-                Resource::EphemeralStorage => cu.disk_bytes,
-                _ => None,
-            };
-            let Some(used) = used.map(|v| i64::try_from(v).unwrap_or(i64::MAX)) else {
-                continue;
-            };
-            let req_raw = c
-                .resources
-                .as_ref()
-                .and_then(|r| r.requests.as_ref())
-                .and_then(|m| m.get(resource.as_str()))
-                .map(|q| q.0.clone());
-            let req = req_raw
-                .as_deref()
-                .and_then(|s| kubelet_core::quantity::parse_bytes(s).ok())
-                .unwrap_or(0);
-            if used > req {
-                let req_fmt = match &req_raw {
-                    Some(s)
-                        if ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
-                            .iter()
-                            .any(|x| s.ends_with(x)) =>
-                    {
-                        format_quantity(req, QuantityFormat::BinarySi)
-                    }
-                    Some(_) => format_quantity(req, QuantityFormat::DecimalSi),
-                    None => "0".into(),
-                };
-                let used_fmt = format_quantity(used, QuantityFormat::BinarySi);
-                message += &format!(
-                    "Container {} was using {used_fmt}, request is {req_fmt}, has larger consumption of {resource}. ",
-                    c.name
-                );
-                names.push(c.name.clone());
-                usages.push(used_fmt);
-            }
+            let used_fmt = format_quantity(used, QuantityFormat::BinarySi);
+            message += &format!(
+                "Container {} was using {used_fmt}, request is {req_fmt}, has larger consumption of {resource}. ",
+                c.name
+            );
+            names.push(c.name.clone());
+            usages.push(used_fmt);
         }
     }
     annotations.insert("offending_containers".into(), names.join(","));
@@ -895,7 +902,17 @@ mod tests {
             msg,
             "The node was low on resource: memory. Threshold quantity: 100Mi, available: 80Mi. "
         );
+        assert!(ann.is_empty(), "no stats, no annotations: {ann:?}");
+        let (_, ann) = eviction_message(
+            Resource::Memory,
+            &pod("within", None, Some("1Gi")),
+            Some(&mem_usage(300 << 20)),
+            &c.thresholds,
+            &o,
+        );
         assert_eq!(ann["offending_containers"], "");
+        assert_eq!(ann["offending_containers_usage"], "");
+        assert_eq!(ann["starved_resource"], "memory");
     }
 
     #[test]

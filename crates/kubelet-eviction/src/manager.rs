@@ -1,11 +1,13 @@
 //! [`EvictionManager`]: the kubelet's `synchronize` loop plus fast detection.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
-use kubelet_core::{EventRecorder, InvolvedObject, KillPodOptions, KubeletHandle, PodAdmitHandler};
+use kubelet_core::{
+    EventRecorder, EventType, InvolvedObject, KillPodOptions, KubeletHandle, PodAdmitHandler,
+};
 use parking_lot::RwLock;
 use prometheus_client::registry::Registry;
 use tokio::sync::broadcast;
@@ -166,6 +168,10 @@ pub struct Eviction {
     pub signal: String,
     /// The status message.
     pub message: String,
+    /// The annotations of the `Evicted` event (`offending_containers`,
+    /// `offending_containers_usage`, `starved_resource`); empty for local-storage evictions and
+    /// pods without usage statistics, as in the kubelet.
+    pub annotations: BTreeMap<String, String>,
     /// The grace period override used.
     pub grace_period_seconds: i64,
     /// When the kill was requested.
@@ -406,14 +412,20 @@ impl EvictionManager {
                 eviction_grace_period(threshold, pod, self.config.max_pod_grace_period_seconds);
             let (message, annotations) =
                 eviction_message(resource, pod, u, thresholds, observations);
-            tracing::debug!(?annotations, "eviction annotations");
             let age = observations.get(&threshold.signal).map_or(0.0, |o| {
                 Instant::now()
                     .saturating_duration_since(o.time)
                     .as_secs_f64()
             });
             let eviction = self
-                .evict_pod(pod, threshold.signal.as_str(), grace, message, age)
+                .evict_pod(
+                    pod,
+                    threshold.signal.as_str(),
+                    grace,
+                    message,
+                    annotations,
+                    age,
+                )
                 .await;
             return Some(eviction);
         }
@@ -435,6 +447,7 @@ impl EvictionManager {
         signal: &str,
         grace: i64,
         message: String,
+        annotations: BTreeMap<String, String>,
         stats_age: f64,
     ) -> Eviction {
         self.recently_evicted
@@ -449,12 +462,19 @@ impl EvictionManager {
             ),
             signal: signal.to_string(),
             message: message.clone(),
+            annotations,
             grace_period_seconds: grace,
             at: Instant::now(),
         };
         tracing::warn!(pod = %eviction.pod, signal, grace, %message, "evicting pod");
         if let Some(r) = &self.recorder {
-            r.warning(InvolvedObject::pod(pod), "Evicted", message.clone());
+            r.record_with_annotations(
+                InvolvedObject::pod(pod),
+                EventType::Warning,
+                "Evicted",
+                message.clone(),
+                eviction.annotations.clone(),
+            );
         }
         let _ = self.events.send(ManagerEvent::Evicted(eviction.clone()));
         self.metrics.record(signal, stats_age);
@@ -500,6 +520,7 @@ impl EvictionManager {
                     v.signal,
                     crate::config::IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS,
                     v.message,
+                    BTreeMap::new(),
                     0.0,
                 )
                 .await,

@@ -221,6 +221,68 @@ async fn a_hard_threshold_evicts_the_top_ranked_pod_with_one_second_grace() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_evicted_event_carries_the_kubelets_annotations() {
+    let (recorder, mut events) = kubelet_core::EventRecorder::channel(16);
+    let mut s = setup(
+        config("memory.available<100Mi", "", ""),
+        vec![pod("hog", 0, Some("50Mi"), false)],
+        &[],
+    );
+    let mut two = usage(700);
+    two.containers.push(ContainerUsage {
+        name: "side".into(),
+        memory_working_set: Some(5000),
+        processes: Some(1),
+        disk_bytes: None,
+    });
+    let mut hog = pod("hog", 0, Some("50Mi"), false);
+    hog.spec.as_mut().unwrap().containers.push(Container {
+        name: "side".into(),
+        ..Default::default()
+    });
+    *s.pods.pods.lock() = vec![hog];
+    s.stats.usage.lock().insert("hog".into(), two);
+    s.manager = s.manager.with_recorder(recorder, "node-a");
+    s.stats.set(Signal::MemoryAvailable, 80 * MI, 1000 * MI);
+    let r = s.manager.synchronize().await.unwrap();
+    let ev = r.evicted.expect("the hog is evicted");
+
+    let threshold_met = events.try_recv().unwrap();
+    assert_eq!(
+        (
+            threshold_met.reason.as_str(),
+            threshold_met.involved.kind.as_str()
+        ),
+        ("EvictionThresholdMet", "Node")
+    );
+    assert_eq!(threshold_met.message, "Attempting to reclaim memory");
+    assert!(threshold_met.annotations.is_empty());
+
+    let evicted = events.try_recv().unwrap();
+    assert_eq!(evicted.reason, "Evicted");
+    assert_eq!(evicted.type_, kubelet_core::EventType::Warning);
+    assert_eq!(
+        (
+            evicted.involved.kind.as_str(),
+            evicted.involved.name.as_str()
+        ),
+        ("Pod", "hog")
+    );
+    assert_eq!(evicted.message, ev.message);
+    let expected: std::collections::BTreeMap<String, String> = [
+        ("offending_containers", "app,side"),
+        ("offending_containers_usage", "700Mi,5000"),
+        ("starved_resource", "memory"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    assert_eq!(evicted.annotations, expected);
+    assert_eq!(ev.annotations, expected);
+    assert!(events.try_recv().is_err(), "two events in the round");
+}
+
+#[tokio::test(start_paused = true)]
 async fn static_pods_are_spared_unless_the_policy_is_switched_off() {
     let pods = vec![
         pod("static-hog", 0, None, true),
@@ -466,6 +528,10 @@ async fn pods_over_their_local_storage_limits_are_evicted_before_thresholds_are_
         ("over", "emptydirfs.limit")
     );
     assert_eq!(e.grace_period_seconds, 1);
+    assert!(
+        e.annotations.is_empty(),
+        "local-storage evictions carry no annotations, as in the kubelet"
+    );
     let kills = s.pods.kills.lock().clone();
     assert_eq!(kills.len(), 1);
     assert_eq!(
