@@ -49,6 +49,50 @@ pub enum CriError {
         /// The API version it reported.
         api_version: String,
     },
+    /// containerd's native events API (`containerd.services.events.v1.Events/Subscribe`, what
+    /// `container_events` uses on containerd releases without CRI `GetContainerEvents`) failed,
+    /// or its event stream broke.
+    #[error("containerd Events/Subscribe failed: {} ({:?})", status.message(), status.code())]
+    SubscribeEvents {
+        /// The gRPC status.
+        #[source]
+        status: tonic::Status,
+    },
+    /// The runtime implements neither CRI `GetContainerEvents` nor containerd's events API, so it
+    /// pushes no container events (a PLEG then relies on relisting).
+    #[error(
+        "the runtime pushes no container events: CRI GetContainerEvents: {} ({:?}); containerd Events/Subscribe: {} ({:?})",
+        cri.message(),
+        cri.code(),
+        containerd.message(),
+        containerd.code()
+    )]
+    ContainerEventsUnsupported {
+        /// What `GetContainerEvents` answered.
+        cri: tonic::Status,
+        /// What containerd's `Events/Subscribe` answered.
+        containerd: tonic::Status,
+    },
+    /// A containerd event could not be decoded. The event stream skips such events (with a log
+    /// line); this is what it logs.
+    #[error("decoding containerd event {type_url:?} (topic {topic:?}): {reason}")]
+    DecodeEvent {
+        /// The event's topic (`/tasks/exit`, …).
+        topic: String,
+        /// The type URL of its payload.
+        type_url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The containerd namespace of [`CriConfig`](crate::CriConfig) cannot be sent as gRPC
+    /// metadata.
+    #[error("invalid containerd namespace {namespace:?}: {reason}")]
+    InvalidNamespace {
+        /// The namespace as configured.
+        namespace: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
     /// Preparing a host file for the container (the termination message file) failed.
     #[error("preparing {path}: {source}")]
     PrepareHostFile {
@@ -68,6 +112,10 @@ impl CriError {
             CriError::Rpc { status, .. } => status_kind(status),
             CriError::Timeout { .. } => ErrorKind::DeadlineExceeded,
             CriError::IncompleteResponse { .. } => ErrorKind::Internal,
+            CriError::SubscribeEvents { status } => status_kind(status),
+            CriError::ContainerEventsUnsupported { .. } => ErrorKind::Unimplemented,
+            CriError::DecodeEvent { .. } => ErrorKind::Internal,
+            CriError::InvalidNamespace { .. } => ErrorKind::InvalidArgument,
             CriError::UnsupportedApiVersion { .. } => ErrorKind::FailedPrecondition,
             CriError::PrepareHostFile { source, .. } => match source.kind() {
                 std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
@@ -112,6 +160,7 @@ pub(crate) fn status_kind(status: &tonic::Status) -> ErrorKind {
                 || m.contains("connection refused")
                 || m.contains("broken pipe")
                 || m.contains("connection reset")
+                || m.contains("error reading a body from connection")
             {
                 ErrorKind::Unavailable
             } else {
@@ -156,6 +205,11 @@ mod tests {
             ),
             (
                 Status::new(Code::Unknown, "transport error"),
+                ErrorKind::Unavailable,
+            ),
+            // hyper's message when the connection closes under a streaming response.
+            (
+                Status::new(Code::Unknown, "error reading a body from connection"),
                 ErrorKind::Unavailable,
             ),
             (Status::new(Code::Unknown, "boom"), ErrorKind::Internal),

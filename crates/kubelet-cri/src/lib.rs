@@ -5,7 +5,8 @@
 //! [`KubeletBuilder::runtime`](kubelet_core::KubeletBuilder::runtime) and the engine runs pods on
 //! the runtime: sandboxes (host network or the runtime's CNI pod network), image pulls, containers
 //! with mounts, resources and security settings, exec, stats, and garbage collection of dead
-//! containers.
+//! containers, and container lifecycle events for an evented PLEG ([`events`]: CRI
+//! `GetContainerEvents`, or containerd 1.6's native task events).
 //!
 //! Start with [`CriConfig::new`] and [`CriRuntime::connect`]. Every call has a deadline
 //! ([`CriConfig::request_timeout`], 2 minutes as the kubelet's `runtimeRequestTimeout`);
@@ -38,6 +39,7 @@
 
 mod convert;
 pub mod error;
+pub mod events;
 mod metrics;
 pub mod proto;
 mod runtime;

@@ -2,6 +2,10 @@
 //! tonic-prost-build from the upstream `api.proto` and checked in (`src/generated`), so building
 //! this crate needs no `protoc`. `tests/bindings_current.rs` checks they are current.
 //!
+//! containerd's native events API (the crate-private `containerd` module) is generated the same way from
+//! the subset of containerd's protos kept in `proto/containerd`; `container_events` falls back to
+//! it on containerd releases without CRI `GetContainerEvents`.
+//!
 //! These are the edge of the crate: [`CriRuntime`](crate::CriRuntime) converts them to and from
 //! the `kubelet_core::runtime` model, and no other crate of the SDK sees them.
 
@@ -16,4 +20,28 @@
 )]
 pub mod v1 {
     include!("generated/runtime.v1.rs");
+}
+
+/// containerd's events service and event types (packages `containerd.services.events.v1` and
+/// `containerd.events`), only the parts `container_events` reads.
+#[allow(
+    missing_docs,
+    unreachable_pub,
+    dead_code,
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    rustdoc::all
+)]
+pub(crate) mod containerd {
+    pub(crate) mod events {
+        include!("generated/containerd.events.rs");
+    }
+    pub(crate) mod services {
+        pub(crate) mod events {
+            pub(crate) mod v1 {
+                include!("generated/containerd.services.events.v1.rs");
+            }
+        }
+    }
 }

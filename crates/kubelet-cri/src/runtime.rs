@@ -53,6 +53,9 @@ pub struct CriConfig {
     /// bind-mounted at the container's `terminationMessagePath` and read back when the container
     /// exits. `None` mounts nothing (messages then come only from the runtime).
     pub termination_message_dir: Option<PathBuf>,
+    /// The containerd namespace whose native events `container_events` follows when the runtime
+    /// has no CRI `GetContainerEvents` (containerd 1.6): the CRI plugin's, `k8s.io`.
+    pub containerd_namespace: String,
 }
 
 impl CriConfig {
@@ -66,6 +69,7 @@ impl CriConfig {
             connect_timeout: Duration::from_secs(10),
             runtime_handler: String::new(),
             termination_message_dir: None,
+            containerd_namespace: crate::events::CRI_NAMESPACE.to_string(),
         }
     }
 
@@ -96,6 +100,12 @@ impl CriConfig {
     /// Sets [`termination_message_dir`](Self::termination_message_dir).
     pub fn termination_message_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.termination_message_dir = Some(dir.into());
+        self
+    }
+
+    /// Sets [`containerd_namespace`](Self::containerd_namespace).
+    pub fn containerd_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.containerd_namespace = namespace.into();
         self
     }
 }
@@ -145,6 +155,7 @@ pub struct CriRuntime {
     images: ImageServiceClient<Channel>,
     config: CriConfig,
     metrics: RuntimeMetrics,
+    events: crate::events::EventSubscriber,
 }
 
 impl CriRuntime {
@@ -161,6 +172,7 @@ impl CriRuntime {
                     Ok::<_, std::io::Error>(TokioIo::new(stream))
                 }
             }));
+        let events = crate::events::EventSubscriber::new(&channel, &config, MAX_MESSAGE_SIZE);
         Ok(Self {
             runtime: RuntimeServiceClient::new(channel.clone())
                 .max_decoding_message_size(MAX_MESSAGE_SIZE)
@@ -170,6 +182,7 @@ impl CriRuntime {
                 .max_encoding_message_size(MAX_MESSAGE_SIZE),
             config,
             metrics: RuntimeMetrics::new(),
+            events,
         })
     }
 
@@ -902,6 +915,13 @@ impl ContainerRuntime for CriRuntime {
             field: "stats",
         })?;
         Ok(convert::stats_out(container_id, stats))
+    }
+
+    /// CRI `GetContainerEvents` when the runtime implements it (containerd ≥ 1.7, CRI-O),
+    /// otherwise containerd's native task and container events (containerd 1.6); see
+    /// [`crate::events`].
+    async fn container_events(&self) -> Result<core::ContainerEventStream> {
+        Ok(self.events.subscribe().await?)
     }
 }
 

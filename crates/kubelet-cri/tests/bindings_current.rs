@@ -1,9 +1,12 @@
 //! The checked-in CRI bindings (`src/generated/runtime.v1.rs`) are what protox + tonic-prost-build
-//! produce from the CRI v1 `api.proto`.
+//! produce from the CRI v1 `api.proto`, and the containerd event bindings
+//! (`src/generated/containerd.*.rs`) what they produce from the containerd protos kept in
+//! `proto/containerd`.
 //!
 //! The proto is not kept in this repository. The test reads it from the `k8s-cri` crate in the
 //! local cargo registry (`cargo info k8s-cri@0.11.0` downloads it), or from `KUBELET_CRI_PROTO`.
 //! Regenerate with `KUBELET_CRI_REGENERATE=1 cargo test -p kubelet-cri --test bindings_current`.
+//! The containerd protos are in this repository, so their test never skips.
 
 #![allow(clippy::unwrap_used)]
 
@@ -90,5 +93,40 @@ fn checked_in_bindings_match_the_cri_v1_proto() {
         checked_in == fresh,
         "{} is stale: regenerate with KUBELET_CRI_REGENERATE=1 cargo test -p kubelet-cri --test bindings_current",
         checked_in_path.display()
+    );
+}
+
+#[test]
+fn checked_in_containerd_event_bindings_match_the_protos() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let include = dir.join("proto");
+    let protos = [
+        include.join("containerd/events_service.proto"),
+        include.join("containerd/events.proto"),
+    ];
+    let fds = protox::compile(&protos, [&include]).expect("compile the containerd protos");
+    let scratch = tempfile::tempdir().unwrap();
+    tonic_prost_build::configure()
+        .build_server(false)
+        .build_transport(false)
+        .out_dir(scratch.path())
+        .compile_fds(fds)
+        .expect("generate the containerd bindings");
+    let mut stale = Vec::new();
+    for file in ["containerd.services.events.v1.rs", "containerd.events.rs"] {
+        let fresh = std::fs::read_to_string(scratch.path().join(file)).unwrap();
+        let checked_in_path = dir.join("src/generated").join(file);
+        if std::env::var_os("KUBELET_CRI_REGENERATE").is_some() {
+            std::fs::write(&checked_in_path, &fresh).unwrap();
+            eprintln!("wrote {}", checked_in_path.display());
+            continue;
+        }
+        if std::fs::read_to_string(&checked_in_path).unwrap_or_default() != fresh {
+            stale.push(checked_in_path.display().to_string());
+        }
+    }
+    assert!(
+        stale.is_empty(),
+        "{stale:?} stale: regenerate with KUBELET_CRI_REGENERATE=1 cargo test -p kubelet-cri --test bindings_current"
     );
 }

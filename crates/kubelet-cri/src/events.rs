@@ -1,0 +1,616 @@
+//! Container lifecycle events for an evented PLEG: what
+//! [`CriRuntime::container_events`](kubelet_core::ContainerRuntime::container_events) streams.
+//!
+//! Two sources, chosen automatically and remembered per [`CriRuntime`](crate::CriRuntime) (and
+//! its clones):
+//!
+//! 1. **CRI `GetContainerEvents`** (containerd ≥ 1.7, CRI-O): each `ContainerEventResponse` maps
+//!    to one event; the pod UID comes from the sandbox status it carries.
+//! 2. **containerd's native events** (containerd 1.6, whose CRI plugin answers
+//!    `GetContainerEvents` with `Unimplemented`): `containerd.services.events.v1.Events/Subscribe`
+//!    on the same socket, in the CRI plugin's namespace ([`CriConfig::containerd_namespace`],
+//!    `k8s.io`), filtered to these topics:
+//!
+//!    | topic | payload | event |
+//!    | --- | --- | --- |
+//!    | `/containers/create` | `ContainerCreate` | `Created` |
+//!    | `/tasks/start` | `TaskStart` | `Started` |
+//!    | `/tasks/exit` | `TaskExit` of the init process | `Stopped` |
+//!    | `/containers/delete` | `ContainerDelete` | `Deleted` |
+//!
+//!    For CRI containers the containerd container and task ID is the CRI container ID. A pod
+//!    sandbox is a containerd container too (its ID is the sandbox ID), so sandboxes produce the
+//!    same events with the sandbox ID, as containerd ≥ 1.7's CRI events do for sandboxes. The
+//!    exits of exec processes (`TaskExit` whose `id` is an exec ID) are skipped. `TaskDelete`
+//!    follows every exit (the CRI plugin deletes the task as it records the exit) and adds nothing,
+//!    so it is decoded but not reported. These events carry no pod UID (`pod_uid` is `None`), and
+//!    they are published as containerd sees them, which may be a moment before the CRI plugin has
+//!    recorded them (a `ContainerStatus` right after a `Stopped` event may still say running).
+//!    Payloads of other types are skipped with a debug log, undecodable ones with a warning.
+//!
+//! Neither gRPC server answers a subscription until it has an event to send, so
+//! `container_events` waits a short moment ([`PROBE`]) for an immediate refusal
+//! (`Unimplemented`, the socket is gone) and otherwise hands out a stream whose subscription is
+//! still being answered; a refusal that comes later ends up in that stream (an `Unimplemented`
+//! from CRI then switches it to containerd's events). When neither source exists the call fails
+//! with [`CriError::ContainerEventsUnsupported`] (`ErrorKind::Unimplemented`).
+//!
+//! The stream yields an error and ends when the connection breaks (containerd stops or
+//! restarts); calling `container_events` again subscribes anew. Events in between are lost:
+//! consumers treat events as hints and keep relisting.
+//!
+//! [`CriConfig::containerd_namespace`]: crate::CriConfig::containerd_namespace
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use kubelet_core::Error;
+use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream};
+use prost::Message;
+use tonic::codec::Streaming;
+use tonic::transport::Channel;
+use tracing::{debug, warn};
+
+use crate::CriConfig;
+use crate::error::CriError;
+use crate::proto::containerd::events as ctrd_events;
+use crate::proto::containerd::services::events::v1 as ctrd;
+use crate::proto::containerd::services::events::v1::events_client::EventsClient;
+use crate::proto::v1 as cri;
+use crate::proto::v1::runtime_service_client::RuntimeServiceClient;
+
+/// The containerd namespace of the CRI plugin.
+pub(crate) const CRI_NAMESPACE: &str = "k8s.io";
+
+/// The gRPC metadata key that selects a containerd namespace.
+const NAMESPACE_HEADER: &str = "containerd-namespace";
+
+/// How long `container_events` waits for an immediate refusal of a subscription.
+pub const PROBE: Duration = Duration::from_millis(250);
+
+/// The CRI RPC.
+const GET_CONTAINER_EVENTS: &str = "GetContainerEvents";
+
+/// The containerd topics the native subscription asks for.
+const TOPICS: [&str; 5] = [
+    "/containers/create",
+    "/tasks/start",
+    "/tasks/exit",
+    "/tasks/delete",
+    "/containers/delete",
+];
+
+const SOURCE_UNKNOWN: u8 = 0;
+const SOURCE_CRI: u8 = 1;
+const SOURCE_CONTAINERD: u8 = 2;
+
+/// Subscribes to container events; part of every [`CriRuntime`](crate::CriRuntime).
+#[derive(Debug, Clone)]
+pub(crate) struct EventSubscriber {
+    cri: RuntimeServiceClient<Channel>,
+    containerd: EventsClient<Channel>,
+    namespace: String,
+    /// Which source worked last (`SOURCE_*`), shared by clones.
+    source: Arc<AtomicU8>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+type Subscription<T> = BoxFuture<Result<tonic::Response<Streaming<T>>, tonic::Status>>;
+
+impl EventSubscriber {
+    pub(crate) fn new(channel: &Channel, config: &CriConfig, max_message_size: usize) -> Self {
+        Self {
+            cri: RuntimeServiceClient::new(channel.clone())
+                .max_decoding_message_size(max_message_size),
+            containerd: EventsClient::new(channel.clone())
+                .max_decoding_message_size(max_message_size),
+            namespace: config.containerd_namespace.clone(),
+            source: Arc::new(AtomicU8::new(SOURCE_UNKNOWN)),
+        }
+    }
+
+    /// A new event stream from the source that works; see the module docs.
+    pub(crate) async fn subscribe(&self) -> Result<ContainerEventStream, CriError> {
+        if self.source.load(Ordering::Relaxed) == SOURCE_CONTAINERD {
+            return self.subscribe_containerd(None).await;
+        }
+        let mut call = self.call_cri();
+        match tokio::time::timeout(PROBE, &mut call).await {
+            Ok(Ok(resp)) => {
+                self.source.store(SOURCE_CRI, Ordering::Relaxed);
+                Ok(cri_stream(resp.into_inner()))
+            }
+            Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
+                debug!(
+                    message = status.message(),
+                    "CRI GetContainerEvents is unimplemented; using containerd's events"
+                );
+                self.subscribe_containerd(Some(status)).await
+            }
+            Ok(Err(status)) => Err(CriError::Rpc {
+                op: GET_CONTAINER_EVENTS,
+                status,
+            }),
+            // The runtime holds the call open until its first event: it is subscribed.
+            Err(_) => {
+                let this = self.clone();
+                Ok(pending_stream(async move {
+                    match call.await {
+                        Ok(resp) => {
+                            this.source.store(SOURCE_CRI, Ordering::Relaxed);
+                            Ok(cri_stream(resp.into_inner()))
+                        }
+                        Err(status) if status.code() == tonic::Code::Unimplemented => {
+                            this.subscribe_containerd(Some(status)).await
+                        }
+                        Err(status) => Err(CriError::Rpc {
+                            op: GET_CONTAINER_EVENTS,
+                            status,
+                        }),
+                    }
+                }))
+            }
+        }
+    }
+
+    fn call_cri(&self) -> Subscription<cri::ContainerEventResponse> {
+        let mut client = self.cri.clone();
+        Box::pin(async move { client.get_container_events(cri::GetEventsRequest {}).await })
+    }
+
+    fn call_containerd(&self) -> Result<Subscription<ctrd::Envelope>, CriError> {
+        let mut request = tonic::Request::new(ctrd::SubscribeRequest {
+            filters: subscription_filters(&self.namespace),
+        });
+        let namespace = self
+            .namespace
+            .parse()
+            .map_err(|_| CriError::InvalidNamespace {
+                namespace: self.namespace.clone(),
+                reason: "not valid as gRPC metadata (visible ASCII only)",
+            })?;
+        request.metadata_mut().insert(NAMESPACE_HEADER, namespace);
+        let mut client = self.containerd.clone();
+        Ok(Box::pin(async move { client.subscribe(request).await }))
+    }
+
+    /// Subscribes to containerd's events; `cri` is what `GetContainerEvents` answered, if it
+    /// was tried (for the error when this fails too).
+    async fn subscribe_containerd(
+        &self,
+        cri: Option<tonic::Status>,
+    ) -> Result<ContainerEventStream, CriError> {
+        if self.namespace.is_empty() {
+            return Err(CriError::InvalidNamespace {
+                namespace: String::new(),
+                reason: "empty",
+            });
+        }
+        let mut call = self.call_containerd()?;
+        let refused = |status: tonic::Status, cri: Option<tonic::Status>| match cri {
+            Some(cri) if status.code() == tonic::Code::Unimplemented => {
+                CriError::ContainerEventsUnsupported {
+                    cri,
+                    containerd: status,
+                }
+            }
+            _ => CriError::SubscribeEvents { status },
+        };
+        let namespace = self.namespace.clone();
+        match tokio::time::timeout(PROBE, &mut call).await {
+            Ok(Ok(resp)) => {
+                self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
+                Ok(containerd_stream(resp.into_inner(), namespace))
+            }
+            Ok(Err(status)) => Err(refused(status, cri)),
+            Err(_) => {
+                self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
+                Ok(pending_stream(async move {
+                    match call.await {
+                        Ok(resp) => Ok(containerd_stream(resp.into_inner(), namespace)),
+                        Err(status) => Err(refused(status, cri)),
+                    }
+                }))
+            }
+        }
+    }
+}
+
+/// The filters of the native subscription: the topics of [`TOPICS`] in `namespace` (filters are
+/// ORed, the conditions within one ANDed).
+fn subscription_filters(namespace: &str) -> Vec<String> {
+    TOPICS
+        .iter()
+        .map(|topic| format!("namespace=={namespace:?},topic=={topic:?}"))
+        .collect()
+}
+
+/// A stream that first waits for its subscription to be answered.
+fn pending_stream(
+    subscribed: impl Future<Output = Result<ContainerEventStream, CriError>> + Send + 'static,
+) -> ContainerEventStream {
+    Box::pin(futures::stream::once(subscribed).flat_map(|r| match r {
+        Ok(stream) => stream,
+        Err(e) => {
+            debug!(error = %e, "container event subscription failed");
+            Box::pin(futures::stream::iter([Err(Error::from(e))])) as ContainerEventStream
+        }
+    }))
+}
+
+/// Reads a gRPC stream, mapping each message with `map` (`None`: skip it); a transport or
+/// status error is yielded once and ends the stream.
+fn event_stream<T, F>(
+    inner: Streaming<T>,
+    map: F,
+    on_error: fn(tonic::Status) -> CriError,
+) -> ContainerEventStream
+where
+    T: Send + 'static,
+    F: Fn(T) -> Option<ContainerEvent> + Send + 'static,
+{
+    Box::pin(futures::stream::unfold(
+        Some((inner, map)),
+        move |state| async move {
+            let (mut inner, map) = state?;
+            loop {
+                match inner.message().await {
+                    Ok(Some(msg)) => {
+                        if let Some(event) = map(msg) {
+                            return Some((Ok(event), Some((inner, map))));
+                        }
+                    }
+                    Ok(None) => {
+                        debug!("container event stream ended");
+                        return None;
+                    }
+                    Err(status) => {
+                        let e = on_error(status);
+                        debug!(error = %e, "container event stream broke");
+                        return Some((Err(Error::from(e)), None));
+                    }
+                }
+            }
+        },
+    ))
+}
+
+fn cri_stream(inner: Streaming<cri::ContainerEventResponse>) -> ContainerEventStream {
+    event_stream(inner, from_cri, |status| CriError::Rpc {
+        op: GET_CONTAINER_EVENTS,
+        status,
+    })
+}
+
+fn containerd_stream(inner: Streaming<ctrd::Envelope>, namespace: String) -> ContainerEventStream {
+    event_stream(
+        inner,
+        move |envelope| match from_envelope(&envelope, &namespace) {
+            Ok(event) => event,
+            Err(e) => {
+                warn!(error = %e, "skipping a containerd event");
+                None
+            }
+        },
+        |status| CriError::SubscribeEvents { status },
+    )
+}
+
+/// One CRI `ContainerEventResponse` as an event; `None` (logged) for an unknown event type or a
+/// response without a container ID.
+pub(crate) fn from_cri(resp: cri::ContainerEventResponse) -> Option<ContainerEvent> {
+    let kind = match cri::ContainerEventType::try_from(resp.container_event_type) {
+        Ok(cri::ContainerEventType::ContainerCreatedEvent) => ContainerEventKind::Created,
+        Ok(cri::ContainerEventType::ContainerStartedEvent) => ContainerEventKind::Started,
+        Ok(cri::ContainerEventType::ContainerStoppedEvent) => ContainerEventKind::Stopped,
+        Ok(cri::ContainerEventType::ContainerDeletedEvent) => ContainerEventKind::Deleted,
+        Err(_) => {
+            debug!(
+                container = %resp.container_id,
+                event_type = resp.container_event_type,
+                "skipping a CRI container event of unknown type"
+            );
+            return None;
+        }
+    };
+    if resp.container_id.is_empty() {
+        warn!("skipping a CRI container event without a container ID");
+        return None;
+    }
+    let pod_uid = resp
+        .pod_sandbox_status
+        .and_then(|s| s.metadata)
+        .map(|m| m.uid)
+        .filter(|uid| !uid.is_empty());
+    Some(ContainerEvent::new(
+        resp.container_id,
+        kind,
+        pod_uid,
+        crate::convert::time_out(resp.created_at).unwrap_or_else(Timestamp::now),
+    ))
+}
+
+/// One containerd event envelope as an event: `Ok(None)` for events of another namespace, of
+/// types this does not report (logged at debug) and for exec process exits; an error for a
+/// payload that does not decode or lacks the container ID.
+pub(crate) fn from_envelope(
+    envelope: &ctrd::Envelope,
+    namespace: &str,
+) -> Result<Option<ContainerEvent>, CriError> {
+    if envelope.namespace != namespace {
+        return Ok(None);
+    }
+    let Some(any) = &envelope.event else {
+        return Err(decode_error(envelope, "", "the envelope has no event"));
+    };
+    // containerd 1.6 writes the bare message name, newer releases may prefix a host.
+    let name = any.type_url.rsplit('/').next().unwrap_or_default();
+    let bad = |e: prost::DecodeError| decode_error(envelope, &any.type_url, &e.to_string());
+    let (id, kind) = match name {
+        "containerd.events.ContainerCreate" => {
+            let e = ctrd_events::ContainerCreate::decode(any.value.as_slice()).map_err(bad)?;
+            (e.id, ContainerEventKind::Created)
+        }
+        "containerd.events.TaskStart" => {
+            let e = ctrd_events::TaskStart::decode(any.value.as_slice()).map_err(bad)?;
+            (e.container_id, ContainerEventKind::Started)
+        }
+        "containerd.events.TaskExit" => {
+            let e = ctrd_events::TaskExit::decode(any.value.as_slice()).map_err(bad)?;
+            if !e.id.is_empty() && e.id != e.container_id {
+                debug!(container = %e.container_id, exec = %e.id, "skipping an exec process exit");
+                return Ok(None);
+            }
+            (e.container_id, ContainerEventKind::Stopped)
+        }
+        "containerd.events.TaskDelete" => {
+            // Follows the TaskExit (already reported) when the CRI plugin records the exit.
+            let e = ctrd_events::TaskDelete::decode(any.value.as_slice()).map_err(bad)?;
+            debug!(container = %e.container_id, "task deleted");
+            return Ok(None);
+        }
+        "containerd.events.ContainerDelete" => {
+            let e = ctrd_events::ContainerDelete::decode(any.value.as_slice()).map_err(bad)?;
+            (e.id, ContainerEventKind::Deleted)
+        }
+        _ => {
+            debug!(
+                topic = %envelope.topic,
+                type_url = %any.type_url,
+                "skipping a containerd event of a type not reported"
+            );
+            return Ok(None);
+        }
+    };
+    if id.is_empty() {
+        return Err(decode_error(
+            envelope,
+            &any.type_url,
+            "the event has no container ID",
+        ));
+    }
+    let at = envelope
+        .timestamp
+        .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok())
+        .unwrap_or_else(Timestamp::now);
+    Ok(Some(ContainerEvent::new(id, kind, None, at)))
+}
+
+fn decode_error(envelope: &ctrd::Envelope, type_url: &str, reason: &str) -> CriError {
+    CriError::DecodeEvent {
+        topic: envelope.topic.clone(),
+        type_url: type_url.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn envelope(topic: &str, type_url: &str, value: Vec<u8>) -> ctrd::Envelope {
+        ctrd::Envelope {
+            timestamp: Some(prost_types::Timestamp {
+                seconds: 1_700_000_000,
+                nanos: 5,
+            }),
+            namespace: CRI_NAMESPACE.into(),
+            topic: topic.into(),
+            event: Some(prost_types::Any {
+                type_url: type_url.into(),
+                value,
+            }),
+        }
+    }
+
+    fn exit(container_id: &str, id: &str) -> Vec<u8> {
+        ctrd_events::TaskExit {
+            container_id: container_id.into(),
+            id: id.into(),
+            pid: 42,
+            exit_status: 1,
+            exited_at: None,
+        }
+        .encode_to_vec()
+    }
+
+    #[test]
+    fn task_and_container_events_map_to_kinds() {
+        let cases = [
+            (
+                envelope(
+                    "/containers/create",
+                    "containerd.events.ContainerCreate",
+                    ctrd_events::ContainerCreate {
+                        id: "c1".into(),
+                        image: "busybox".into(),
+                    }
+                    .encode_to_vec(),
+                ),
+                ContainerEventKind::Created,
+            ),
+            (
+                envelope(
+                    "/tasks/start",
+                    "containerd.events.TaskStart",
+                    ctrd_events::TaskStart {
+                        container_id: "c1".into(),
+                        pid: 7,
+                    }
+                    .encode_to_vec(),
+                ),
+                ContainerEventKind::Started,
+            ),
+            (
+                envelope(
+                    "/tasks/exit",
+                    "containerd.events.TaskExit",
+                    exit("c1", "c1"),
+                ),
+                ContainerEventKind::Stopped,
+            ),
+            (
+                envelope(
+                    "/containers/delete",
+                    "containerd.events.ContainerDelete",
+                    ctrd_events::ContainerDelete { id: "c1".into() }.encode_to_vec(),
+                ),
+                ContainerEventKind::Deleted,
+            ),
+        ];
+        for (env, kind) in cases {
+            let e = from_envelope(&env, CRI_NAMESPACE).unwrap().unwrap();
+            assert_eq!(e.container_id, "c1");
+            assert_eq!(e.kind, kind);
+            assert_eq!(e.pod_uid, None);
+            assert_eq!(e.created_at, Timestamp::new(1_700_000_000, 5).unwrap());
+        }
+    }
+
+    #[test]
+    fn a_type_url_with_a_host_prefix_decodes() {
+        let env = envelope(
+            "/tasks/exit",
+            "types.containerd.io/containerd.events.TaskExit",
+            exit("c1", ""),
+        );
+        let e = from_envelope(&env, CRI_NAMESPACE).unwrap().unwrap();
+        assert_eq!(e.kind, ContainerEventKind::Stopped);
+    }
+
+    #[test]
+    fn exec_exits_task_deletes_other_namespaces_and_unknown_types_are_skipped() {
+        let exec = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            exit("c1", "exec-1"),
+        );
+        assert_eq!(from_envelope(&exec, CRI_NAMESPACE).unwrap(), None);
+        let delete = envelope(
+            "/tasks/delete",
+            "containerd.events.TaskDelete",
+            ctrd_events::TaskDelete {
+                container_id: "c1".into(),
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(from_envelope(&delete, CRI_NAMESPACE).unwrap(), None);
+        let mut other_ns = envelope("/tasks/exit", "containerd.events.TaskExit", exit("c1", ""));
+        other_ns.namespace = "moby".into();
+        assert_eq!(from_envelope(&other_ns, CRI_NAMESPACE).unwrap(), None);
+        let unknown = envelope(
+            "/tasks/oom",
+            "containerd.events.TaskOOM",
+            vec![0x0a, 0x01, b'x'],
+        );
+        assert_eq!(from_envelope(&unknown, CRI_NAMESPACE).unwrap(), None);
+        let garbage_unknown = envelope("/x", "example.Unknown", vec![0xff, 0xff, 0xff]);
+        assert_eq!(
+            from_envelope(&garbage_unknown, CRI_NAMESPACE).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn bad_payloads_are_typed_errors() {
+        // A truncated length-delimited field.
+        let truncated = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            vec![0x0a, 0x10, b'c'],
+        );
+        let e = from_envelope(&truncated, CRI_NAMESPACE).unwrap_err();
+        assert!(
+            matches!(&e, CriError::DecodeEvent { topic, type_url, .. }
+                if topic == "/tasks/exit" && type_url == "containerd.events.TaskExit"),
+            "{e}"
+        );
+        assert_eq!(e.kind(), kubelet_core::ErrorKind::Internal);
+        // No container ID.
+        let empty = envelope("/tasks/start", "containerd.events.TaskStart", Vec::new());
+        assert!(matches!(
+            from_envelope(&empty, CRI_NAMESPACE),
+            Err(CriError::DecodeEvent { .. })
+        ));
+        // No payload at all.
+        let mut none = envelope("/tasks/start", "containerd.events.TaskStart", Vec::new());
+        none.event = None;
+        assert!(matches!(
+            from_envelope(&none, CRI_NAMESPACE),
+            Err(CriError::DecodeEvent { .. })
+        ));
+        // A payload of another type under a known type URL: wire-type mismatch.
+        let mismatched = envelope(
+            "/containers/delete",
+            "containerd.events.ContainerDelete",
+            vec![0x08, 0x01],
+        );
+        assert!(from_envelope(&mismatched, CRI_NAMESPACE).is_err());
+    }
+
+    #[test]
+    fn cri_events_map_with_the_pod_uid() {
+        let resp = cri::ContainerEventResponse {
+            container_id: "c1".into(),
+            container_event_type: cri::ContainerEventType::ContainerStoppedEvent as i32,
+            created_at: 1_700_000_000_000_000_005,
+            pod_sandbox_status: Some(cri::PodSandboxStatus {
+                metadata: Some(cri::PodSandboxMetadata {
+                    uid: "uid-1".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            containers_statuses: Vec::new(),
+        };
+        let e = from_cri(resp).unwrap();
+        assert_eq!(e.kind, ContainerEventKind::Stopped);
+        assert_eq!(e.pod_uid.as_deref(), Some("uid-1"));
+        assert_eq!(e.created_at, Timestamp::new(1_700_000_000, 5).unwrap());
+        let unknown = cri::ContainerEventResponse {
+            container_id: "c1".into(),
+            container_event_type: 99,
+            ..Default::default()
+        };
+        assert_eq!(from_cri(unknown), None);
+        let no_id = cri::ContainerEventResponse {
+            container_event_type: cri::ContainerEventType::ContainerCreatedEvent as i32,
+            ..Default::default()
+        };
+        assert_eq!(from_cri(no_id), None);
+    }
+
+    #[test]
+    fn filters_select_the_namespace_and_topics() {
+        let f = subscription_filters("k8s.io");
+        assert_eq!(f.len(), TOPICS.len());
+        assert_eq!(f[2], r#"namespace=="k8s.io",topic=="/tasks/exit""#);
+    }
+}

@@ -1,0 +1,243 @@
+//! `CriRuntime::container_events` against a real, private containerd 1.6 (started by
+//! `scripts/containerd-test-env.sh`): containerd 1.6 has no CRI `GetContainerEvents`, so these
+//! exercise the fallback to containerd's native task events. Needs root; skipped with a message
+//! otherwise, and failing instead when `KUBELET_SDK_REQUIRE_ROOT=1` (CI).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ContainerdEnv, eventually};
+use futures::StreamExt;
+use kubelet_core::ErrorKind;
+use kubelet_core::runtime::{
+    ContainerConfig, ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerMetadata,
+    ContainerRuntime, ContainerState, Labels, PodSandboxConfig, PodSandboxMetadata,
+};
+use kubelet_cri::{CriConfig, CriRuntime};
+
+/// Generous bounds for the machine being busy; the latency itself is measured by cri-bench.
+const WITHIN: Duration = Duration::from_secs(30);
+
+fn sandbox_config(uid: &str, env: &ContainerdEnv) -> PodSandboxConfig {
+    let mut labels = Labels::new();
+    labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
+    PodSandboxConfig {
+        metadata: PodSandboxMetadata {
+            name: format!("events-{uid}"),
+            namespace: "default".into(),
+            uid: uid.into(),
+            attempt: 0,
+        },
+        hostname: format!("events-{uid}"),
+        log_directory: env.dir.join("logs").join(uid),
+        labels,
+        host_network: true,
+        ..Default::default()
+    }
+}
+
+fn container_config(name: &str, script: &str, env: &ContainerdEnv) -> ContainerConfig {
+    ContainerConfig {
+        metadata: ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        },
+        image: env.busybox.clone(),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}/0.log"),
+        ..Default::default()
+    }
+}
+
+/// Reads events into `seen` until one matches `pred`; panics on a stream error, its end, or
+/// after [`WITHIN`].
+async fn next_matching(
+    stream: &mut ContainerEventStream,
+    seen: &mut Vec<ContainerEvent>,
+    what: &str,
+    pred: impl Fn(&ContainerEvent) -> bool,
+) -> ContainerEvent {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within {WITHIN:?}; events: {seen:#?}"));
+        let event = match next {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => {
+                panic!("event stream failed waiting for {what}: {e}; events: {seen:#?}")
+            }
+            None => panic!("event stream ended waiting for {what}; events: {seen:#?}"),
+        };
+        seen.push(event.clone());
+        if pred(&event) {
+            return event;
+        }
+    }
+}
+
+fn is(id: &str, kind: ContainerEventKind) -> impl Fn(&ContainerEvent) -> bool + '_ {
+    move |e| e.container_id == id && e.kind == kind
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn container_lifecycle_produces_events_and_a_restart_breaks_the_stream_until_resubscribed() {
+    let Some(env) = ContainerdEnv::start(
+        "container_lifecycle_produces_events_and_a_restart_breaks_the_stream_until_resubscribed",
+    ) else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let mut events = rt.container_events().await.unwrap();
+    let mut seen = Vec::new();
+
+    let sandbox_cfg = sandbox_config("events", &env);
+    let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
+    next_matching(&mut events, &mut seen, "the sandbox's Started", |e| {
+        e.container_id == sandbox && e.kind == ContainerEventKind::Started
+    })
+    .await;
+
+    // A long-running container with an exec in it: the exec's exit is no container exit.
+    let mut long_cfg = container_config("long", "exec sleep 1000", &env);
+    long_cfg.labels = sandbox_cfg.labels.clone();
+    let long = rt
+        .create_container(&sandbox, &long_cfg, &sandbox_cfg)
+        .await
+        .unwrap();
+    next_matching(
+        &mut events,
+        &mut seen,
+        "Created of the long container",
+        is(&long, ContainerEventKind::Created),
+    )
+    .await;
+    rt.start_container(&long).await.unwrap();
+    next_matching(
+        &mut events,
+        &mut seen,
+        "Started of the long container",
+        is(&long, ContainerEventKind::Started),
+    )
+    .await;
+    let out = rt
+        .exec_sync(&long, &["/bin/true".into()], Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 0);
+
+    // A container that exits by itself.
+    let mut short_cfg = container_config("short", "sleep 0.5; exit 3", &env);
+    short_cfg.labels = sandbox_cfg.labels.clone();
+    let short = rt
+        .create_container(&sandbox, &short_cfg, &sandbox_cfg)
+        .await
+        .unwrap();
+    rt.start_container(&short).await.unwrap();
+    let stopped = next_matching(
+        &mut events,
+        &mut seen,
+        "Stopped of the exiting container",
+        is(&short, ContainerEventKind::Stopped),
+    )
+    .await;
+    for kind in [ContainerEventKind::Created, ContainerEventKind::Started] {
+        assert!(
+            seen.iter().any(is(&short, kind)),
+            "no {kind:?} before Stopped: {seen:#?}"
+        );
+    }
+    assert!(
+        !seen.iter().any(is(&long, ContainerEventKind::Stopped)),
+        "the exec's exit was reported as the container's: {seen:#?}"
+    );
+    // The event is no earlier than the exit the runtime recorded.
+    let status = eventually(WITHIN, "the exit recorded by CRI", || {
+        let rt = rt.clone();
+        let short = short.clone();
+        async move {
+            let s = rt.container_status(&short).await.ok()?;
+            (s.state == ContainerState::Exited).then_some(s)
+        }
+    })
+    .await;
+    assert_eq!(status.exit_code, 3);
+    let finished = status.finished_at.unwrap();
+    assert!(
+        stopped.created_at >= finished,
+        "event at {} before the exit at {finished}",
+        stopped.created_at
+    );
+
+    rt.remove_container(&short).await.unwrap();
+    next_matching(
+        &mut events,
+        &mut seen,
+        "Deleted of the removed container",
+        is(&short, ContainerEventKind::Deleted),
+    )
+    .await;
+
+    // containerd goes away: the stream reports it and ends; subscribing fails meanwhile.
+    env.kill_containerd();
+    let broke = tokio::time::timeout(WITHIN, async {
+        loop {
+            match events.next().await {
+                Some(Ok(e)) => seen.push(e),
+                Some(Err(e)) => return Some(e),
+                None => return None,
+            }
+        }
+    })
+    .await
+    .expect("the stream noticed containerd going away");
+    if let Some(e) = &broke {
+        assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+        assert!(
+            events.next().await.is_none(),
+            "the stream ends after its error"
+        );
+    }
+    let e = match rt.container_events().await {
+        Err(e) => e,
+        Ok(_) => panic!("subscribed while containerd is down"),
+    };
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+
+    // Back again: a new subscription sees the long container stop.
+    env.restart_containerd();
+    let mut events = eventually(WITHIN, "a new subscription", || {
+        let rt = rt.clone();
+        async move { rt.container_events().await.ok() }
+    })
+    .await;
+    rt.stop_container(&long, Duration::from_secs(1))
+        .await
+        .unwrap();
+    next_matching(
+        &mut events,
+        &mut seen,
+        "Stopped of the long container after the restart",
+        is(&long, ContainerEventKind::Stopped),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn subscribing_on_a_missing_socket_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = CriRuntime::new(
+        CriConfig::new(format!("unix://{}/none.sock", dir.path().display()))
+            .connect_timeout(Duration::from_secs(1)),
+    )
+    .unwrap();
+    let e = match rt.container_events().await {
+        Err(e) => e,
+        Ok(_) => panic!("subscribed on a missing socket"),
+    };
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(e.message().contains("GetContainerEvents"), "{e}");
+}
