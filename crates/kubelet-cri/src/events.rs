@@ -23,10 +23,21 @@
 //!    same events with the sandbox ID, as containerd ≥ 1.7's CRI events do for sandboxes. The
 //!    exits of exec processes (`TaskExit` whose `id` is an exec ID) are skipped. `TaskDelete`
 //!    follows every exit (the CRI plugin deletes the task as it records the exit) and adds nothing,
-//!    so it is decoded but not reported. These events carry no pod UID (`pod_uid` is `None`), and
-//!    they are published as containerd sees them, which may be a moment before the CRI plugin has
-//!    recorded them (a `ContainerStatus` right after a `Stopped` event may still say running).
-//!    Payloads of other types are skipped with a debug log, undecodable ones with a warning.
+//!    so it is decoded but not reported. Payloads of other types are skipped with a debug log,
+//!    undecodable ones with a warning.
+//!
+//!    containerd publishes these events as it sees them, before its CRI plugin has recorded them
+//!    (the plugin handles the same `TaskExit` by deleting the task and only then marks the
+//!    container exited), and they carry no pod. So each event is **confirmed through CRI**
+//!    before it is yielded: `ContainerStatus` (or `PodSandboxStatus` for a sandbox ID) is asked
+//!    until CRI shows what the event says (`Created`: the container or sandbox exists; `Started`:
+//!    it is no longer `CREATED`; `Stopped`: it is `EXITED` / the sandbox `NOTREADY`; `Deleted`: it
+//!    is gone), for at most [`CONFIRM_WITHIN`]; the answer gives the pod UID (the
+//!    `io.kubernetes.pod.uid` label, the sandbox metadata; for `Deleted` the UID remembered from
+//!    earlier events of that ID). So a consumer that inspects CRI on an event sees the change, as
+//!    with containerd ≥ 1.7's CRI events. Events are confirmed concurrently and yielded in order.
+//!    An ID CRI does not know within that time (a container made with `ctr` in `k8s.io`) is
+//!    yielded without a pod UID.
 //!
 //! Neither gRPC server answers a subscription until it has an event to send, so
 //! `container_events` waits a short moment ([`PROBE`]) for an immediate refusal
@@ -41,6 +52,7 @@
 //!
 //! [`CriConfig::containerd_namespace`]: crate::CriConfig::containerd_namespace
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -49,8 +61,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use kubelet_core::Error;
-use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream};
+use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
+use kubelet_core::{Error, ErrorKind};
 use prost::Message;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
@@ -75,6 +87,16 @@ pub const PROBE: Duration = Duration::from_millis(250);
 
 /// The CRI RPC.
 const GET_CONTAINER_EVENTS: &str = "GetContainerEvents";
+
+/// How long an event of containerd's native stream waits for CRI to show it (see the module
+/// docs); it is yielded after that even if CRI does not.
+pub const CONFIRM_WITHIN: Duration = Duration::from_secs(2);
+
+/// How many native events are confirmed at a time.
+const CONFIRM_CONCURRENCY: usize = 32;
+
+/// The most pod UIDs a native stream remembers for `Deleted` events (cleared when full).
+const MAX_REMEMBERED: usize = 65_536;
 
 /// The containerd topics the native subscription asks for.
 const TOPICS: [&str; 5] = [
@@ -202,17 +224,18 @@ impl EventSubscriber {
             _ => CriError::SubscribeEvents { status },
         };
         let namespace = self.namespace.clone();
+        let confirm = Confirmer::new(self.cri.clone());
         match tokio::time::timeout(PROBE, &mut call).await {
             Ok(Ok(resp)) => {
                 self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
-                Ok(containerd_stream(resp.into_inner(), namespace))
+                Ok(containerd_stream(resp.into_inner(), namespace, confirm))
             }
             Ok(Err(status)) => Err(refused(status, cri)),
             Err(_) => {
                 self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
                 Ok(pending_stream(async move {
                     match call.await {
-                        Ok(resp) => Ok(containerd_stream(resp.into_inner(), namespace)),
+                        Ok(resp) => Ok(containerd_stream(resp.into_inner(), namespace, confirm)),
                         Err(status) => Err(refused(status, cri)),
                     }
                 }))
@@ -287,8 +310,12 @@ fn cri_stream(inner: Streaming<cri::ContainerEventResponse>) -> ContainerEventSt
     })
 }
 
-fn containerd_stream(inner: Streaming<ctrd::Envelope>, namespace: String) -> ContainerEventStream {
-    event_stream(
+fn containerd_stream(
+    inner: Streaming<ctrd::Envelope>,
+    namespace: String,
+    confirm: Confirmer,
+) -> ContainerEventStream {
+    let decoded = event_stream(
         inner,
         move |envelope| match from_envelope(&envelope, &namespace) {
             Ok(event) => event,
@@ -298,7 +325,181 @@ fn containerd_stream(inner: Streaming<ctrd::Envelope>, namespace: String) -> Con
             }
         },
         |status| CriError::SubscribeEvents { status },
+    );
+    Box::pin(
+        decoded
+            .map(move |item| {
+                let confirm = confirm.clone();
+                async move {
+                    match item {
+                        Ok(event) => Ok(confirm.confirm(event).await),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .buffered(CONFIRM_CONCURRENCY),
     )
+}
+
+/// What CRI says about an ID.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum CriView {
+    Container {
+        state: cri::ContainerState,
+        pod_uid: Option<String>,
+    },
+    Sandbox {
+        ready: bool,
+        pod_uid: Option<String>,
+    },
+    /// Neither a container nor a sandbox of that ID.
+    Absent,
+    /// CRI did not answer; stop asking.
+    Failed,
+}
+
+impl CriView {
+    fn pod_uid(&self) -> Option<&str> {
+        match self {
+            CriView::Container { pod_uid, .. } | CriView::Sandbox { pod_uid, .. } => {
+                pod_uid.as_deref()
+            }
+            CriView::Absent | CriView::Failed => None,
+        }
+    }
+
+    /// Whether CRI already shows what an event of `kind` says.
+    fn shows(&self, kind: ContainerEventKind) -> bool {
+        use cri::ContainerState as S;
+        match (kind, self) {
+            (_, CriView::Failed) => true,
+            (ContainerEventKind::Deleted, view) => *view == CriView::Absent,
+            (_, CriView::Absent) => kind == ContainerEventKind::Stopped,
+            (ContainerEventKind::Created, _) => true,
+            (ContainerEventKind::Started, CriView::Container { state, .. }) => {
+                *state != S::ContainerCreated
+            }
+            (ContainerEventKind::Started, CriView::Sandbox { .. }) => true,
+            (ContainerEventKind::Stopped, CriView::Container { state, .. }) => {
+                matches!(state, S::ContainerExited | S::ContainerUnknown)
+            }
+            (ContainerEventKind::Stopped, CriView::Sandbox { ready, .. }) => !ready,
+            // Kinds added later are not waited for.
+            _ => true,
+        }
+    }
+}
+
+/// Confirms native events through CRI and fills in their pod UID.
+#[derive(Debug, Clone)]
+struct Confirmer {
+    cri: RuntimeServiceClient<Channel>,
+    /// Pod UIDs by container or sandbox ID, for `Deleted` events (CRI no longer knows the ID).
+    pods: Arc<std::sync::Mutex<HashMap<String, String>>>,
+}
+
+impl Confirmer {
+    fn new(cri: RuntimeServiceClient<Channel>) -> Self {
+        Self {
+            cri,
+            pods: Arc::default(),
+        }
+    }
+
+    async fn confirm(&self, mut event: ContainerEvent) -> ContainerEvent {
+        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
+        let mut delay = Duration::from_millis(1);
+        let mut view;
+        loop {
+            view = self.look_up(&event.container_id, deadline).await;
+            if view.shows(event.kind) {
+                break;
+            }
+            if tokio::time::Instant::now() + delay >= deadline {
+                debug!(
+                    container = %event.container_id,
+                    kind = ?event.kind,
+                    ?view,
+                    "CRI does not show the containerd event yet; yielding it anyway"
+                );
+                break;
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_millis(50));
+        }
+        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        event.pod_uid = match view.pod_uid() {
+            Some(uid) => {
+                if pods.len() >= MAX_REMEMBERED {
+                    pods.clear();
+                }
+                pods.insert(event.container_id.clone(), uid.to_string());
+                Some(uid.to_string())
+            }
+            None => pods.get(&event.container_id).cloned(),
+        };
+        if event.kind == ContainerEventKind::Deleted {
+            pods.remove(&event.container_id);
+        }
+        event
+    }
+
+    async fn look_up(&self, id: &str, deadline: tokio::time::Instant) -> CriView {
+        let mut c = self.cri.clone();
+        let status = tokio::time::timeout_at(
+            deadline,
+            c.container_status(cri::ContainerStatusRequest {
+                container_id: id.to_string(),
+                verbose: false,
+            }),
+        )
+        .await;
+        match status {
+            Ok(Ok(resp)) => {
+                let Some(s) = resp.into_inner().status else {
+                    return CriView::Failed;
+                };
+                return CriView::Container {
+                    state: cri::ContainerState::try_from(s.state)
+                        .unwrap_or(cri::ContainerState::ContainerUnknown),
+                    pod_uid: s.labels.get(labels::POD_UID).cloned(),
+                };
+            }
+            Ok(Err(status)) if crate::error::status_kind(&status) == ErrorKind::NotFound => {}
+            Ok(Err(status)) => {
+                debug!(container = id, error = %status, "ContainerStatus for an event failed");
+                return CriView::Failed;
+            }
+            Err(_) => return CriView::Failed,
+        }
+        let status = tokio::time::timeout_at(
+            deadline,
+            c.pod_sandbox_status(cri::PodSandboxStatusRequest {
+                pod_sandbox_id: id.to_string(),
+                verbose: false,
+            }),
+        )
+        .await;
+        match status {
+            Ok(Ok(resp)) => {
+                let Some(s) = resp.into_inner().status else {
+                    return CriView::Failed;
+                };
+                CriView::Sandbox {
+                    ready: s.state == cri::PodSandboxState::SandboxReady as i32,
+                    pod_uid: s.metadata.map(|m| m.uid).filter(|u| !u.is_empty()),
+                }
+            }
+            Ok(Err(status)) if crate::error::status_kind(&status) == ErrorKind::NotFound => {
+                CriView::Absent
+            }
+            Ok(Err(status)) => {
+                debug!(sandbox = id, error = %status, "PodSandboxStatus for an event failed");
+                CriView::Failed
+            }
+            Err(_) => CriView::Failed,
+        }
+    }
 }
 
 /// One CRI `ContainerEventResponse` as an event; `None` (logged) for an unknown event type or a
@@ -605,6 +806,35 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(from_cri(no_id), None);
+    }
+
+    #[test]
+    fn cri_confirms_an_event_once_it_shows_the_change() {
+        use cri::ContainerState as S;
+        let c = |state| CriView::Container {
+            state,
+            pod_uid: Some("u".into()),
+        };
+        let sb = |ready| CriView::Sandbox {
+            ready,
+            pod_uid: Some("u".into()),
+        };
+        let k = ContainerEventKind::Stopped;
+        assert!(!c(S::ContainerRunning).shows(k));
+        assert!(c(S::ContainerExited).shows(k));
+        assert!(!sb(true).shows(k) && sb(false).shows(k));
+        assert!(CriView::Absent.shows(k));
+        let k = ContainerEventKind::Started;
+        assert!(!c(S::ContainerCreated).shows(k));
+        assert!(c(S::ContainerRunning).shows(k) && c(S::ContainerExited).shows(k));
+        assert!(!CriView::Absent.shows(k) && sb(true).shows(k));
+        let k = ContainerEventKind::Created;
+        assert!(!CriView::Absent.shows(k) && c(S::ContainerCreated).shows(k));
+        let k = ContainerEventKind::Deleted;
+        assert!(!c(S::ContainerExited).shows(k) && !sb(false).shows(k));
+        assert!(CriView::Absent.shows(k));
+        assert!(CriView::Failed.shows(k));
+        assert_eq!(c(S::ContainerRunning).pod_uid(), Some("u"));
     }
 
     #[test]
