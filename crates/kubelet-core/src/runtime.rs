@@ -426,6 +426,31 @@ pub struct ContainerStats {
     pub process_count: Option<u64>,
 }
 
+/// What the runtime uses of one filesystem (CRI `FilesystemUsage`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilesystemUsage {
+    /// When the figures were read.
+    pub timestamp: Timestamp,
+    /// Mountpoint of the filesystem (CRI `fs_id.mountpoint`): the directory the runtime keeps
+    /// its images (or writable container layers) under, e.g. containerd's snapshotter root.
+    pub mountpoint: PathBuf,
+    /// Bytes the images use there; not the whole filesystem's usage.
+    pub used_bytes: Option<u64>,
+    /// Inodes the images use there; not the whole filesystem's usage.
+    pub inodes_used: Option<u64>,
+}
+
+/// The filesystems the runtime keeps images and containers on (CRI `ImageFsInfoResponse`); see
+/// [`ContainerRuntime::image_fs_info`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ImageFsInfo {
+    /// The image filesystem(s), usually one.
+    pub image_filesystems: Vec<FilesystemUsage>,
+    /// The filesystem(s) of writable container layers when the runtime keeps them apart from
+    /// the images (a "split" image filesystem); empty otherwise.
+    pub container_filesystems: Vec<FilesystemUsage>,
+}
+
 /// Filter for [`ContainerRuntime::list_pod_sandboxes`]; empty fields match everything.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SandboxFilter {
@@ -520,6 +545,20 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Err(crate::Error::new(
             crate::ErrorKind::Unimplemented,
             format!("container_stats is not supported by this runtime ({container_id})"),
+        ))
+    }
+
+    /// The filesystems the runtime keeps images (and container layers) on, with the space and
+    /// inodes the images use (CRI `ImageFsInfo`). The eviction manager's `imagefs.*` signals
+    /// come from the image filesystem's mountpoint.
+    ///
+    /// Optional: the default reports [`ErrorKind::Unimplemented`](crate::ErrorKind), and
+    /// callers then treat the image filesystem as the node filesystem, as the kubelet does when
+    /// there is no separate one.
+    async fn image_fs_info(&self) -> Result<ImageFsInfo> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unimplemented,
+            "image_fs_info is not supported by this runtime",
         ))
     }
 

@@ -44,8 +44,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::event::Event;
 use crate::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerRuntime, ContainerState, ContainerStats,
-    ContainerStatus, ExecResult, Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus,
-    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
+    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
+    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels,
+    labels_match,
 };
 use crate::sink::StatusSink;
 
@@ -87,6 +88,8 @@ pub enum FakeOp {
     PullImage,
     /// [`ContainerRuntime::container_stats`].
     ContainerStats,
+    /// [`ContainerRuntime::image_fs_info`].
+    ImageFsInfo,
 }
 
 impl FakeOp {
@@ -110,6 +113,7 @@ impl FakeOp {
             FakeOp::ImageStatus => "image_status",
             FakeOp::PullImage => "pull_image",
             FakeOp::ContainerStats => "container_stats",
+            FakeOp::ImageFsInfo => "image_fs_info",
         }
     }
 }
@@ -151,6 +155,7 @@ struct State {
     stop_exit_code: i32,
     auto_exit: HashMap<String, (Duration, i32)>,
     stats: HashMap<String, ContainerStats>,
+    image_fs: Option<ImageFsInfo>,
     runtime_status: RuntimeStatus,
     exec_handler: Option<ExecHandler>,
 }
@@ -334,6 +339,7 @@ impl FakeRuntime {
                 stop_exit_code: 137,
                 auto_exit: HashMap::new(),
                 stats: HashMap::new(),
+                image_fs: None,
                 runtime_status: RuntimeStatus::all_ready(),
                 exec_handler: None,
             }),
@@ -465,6 +471,12 @@ impl FakeRuntime {
     /// What `container_stats(id)` reports for `id` (the timestamp is refreshed on each call).
     pub fn set_container_stats(&self, id: &str, stats: ContainerStats) {
         self.state.lock().stats.insert(id.to_string(), stats);
+    }
+
+    /// What `image_fs_info()` reports; `None` (the default) answers `Unimplemented`, as a
+    /// runtime without the call.
+    pub fn set_image_fs_info(&self, info: Option<ImageFsInfo>) {
+        self.state.lock().image_fs = info;
     }
 
     /// Every container as listed right now.
@@ -906,6 +918,16 @@ impl ContainerRuntime for FakeRuntime {
             });
         stats.timestamp = ts;
         Ok(stats)
+    }
+
+    async fn image_fs_info(&self) -> Result<ImageFsInfo> {
+        self.enter(FakeOp::ImageFsInfo, "", &[]).await?;
+        self.state.lock().image_fs.clone().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unimplemented,
+                "image_fs_info: no image filesystem set on this FakeRuntime",
+            )
+        })
     }
 }
 

@@ -348,6 +348,28 @@ pub(crate) fn stats_out(container_id: &str, s: cri::ContainerStats) -> core::Con
     }
 }
 
+/// CRI `ImageFsInfoResponse` → the core model. Entries that name no mountpoint identify no
+/// filesystem and are dropped; a missing timestamp reads as "now".
+pub(crate) fn image_fs_info_out(r: cri::ImageFsInfoResponse) -> core::ImageFsInfo {
+    fn usage(fs: Vec<cri::FilesystemUsage>) -> Vec<core::FilesystemUsage> {
+        fs.into_iter()
+            .filter_map(|u| {
+                let mountpoint = u.fs_id.map(|id| id.mountpoint).unwrap_or_default();
+                (!mountpoint.is_empty()).then(|| core::FilesystemUsage {
+                    timestamp: time_out(u.timestamp).unwrap_or_else(Timestamp::now),
+                    mountpoint: PathBuf::from(mountpoint),
+                    used_bytes: u.used_bytes.map(|v| v.value),
+                    inodes_used: u.inodes_used.map(|v| v.value),
+                })
+            })
+            .collect()
+    }
+    core::ImageFsInfo {
+        image_filesystems: usage(r.image_filesystems),
+        container_filesystems: usage(r.container_filesystems),
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -478,5 +500,36 @@ mod tests {
         for s in [core::SandboxState::Ready, core::SandboxState::NotReady] {
             assert_eq!(sandbox_state_out(sandbox_state_in(s)), s);
         }
+    }
+
+    #[test]
+    fn image_fs_info_keeps_filesystems_with_a_mountpoint() {
+        let fs = |mountpoint: Option<&str>, used: Option<u64>| cri::FilesystemUsage {
+            timestamp: 1_700_000_000_000_000_000,
+            fs_id: mountpoint.map(|m| cri::FilesystemIdentifier {
+                mountpoint: m.into(),
+            }),
+            used_bytes: used.map(|value| cri::UInt64Value { value }),
+            inodes_used: Some(cri::UInt64Value { value: 42 }),
+        };
+        let out = image_fs_info_out(cri::ImageFsInfoResponse {
+            image_filesystems: vec![
+                fs(Some("/var/lib/containerd/snapshots"), Some(1 << 20)),
+                fs(None, Some(1)),
+                fs(Some(""), Some(1)),
+            ],
+            container_filesystems: vec![fs(Some("/var/lib/containers"), None)],
+        });
+        assert_eq!(out.image_filesystems.len(), 1);
+        let img = &out.image_filesystems[0];
+        assert_eq!(
+            img.mountpoint,
+            PathBuf::from("/var/lib/containerd/snapshots")
+        );
+        assert_eq!(img.used_bytes, Some(1 << 20));
+        assert_eq!(img.inodes_used, Some(42));
+        assert_eq!(img.timestamp.as_second(), 1_700_000_000);
+        assert_eq!(out.container_filesystems.len(), 1);
+        assert_eq!(out.container_filesystems[0].used_bytes, None);
     }
 }

@@ -923,6 +923,19 @@ impl ContainerRuntime for CriRuntime {
     async fn container_events(&self) -> Result<core::ContainerEventStream> {
         Ok(self.events.subscribe().await?)
     }
+
+    async fn image_fs_info(&self) -> Result<core::ImageFsInfo> {
+        let mut c = self.images.clone();
+        let resp = self
+            .unary(
+                "ImageFsInfo",
+                self.timeout(),
+                move |r| async move { c.image_fs_info(r).await },
+                cri::ImageFsInfoRequest {},
+            )
+            .await?;
+        Ok(convert::image_fs_info_out(resp))
+    }
 }
 
 #[cfg(test)]

@@ -91,6 +91,20 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
         .unwrap();
     assert!(missing.is_none());
 
+    // The image filesystem is containerd's overlayfs snapshotter root, under the private root.
+    let fs = rt.image_fs_info().await.unwrap();
+    assert_eq!(fs.image_filesystems.len(), 1, "{fs:?}");
+    let image_fs = &fs.image_filesystems[0];
+    assert!(
+        image_fs.mountpoint.starts_with(env.dir.join("root")) && image_fs.mountpoint.is_dir(),
+        "{fs:?}"
+    );
+    assert!(
+        image_fs.used_bytes.is_some() && image_fs.inodes_used.is_some(),
+        "{fs:?}"
+    );
+    assert!(image_fs.timestamp > jiff::Timestamp::UNIX_EPOCH, "{fs:?}");
+
     // A pod-network sandbox gets an IP from the bridge network; a host-network one does not.
     let bridge_cfg = sandbox_config("direct-bridge", false, &env);
     let bridge = rt.run_pod_sandbox(&bridge_cfg).await.unwrap();

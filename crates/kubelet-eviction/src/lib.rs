@@ -65,7 +65,9 @@ pub use config::{
 };
 pub use deferred::DeferredPods;
 pub use error::EvictionError;
-pub use machine::{CgroupFs, MachineStats, MachineStatsConfig, MemorySource};
+pub use machine::{
+    CgroupFs, IMAGE_FS_INFO_TIMEOUT, ImageFsSource, MachineStats, MachineStatsConfig, MemorySource,
+};
 pub use manager::{
     Eviction, EvictionManager, FsLayout, ManagerEvent, NodeConditions, NodeReclaimer, PodControl,
     SyncResult,

@@ -6,11 +6,16 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use std::time::Duration;
+
 use async_trait::async_trait;
-use kubelet_core::ContainerRuntime;
+use kubelet_core::runtime::ImageFsInfo;
+use kubelet_core::{ContainerRuntime, ErrorKind};
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use crate::error::EvictionError;
+use crate::manager::FsLayout;
 use crate::signal::Signal;
 use crate::stats::{
     ActivePod, ContainerUsage, MemoryCgroup, Observations, PodUsage, SignalObservation,
@@ -109,7 +114,10 @@ pub struct MachineStatsConfig {
     pub allocatable: Option<(PathBuf, u64)>,
     /// A path on nodefs (the kubelet's root dir); `None` leaves nodefs signals unobserved.
     pub nodefs: Option<PathBuf>,
-    /// A path on the runtime's image filesystem, when the runtime reports one.
+    /// A path on the image filesystem, for runtimes that do not report one. The runtime's own
+    /// report ([`ContainerRuntime::image_fs_info`]) wins; without either, `imagefs.*` is read
+    /// from nodefs, as in the kubelet when there is no separate image filesystem. See
+    /// [`ImageFsSource`].
     pub imagefs: Option<PathBuf>,
     /// The kubelet's root dir: pod volumes live under `<root_dir>/pods/<uid>/volumes`.
     pub root_dir: Option<PathBuf>,
@@ -161,7 +169,8 @@ impl MachineStatsConfig {
         self
     }
 
-    /// Observe the image filesystem at `path`.
+    /// Observe the image filesystem at `path` when the runtime reports none (see
+    /// [`imagefs`](Self::imagefs)).
     pub fn imagefs(mut self, path: impl Into<PathBuf>) -> Self {
         self.imagefs = Some(path.into());
         self
@@ -180,11 +189,44 @@ impl MachineStatsConfig {
     }
 }
 
-/// The reference [`StatsProvider`]: reads the machine, and the runtime for per-pod usage.
+/// How long [`MachineStats`] waits for the runtime's `image_fs_info` before falling back to the
+/// last image filesystem it reported: the full synchronisation (and with it the fast memory
+/// check) must not hang on a stuck runtime.
+pub const IMAGE_FS_INFO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Where [`MachineStats`] reads `imagefs.available` / `imagefs.inodesFree` (capacity, available
+/// bytes and free inodes from `statvfs` of that path, as cAdvisor does for the kubelet).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageFsSource {
+    /// The mountpoint of the runtime's first image filesystem (CRI `ImageFsInfo`), or the last
+    /// one it reported when the runtime did not answer this time.
+    Runtime(PathBuf),
+    /// The configured path ([`MachineStatsConfig::imagefs`]): the runtime reports none.
+    Configured(PathBuf),
+    /// Nodefs: the runtime reports no image filesystem and none is configured, so images are
+    /// taken to live on the node filesystem.
+    NodeFs(PathBuf),
+}
+
+impl ImageFsSource {
+    /// The path whose filesystem is observed.
+    pub fn path(&self) -> &Path {
+        match self {
+            ImageFsSource::Runtime(p) | ImageFsSource::Configured(p) | ImageFsSource::NodeFs(p) => {
+                p
+            }
+        }
+    }
+}
+
+/// The reference [`StatsProvider`]: reads the machine, and the runtime for per-pod usage and the
+/// image filesystem.
 #[derive(Clone)]
 pub struct MachineStats {
     config: MachineStatsConfig,
     runtime: Option<Arc<dyn ContainerRuntime>>,
+    /// The runtime's image and container filesystems as last reported.
+    last_image_fs: Arc<Mutex<Option<ImageFsInfo>>>,
 }
 
 impl std::fmt::Debug for MachineStats {
@@ -224,10 +266,12 @@ impl MachineStats {
         Self {
             config,
             runtime: None,
+            last_image_fs: Arc::default(),
         }
     }
 
-    /// Take per-container usage from `runtime` (`ContainerRuntime::container_stats`).
+    /// Take per-container usage (`ContainerRuntime::container_stats`) and the image filesystem
+    /// (`ContainerRuntime::image_fs_info`) from `runtime`.
     pub fn with_runtime(mut self, runtime: Arc<dyn ContainerRuntime>) -> Self {
         self.runtime = Some(runtime);
         self
@@ -417,6 +461,81 @@ impl MachineStats {
         Ok((max - running, max))
     }
 
+    /// The runtime's image and container filesystems: asked now (within
+    /// [`IMAGE_FS_INFO_TIMEOUT`]), else as last reported. `None` when the runtime does not
+    /// report one (no runtime, `Unimplemented`, an empty list) or has never answered.
+    pub async fn runtime_image_fs(&self) -> Option<ImageFsInfo> {
+        let rt = self.runtime.as_ref()?;
+        let answer = tokio::time::timeout(IMAGE_FS_INFO_TIMEOUT, rt.image_fs_info()).await;
+        let mut last = self.last_image_fs.lock();
+        match answer {
+            Ok(Ok(info)) if !info.image_filesystems.is_empty() => {
+                *last = Some(info);
+            }
+            Ok(Ok(_)) => {
+                tracing::debug!("the runtime reports no image filesystem");
+                *last = None;
+            }
+            Ok(Err(e)) if e.kind() == ErrorKind::Unimplemented => {
+                tracing::debug!(error = %e, "the runtime reports no image filesystem");
+                *last = None;
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "image_fs_info failed; using the last report");
+            }
+            Err(_) => tracing::warn!(
+                timeout = ?IMAGE_FS_INFO_TIMEOUT,
+                "image_fs_info timed out; using the last report"
+            ),
+        }
+        last.clone()
+    }
+
+    /// Where `imagefs.*` is read now (see [`ImageFsSource`]); `None` when neither the runtime,
+    /// the configuration nor nodefs gives a path.
+    pub async fn image_fs(&self) -> Option<ImageFsSource> {
+        let info = self.runtime_image_fs().await;
+        self.image_fs_from(info.as_ref())
+    }
+
+    fn image_fs_from(&self, info: Option<&ImageFsInfo>) -> Option<ImageFsSource> {
+        if let Some(fs) = info.and_then(|i| i.image_filesystems.first()) {
+            return Some(ImageFsSource::Runtime(fs.mountpoint.clone()));
+        }
+        if let Some(p) = &self.config.imagefs {
+            return Some(ImageFsSource::Configured(p.clone()));
+        }
+        self.config.nodefs.clone().map(ImageFsSource::NodeFs)
+    }
+
+    /// The filesystem layout for node-level reclaim
+    /// ([`EvictionManager::with_reclaimer`](crate::EvictionManager::with_reclaimer)), as the
+    /// kubelet's `HasDedicatedImageFs` decides it: the image filesystem is dedicated when it
+    /// is on another device than nodefs; split when the runtime also reports a container
+    /// filesystem on another device than the images.
+    pub async fn fs_layout(&self) -> FsLayout {
+        use std::os::unix::fs::MetadataExt;
+        let dev = |p: &Path| std::fs::metadata(p).ok().map(|m| m.dev());
+        let Some(node) = self.config.nodefs.as_deref().and_then(dev) else {
+            return FsLayout::Single;
+        };
+        let info = self.runtime_image_fs().await;
+        let image = self
+            .image_fs_from(info.as_ref())
+            .and_then(|source| dev(source.path()));
+        let Some(image) = image.filter(|d| *d != node) else {
+            return FsLayout::Single;
+        };
+        let container = info
+            .as_ref()
+            .and_then(|i| i.container_filesystems.first())
+            .and_then(|fs| dev(&fs.mountpoint));
+        match container {
+            Some(c) if c != image => FsLayout::SplitContainerFs,
+            _ => FsLayout::SeparateImageFs,
+        }
+    }
+
     fn fs_observations(
         &self,
         path: &Path,
@@ -508,16 +627,16 @@ impl StatsProvider for MachineStats {
         {
             tracing::warn!(error = %e, "nodefs not observed");
         }
-        if let Some(p) = &self.config.imagefs
+        if let Some(source) = self.image_fs().await
             && let Err(e) = self.fs_observations(
-                p,
+                source.path(),
                 Signal::ImageFsAvailable,
                 Signal::ImageFsInodesFree,
                 now,
                 &mut out,
             )
         {
-            tracing::warn!(error = %e, "imagefs not observed");
+            tracing::warn!(error = %e, ?source, "imagefs not observed");
         }
         Ok(out)
     }

@@ -4,15 +4,17 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::ContainerRuntime;
 use kubelet_core::runtime::ContainerStats;
-use kubelet_core::testing::FakeRuntime;
+use kubelet_core::testing::{FakeOp, FakeRuntime};
 use kubelet_eviction::machine::disk_usage;
 use kubelet_eviction::stats::MemoryCgroup;
 use kubelet_eviction::{
-    ActivePod, CgroupFs, MachineStats, MachineStatsConfig, Signal, StatsProvider,
+    ActivePod, CgroupFs, FsLayout, IMAGE_FS_INFO_TIMEOUT, ImageFsSource, MachineStats,
+    MachineStatsConfig, Signal, StatsProvider,
 };
 
 const MI: u64 = 1 << 20;
@@ -311,4 +313,180 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
     );
     let (b, i) = disk_usage(&vol).unwrap();
     assert!(b >= 64 * 1024 && i == 2);
+}
+
+/// A directory on another filesystem than the tempdirs, to stand for a dedicated image
+/// filesystem: `/dev/shm` (tmpfs) where there is one.
+fn other_fs() -> std::path::PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        Path::new("/").to_path_buf()
+    }
+}
+
+fn fs_usage(mountpoint: &Path) -> kubelet_core::runtime::FilesystemUsage {
+    kubelet_core::runtime::FilesystemUsage {
+        mountpoint: mountpoint.to_path_buf(),
+        used_bytes: Some(1 << 20),
+        inodes_used: Some(10),
+        ..Default::default()
+    }
+}
+
+fn statvfs_capacity(path: &Path) -> (i64, i64) {
+    let st = nix::sys::statvfs::statvfs(path).unwrap();
+    (
+        st.blocks() as i64 * st.fragment_size() as i64,
+        st.files() as i64,
+    )
+}
+
+fn same_device(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(a).unwrap().dev() == std::fs::metadata(b).unwrap().dev()
+}
+
+#[tokio::test]
+async fn imagefs_is_read_at_the_mountpoint_the_runtime_reports() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proc = tmp.path().join("proc");
+    proc_fixture(&proc);
+    let image_dir = other_fs();
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo {
+        image_filesystems: vec![fs_usage(&image_dir)],
+        container_filesystems: vec![],
+    }));
+    let stats = MachineStats::new(
+        MachineStatsConfig::with_roots(&proc, None)
+            .root_dir(tmp.path())
+            .imagefs(tmp.path().join("configured")),
+    )
+    .with_runtime(rt.clone());
+    assert_eq!(
+        stats.image_fs().await,
+        Some(ImageFsSource::Runtime(image_dir.clone())),
+        "the runtime's report wins over the configured path"
+    );
+    let obs = stats.observe().await.unwrap();
+    let (bytes, inodes) = statvfs_capacity(&image_dir);
+    assert_eq!(obs[&Signal::ImageFsAvailable].capacity, bytes);
+    if inodes > 0 {
+        assert_eq!(obs[&Signal::ImageFsInodesFree].capacity, inodes);
+    }
+    assert_eq!(
+        obs[&Signal::NodeFsAvailable].capacity,
+        statvfs_capacity(tmp.path()).0
+    );
+    let expected = if same_device(&image_dir, tmp.path()) {
+        FsLayout::Single
+    } else {
+        FsLayout::SeparateImageFs
+    };
+    assert_eq!(stats.fs_layout().await, expected);
+
+    // Images apart, writable layers on nodefs: a split layout.
+    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo {
+        image_filesystems: vec![fs_usage(&image_dir)],
+        container_filesystems: vec![fs_usage(tmp.path())],
+    }));
+    if expected == FsLayout::SeparateImageFs {
+        assert_eq!(stats.fs_layout().await, FsLayout::SplitContainerFs);
+    }
+}
+
+#[tokio::test]
+async fn without_a_runtime_image_filesystem_imagefs_is_nodefs_or_the_configured_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proc = tmp.path().join("proc");
+    proc_fixture(&proc);
+    // FakeRuntime without an image filesystem answers Unimplemented, as the process runtime.
+    let rt = Arc::new(FakeRuntime::new());
+    let stats = MachineStats::new(MachineStatsConfig::with_roots(&proc, None).root_dir(tmp.path()))
+        .with_runtime(rt.clone());
+    assert_eq!(
+        stats.image_fs().await,
+        Some(ImageFsSource::NodeFs(tmp.path().to_path_buf()))
+    );
+    let obs = stats.observe().await.unwrap();
+    assert_eq!(
+        obs[&Signal::ImageFsAvailable].capacity,
+        obs[&Signal::NodeFsAvailable].capacity
+    );
+    assert_eq!(
+        obs[&Signal::ImageFsInodesFree].capacity,
+        obs[&Signal::NodeFsInodesFree].capacity
+    );
+    assert_eq!(stats.fs_layout().await, FsLayout::Single);
+
+    // An empty report means the same.
+    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo::default()));
+    assert_eq!(
+        stats.image_fs().await,
+        Some(ImageFsSource::NodeFs(tmp.path().to_path_buf()))
+    );
+
+    // A configured path stands in for runtimes that report nothing.
+    let other = other_fs();
+    let stats = MachineStats::new(
+        MachineStatsConfig::with_roots(&proc, None)
+            .root_dir(tmp.path())
+            .imagefs(&other),
+    )
+    .with_runtime(Arc::new(FakeRuntime::new()));
+    assert_eq!(
+        stats.image_fs().await,
+        Some(ImageFsSource::Configured(other.clone()))
+    );
+    let obs = stats.observe().await.unwrap();
+    assert_eq!(
+        obs[&Signal::ImageFsAvailable].capacity,
+        statvfs_capacity(&other).0
+    );
+
+    // No runtime, no nodefs, no configured path: imagefs is not observed.
+    let stats = MachineStats::new(MachineStatsConfig::with_roots(&proc, None));
+    assert_eq!(stats.image_fs().await, None);
+    let obs = stats.observe().await.unwrap();
+    assert!(!obs.contains_key(&Signal::ImageFsAvailable));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_or_stuck_runtime_keeps_the_last_reported_image_filesystem() {
+    let tmp = tempfile::tempdir().unwrap();
+    let proc = tmp.path().join("proc");
+    proc_fixture(&proc);
+    let image_dir = other_fs();
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo {
+        image_filesystems: vec![fs_usage(&image_dir)],
+        container_filesystems: vec![],
+    }));
+    let stats = MachineStats::new(MachineStatsConfig::with_roots(&proc, None).root_dir(tmp.path()))
+        .with_runtime(rt.clone());
+    let reported = Some(ImageFsSource::Runtime(image_dir.clone()));
+    assert_eq!(stats.image_fs().await, reported);
+
+    rt.fail_always(
+        FakeOp::ImageFsInfo,
+        kubelet_core::ErrorKind::Unavailable,
+        "runtime restarting",
+    );
+    assert_eq!(stats.image_fs().await, reported);
+    rt.clear_failures(FakeOp::ImageFsInfo);
+
+    rt.set_op_delay(FakeOp::ImageFsInfo, Duration::from_secs(60));
+    let started = tokio::time::Instant::now();
+    assert_eq!(stats.image_fs().await, reported);
+    assert_eq!(started.elapsed(), IMAGE_FS_INFO_TIMEOUT);
+    rt.set_op_delay(FakeOp::ImageFsInfo, Duration::ZERO);
+
+    // The runtime now says it has none: nodefs.
+    rt.set_image_fs_info(None);
+    assert_eq!(
+        stats.image_fs().await,
+        Some(ImageFsSource::NodeFs(tmp.path().to_path_buf()))
+    );
 }
