@@ -41,11 +41,11 @@ cmd_install() {
         die "missing ${missing[*]} and cannot install them (needs root and apt-get)"
     fi
     # Tests start environments in parallel: one installer at a time (dpkg has one lock).
-    exec 9>"${TMPDIR:-/tmp}/kubelet-sdk-containerd-install.lock"
+    exec 9>"${TMPDIR:-/tmp}/kubelet-sdk-apt.lock"
     flock 9
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     flock -u 9
     exec 9>&-
 }

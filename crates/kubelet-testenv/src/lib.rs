@@ -1,0 +1,383 @@
+//! Test support for the kubelet SDK: a private, real kube-apiserver per test.
+//!
+//! [`ApiServerEnv::start`] runs `scripts/apiserver-test-env.sh start` into a fresh directory:
+//! Debian's etcd and a kube-apiserver 1.20.2 built from Debian's `kubernetes` source package, on
+//! free ports of 127.0.0.1, with `--authorization-mode=Node,RBAC` and the `NodeRestriction`
+//! admission plugin. It hands back two kubeconfigs: [`ApiServerEnv::admin_kubeconfig`]
+//! (`system:masters`, for the test's own setup and checks) and [`ApiServerEnv::node_kubeconfig`]
+//! (an x509 client certificate for `system:node:<node>` in `system:nodes`, what the agent under
+//! test uses, so the API server enforces what a real cluster enforces on a kubelet). Dropping the
+//! environment stops both processes and deletes the directory; if the test process dies without
+//! dropping it, a watchdog started with it does the same.
+//!
+//! Environments are independent (own ports, own etcd, everything under their directory), so
+//! tests can start them in parallel. The first start in a process runs the script's `install`
+//! once (it builds kube-apiserver when no cached binary exists: minutes; the script holds a file
+//! lock so parallel test processes build it once and the others wait for that build); later
+//! starts take a few seconds.
+//!
+//! When the machine cannot provide one (no cached binary and no root or apt-get to build it),
+//! [`ApiServerEnv::start`] prints `SKIP <test>: <why>` and returns `None`; with
+//! `KUBELET_SDK_REQUIRE_ROOT=1` (CI) it panics instead, so that a broken environment fails the
+//! run rather than skipping silently.
+//!
+//! No controller-manager or scheduler runs: create pods with `spec.nodeName` set. The
+//! `ServiceAccount` admission plugin is off (no token controller would create the tokens it waits
+//! for), so pods get no service-account volume.
+//!
+//! ```no_run
+//! use kubelet_testenv::ApiServerEnv;
+//!
+//! let Some(env) = ApiServerEnv::start_for_node("node_registers_itself", "node-a") else {
+//!     return; // skipped: the message says why
+//! };
+//! // Build the agent's client from env.node_kubeconfig(), the test's from env.admin_kubeconfig().
+//! println!("{} {}", env.url(), env.node_kubeconfig().display());
+//! env.stop_apiserver(); // the API server goes away (etcd keeps the data) ...
+//! env.start_apiserver(); // ... and comes back on the same port
+//! let requests = env.audit_events().iter().filter(|e| e.user == "system:node:node-a").count();
+//! # let _ = requests;
+//! ```
+//!
+//! This crate is for tests and benchmarks only (`publish = false`); it depends on nothing but
+//! `serde_json`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The node name [`ApiServerEnv::start`] issues node credentials for.
+pub const DEFAULT_NODE_NAME: &str = "kubelet-sdk-node";
+
+/// The script this crate drives (in the repository, next to `containerd-test-env.sh`).
+pub fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/apiserver-test-env.sh")
+}
+
+/// Whether missing prerequisites fail instead of skipping (`KUBELET_SDK_REQUIRE_ROOT=1`).
+pub fn required() -> bool {
+    std::env::var("KUBELET_SDK_REQUIRE_ROOT").is_ok_and(|v| v == "1")
+}
+
+/// Runs the script's `install` once per process; every caller gets its outcome.
+fn install_once() -> Result<(), String> {
+    static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
+    INSTALL
+        .get_or_init(|| {
+            let out = Command::new("bash")
+                .arg(script())
+                .arg("install")
+                .output()
+                .map_err(|e| format!("running apiserver-test-env.sh install: {e}"))?;
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "apiserver-test-env.sh install failed: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ))
+            }
+        })
+        .clone()
+}
+
+/// A fresh directory under the system's temporary directory.
+fn fresh_dir() -> std::io::Result<PathBuf> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    loop {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let dir =
+            std::env::temp_dir().join(format!("ksdk-api-{}-{n}-{nanos:08x}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Parses the script's `KEY=VALUE` output.
+fn parse_vars(out: &str) -> BTreeMap<String, String> {
+    out.lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect()
+}
+
+/// One running etcd + kube-apiserver. Dropping it stops both and removes its directory.
+#[derive(Debug)]
+pub struct ApiServerEnv {
+    dir: PathBuf,
+    url: String,
+    node_name: String,
+    admin_kubeconfig: PathBuf,
+    node_kubeconfig: PathBuf,
+    ca_file: PathBuf,
+    admin_token: String,
+    audit_log: PathBuf,
+}
+
+impl ApiServerEnv {
+    /// Starts one with node credentials for [`DEFAULT_NODE_NAME`]. `None` (after a `SKIP` line
+    /// on stderr) when this machine cannot run one; a panic instead under
+    /// `KUBELET_SDK_REQUIRE_ROOT=1`, or when the script fails on a machine that could run it.
+    pub fn start(test: &str) -> Option<Self> {
+        Self::start_for_node(test, DEFAULT_NODE_NAME)
+    }
+
+    /// Starts one with node credentials (`system:node:<node>`) for `node`.
+    pub fn start_for_node(test: &str, node: &str) -> Option<Self> {
+        let skip = |why: String| -> Option<Self> {
+            if required() {
+                panic!("{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1 makes this a failure)");
+            }
+            eprintln!("SKIP {test}: {why}");
+            None
+        };
+        if let Err(why) = install_once() {
+            return skip(format!("no kube-apiserver for the tests: {why}"));
+        }
+        let dir = match fresh_dir() {
+            Ok(d) => d,
+            Err(e) => return skip(format!("creating a temporary directory: {e}")),
+        };
+        let out = Command::new("bash")
+            .arg(script())
+            .arg("start")
+            .arg(&dir)
+            .arg(node)
+            .env("KUBELET_SDK_ENV_OWNER_PID", std::process::id().to_string())
+            .output();
+        let out = match out {
+            Ok(o) if o.status.success() => o,
+            Ok(o) => {
+                let _ = Command::new("bash")
+                    .arg(script())
+                    .arg("stop")
+                    .arg(&dir)
+                    .status();
+                // The binary is there (install succeeded): a failing start is a real failure.
+                panic!(
+                    "{test}: apiserver-test-env.sh start failed: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+            }
+            Err(e) => return skip(format!("running apiserver-test-env.sh: {e}")),
+        };
+        let vars = parse_vars(&String::from_utf8_lossy(&out.stdout));
+        let get = |k: &str| vars.get(k).cloned().unwrap_or_default();
+        Some(Self {
+            url: get("APISERVER_URL"),
+            node_name: get("NODE_NAME"),
+            admin_kubeconfig: PathBuf::from(get("ADMIN_KUBECONFIG")),
+            node_kubeconfig: PathBuf::from(get("NODE_KUBECONFIG")),
+            ca_file: PathBuf::from(get("CA_FILE")),
+            admin_token: get("ADMIN_TOKEN"),
+            audit_log: PathBuf::from(get("AUDIT_LOG")),
+            dir,
+        })
+    }
+
+    /// The environment's directory (etcd data, certificates, logs: `apiserver.log`, `etcd.log`).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The node the node credentials are for.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// A kubeconfig for `admin` in `system:masters` (client certificate, CA embedded).
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// A kubeconfig for `system:node:<node>` in `system:nodes` (client certificate, CA
+    /// embedded): what a kubelet of that node would have.
+    pub fn node_kubeconfig(&self) -> &Path {
+        &self.node_kubeconfig
+    }
+
+    /// The CA certificate (PEM) that signed the serving and client certificates.
+    pub fn ca_file(&self) -> &Path {
+        &self.ca_file
+    }
+
+    /// The node's client certificate and key (PEM files), also embedded in
+    /// [`node_kubeconfig`](Self::node_kubeconfig).
+    pub fn node_cert_and_key(&self) -> (PathBuf, PathBuf) {
+        (self.dir.join("pki/node.crt"), self.dir.join("pki/node.key"))
+    }
+
+    /// The admin's client certificate and key (PEM files), also embedded in
+    /// [`admin_kubeconfig`](Self::admin_kubeconfig).
+    pub fn admin_cert_and_key(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join("pki/admin.crt"),
+            self.dir.join("pki/admin.key"),
+        )
+    }
+
+    /// A bearer token for `admin` in `system:masters`.
+    pub fn admin_token(&self) -> &str {
+        &self.admin_token
+    }
+
+    /// The API server's audit log (one JSON event per line, level Metadata, every request).
+    pub fn audit_log(&self) -> &Path {
+        &self.audit_log
+    }
+
+    fn run_script(&self, cmd: &str) {
+        let out = Command::new("bash")
+            .arg(script())
+            .arg(cmd)
+            .arg(&self.dir)
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {}
+            Ok(o) => panic!(
+                "apiserver-test-env.sh {cmd} failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => panic!("running apiserver-test-env.sh {cmd}: {e}"),
+        }
+    }
+
+    /// Stops the API server (etcd and its data stay). Blocks until the process is gone.
+    pub fn stop_apiserver(&self) {
+        self.run_script("stop-apiserver");
+    }
+
+    /// Starts the API server again on the same port with the same etcd; blocks until it is
+    /// ready (`/readyz`).
+    pub fn start_apiserver(&self) {
+        self.run_script("start-apiserver");
+    }
+
+    /// Every request the API server has completed so far, from its audit log, one entry per
+    /// request (a watch counts once, also while still open).
+    pub fn audit_events(&self) -> Vec<AuditEvent> {
+        let text = std::fs::read_to_string(&self.audit_log).unwrap_or_default();
+        let mut seen = BTreeSet::new();
+        text.lines()
+            .filter_map(AuditEvent::parse)
+            .filter(|e| seen.insert(e.audit_id.clone()))
+            .collect()
+    }
+}
+
+impl Drop for ApiServerEnv {
+    fn drop(&mut self) {
+        let _ = Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+/// One request, as the audit log records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditEvent {
+    /// `auditID`: unique per request.
+    pub audit_id: String,
+    /// `user.username`, e.g. `system:node:node-a` or `admin`.
+    pub user: String,
+    /// `verb`: get, list, watch, create, update, patch, delete…
+    pub verb: String,
+    /// `objectRef.resource` (empty for non-resource URLs).
+    pub resource: String,
+    /// `objectRef.subresource` (e.g. `status`), empty when none.
+    pub subresource: String,
+    /// `objectRef.namespace`, empty when cluster-scoped.
+    pub namespace: String,
+    /// `requestURI`.
+    pub request_uri: String,
+    /// `responseStatus.code`, 0 when not recorded.
+    pub code: u16,
+}
+
+impl AuditEvent {
+    /// Parses one audit log line; `None` for anything that is not an audit event.
+    fn parse(line: &str) -> Option<Self> {
+        let v: serde_json::Value = serde_json::from_str(line).ok()?;
+        let s = |ptr: &str| {
+            v.pointer(ptr)
+                .and_then(|x| x.as_str())
+                .unwrap_or_default()
+                .to_string()
+        };
+        let audit_id = v.get("auditID")?.as_str()?.to_string();
+        Some(Self {
+            audit_id,
+            user: s("/user/username"),
+            verb: s("/verb"),
+            resource: s("/objectRef/resource"),
+            subresource: s("/objectRef/subresource"),
+            namespace: s("/objectRef/namespace"),
+            request_uri: s("/requestURI"),
+            code: v
+                .pointer("/responseStatus/code")
+                .and_then(|c| c.as_u64())
+                .and_then(|c| u16::try_from(c).ok())
+                .unwrap_or(0),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_an_audit_log_line() {
+        let line = r#"{"kind":"Event","apiVersion":"audit.k8s.io/v1","level":"Metadata","auditID":"5c1e","stage":"ResponseComplete","requestURI":"/api/v1/namespaces/default/pods/p/status","verb":"patch","user":{"username":"system:node:n1","groups":["system:nodes","system:authenticated"]},"sourceIPs":["127.0.0.1"],"objectRef":{"resource":"pods","namespace":"default","name":"p","apiVersion":"v1","subresource":"status"},"responseStatus":{"metadata":{},"code":200},"annotations":{"authorization.k8s.io/decision":"allow","authorization.k8s.io/reason":"a \"quoted\" {reason}"}}"#;
+        let e = AuditEvent::parse(line).expect("parse");
+        assert_eq!(
+            e,
+            AuditEvent {
+                audit_id: "5c1e".into(),
+                user: "system:node:n1".into(),
+                verb: "patch".into(),
+                resource: "pods".into(),
+                subresource: "status".into(),
+                namespace: "default".into(),
+                request_uri: "/api/v1/namespaces/default/pods/p/status".into(),
+                code: 200,
+            }
+        );
+    }
+
+    #[test]
+    fn non_resource_requests_have_empty_resource_fields() {
+        let line = r#"{"auditID":"a1","requestURI":"/readyz","verb":"get","user":{"username":"admin"},"responseStatus":{"code":200}}"#;
+        let e = AuditEvent::parse(line).expect("parse");
+        assert_eq!(e.resource, "");
+        assert_eq!(e.namespace, "");
+        assert_eq!(e.user, "admin");
+        assert_eq!(e.code, 200);
+        assert!(AuditEvent::parse("not json").is_none());
+    }
+
+    #[test]
+    fn script_output_becomes_variables() {
+        let vars = parse_vars("APISERVER_URL=https://127.0.0.1:1\nNODE_NAME=n\nnoise\n");
+        assert_eq!(vars["APISERVER_URL"], "https://127.0.0.1:1");
+        assert_eq!(vars["NODE_NAME"], "n");
+        assert_eq!(vars.len(), 2);
+    }
+}
