@@ -10,7 +10,8 @@
 //! * **Signals** ([`StatsProvider`]): observations of `memory.available`,
 //!   `allocatableMemory.available`, `nodefs.*`, `imagefs.*`, `pid.available` and per-pod usage.
 //!   [`MachineStats`] reads the real machine (cgroup v1/v2, `/proc`, `statvfs`, the runtime's
-//!   container stats); it can treat a cgroup with a memory limit as "the node".
+//!   container stats and image filesystem); it can treat a cgroup with a memory limit as "the
+//!   node".
 //! * **Decisions** ([`decide`]): thresholds met with hysteresis, grace periods, node conditions
 //!   with the transition period, ranking, critical pods, the eviction message; pure functions.
 //! * **Admission** ([`admission`]): BestEffort pods rejected under MemoryPressure, every
