@@ -1,0 +1,365 @@
+//! [`ApiServer`]: the connection to one API server for one node, and the future that keeps the
+//! node registered, its status current and its Lease renewed.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use kubelet_core::{EventRecorder, InvolvedObject};
+use parking_lot::RwLock;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ApiServerConfig;
+use crate::error::{ApiServerError, is_status};
+use crate::lease::{self, INITIAL_BACKOFF, LEASE_NAMESPACE, next_backoff};
+use crate::machine::{self, MachineInfo};
+use crate::node::{self, NodeFacts, NodeStatusInputs};
+
+/// State shared by the parts of one [`ApiServer`] (node loop, source, sink, mirror pods).
+pub(crate) struct Shared {
+    pub(crate) client: Client,
+    pub(crate) node_name: String,
+    pub(crate) config: ApiServerConfig,
+    /// UID of the Node object, once registered or read.
+    pub(crate) node_uid: RwLock<Option<String>>,
+    pub(crate) recorder: RwLock<Option<EventRecorder>>,
+}
+
+/// One node's connection to the API server. Cheap to clone.
+///
+/// Hand [`ApiServer::pod_source`] and [`ApiServer::status_sink`] to the
+/// [`KubeletBuilder`](kubelet_core::KubeletBuilder), then run [`ApiServer::run`] next to the
+/// agent: it registers the Node, keeps its status and Lease current, and manages mirror pods.
+#[derive(Clone)]
+pub struct ApiServer {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ApiServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiServer")
+            .field("node_name", &self.shared.node_name)
+            .field("config", &self.shared.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Load a kube client from a kubeconfig file (token, client certificate, exec plugins: whatever
+/// the file's current context names).
+pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, ApiServerError> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+        ApiServerError::ReadKubeconfig {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .map_err(|source| ApiServerError::LoadKubeconfig {
+            path: path.to_path_buf(),
+            source,
+        })?;
+    Client::try_from(config).map_err(ApiServerError::CreateClient)
+}
+
+impl ApiServer {
+    /// An integration for node `node_name` over `client`.
+    pub fn new(client: Client, node_name: impl Into<String>, config: ApiServerConfig) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                client,
+                node_name: node_name.into(),
+                config,
+                node_uid: RwLock::new(None),
+                recorder: RwLock::new(None),
+            }),
+        }
+    }
+
+    /// An integration whose client comes from the kubeconfig at `path` (`--kubeconfig`).
+    pub async fn from_kubeconfig(
+        path: &Path,
+        node_name: impl Into<String>,
+        config: ApiServerConfig,
+    ) -> Result<Self, ApiServerError> {
+        Ok(Self::new(
+            client_from_kubeconfig(path).await?,
+            node_name,
+            config,
+        ))
+    }
+
+    /// Record node events (`NodeReady`, `NodeNotReady`) with the agent's recorder (see
+    /// [`KubeletBuilder::recorder`](kubelet_core::KubeletBuilder::recorder)).
+    pub fn with_recorder(self, recorder: EventRecorder) -> Self {
+        *self.shared.recorder.write() = Some(recorder);
+        self
+    }
+
+    /// The kube client.
+    pub fn client(&self) -> Client {
+        self.shared.client.clone()
+    }
+
+    /// The node's name.
+    pub fn node_name(&self) -> &str {
+        &self.shared.node_name
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ApiServerConfig {
+        &self.shared.config
+    }
+
+    /// UID of the Node object once the node is registered.
+    pub fn node_uid(&self) -> Option<String> {
+        self.shared.node_uid.read().clone()
+    }
+
+    /// Register the node (when `register_node`), keep its status and its Lease current, and
+    /// manage mirror pods, until `shutdown` is cancelled. API errors are logged and retried with
+    /// backoff; this future never fails.
+    pub async fn run(&self, inputs: NodeStatusInputs, shutdown: CancellationToken) {
+        let Some(node) = self.register_until_done(&shutdown).await else {
+            return;
+        };
+        tokio::join!(
+            self.node_status_loop(inputs, node.status, &shutdown),
+            self.lease_loop(&shutdown),
+            self.extra_loops(&shutdown),
+        );
+    }
+
+    fn nodes(&self) -> Api<Node> {
+        Api::all(self.shared.client.clone())
+    }
+
+    /// Create the Node if missing (or read it when registration is off); returns it once done,
+    /// `None` if cancelled first.
+    async fn register_until_done(&self, shutdown: &CancellationToken) -> Option<Node> {
+        let mut backoff = INITIAL_BACKOFF;
+        loop {
+            match self.register().await {
+                Ok(node) => return Some(node),
+                Err(e) => {
+                    tracing::warn!(node = %self.shared.node_name, "unable to register node with the API server, will retry: {e}")
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return None,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = next_backoff(backoff);
+        }
+    }
+
+    /// One registration attempt (the kubelet's `tryRegisterWithAPIServer`).
+    pub async fn register(&self) -> Result<Node, ApiServerError> {
+        let name = &self.shared.node_name;
+        let config = &self.shared.config;
+        let err = |source| ApiServerError::RegisterNode {
+            node: name.clone(),
+            source,
+        };
+        let api = self.nodes();
+        let node = if config.register_node {
+            let wanted = node::initial_node(name, config);
+            match api.create(&PostParams::default(), &wanted).await {
+                Ok(n) => {
+                    tracing::info!(node = %name, "successfully registered node");
+                    n
+                }
+                Err(e) if is_status(&e, 409) => {
+                    let existing = api.get(name).await.map_err(err)?;
+                    self.reconcile_labels(&api, existing, &wanted).await?
+                }
+                Err(e) => return Err(err(e)),
+            }
+        } else {
+            api.get(name).await.map_err(err)?
+        };
+        *self.shared.node_uid.write() = node.metadata.uid.clone();
+        Ok(node)
+    }
+
+    /// An existing Node gets the default labels the agent would set (the kubelet's
+    /// `updateDefaultLabels`); other labels are left alone.
+    async fn reconcile_labels(
+        &self,
+        api: &Api<Node>,
+        existing: Node,
+        wanted: &Node,
+    ) -> Result<Node, ApiServerError> {
+        let name = &self.shared.node_name;
+        let have = existing.metadata.labels.clone().unwrap_or_default();
+        let missing: std::collections::BTreeMap<&String, &String> = wanted
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .filter(|(k, v)| have.get(*k) != Some(*v))
+            .collect();
+        if missing.is_empty() {
+            return Ok(existing);
+        }
+        let patch = serde_json::json!({ "metadata": { "labels": missing } });
+        api.patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+            .map_err(|source| ApiServerError::RegisterNode {
+                node: name.clone(),
+                source,
+            })
+    }
+
+    fn facts(&self) -> NodeFacts {
+        let config = &self.shared.config;
+        NodeFacts {
+            machine: MachineInfo::detect(&config.root_dir),
+            node_ip: config
+                .node_ip
+                .clone()
+                .or_else(|| machine::default_route_ip().map(|ip| ip.to_string())),
+            hostname: config.hostname.clone().unwrap_or_else(machine::hostname),
+        }
+    }
+
+    /// Patch the node status once.
+    pub(crate) async fn post_node_status(
+        &self,
+        status: &NodeStatus,
+    ) -> Result<Node, ApiServerError> {
+        let patch = node::node_status_patch(status);
+        self.nodes()
+            .patch_status(
+                &self.shared.node_name,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await
+            .map_err(|source| ApiServerError::UpdateNodeStatus {
+                node: self.shared.node_name.clone(),
+                source,
+            })
+    }
+
+    async fn node_status_loop(
+        &self,
+        inputs: NodeStatusInputs,
+        initial: Option<NodeStatus>,
+        shutdown: &CancellationToken,
+    ) {
+        let config = &self.shared.config;
+        let name = &self.shared.node_name;
+        let mut last: Option<NodeStatus> = initial;
+        let mut last_report: Option<Instant> = None;
+        let mut facts = self.facts();
+        let mut facts_at = Instant::now();
+        loop {
+            if facts_at.elapsed() >= config.node_status_report_frequency {
+                facts = self.facts();
+                facts_at = Instant::now();
+            }
+            let obs = inputs.observe().await;
+            let status = node::node_status(&facts, config, &obs, last.as_ref(), Timestamp::now());
+            let due =
+                last_report.is_none_or(|t| t.elapsed() >= config.node_status_report_frequency);
+            let changed = last
+                .as_ref()
+                .is_none_or(|l| node::node_status_changed(l, &status));
+            if due || changed {
+                match self.post_node_status(&status).await {
+                    Ok(_) => {
+                        let was = last
+                            .as_ref()
+                            .and_then(|l| node::ready_status(l).map(str::to_string));
+                        let now = node::ready_status(&status).map(str::to_string);
+                        if was != now {
+                            self.record_ready(now.as_deref() == Some("True"));
+                        }
+                        last = Some(status);
+                        last_report = Some(Instant::now());
+                    }
+                    Err(e) => {
+                        tracing::warn!(node = %name, "error updating node status, will retry: {e}");
+                        if e.status_code() == Some(404) && config.register_node {
+                            // The Node was deleted: register again (and keep the new UID).
+                            if let Err(e) = self.register().await {
+                                tracing::warn!(node = %name, "re-registering node: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(config.node_status_update_frequency) => {}
+            }
+        }
+    }
+
+    fn record_ready(&self, ready: bool) {
+        let name = &self.shared.node_name;
+        if let Some(r) = self.shared.recorder.read().as_ref() {
+            let (reason, message) = if ready {
+                ("NodeReady", format!("Node {name} status is now: NodeReady"))
+            } else {
+                (
+                    "NodeNotReady",
+                    format!("Node {name} status is now: NodeNotReady"),
+                )
+            };
+            r.normal(InvolvedObject::node(name), reason, message);
+        }
+    }
+
+    async fn lease_loop(&self, shutdown: &CancellationToken) {
+        let config = &self.shared.config;
+        let name = &self.shared.node_name;
+        let api: Api<Lease> = Api::namespaced(self.shared.client.clone(), LEASE_NAMESPACE);
+        let mut last: Option<Lease> = None;
+        let mut backoff = INITIAL_BACKOFF;
+        loop {
+            let uid = self.node_uid();
+            let wait = match lease::renew(
+                &api,
+                name,
+                uid.as_deref(),
+                config.node_lease_duration_seconds,
+                last.take(),
+            )
+            .await
+            {
+                Ok(l) => {
+                    tracing::trace!(node = %name, "node lease renewed");
+                    last = Some(l);
+                    backoff = INITIAL_BACKOFF;
+                    config.node_lease_renew_interval
+                }
+                Err(e) => {
+                    tracing::warn!(node = %name, "failed to renew the node lease, will retry in {backoff:?}: {e}");
+                    let w = backoff;
+                    backoff = next_backoff(backoff);
+                    w
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Loops of other parts (mirror pods) that run next to the node loops.
+    async fn extra_loops(&self, shutdown: &CancellationToken) {
+        shutdown.cancelled().await;
+    }
+}
+
+/// How long [`ApiServer::run`] waits at most between attempts after errors.
+pub const MAX_RETRY: Duration = lease::MAX_BACKOFF;

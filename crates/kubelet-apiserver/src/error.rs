@@ -1,0 +1,148 @@
+//! [`ApiServerError`]: everything that can fail while talking to the API server.
+
+use std::path::PathBuf;
+
+/// Errors of the API server integration. Every variant names the operation that failed; API
+/// errors keep the `kube` error (and so the server's status) as their source.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApiServerError {
+    /// The kubeconfig file could not be read or parsed.
+    #[error("reading kubeconfig {path}: {source}")]
+    ReadKubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The kubeconfig names no usable cluster, user or credentials.
+    #[error("loading kubeconfig {path}: {source}")]
+    LoadKubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The HTTP client could not be built from the configuration (TLS material, proxy).
+    #[error("creating the API client: {0}")]
+    CreateClient(#[source] kube::Error),
+    /// A `--node-labels` entry is not `key=value` with a valid key and value.
+    #[error("invalid node label {label:?}: {reason}")]
+    InvalidNodeLabel {
+        /// The entry as given.
+        label: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Creating or reading the Node object failed.
+    #[error("registering node {node}: {source}")]
+    RegisterNode {
+        /// Node name.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Patching the Node's status failed.
+    #[error("updating the status of node {node}: {source}")]
+    UpdateNodeStatus {
+        /// Node name.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating or renewing the node Lease failed.
+    #[error("renewing the lease of node {node}: {source}")]
+    RenewLease {
+        /// Node name.
+        node: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Patching a pod's status failed.
+    #[error("patching the status of pod {pod}: {source}")]
+    PatchPodStatus {
+        /// `namespace/name`.
+        pod: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Deleting a pod (a finished pod, or a stale mirror pod) failed.
+    #[error("deleting pod {pod}: {source}")]
+    DeletePod {
+        /// `namespace/name`.
+        pod: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Creating a mirror pod failed.
+    #[error("creating mirror pod {pod}: {source}")]
+    CreateMirrorPod {
+        /// `namespace/name`.
+        pod: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Posting or updating an event failed.
+    #[error("posting event {reason} about {object}: {source}")]
+    PostEvent {
+        /// The event's reason.
+        reason: String,
+        /// `kind namespace/name` of the involved object.
+        object: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A patch could not be encoded.
+    #[error("encoding a patch: {0}")]
+    EncodePatch(#[source] serde_json::Error),
+}
+
+impl ApiServerError {
+    /// The underlying API status code, if the API server answered with an error.
+    pub fn status_code(&self) -> Option<u16> {
+        let e = match self {
+            ApiServerError::CreateClient(e)
+            | ApiServerError::RegisterNode { source: e, .. }
+            | ApiServerError::UpdateNodeStatus { source: e, .. }
+            | ApiServerError::RenewLease { source: e, .. }
+            | ApiServerError::PatchPodStatus { source: e, .. }
+            | ApiServerError::DeletePod { source: e, .. }
+            | ApiServerError::CreateMirrorPod { source: e, .. }
+            | ApiServerError::PostEvent { source: e, .. } => e,
+            _ => return None,
+        };
+        match e {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        }
+    }
+}
+
+impl From<ApiServerError> for kubelet_core::Error {
+    fn from(e: ApiServerError) -> Self {
+        use kubelet_core::ErrorKind;
+        let kind = match e.status_code() {
+            Some(404) => ErrorKind::NotFound,
+            Some(409) => ErrorKind::AlreadyExists,
+            Some(400 | 422) => ErrorKind::InvalidArgument,
+            Some(401 | 403) => ErrorKind::PermissionDenied,
+            Some(_) => ErrorKind::Internal,
+            None => ErrorKind::Unavailable,
+        };
+        kubelet_core::Error::new(kind, e.to_string()).with_source(e)
+    }
+}
+
+/// True when `e` is an API answer with status `code`.
+pub(crate) fn is_status(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}

@@ -1,0 +1,47 @@
+//! `kubelet-apiserver`: joins a kubelet SDK agent to a Kubernetes cluster through a real API
+//! server, with `kube` (kube-rs). It is the only crate of the SDK that depends on kube-rs.
+//!
+//! What it does, as the Go kubelet does it:
+//!
+//! * **node registration and status** ([`node`]): creates the Node (`--register-node`) with
+//!   capacity, allocatable, addresses, node info, daemon endpoints and the kubelet's labels, and
+//!   keeps its conditions current (Ready with the reason when not ready; pressure conditions from
+//!   a [`NodeConditionSource`] such as the eviction manager);
+//! * **the node Lease** ([`lease`]) in `kube-node-lease`, renewed every 10 s.
+//!
+//! Start with [`ApiServer`]: build it from a kubeconfig, then run [`ApiServer::run`] next to the
+//! agent.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use kubelet_apiserver::{ApiServer, ApiServerConfig, NodeStatusInputs};
+//! use kubelet_core::ContainerRuntime;
+//! use tokio_util::sync::CancellationToken;
+//!
+//! # async fn agent(runtime: Arc<dyn ContainerRuntime>) -> Result<(), Box<dyn std::error::Error>> {
+//! let api = ApiServer::from_kubeconfig(
+//!     std::path::Path::new("/etc/kubernetes/kubelet.conf"),
+//!     "node-1",
+//!     ApiServerConfig::default().root_dir("/var/lib/kubelet"),
+//! )
+//! .await?;
+//! let shutdown = CancellationToken::new();
+//! api.run(NodeStatusInputs::new(runtime), shutdown).await;
+//! # Ok(()) }
+//! ```
+#![forbid(unsafe_code)]
+
+mod agent;
+pub mod config;
+pub mod error;
+pub mod lease;
+pub mod machine;
+pub mod node;
+
+pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
+pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
+pub use error::ApiServerError;
+pub use node::{NodeConditionSource, NodeStatusInputs};
+
+/// Re-export of the `kube` crate this integration is built on.
+pub use kube;
