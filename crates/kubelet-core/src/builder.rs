@@ -12,6 +12,8 @@ use crate::error::KubeletError;
 use crate::event::EventRecorder;
 use crate::kubelet::{Command, Kubelet};
 use crate::merge::PodConfig;
+use crate::object_volumes::{ConfigMapPlugin, SecretPlugin};
+use crate::objects::ObjectProvider;
 use crate::pleg::{PlegHealth, PodLifecycleEventGenerator};
 use crate::probe::ProbeManager;
 use crate::runtime::ContainerRuntime;
@@ -88,6 +90,7 @@ pub struct KubeletBuilder {
     sources: Vec<Arc<dyn PodSource>>,
     sinks: Vec<Arc<dyn StatusSink>>,
     volume_plugins: Vec<Arc<dyn VolumePlugin>>,
+    object_provider: Option<Arc<dyn ObjectProvider>>,
     prober: Option<Arc<dyn ProbeManager>>,
     admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
     recorder: EventRecorder,
@@ -106,7 +109,8 @@ impl std::fmt::Debug for KubeletBuilder {
 }
 
 impl KubeletBuilder {
-    /// A builder for node `node_name`, with the built-in `emptyDir` and `hostPath` plugins.
+    /// A builder for node `node_name`, with the built-in `emptyDir`, `hostPath`, `configMap` and
+    /// `secret` plugins (the last two read from the [object provider](Self::object_provider)).
     pub fn new(node_name: impl Into<String>) -> Self {
         let (recorder, events) = EventRecorder::channel(1024);
         Self {
@@ -119,6 +123,7 @@ impl KubeletBuilder {
             sources: Vec::new(),
             sinks: Vec::new(),
             volume_plugins: vec![Arc::new(EmptyDirPlugin), Arc::new(HostPathPlugin)],
+            object_provider: None,
             prober: None,
             admit_handlers: Vec::new(),
         }
@@ -166,6 +171,16 @@ impl KubeletBuilder {
         self
     }
 
+    /// Where ConfigMaps and Secrets come from (the kubelet's configmap and secret managers):
+    /// used for `envFrom` / `valueFrom` references and for `configMap` / `secret` volumes, e.g.
+    /// `kubelet_apiserver`'s provider or [`StaticObjects`](crate::objects::StaticObjects).
+    /// Without one, containers referencing them fail with `CreateContainerConfigError` and such
+    /// volumes with `FailedMount`, each with a message saying no provider is configured.
+    pub fn object_provider(mut self, provider: Arc<dyn ObjectProvider>) -> Self {
+        self.object_provider = Some(provider);
+        self
+    }
+
     /// The prober (liveness, readiness, startup). Without one, running containers are started
     /// and ready, as for containers without probes.
     pub fn prober(mut self, prober: Arc<dyn ProbeManager>) -> Self {
@@ -202,6 +217,9 @@ impl KubeletBuilder {
         let pleg_events = pleg.take_events().ok_or(KubeletError::PlegEventsTaken)?;
         let probe_updates = self.prober.as_ref().and_then(|p| p.take_updates());
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
+        let mut volume_plugins = self.volume_plugins;
+        volume_plugins.push(Arc::new(ConfigMapPlugin::new(self.object_provider.clone())));
+        volume_plugins.push(Arc::new(SecretPlugin::new(self.object_provider.clone())));
         Ok(Kubelet::assemble(crate::kubelet::Parts {
             node_name: self.node_name,
             config,
@@ -212,7 +230,8 @@ impl KubeletBuilder {
             status,
             recorder,
             events,
-            volume_plugins: self.volume_plugins,
+            volume_plugins,
+            object_provider: self.object_provider,
             prober: self.prober,
             probe_updates,
             admit_handlers: self.admit_handlers,

@@ -1,12 +1,15 @@
-//! Turning a pod's container spec into a runtime [`ContainerConfig`]: environment with `$(VAR)`
-//! expansion and `fieldRef`s, command and args expansion, resources, mounts, and the kubelet's
-//! labels and annotations (`generateContainerConfig`).
+//! Turning a pod's container spec into a runtime [`ContainerConfig`]: environment (`envFrom`,
+//! `$(VAR)` expansion, `fieldRef`s, ConfigMap and Secret key references), command and args
+//! expansion, resources, mounts, and the kubelet's labels and annotations
+//! (`generateContainerConfig`).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use crate::event::{EventRecorder, InvolvedObject};
+use crate::objects::{EnvObjects, Lookup};
 use crate::pod;
 use crate::quantity;
 use crate::runtime::{
@@ -34,6 +37,14 @@ pub enum ContainerConfigError {
         /// Parse error.
         #[source]
         source: quantity::QuantityError,
+    },
+    /// A ConfigMap or Secret the environment needs is missing or could not be fetched; the
+    /// message is the kubelet's (`configmap "x" not found`, `couldn't find key k in ConfigMap
+    /// ns/x`).
+    #[error("{message}")]
+    ObjectUnavailable {
+        /// What is missing.
+        message: String,
     },
     /// A volume mount names a volume the pod does not declare or that was not set up.
     #[error("volumeMount {mount:?}: volume {volume:?} is not available")]
@@ -104,6 +115,11 @@ pub struct ConfigContext<'a> {
     /// Whether the container is an init container (`init`) or sidecar (`sidecar`); empty for
     /// regular containers.
     pub container_type: &'a str,
+    /// The ConfigMaps and Secrets the container's environment references, fetched beforehand
+    /// ([`EnvObjects::fetch`]); `EnvObjects::default()` when no provider is configured.
+    pub objects: &'a EnvObjects,
+    /// Where to report skipped `envFrom` keys (`InvalidEnvironmentVariableNames`).
+    pub recorder: Option<&'a EventRecorder>,
 }
 
 fn field_ref(pod: &Pod, path: &str, ctx: &ConfigContext<'_>) -> Option<String> {
@@ -146,9 +162,68 @@ fn resource_field(c: &Container, resource: &str) -> Option<String> {
     map.get(name).map(|q| q.0.clone())
 }
 
-/// The container's environment, in order, with `$(VAR)` references to earlier variables
-/// expanded and `fieldRef`/`resourceFieldRef` resolved. ConfigMap and Secret references need an
-/// API server and are reported as errors.
+/// `IsEnvVarName`: `[-._a-zA-Z][-._a-zA-Z0-9]*`.
+fn is_env_var_name(k: &str) -> bool {
+    let mut chars = k.chars();
+    let ok_first = |c: char| c.is_ascii_alphabetic() || matches!(c, '-' | '.' | '_');
+    match chars.next() {
+        Some(c) if ok_first(c) => chars.all(|c| ok_first(c) || c.is_ascii_digit()),
+        _ => false,
+    }
+}
+
+fn no_provider(kind: &str, pod: &Pod, name: &str) -> ContainerConfigError {
+    ContainerConfigError::ObjectUnavailable {
+        message: format!(
+            "couldn't get {kind} {}/{name}, no kubeClient defined",
+            pod::namespace(pod)
+        ),
+    }
+}
+
+/// One object an env source refers to, resolved against [`EnvObjects`]: `Ok(None)` when it is
+/// missing and the reference is optional (skip it).
+fn resolve<'o, T>(
+    lookup: Lookup<&'o T>,
+    objects: &EnvObjects,
+    kind: &str,
+    resource: &str,
+    pod: &Pod,
+    name: &str,
+    optional: bool,
+) -> Result<Option<&'o T>, ContainerConfigError> {
+    if !objects.provider_configured() {
+        return Err(no_provider(kind, pod, name));
+    }
+    match lookup {
+        Lookup::Found(o) => Ok(Some(o)),
+        Lookup::NotFound if optional => Ok(None),
+        Lookup::NotFound => Err(ContainerConfigError::ObjectUnavailable {
+            message: format!("{resource} {name:?} not found"),
+        }),
+        Lookup::Failed(message) => Err(ContainerConfigError::ObjectUnavailable { message }),
+    }
+}
+
+fn set_var(out: &mut Vec<EnvVar>, values: &mut HashMap<String, String>, name: &str, value: String) {
+    values.insert(name.to_string(), value.clone());
+    if let Some(existing) = out.iter_mut().find(|x| x.name == name) {
+        existing.value = value;
+    } else {
+        out.push(EnvVar {
+            name: name.to_string(),
+            value,
+        });
+    }
+}
+
+/// The container's environment (`makeEnvironmentVariables`): first `envFrom` sources in order
+/// (keys with the source's prefix; keys that are not valid variable names are skipped and
+/// reported with an `InvalidEnvironmentVariableNames` event), then `env` in order, where later
+/// entries override earlier ones, `$(VAR)` references to variables defined so far are expanded,
+/// and `fieldRef`, `resourceFieldRef`, `configMapKeyRef` and `secretKeyRef` are resolved. The
+/// ConfigMaps and Secrets come from [`ConfigContext::objects`]; a missing required object or key
+/// is an error with the kubelet's message, a missing optional one is skipped.
 pub fn make_environment(
     pod: &Pod,
     c: &Container,
@@ -156,8 +231,80 @@ pub fn make_environment(
 ) -> Result<Vec<EnvVar>, ContainerConfigError> {
     let mut out: Vec<EnvVar> = Vec::new();
     let mut values: HashMap<String, String> = HashMap::new();
+    let objects = ctx.objects;
+    for from in c.env_from.as_deref().unwrap_or(&[]) {
+        let prefix = from.prefix.as_deref().unwrap_or("");
+        let (kind, name, pairs): (&str, &str, Vec<(String, String)>) =
+            if let Some(r) = &from.config_map_ref {
+                let optional = r.optional.unwrap_or(false);
+                let found = resolve(
+                    objects.config_map(&r.name),
+                    objects,
+                    "configMap",
+                    "configmap",
+                    pod,
+                    &r.name,
+                    optional,
+                )?;
+                let Some(cm) = found else { continue };
+                let pairs = cm
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                ("configMap", r.name.as_str(), pairs)
+            } else if let Some(r) = &from.secret_ref {
+                let optional = r.optional.unwrap_or(false);
+                let found = resolve(
+                    objects.secret(&r.name),
+                    objects,
+                    "secret",
+                    "secret",
+                    pod,
+                    &r.name,
+                    optional,
+                )?;
+                let Some(s) = found else { continue };
+                let pairs = s
+                    .data
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| (k.clone(), String::from_utf8_lossy(&v.0).into_owned()))
+                    .collect();
+                ("secret", r.name.as_str(), pairs)
+            } else {
+                continue;
+            };
+        let mut invalid = Vec::new();
+        for (k, v) in pairs {
+            let k = format!("{prefix}{k}");
+            if !is_env_var_name(&k) {
+                invalid.push(k);
+                continue;
+            }
+            set_var(&mut out, &mut values, &k, v);
+        }
+        if !invalid.is_empty() {
+            invalid.sort();
+            if let Some(recorder) = ctx.recorder {
+                recorder.warning(
+                    InvolvedObject::pod(pod),
+                    "InvalidEnvironmentVariableNames",
+                    format!(
+                        "Keys [{}] from the EnvFrom {kind} {}/{name} were skipped since they are considered invalid environment variable names.",
+                        invalid.join(", "),
+                        pod::namespace(pod)
+                    ),
+                );
+            }
+        }
+    }
     for e in c.env.as_deref().unwrap_or(&[]) {
-        let value = if let Some(from) = &e.value_from {
+        let literal = e.value.as_deref().unwrap_or("");
+        let value = if !literal.is_empty() || e.value_from.is_none() {
+            expand(literal, &|n| values.get(n).cloned())
+        } else if let Some(from) = &e.value_from {
             if let Some(f) = &from.field_ref {
                 field_ref(pod, &f.field_path, ctx).ok_or_else(|| {
                     ContainerConfigError::UnresolvableEnv {
@@ -167,26 +314,68 @@ pub fn make_environment(
                 })?
             } else if let Some(r) = &from.resource_field_ref {
                 resource_field(c, &r.resource).unwrap_or_default()
+            } else if let Some(r) = &from.config_map_key_ref {
+                let optional = r.optional.unwrap_or(false);
+                let found = resolve(
+                    objects.config_map(&r.name),
+                    objects,
+                    "configMap",
+                    "configmap",
+                    pod,
+                    &r.name,
+                    optional,
+                )?;
+                let Some(cm) = found else { continue };
+                match cm.data.as_ref().and_then(|d| d.get(&r.key)) {
+                    Some(v) => v.clone(),
+                    None if optional => continue,
+                    None => {
+                        return Err(ContainerConfigError::ObjectUnavailable {
+                            message: format!(
+                                "couldn't find key {} in ConfigMap {}/{}",
+                                r.key,
+                                pod::namespace(pod),
+                                r.name
+                            ),
+                        });
+                    }
+                }
+            } else if let Some(r) = &from.secret_key_ref {
+                let optional = r.optional.unwrap_or(false);
+                let found = resolve(
+                    objects.secret(&r.name),
+                    objects,
+                    "secret",
+                    "secret",
+                    pod,
+                    &r.name,
+                    optional,
+                )?;
+                let Some(s) = found else { continue };
+                match s.data.as_ref().and_then(|d| d.get(&r.key)) {
+                    Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
+                    None if optional => continue,
+                    None => {
+                        return Err(ContainerConfigError::ObjectUnavailable {
+                            message: format!(
+                                "couldn't find key {} in Secret {}/{}",
+                                r.key,
+                                pod::namespace(pod),
+                                r.name
+                            ),
+                        });
+                    }
+                }
             } else {
                 return Err(ContainerConfigError::UnresolvableEnv {
                     name: e.name.clone(),
-                    reason: "configMapKeyRef and secretKeyRef need an API server source"
-                        .to_string(),
+                    reason: "valueFrom names no source this agent supports".to_string(),
                 });
             }
         } else {
-            let v = e.value.clone().unwrap_or_default();
-            expand(&v, &|n| values.get(n).cloned())
+            String::new()
         };
-        values.insert(e.name.clone(), value.clone());
-        if let Some(existing) = out.iter_mut().find(|x| x.name == e.name) {
-            existing.value = value;
-        } else {
-            out.push(EnvVar {
-                name: e.name.clone(),
-                value,
-            });
-        }
+        set_var(&mut out, &mut values, &e.name, value);
     }
     Ok(out)
 }
@@ -412,11 +601,317 @@ mod tests {
             volume_paths: &volumes,
             restart_count: 0,
             container_type: "",
+            objects: &EnvObjects::default(),
+            recorder: None,
         };
         let cfg = generate_container_config(&p, &c, &ctx).expect("config");
         assert_eq!(cfg.envs[1].value, "hello web on $(NODE)");
         assert_eq!(cfg.command, vec!["echo", "hello web on $(NODE)"]);
         assert_eq!(cfg.labels[labels::POD_UID], "u1");
         assert_eq!(cfg.log_path, "c/0.log");
+    }
+
+    mod env_objects {
+        use super::super::*;
+        use crate::objects::{EnvObjects, Lookup};
+        use k8s_openapi::ByteString;
+        use k8s_openapi::api::core::v1::{
+            ConfigMap, ConfigMapEnvSource, ConfigMapKeySelector, EnvFromSource, EnvVar as KEnv,
+            EnvVarSource, Secret, SecretEnvSource, SecretKeySelector,
+        };
+        use std::collections::BTreeMap;
+
+        fn pod() -> Pod {
+            let mut p = Pod::default();
+            p.metadata.name = Some("web".into());
+            p.metadata.namespace = Some("ns".into());
+            p.metadata.uid = Some("u1".into());
+            p
+        }
+
+        fn cm(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+            let mut c = ConfigMap {
+                data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect(),
+                ),
+                ..Default::default()
+            };
+            c.metadata.name = Some(name.into());
+            c
+        }
+
+        fn secret(name: &str, data: &[(&str, &str)]) -> Secret {
+            let mut s = Secret {
+                data: Some(
+                    data.iter()
+                        .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                        .collect::<BTreeMap<_, _>>(),
+                ),
+                ..Default::default()
+            };
+            s.metadata.name = Some(name.into());
+            s
+        }
+
+        fn cm_key(var: &str, name: &str, key: &str, optional: bool) -> KEnv {
+            KEnv {
+                name: var.into(),
+                value_from: Some(EnvVarSource {
+                    config_map_key_ref: Some(ConfigMapKeySelector {
+                        name: name.into(),
+                        key: key.into(),
+                        optional: Some(optional),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn secret_key(var: &str, name: &str, key: &str, optional: bool) -> KEnv {
+            KEnv {
+                name: var.into(),
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: Some(SecretKeySelector {
+                        name: name.into(),
+                        key: key.into(),
+                        optional: Some(optional),
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        }
+
+        fn literal(var: &str, v: &str) -> KEnv {
+            KEnv {
+                name: var.into(),
+                value: Some(v.into()),
+                ..Default::default()
+            }
+        }
+
+        fn from_cm(name: &str, prefix: Option<&str>, optional: bool) -> EnvFromSource {
+            EnvFromSource {
+                config_map_ref: Some(ConfigMapEnvSource {
+                    name: name.into(),
+                    optional: Some(optional),
+                }),
+                prefix: prefix.map(Into::into),
+                ..Default::default()
+            }
+        }
+
+        fn from_secret(name: &str, optional: bool) -> EnvFromSource {
+            EnvFromSource {
+                secret_ref: Some(SecretEnvSource {
+                    name: name.into(),
+                    optional: Some(optional),
+                }),
+                ..Default::default()
+            }
+        }
+
+        type EnvResult = Result<Vec<(String, String)>, String>;
+
+        fn run(
+            env_from: Vec<EnvFromSource>,
+            env: Vec<KEnv>,
+            objects: &EnvObjects,
+        ) -> (EnvResult, Vec<String>) {
+            let c = Container {
+                name: "c".into(),
+                env_from: Some(env_from),
+                env: Some(env),
+                ..Default::default()
+            };
+            let volumes = HashMap::new();
+            let (recorder, mut events) = EventRecorder::channel(16);
+            let ctx = ConfigContext {
+                node_name: "n1",
+                pod_ips: &[],
+                host_ip: "",
+                volume_paths: &volumes,
+                restart_count: 0,
+                container_type: "",
+                objects,
+                recorder: Some(&recorder),
+            };
+            let r = make_environment(&pod(), &c, &ctx)
+                .map(|v| v.into_iter().map(|e| (e.name, e.value)).collect())
+                .map_err(|e| e.to_string());
+            let mut msgs = Vec::new();
+            while let Ok(ev) = events.try_recv() {
+                msgs.push(format!("{} {}", ev.reason, ev.message));
+            }
+            (r, msgs)
+        }
+
+        fn pairs(v: &[(&str, &str)]) -> Vec<(String, String)> {
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
+        }
+
+        #[test]
+        fn env_from_and_value_from_follow_the_kubelet() {
+            let objects = EnvObjects::from_objects(
+                [
+                    cm(
+                        "cfg",
+                        &[("A", "1"), ("B", "2"), ("1bad", "x"), ("with space", "y")],
+                    ),
+                    cm("other", &[("K", "v")]),
+                ],
+                [secret("sec", &[("PASSWORD", "hunter2"), ("TOKEN", "t")])],
+            );
+            struct Case {
+                name: &'static str,
+                env_from: Vec<EnvFromSource>,
+                env: Vec<KEnv>,
+                want: Result<Vec<(String, String)>, &'static str>,
+                events: Vec<&'static str>,
+            }
+            let cases = vec![
+                Case {
+                    name: "envFrom keys then env overriding in place, expansion sees envFrom",
+                    env_from: vec![from_cm("cfg", None, false), from_secret("sec", false)],
+                    env: vec![literal("B", "over-$(A)"), cm_key("X", "other", "K", false)],
+                    want: Ok(pairs(&[
+                        ("A", "1"),
+                        ("B", "over-1"),
+                        ("PASSWORD", "hunter2"),
+                        ("TOKEN", "t"),
+                        ("X", "v"),
+                    ])),
+                    events: vec![
+                        "InvalidEnvironmentVariableNames Keys [1bad, with space] from the EnvFrom configMap ns/cfg were skipped since they are considered invalid environment variable names.",
+                    ],
+                },
+                Case {
+                    name: "a prefix can make a key valid",
+                    env_from: vec![from_cm("cfg", Some("P_"), false)],
+                    env: vec![],
+                    want: Ok(pairs(&[("P_1bad", "x"), ("P_A", "1"), ("P_B", "2")])),
+                    events: vec![
+                        "InvalidEnvironmentVariableNames Keys [P_with space] from the EnvFrom configMap ns/cfg were skipped since they are considered invalid environment variable names.",
+                    ],
+                },
+                Case {
+                    name: "secretKeyRef",
+                    env_from: vec![],
+                    env: vec![secret_key("PW", "sec", "PASSWORD", false)],
+                    want: Ok(pairs(&[("PW", "hunter2")])),
+                    events: vec![],
+                },
+                Case {
+                    name: "missing required configMap in envFrom",
+                    env_from: vec![from_cm("nope", None, false)],
+                    env: vec![],
+                    want: Err("configmap \"nope\" not found"),
+                    events: vec![],
+                },
+                Case {
+                    name: "missing optional configMap and secret in envFrom are skipped",
+                    env_from: vec![from_cm("nope", None, true), from_secret("nope", true)],
+                    env: vec![literal("A", "a")],
+                    want: Ok(pairs(&[("A", "a")])),
+                    events: vec![],
+                },
+                Case {
+                    name: "missing required secret",
+                    env_from: vec![],
+                    env: vec![secret_key("PW", "nope", "k", false)],
+                    want: Err("secret \"nope\" not found"),
+                    events: vec![],
+                },
+                Case {
+                    name: "missing required key",
+                    env_from: vec![],
+                    env: vec![cm_key("X", "cfg", "missing", false)],
+                    want: Err("couldn't find key missing in ConfigMap ns/cfg"),
+                    events: vec![],
+                },
+                Case {
+                    name: "missing required secret key",
+                    env_from: vec![],
+                    env: vec![secret_key("X", "sec", "missing", false)],
+                    want: Err("couldn't find key missing in Secret ns/sec"),
+                    events: vec![],
+                },
+                Case {
+                    name: "missing optional key or object leaves the variable unset",
+                    env_from: vec![],
+                    env: vec![
+                        cm_key("X", "cfg", "missing", true),
+                        cm_key("Y", "nope", "k", true),
+                        secret_key("Z", "sec", "missing", true),
+                        literal("W", "$(X)"),
+                    ],
+                    want: Ok(pairs(&[("W", "$(X)")])),
+                    events: vec![],
+                },
+            ];
+            for case in cases {
+                let (got, events) = run(case.env_from, case.env, &objects);
+                let want = case.want.map_err(|e| e.to_string());
+                assert_eq!(got, want, "{}", case.name);
+                assert_eq!(events, case.events, "{}", case.name);
+            }
+        }
+
+        #[test]
+        fn without_a_provider_references_fail_clearly() {
+            let (got, _) = run(
+                vec![from_cm("cfg", None, true)],
+                vec![],
+                &EnvObjects::default(),
+            );
+            assert_eq!(
+                got,
+                Err("couldn't get configMap ns/cfg, no kubeClient defined".to_string())
+            );
+            let (got, _) = run(vec![], vec![literal("A", "plain")], &EnvObjects::default());
+            assert_eq!(got, Ok(pairs(&[("A", "plain")])));
+        }
+
+        #[tokio::test]
+        async fn provider_failures_are_reported_and_objects_fetched_once() {
+            use crate::error::{Error, Result};
+            use crate::objects::ObjectProvider;
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            struct Flaky(AtomicUsize);
+            #[async_trait::async_trait]
+            impl ObjectProvider for Flaky {
+                async fn config_map(&self, _: &str, name: &str) -> Result<Option<ConfigMap>> {
+                    self.0.fetch_add(1, Ordering::SeqCst);
+                    Ok(Some(cm(name, &[("k", "v")])))
+                }
+                async fn secret(&self, _: &str, _: &str) -> Result<Option<Secret>> {
+                    Err(Error::unavailable("api server unreachable"))
+                }
+            }
+            let provider = Flaky(AtomicUsize::new(0));
+            let c = Container {
+                name: "c".into(),
+                env_from: Some(vec![from_cm("a", None, false)]),
+                env: Some(vec![
+                    cm_key("X", "a", "k", false),
+                    secret_key("S", "s", "k", true),
+                ]),
+                ..Default::default()
+            };
+            let objects = EnvObjects::fetch(&provider, "ns", &c).await;
+            assert_eq!(provider.0.load(Ordering::SeqCst), 1);
+            assert!(matches!(objects.config_map("a"), Lookup::Found(_)));
+            let (got, _) = run(
+                c.env_from.clone().unwrap_or_default(),
+                c.env.clone().unwrap_or_default(),
+                &objects,
+            );
+            assert_eq!(got, Err("unavailable: api server unreachable".to_string()));
+        }
     }
 }

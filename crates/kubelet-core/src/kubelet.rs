@@ -45,6 +45,7 @@ pub(crate) struct Parts {
     pub(crate) recorder: EventRecorder,
     pub(crate) events: mpsc::Receiver<Event>,
     pub(crate) volume_plugins: Vec<Arc<dyn VolumePlugin>>,
+    pub(crate) object_provider: Option<Arc<dyn crate::objects::ObjectProvider>>,
     pub(crate) prober: Option<Arc<dyn ProbeManager>>,
     pub(crate) probe_updates: Option<mpsc::Receiver<ProbeUpdate>>,
     pub(crate) admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
@@ -122,6 +123,7 @@ impl Kubelet {
             recorder,
             events,
             volume_plugins,
+            object_provider,
             prober,
             mut probe_updates,
             admit_handlers,
@@ -163,18 +165,21 @@ impl Kubelet {
         }
 
         let cache: PodCache = pleg.cache();
-        let engine = Arc::new(Engine::new(
-            node_name,
-            config.clone(),
-            runtime,
-            runtime_name,
-            cache,
-            status.clone(),
-            recorder.clone(),
-            volume_plugins,
-            prober.clone(),
-            Instant::now(),
-        ));
+        let engine = Arc::new(
+            Engine::new(
+                node_name,
+                config.clone(),
+                runtime,
+                runtime_name,
+                cache,
+                status.clone(),
+                recorder.clone(),
+                volume_plugins,
+                prober.clone(),
+                Instant::now(),
+            )
+            .with_object_provider(object_provider),
+        );
 
         let mut loop_state = SyncLoop {
             engine,

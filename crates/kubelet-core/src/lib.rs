@@ -3,7 +3,8 @@
 //! This crate holds what every other crate of the SDK plugs into:
 //!
 //! * the **traits** outsiders implement: [`ContainerRuntime`] (CRI-shaped, container level),
-//!   [`PodSource`], [`StatusSink`], [`VolumePlugin`], and the subsystem seams
+//!   [`PodSource`], [`StatusSink`], [`VolumePlugin`], [`ObjectProvider`] (ConfigMaps and
+//!   Secrets), and the subsystem seams
 //!   [`PodLifecycleEventGenerator`], [`ProbeManager`], [`PodAdmitHandler`];
 //! * the **runtime model** ([`runtime`]) with the kubelet's labels and annotations, so a restarted
 //!   agent adopts running containers instead of recreating them;
@@ -77,6 +78,7 @@
 
 pub mod actions;
 pub mod admission;
+pub mod atomic_writer;
 pub mod backoff;
 pub mod builder;
 pub mod cache;
@@ -87,6 +89,8 @@ pub mod error;
 pub mod event;
 pub mod kubelet;
 pub mod merge;
+pub mod object_volumes;
+pub mod objects;
 pub mod pleg;
 pub mod pod;
 pub mod probe;
@@ -108,6 +112,7 @@ pub use error::{Error, ErrorKind, KubeletError, Result};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use kubelet::Kubelet;
 pub use merge::{PodConfig, PodStorage};
+pub use objects::{ObjectProvider, StaticObjects};
 pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 pub use runtime::{

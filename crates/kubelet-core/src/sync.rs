@@ -19,6 +19,7 @@ use crate::builder::KubeletConfig;
 use crate::cache::{CacheEntry, PodCache};
 use crate::container::{self, ConfigContext};
 use crate::event::{EventRecorder, InvolvedObject};
+use crate::objects::{EnvObjects, ObjectProvider};
 use crate::pod;
 use crate::probe::{ProbeManager, ProbeResult, ProbeType};
 use crate::runtime::{
@@ -55,6 +56,7 @@ pub(crate) struct Engine {
     recorder: EventRecorder,
     volume_plugins: Vec<Arc<dyn VolumePlugin>>,
     prober: Option<Arc<dyn ProbeManager>>,
+    objects: Option<Arc<dyn ObjectProvider>>,
     started_at: Instant,
     backoff: Mutex<Backoff>,
     waiting: Mutex<HashMap<String, Waiting>>,
@@ -100,12 +102,19 @@ impl Engine {
             recorder,
             volume_plugins,
             prober,
+            objects: None,
             started_at,
             backoff: Mutex::new(Backoff::crash_loop()),
             waiting: Mutex::new(HashMap::new()),
             exits: Mutex::new(HashMap::new()),
             static_names: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Where ConfigMaps and Secrets for env come from.
+    pub(crate) fn with_object_provider(mut self, p: Option<Arc<dyn ObjectProvider>>) -> Self {
+        self.objects = p;
+        self
     }
 
     pub(crate) fn cache(&self) -> &PodCache {
@@ -269,6 +278,9 @@ impl Engine {
             return SyncOutcome::Terminal;
         }
 
+        if let Some(objects) = &self.objects {
+            objects.register_pod(p);
+        }
         if let Err(e) = tokio::fs::create_dir_all(self.pod_dir(p).join("volumes")).await {
             self.recorder.warning(
                 InvolvedObject::pod(p),
@@ -603,7 +615,13 @@ impl Engine {
                     + 1
             })
             .unwrap_or(0);
+        let objects = match &self.objects {
+            Some(provider) => EnvObjects::fetch(provider.as_ref(), pod::namespace(p), c).await,
+            None => EnvObjects::default(),
+        };
         let ctx = ConfigContext {
+            objects: &objects,
+            recorder: Some(&self.recorder),
             node_name: &self.node_name,
             pod_ips,
             host_ip,
@@ -1082,6 +1100,9 @@ impl Engine {
         }
         if let Some(prober) = &self.prober {
             prober.remove_pod(&uid);
+        }
+        if let Some(objects) = &self.objects {
+            objects.unregister_pod(p);
         }
         self.waiting.lock().remove(&uid);
         self.backoff.lock().remove_prefix(&format!("{uid}/"));
