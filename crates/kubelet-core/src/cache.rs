@@ -9,8 +9,16 @@
 //! guaranteed to have seen what the sync did. A
 //! worker therefore always syncs from a status observed after its previous sync, and never waits
 //! forever for a pod that did not change.
+//!
+//! One addition to the kubelet's contract: a PLEG marks a pod *pending*
+//! ([`PodCacheWriter::mark_pending`]) when it knows the pod changed but has not inspected it yet
+//! (an inspection still running after its relist finished, a runtime event not yet followed by an
+//! inspection). The global timestamp does not release waiters of a pending pod: they wait for
+//! the pod's own entry (a status or the inspection's error), which the PLEG stores within its
+//! inspection timeout. Without this, a worker could be handed a status from before its own
+//! change (for example without the container it just created) and act on it twice.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -32,6 +40,8 @@ pub struct CacheEntry {
 struct State {
     pods: HashMap<String, CacheEntry>,
     global: Option<Instant>,
+    // Pods with a known change not yet inspected; the global timestamp does not release them.
+    pending: HashSet<String>,
 }
 
 #[derive(Debug)]
@@ -70,7 +80,8 @@ pub fn pod_cache() -> (PodCacheWriter, PodCache) {
 
 impl PodCacheWriter {
     /// Store `status` for `uid`, observed at `modified`. An entry older than the stored one is
-    /// rejected; returns whether the value was stored.
+    /// rejected; returns whether the value was stored. Either way the pod is no longer
+    /// [pending](Self::mark_pending).
     pub fn set(
         &self,
         uid: &str,
@@ -79,9 +90,14 @@ impl PodCacheWriter {
     ) -> bool {
         {
             let mut st = self.shared.state.lock();
+            let was_pending = st.pending.remove(uid);
             if let Some(old) = st.pods.get(uid)
                 && old.modified > modified
             {
+                drop(st);
+                if was_pending {
+                    self.shared.changed.send_modify(|g| *g += 1);
+                }
                 return false;
             }
             st.pods.insert(
@@ -96,10 +112,27 @@ impl PodCacheWriter {
         true
     }
 
-    /// Drop the entry of `uid`.
+    /// Drop the entry of `uid` (and its pending mark).
     pub fn delete(&self, uid: &str) {
-        self.shared.state.lock().pods.remove(uid);
+        {
+            let mut st = self.shared.state.lock();
+            st.pods.remove(uid);
+            st.pending.remove(uid);
+        }
         self.shared.changed.send_modify(|g| *g += 1);
+    }
+
+    /// Mark `uid` as changed but not yet inspected: until the next [`set`](Self::set) or
+    /// [`delete`](Self::delete) of this pod, raising the global timestamp does not release its
+    /// waiters. The PLEG that marks a pod must store its entry within a bounded time (its
+    /// inspection timeout), so waits stay bounded.
+    pub fn mark_pending(&self, uid: &str) {
+        self.shared.state.lock().pending.insert(uid.to_string());
+    }
+
+    /// Whether `uid` is [pending](Self::mark_pending).
+    pub fn is_pending(&self, uid: &str) -> bool {
+        self.shared.state.lock().pending.contains(uid)
     }
 
     /// Raise the global timestamp: every pod is known to be current as of `t`.
@@ -137,7 +170,7 @@ impl PodCache {
         let st = self.shared.state.lock();
         let entry = st.pods.get(uid);
         let fresh_entry = entry.is_some_and(|e| e.modified > t);
-        let fresh_global = st.global.is_some_and(|g| g > t);
+        let fresh_global = st.global.is_some_and(|g| g > t) && !st.pending.contains(uid);
         if fresh_entry || fresh_global {
             Some(entry.cloned().unwrap_or_else(|| CacheEntry {
                 status: Ok(Arc::new(PodRuntimeStatus {
@@ -193,6 +226,44 @@ mod tests {
         w.update_time(Instant::now());
         let e = waiter.await.expect("join");
         assert_eq!(e.modified, t0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pending_pod_waits_for_its_own_entry_not_the_global_timestamp() {
+        let (w, r) = pod_cache();
+        let t0 = Instant::now();
+        w.set("a", Ok(PodRuntimeStatus::default()), t0);
+        w.set("b", Ok(PodRuntimeStatus::default()), t0);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let t1 = Instant::now();
+        w.mark_pending("a");
+        assert!(w.is_pending("a"));
+        let (ra, rb) = (r.clone(), r.clone());
+        let a = tokio::spawn(async move { ra.get_newer_than("a", t1).await });
+        let b = tokio::spawn(async move { rb.get_newer_than("b", t1).await });
+        tokio::time::advance(Duration::from_secs(1)).await;
+        w.update_time(Instant::now());
+        let eb = b.await.expect("join");
+        assert_eq!(
+            eb.modified, t0,
+            "an unchanged pod is released by the global timestamp"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(!a.is_finished(), "a pending pod is not");
+        // Its inspection result, even stamped before the wait began, ends the wait: the global
+        // timestamp is past `t1` and the pod is no longer pending.
+        let stamped = t1 - Duration::from_millis(500);
+        assert!(w.set("a", Err("inspection timed out".into()), stamped));
+        let ea = a.await.expect("join");
+        assert_eq!(
+            ea.status.expect_err("the inspection's error"),
+            "inspection timed out"
+        );
+        assert!(!w.is_pending("a"));
+
+        w.mark_pending("a");
+        w.delete("a");
+        assert!(!w.is_pending("a"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,7 +3,9 @@
 
 use std::collections::HashMap;
 
-use kubelet_core::runtime::{ContainerState, RuntimePod, SandboxState};
+use kubelet_core::runtime::{
+    Container, ContainerState, PodRuntimeStatus, PodSandbox, RuntimePod, SandboxState,
+};
 use kubelet_core::{PodLifecycleEvent, PodLifecycleEventType};
 
 /// The PLEG's coarse view of a container or sandbox (`plegContainerState`).
@@ -102,6 +104,42 @@ pub(crate) fn compute_pod_events(
     events
 }
 
+/// The PLEG's view of a pod built from its inspected status: the same IDs and states a listing
+/// gives, so a diff against it yields the events a relist would. `None` when the runtime has
+/// nothing left of the pod.
+pub(crate) fn view_of_status(status: &PodRuntimeStatus) -> Option<RuntimePod> {
+    if status.sandbox_statuses.is_empty() && status.container_statuses.is_empty() {
+        return None;
+    }
+    Some(RuntimePod {
+        uid: status.uid.clone(),
+        name: status.name.clone(),
+        namespace: status.namespace.clone(),
+        sandboxes: status
+            .sandbox_statuses
+            .iter()
+            .map(|s| PodSandbox {
+                id: s.id.clone(),
+                metadata: s.metadata.clone(),
+                state: s.state,
+                created_at: s.created_at,
+                ..Default::default()
+            })
+            .collect(),
+        containers: status
+            .container_statuses
+            .iter()
+            .map(|c| Container {
+                id: c.id.clone(),
+                metadata: c.metadata.clone(),
+                state: c.state,
+                created_at: c.created_at,
+                ..Default::default()
+            })
+            .collect(),
+    })
+}
+
 /// What the PLEG saw of one pod at the previous relist (`old`) and at this one (`current`).
 #[derive(Debug, Default)]
 pub(crate) struct PodRecord {
@@ -138,6 +176,37 @@ impl PodRecords {
         self.records.get(uid)
     }
 
+    /// The baseline of pod `uid`'s next diff.
+    pub(crate) fn old(&self, uid: &str) -> Option<&RuntimePod> {
+        self.records.get(uid).and_then(|r| r.old.as_ref())
+    }
+
+    /// Set the baseline of pod `uid`'s next diff to `view` (an inspection's view, which may be
+    /// older than the current listing when the inspection outlived its relist); `None` forgets
+    /// the pod.
+    pub(crate) fn set_old(&mut self, uid: &str, view: Option<RuntimePod>) {
+        match view {
+            Some(v) => self.records.entry(uid.to_string()).or_default().old = Some(v),
+            None => {
+                self.records.remove(uid);
+            }
+        }
+    }
+
+    /// The pod (UID, name, namespace) whose last known view has container or sandbox `id`.
+    pub(crate) fn pod_of(&self, id: &str) -> Option<(String, String, String)> {
+        self.records.iter().find_map(|(uid, r)| {
+            [r.old.as_ref(), r.current.as_ref()]
+                .into_iter()
+                .flatten()
+                .find(|p| {
+                    p.containers.iter().any(|c| c.id == id)
+                        || p.sandboxes.iter().any(|s| s.id == id)
+                })
+                .map(|p| (uid.clone(), p.name.clone(), p.namespace.clone()))
+        })
+    }
+
     /// Accept the current view as the baseline of the next diff; forget pods that are gone.
     pub(crate) fn update(&mut self, uid: &str) {
         let Some(r) = self.records.get_mut(uid) else {
@@ -156,7 +225,6 @@ impl PodRecords {
 mod tests {
     use super::*;
     use PodLifecycleEventType::*;
-    use kubelet_core::runtime::{Container, PodSandbox};
 
     #[test]
     fn transitions_match_the_kubelet_table() {

@@ -33,21 +33,37 @@
 //! # }
 //! ```
 //!
-//! Semantics follow the upstream kubelet's `pkg/kubelet/pleg/generic.go`; where this crate
-//! differs (concurrent, time-bounded inspections of changed pods) the items say so.
+//! [`EventedPleg`] is the kubelet's `EventedPLEG` feature: the runtime's pushed container events
+//! ([`ContainerRuntime::container_events`](kubelet_core::ContainerRuntime::container_events))
+//! drive inspections, the relist runs every 300 s as the safety net, and repeated stream failures
+//! fall back to the 1 s relist until the stream works again.
+//!
+//! Semantics follow the upstream kubelet's `pkg/kubelet/pleg/generic.go` and `evented.go`; where
+//! this crate differs (concurrent, time-bounded inspections that never stall a relist; pending
+//! cache entries; events as hints followed by an inspection) the items say so.
 
 #![forbid(unsafe_code)]
 
+mod core;
 mod diff;
 mod error;
+mod evented;
 mod generic;
+mod metrics;
 
+pub use crate::core::{PlegDiagnosis, SlowPod};
 pub use error::PlegError;
+pub use evented::{
+    EVENTED_PLEG_MAX_STREAM_RETRIES, EVENTED_RELIST_PERIOD, EVENTED_RELIST_THRESHOLD, EventedPleg,
+    EventedPlegConfig, GLOBAL_CACHE_UPDATE_PERIOD, PlegMode,
+};
 pub use generic::{
-    DEFAULT_INSPECT_TIMEOUT, DEFAULT_MAX_CONCURRENT_INSPECTIONS, GENERIC_PLEG_RELIST_PERIOD,
-    GENERIC_PLEG_RELIST_THRESHOLD, GenericPleg, GenericPlegConfig, RelistReport,
+    DEFAULT_INSPECT_TIMEOUT, DEFAULT_INSPECTION_WAIT, DEFAULT_MAX_CONCURRENT_INSPECTIONS,
+    GENERIC_PLEG_RELIST_PERIOD, GENERIC_PLEG_RELIST_THRESHOLD, GenericPleg, GenericPlegConfig,
+    RelistReport,
 };
 pub use kubelet_core::pleg::PLEG_CHANNEL_CAPACITY;
+pub use metrics::PlegMetrics;
 
 /// Format a duration the way Go's `time.Duration.String` does (`3m0s`), so health messages read
 /// like the kubelet's.

@@ -357,14 +357,27 @@ async fn health_follows_listing_failures_past_the_threshold_and_recovers() {
     match pleg.healthy() {
         PlegHealth::Unhealthy(msg) => {
             assert!(msg.starts_with("pleg was last seen active 3m"), "{msg}");
-            assert!(msg.ends_with("ago; threshold is 3m0s"), "{msg}");
+            assert!(
+                msg.contains("ago; threshold is 3m0s; runtime unreachable: "),
+                "{msg}"
+            );
+            assert!(msg.ends_with("runtime down"), "{msg}");
         }
         PlegHealth::Healthy => panic!("should be unhealthy after 3 minutes of failures"),
     }
 
+    let diagnosis = pleg.diagnose();
+    assert!(
+        diagnosis
+            .runtime_error
+            .is_some_and(|e| e.contains("runtime down"))
+    );
+    assert!(diagnosis.slow_pods.is_empty());
+
     rt.clear_failures(FakeOp::ListPodSandboxes);
     tokio::time::sleep(Duration::from_millis(1100)).await;
     assert_eq!(pleg.healthy(), PlegHealth::Healthy);
+    assert_eq!(pleg.diagnose().runtime_error, None);
     shutdown.cancel();
 }
 
@@ -445,4 +458,92 @@ async fn shutdown_stops_the_relist_loop() {
         .await
         .expect("run returns on shutdown")
         .expect("join");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_pod_is_reported_on_its_own_and_never_stalls_relists_health_or_other_waiters() {
+    let rt = Arc::new(FakeRuntime::new());
+    let (pleg, mut rx) = new_pleg(&rt);
+    let (_, slow) = pod(&rt, "a-slow", true).await;
+    let (_, fast) = pod(&rt, "b-fast", true).await;
+    let (_, later) = pod(&rt, "c-later", true).await;
+    pleg.relist().await.expect("baseline");
+    drain(&mut rx);
+
+    rt.set_call_delay("a-slow", Duration::from_secs(3600));
+    let shutdown = spawn_run(&pleg);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    rt.exit_container(&slow, 1).expect("exit slow");
+    rt.exit_container(&fast, 1).expect("exit fast");
+    wait_event(&mut rx, ContainerDied, &fast, Duration::from_secs(3)).await;
+
+    // Relists go on every period while the slow inspection runs: a change of a third pod is
+    // seen within about one period, not after the slow pod's 10 s timeout.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let t = Instant::now();
+    let slow_waiter = tokio::spawn({
+        let cache = pleg.cache();
+        async move { cache.get_newer_than("a-slow", t).await }
+    });
+    let fast_waiter = tokio::spawn({
+        let cache = pleg.cache();
+        async move { cache.get_newer_than("b-fast", t).await }
+    });
+    rt.exit_container(&later, 2).expect("exit later");
+    let seen = wait_event(&mut rx, ContainerDied, &later, Duration::from_secs(3)).await;
+    assert!(
+        seen - t <= Duration::from_millis(1100),
+        "seen after {:?}",
+        seen - t
+    );
+    assert_eq!(pleg.healthy(), PlegHealth::Healthy);
+    let d = pleg.diagnose();
+    assert_eq!(d.runtime_error, None);
+    assert_eq!(
+        d.slow_pods
+            .iter()
+            .map(|p| p.uid.as_str())
+            .collect::<Vec<_>>(),
+        vec!["a-slow"]
+    );
+    // An unchanged pod's waiter is released by the relists' global timestamp; the slow pod's
+    // waiter is held (its change is not inspected yet), and released by its timeout's error.
+    tokio::time::timeout(Duration::from_secs(2), fast_waiter)
+        .await
+        .expect("released by a relist")
+        .expect("join");
+    assert!(!slow_waiter.is_finished());
+    let entry = tokio::time::timeout(Duration::from_secs(11), slow_waiter)
+        .await
+        .expect("released by the inspection timeout")
+        .expect("join");
+    assert!(entry.status.expect_err("timed out").contains("timed out"));
+    assert!(pleg.metrics().inspection_timeouts() >= 1);
+    shutdown.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn relist_metrics_have_the_kubelets_names() {
+    let rt = Arc::new(FakeRuntime::new());
+    let (pleg, _rx) = new_pleg(&rt);
+    pod(&rt, "u1", true).await;
+    pleg.relist().await.expect("relist");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pleg.relist().await.expect("relist");
+    let _ = pleg.healthy();
+    let mut registry = prometheus_client::registry::Registry::default();
+    pleg.register_metrics(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).expect("encode");
+    for line in [
+        "# TYPE kubelet_pleg_relist_duration_seconds histogram",
+        "kubelet_pleg_relist_duration_seconds_count 2",
+        "# TYPE kubelet_pleg_relist_interval_seconds histogram",
+        "kubelet_pleg_relist_interval_seconds_count 1",
+        "# TYPE kubelet_pleg_last_seen_seconds gauge",
+        "# TYPE kubelet_pleg_discard_events counter",
+        "kubelet_pleg_discard_events_total 0",
+    ] {
+        assert!(text.contains(line), "{line} missing in\n{text}");
+    }
 }

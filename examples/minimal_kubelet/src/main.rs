@@ -282,6 +282,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if let Some(cri) = &cri_runtime {
         cri.register_metrics(&mut metrics);
     }
+    pleg.register_metrics(&mut metrics);
     let evictor_pods = kubelet_eviction::DeferredPods::new();
     let evictor = eviction_manager(&flags, runtime.clone(), &pod_log_dir, evictor_pods.clone())?
         .with_recorder(builder.recorder(), node_name.clone());

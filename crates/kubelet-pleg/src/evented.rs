@@ -1,0 +1,454 @@
+//! [`EventedPleg`]: the runtime's pushed container events first, the relist as the safety net
+//! (`pkg/kubelet/pleg/evented.go`, with the relist PLEG it runs beside).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use kubelet_core::runtime::{ContainerEvent, ContainerEventStream};
+use kubelet_core::{
+    ContainerRuntime, ErrorKind, PlegHealth, PodCache, PodLifecycleEvent,
+    PodLifecycleEventGenerator,
+};
+use parking_lot::Mutex;
+use prometheus_client::registry::Registry;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::core::{Core, Listing, PlegDiagnosis, SlowPod};
+use crate::generic::{
+    GENERIC_PLEG_RELIST_PERIOD, GENERIC_PLEG_RELIST_THRESHOLD, GenericPlegConfig, RelistReport,
+};
+use crate::metrics::PlegMetrics;
+
+/// The kubelet's relist period while events flow (`genericPlegRelistPeriod` in evented mode).
+pub const EVENTED_RELIST_PERIOD: Duration = Duration::from_secs(300);
+/// The kubelet's relist health threshold while events flow.
+pub const EVENTED_RELIST_THRESHOLD: Duration = Duration::from_secs(600);
+/// The kubelet's `globalCacheUpdatePeriod`: how often the cache's global timestamp advances.
+pub const GLOBAL_CACHE_UPDATE_PERIOD: Duration = Duration::from_secs(2);
+/// The kubelet's `eventedPlegMaxStreamRetries`: failed subscriptions before falling back.
+pub const EVENTED_PLEG_MAX_STREAM_RETRIES: u32 = 5;
+
+/// Settings of an [`EventedPleg`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EventedPlegConfig {
+    /// Relist and inspection settings while events flow: the relist is the safety net, run every
+    /// [`relist_period`](GenericPlegConfig::relist_period) (default 300 s) with a
+    /// [`relist_threshold`](GenericPlegConfig::relist_threshold) of 10 min.
+    pub relist: GenericPlegConfig,
+    /// Relist period after falling back (default 1 s, the relist PLEG's).
+    pub fallback_relist_period: Duration,
+    /// Health threshold after falling back (default 3 min).
+    pub fallback_relist_threshold: Duration,
+    /// How often the cache's global timestamp advances while the stream is up (default 2 s).
+    /// It advances to the previous tick's time, so an event has a whole period to arrive
+    /// before a waiter can be handed a status that lacks it.
+    pub global_cache_update_period: Duration,
+    /// Consecutive stream failures before falling back to relisting every
+    /// [`fallback_relist_period`](Self::fallback_relist_period) (default 5).
+    pub max_stream_retries: u32,
+    /// Pause before subscribing again after a stream failure (default 1 s); each failure also
+    /// forces a relist.
+    pub stream_retry_delay: Duration,
+    /// After falling back, how often to try the stream again (default 30 s); when it works,
+    /// events take over again. The kubelet stays fallen back until restarted.
+    pub stream_recovery_period: Duration,
+}
+
+impl Default for EventedPlegConfig {
+    fn default() -> Self {
+        Self {
+            relist: GenericPlegConfig::default()
+                .with_relist_period(EVENTED_RELIST_PERIOD)
+                .with_relist_threshold(EVENTED_RELIST_THRESHOLD),
+            fallback_relist_period: GENERIC_PLEG_RELIST_PERIOD,
+            fallback_relist_threshold: GENERIC_PLEG_RELIST_THRESHOLD,
+            global_cache_update_period: GLOBAL_CACHE_UPDATE_PERIOD,
+            max_stream_retries: EVENTED_PLEG_MAX_STREAM_RETRIES,
+            stream_retry_delay: Duration::from_secs(1),
+            stream_recovery_period: Duration::from_secs(30),
+        }
+    }
+}
+
+impl EventedPlegConfig {
+    /// Set [`relist`](Self::relist).
+    pub fn with_relist(mut self, relist: GenericPlegConfig) -> Self {
+        self.relist = relist;
+        self
+    }
+
+    /// Set the safety-net relist period ([`relist`](Self::relist)`.relist_period`).
+    pub fn with_relist_period(mut self, period: Duration) -> Self {
+        self.relist.relist_period = period;
+        self
+    }
+
+    /// Set [`fallback_relist_period`](Self::fallback_relist_period).
+    pub fn with_fallback_relist_period(mut self, period: Duration) -> Self {
+        self.fallback_relist_period = period;
+        self
+    }
+
+    /// Set [`global_cache_update_period`](Self::global_cache_update_period).
+    pub fn with_global_cache_update_period(mut self, period: Duration) -> Self {
+        self.global_cache_update_period = period;
+        self
+    }
+
+    /// Set [`max_stream_retries`](Self::max_stream_retries).
+    pub fn with_max_stream_retries(mut self, n: u32) -> Self {
+        self.max_stream_retries = n;
+        self
+    }
+
+    /// Set [`stream_retry_delay`](Self::stream_retry_delay).
+    pub fn with_stream_retry_delay(mut self, delay: Duration) -> Self {
+        self.stream_retry_delay = delay;
+        self
+    }
+
+    /// Set [`stream_recovery_period`](Self::stream_recovery_period).
+    pub fn with_stream_recovery_period(mut self, period: Duration) -> Self {
+        self.stream_recovery_period = period;
+        self
+    }
+}
+
+/// Where an [`EventedPleg`] gets its news from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PlegMode {
+    /// Not running yet.
+    Starting,
+    /// Runtime events, with the relist every [`relist`](EventedPlegConfig::relist) period as the
+    /// safety net.
+    Events,
+    /// The stream failed [`max_stream_retries`](EventedPlegConfig::max_stream_retries) times in
+    /// a row: relisting every [`fallback_relist_period`](EventedPlegConfig::fallback_relist_period)
+    /// and trying the stream again every
+    /// [`stream_recovery_period`](EventedPlegConfig::stream_recovery_period).
+    Fallback,
+    /// The runtime has no event stream (`Unimplemented`): relisting only, at the fallback period.
+    RelistOnly,
+}
+
+/// The evented pod lifecycle event generator: the kubelet's `EventedPLEG` feature gate.
+///
+/// It subscribes to the runtime's container events
+/// ([`ContainerRuntime::container_events`]): CRI `GetContainerEvents`, containerd's task events,
+/// the process runtime's exit notifications. Each event makes it inspect the event's pod
+/// ([`get_pod_status`](kubelet_core::runtime::get_pod_status)), store the status in the cache
+/// stamped with the inspection's start (an older status never replaces a newer one), and diff
+/// the pod against the same per-pod records the relist uses, so it sends exactly the events a
+/// relist would have sent, once: an event the relist already accounted for (or a duplicate
+/// event) sends nothing. Events are hints, not statuses: the kubelet builds statuses from the
+/// event's payload, which produced stale statuses and duplicate containers (containerd 2.0 sent
+/// a timestamp with empty container statuses); here the status always comes from an inspection.
+///
+/// The relist keeps running as the safety net every
+/// [`relist_period`](GenericPlegConfig::relist_period) (300 s by default, as the kubelet) and
+/// finds anything the events missed. When the stream fails, a relist is forced at once and the
+/// stream retried; after [`max_stream_retries`](EventedPlegConfig::max_stream_retries)
+/// consecutive failures it falls back to relisting every second, and it goes back to events as
+/// soon as the stream works again. A runtime without events is relisted every second.
+///
+/// The cache's global timestamp advances every
+/// [`global_cache_update_period`](EventedPlegConfig::global_cache_update_period) while the stream
+/// is up, so [`PodCache::get_newer_than`] never waits for a relist; pods with an event not yet
+/// inspected are held pending until their inspection ends.
+pub struct EventedPleg {
+    core: Core,
+    config: EventedPlegConfig,
+    mode: Mutex<PlegMode>,
+    relist_now: Notify,
+}
+
+impl std::fmt::Debug for EventedPleg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventedPleg")
+            .field("mode", &*self.mode.lock())
+            .field("core", &self.core)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EventedPleg {
+    /// An evented PLEG over `runtime` with a new, empty pod cache. Nothing happens until
+    /// [`run`](PodLifecycleEventGenerator::run).
+    pub fn new(runtime: Arc<dyn ContainerRuntime>, config: EventedPlegConfig) -> Self {
+        Self {
+            core: Core::new(runtime, config.relist.clone()),
+            config,
+            mode: Mutex::new(PlegMode::Starting),
+            relist_now: Notify::new(),
+        }
+    }
+
+    /// The settings this PLEG runs with.
+    pub fn config(&self) -> &EventedPlegConfig {
+        &self.config
+    }
+
+    /// Where events come from right now.
+    pub fn mode(&self) -> PlegMode {
+        *self.mode.lock()
+    }
+
+    /// Start time of the last relist whose listing succeeded, if any.
+    pub fn last_relist(&self) -> Option<Instant> {
+        self.core.last_relist()
+    }
+
+    /// The metric handles.
+    pub fn metrics(&self) -> &PlegMetrics {
+        &self.core.metrics
+    }
+
+    /// Register the PLEG's metrics (the relist PLEG's `kubelet_pleg_*` plus
+    /// `kubelet_evented_pleg_connection_error_count` and
+    /// `kubelet_evented_pleg_connection_success_count`) in `registry`.
+    pub fn register_metrics(&self, registry: &mut Registry) {
+        self.core.metrics.register(registry);
+    }
+
+    /// Pods whose inspection is taking long.
+    pub fn slow_pods(&self) -> Vec<SlowPod> {
+        self.core.slow_pods()
+    }
+
+    /// Health with its causes; see [`GenericPleg::diagnose`](crate::GenericPleg::diagnose).
+    pub fn diagnose(&self) -> PlegDiagnosis {
+        let mut d = self.core.diagnose();
+        d.health = self.healthy();
+        d
+    }
+
+    /// Ask the running loop for a relist now (for example after an outside hint that events were
+    /// lost).
+    pub fn request_relist(&self) {
+        self.relist_now.notify_one();
+    }
+
+    fn set_mode(&self, mode: PlegMode) {
+        let (period, threshold) = match mode {
+            PlegMode::Events | PlegMode::Starting => (
+                self.config.relist.relist_period,
+                self.config.relist.relist_threshold,
+            ),
+            PlegMode::Fallback | PlegMode::RelistOnly => (
+                self.config.fallback_relist_period,
+                self.config.fallback_relist_threshold,
+            ),
+        };
+        let old = std::mem::replace(&mut *self.mode.lock(), mode);
+        if old != mode {
+            tracing::info!(from = ?old, to = ?mode, relist_period = ?period, "PLEG: mode changed");
+        }
+        self.core.set_threshold(threshold);
+    }
+
+    fn relist_period(&self) -> Duration {
+        match self.mode() {
+            PlegMode::Events | PlegMode::Starting => self.config.relist.relist_period,
+            PlegMode::Fallback | PlegMode::RelistOnly => self.config.fallback_relist_period,
+        }
+    }
+
+    /// Turn one runtime event into an inspection of its pod.
+    fn handle_event(&self, ev: ContainerEvent) {
+        tracing::trace!(container_id = %ev.container_id, kind = ?ev.kind, "PLEG: runtime event");
+        match ev.pod_uid.filter(|u| !u.is_empty()) {
+            Some(uid) => {
+                let (name, namespace) = self.core.names_of(&uid);
+                self.core.refresh(uid, name, namespace);
+            }
+            None => match self.core.pod_of(&ev.container_id) {
+                Some((uid, name, namespace)) => {
+                    self.core.refresh(uid, name, namespace);
+                }
+                None => self.core.resolve(ev.container_id),
+            },
+        }
+    }
+
+    async fn subscribe(&self) -> kubelet_core::Result<ContainerEventStream> {
+        match tokio::time::timeout(
+            self.config.relist.inspect_timeout,
+            self.core.runtime.container_events(),
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(_) => Err(kubelet_core::Error::new(
+                ErrorKind::DeadlineExceeded,
+                "subscribing to container events timed out",
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl PodLifecycleEventGenerator for EventedPleg {
+    fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>> {
+        self.core.events_rx.lock().take()
+    }
+
+    fn cache(&self) -> PodCache {
+        self.core.reader.clone()
+    }
+
+    /// Unhealthy when the relist (the safety net) has not succeeded within the threshold of the
+    /// current mode (10 min with events, 3 min after falling back), or when the event channel
+    /// is full (the kubelet's evented PLEG criterion).
+    fn healthy(&self) -> PlegHealth {
+        if self.core.channel_full() {
+            return PlegHealth::Unhealthy("the PLEG event channel is full".to_string());
+        }
+        self.core.healthy()
+    }
+
+    async fn run(&self, shutdown: CancellationToken) {
+        let mut done = tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            d = self.core.done_rx.lock() => d,
+        };
+        self.set_mode(PlegMode::Events);
+        let mut stream: Option<ContainerEventStream> = None;
+        let mut connected_at: Option<Instant> = None;
+        let mut failures: u32 = 0;
+        let mut next_subscribe = Some(Instant::now());
+        let mut next_relist = Instant::now();
+        let mut listing: Option<BoxFuture<'static, Listing>> = None;
+        let mut tick = tokio::time::interval(self.config.global_cache_update_period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut prev_tick: Option<Instant> = None;
+        let far = Duration::from_secs(86400 * 365);
+
+        loop {
+            let now = Instant::now();
+            if listing.is_none() && now >= next_relist {
+                listing = Some(Box::pin(self.core.list()));
+            }
+            if stream.is_none() && next_subscribe.is_some_and(|t| now >= t) {
+                match self.subscribe().await {
+                    Ok(s) => {
+                        self.core.metrics.evented_connection_successes.inc();
+                        tracing::debug!("PLEG: subscribed to container events");
+                        stream = Some(s);
+                        connected_at = Some(Instant::now());
+                        next_subscribe = None;
+                        if self.mode() != PlegMode::Events {
+                            failures = 0;
+                            self.set_mode(PlegMode::Events);
+                            prev_tick = None;
+                        }
+                        // Whatever happened while unsubscribed is found by a relist now.
+                        if listing.is_none() {
+                            next_relist = Instant::now();
+                            continue;
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::Unimplemented => {
+                        tracing::info!(error = %e, "PLEG: the runtime has no container events; relisting only");
+                        next_subscribe = None;
+                        self.set_mode(PlegMode::RelistOnly);
+                        next_relist = next_relist.min(Instant::now() + self.relist_period());
+                    }
+                    Err(e) => {
+                        self.core.metrics.evented_connection_errors.inc();
+                        failures += 1;
+                        tracing::warn!(error = %e, failures, "PLEG: subscribing to container events failed");
+                        next_subscribe = Some(self.after_failure(failures, &mut next_relist));
+                    }
+                }
+            }
+
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => break,
+                Some(d) = done.recv() => {
+                    self.core.apply(d, &mut RelistReport::default());
+                }
+                listed = async { listing.as_mut().expect("guarded").await }, if listing.is_some() => {
+                    listing = None;
+                    let start = listed.0;
+                    let mut report = RelistReport::default();
+                    // Inspections started here finish in the background, like event
+                    // inspections; the loop takes them in as they complete.
+                    if self.core.take_listing(listed, &mut report).is_ok() {
+                        self.core.finish_relist(start, &report);
+                    }
+                    next_relist = Instant::now() + self.relist_period();
+                }
+                ev = async { stream.as_mut().expect("guarded").next().await }, if stream.is_some() => {
+                    match ev {
+                        Some(Ok(ev)) => self.handle_event(ev),
+                        other => {
+                            let why = match other {
+                                Some(Err(e)) => e.to_string(),
+                                _ => "the stream ended".to_string(),
+                            };
+                            stream = None;
+                            connected_at = None;
+                            self.core.metrics.evented_connection_errors.inc();
+                            failures += 1;
+                            tracing::warn!(error = %why, failures, "PLEG: container event stream broke");
+                            next_subscribe = Some(self.after_failure(failures, &mut next_relist));
+                        }
+                    }
+                }
+                _ = tick.tick() => {
+                    let now = Instant::now();
+                    if stream.is_some() && self.mode() == PlegMode::Events {
+                        // Advance to the previous tick: every event of a change made before it
+                        // has had a whole period to arrive and mark its pod pending.
+                        if let (Some(prev), Some(since)) = (prev_tick, connected_at)
+                            && since <= prev
+                        {
+                            self.core.cache.update_time(prev);
+                            failures = 0;
+                        }
+                        prev_tick = Some(now);
+                        self.core.refresh_failed();
+                    } else {
+                        prev_tick = None;
+                    }
+                }
+                _ = self.relist_now.notified() => {
+                    next_relist = Instant::now();
+                }
+                _ = tokio::time::sleep_until(next_relist), if listing.is_none() => {}
+                _ = tokio::time::sleep_until(next_subscribe.unwrap_or(now + far)), if stream.is_none() && next_subscribe.is_some() => {}
+            }
+        }
+        tracing::debug!("PLEG: evented loop stopped");
+    }
+}
+
+impl EventedPleg {
+    /// After a stream failure: force a relist, fall back when failures reach the limit, and
+    /// return when to subscribe again.
+    fn after_failure(&self, failures: u32, next_relist: &mut Instant) -> Instant {
+        *next_relist = Instant::now();
+        if failures >= self.config.max_stream_retries.max(1) {
+            if self.mode() != PlegMode::Fallback {
+                tracing::warn!(
+                    failures,
+                    period = ?self.config.fallback_relist_period,
+                    "PLEG: container events keep failing; falling back to relisting"
+                );
+                self.set_mode(PlegMode::Fallback);
+            }
+            Instant::now() + self.config.stream_recovery_period
+        } else {
+            Instant::now() + self.config.stream_retry_delay
+        }
+    }
+}
