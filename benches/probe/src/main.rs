@@ -66,6 +66,9 @@ struct Args {
     /// Which implementations: `both`, `prober` or `baseline`.
     #[arg(long, default_value = "both")]
     implementations: String,
+    /// The prober's `max_concurrent` (default: the prober's own default).
+    #[arg(long)]
+    max_concurrent: Option<usize>,
     /// Internal: run the servers on these ports' listeners (child process mode).
     #[arg(long, hide = true)]
     serve: Option<usize>,
@@ -90,18 +93,31 @@ fn main() -> anyhow::Result<()> {
     rt.block_on(run(args))
 }
 
-/// Child mode: `n` HTTP/1 servers on 127.0.0.1 (answering 200 "ok" to everything), one thread;
-/// prints the ports on one line.
+/// Child mode: `n` HTTP/1 servers on 127.0.0.1 (answering 200 "ok" to everything), each on its
+/// own thread (like the containers of separate pods, each its own process); prints the ports on
+/// one line and exits when the parent closes stdin.
 fn serve(n: usize) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async move {
-        let mut ports = Vec::new();
-        for _ in 0..n {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-            ports.push(l.local_addr()?.port());
-            tokio::spawn(async move {
+    let mut ports = Vec::new();
+    for _ in 0..n {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.set_nonblocking(true)?;
+        ports.push(l.local_addr()?.port());
+        std::thread::spawn(move || {
+            let rt = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    eprintln!("server runtime: {e}");
+                    std::process::exit(1);
+                }
+            };
+            rt.block_on(async move {
+                let Ok(l) = tokio::net::TcpListener::from_std(l) else {
+                    eprintln!("server listener");
+                    std::process::exit(1);
+                };
                 loop {
                     let Ok((s, _)) = l.accept().await else {
                         continue;
@@ -118,24 +134,19 @@ fn serve(n: usize) -> anyhow::Result<()> {
                     });
                 }
             });
-        }
-        println!(
-            "{}",
-            ports
-                .iter()
-                .map(u16::to_string)
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-        // Exit when the parent closes stdin.
-        std::thread::spawn(|| {
-            let mut buf = [0u8; 1];
-            let _ = std::io::Read::read(&mut std::io::stdin(), &mut buf);
-            std::process::exit(0);
         });
-        std::future::pending::<()>().await;
-        Ok::<_, anyhow::Error>(())
-    })
+    }
+    println!(
+        "{}",
+        ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mut buf = [0u8; 1];
+    let _ = std::io::Read::read(&mut std::io::stdin(), &mut buf);
+    Ok(())
 }
 
 /// Start the server child; its ports.
@@ -163,7 +174,26 @@ fn start_servers(n: usize) -> anyhow::Result<(std::process::Child, Vec<u16>)> {
 
 /// utime+stime of this process, seconds (`/proc/self/stat`, USER_HZ = 100).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    cpu_seconds_at("/proc/self/stat")
+}
+
+/// utime+stime of process `pid` (all its threads), seconds.
+fn cpu_seconds_of(pid: u32) -> f64 {
+    cpu_seconds_at(&format!("/proc/{pid}/stat"))
+}
+
+/// The machine's 1-minute load average.
+fn load_average() -> f64 {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn cpu_seconds_at(path: &str) -> f64 {
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
@@ -190,6 +220,10 @@ struct Figures {
     p99: Duration,
     bytes_per_probe: f64,
     time_wait: usize,
+    /// CPU seconds of the server child per 1,000 probes.
+    server_cpu_per_1000: f64,
+    /// 1-minute load average at the start and the end of the window.
+    load: (f64, f64),
 }
 
 /// Sockets in TIME-WAIT on this machine (IPv4 and IPv6) right now.
@@ -210,13 +244,16 @@ fn time_wait_sockets() -> usize {
 impl Figures {
     fn print(&self, scenario: &str, imp: &str, n: usize) {
         println!(
-            "{scenario:>5} {imp:>8} n={n:>6}  {:>9.0} probes/s  {:>7.3} CPU-s/1000  lateness p50 {:>7.2} ms  p99 {:>8.2} ms  {:>7.0} B/probe  TIME-WAIT {}",
+            "{scenario:>5} {imp:>8} n={n:>6}  {:>9.0} probes/s  {:>7.3} CPU-s/1000 (servers {:.3})  lateness p50 {:>7.2} ms  p99 {:>8.2} ms  {:>7.0} B/probe  TIME-WAIT {:>4}  load {:.1}-{:.1}",
             self.probes_per_sec,
             self.cpu_per_1000,
+            self.server_cpu_per_1000,
             self.p50.as_secs_f64() * 1e3,
             self.p99.as_secs_f64() * 1e3,
             self.bytes_per_probe,
-            self.time_wait
+            self.time_wait,
+            self.load.0,
+            self.load.1,
         );
     }
 }
@@ -257,6 +294,11 @@ fn run_children(args: &Args, scenarios: &[&str]) -> anyhow::Result<()> {
                 .args(["--servers", &args.servers.to_string()])
                 .args(["--warmup", &args.warmup.to_string()])
                 .args(["--window", &args.window.to_string()])
+                .args(
+                    args.max_concurrent
+                        .map(|m| vec!["--max-concurrent".to_string(), m.to_string()])
+                        .unwrap_or_default(),
+                )
                 .output()?;
             let text = String::from_utf8_lossy(&out.stdout);
             for line in text.lines() {
@@ -271,6 +313,8 @@ fn run_children(args: &Args, scenarios: &[&str]) -> anyhow::Result<()> {
                         p99: Duration::from_micros(num(3) as u64),
                         bytes_per_probe: num(4),
                         time_wait: num(5) as usize,
+                        server_cpu_per_1000: num(6),
+                        load: (num(7), num(8)),
                     };
                     let n = match *scenario {
                         "http" => args.http,
@@ -321,6 +365,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         return run_children(&args, &scenarios);
     }
     let (mut child, ports) = start_servers(args.servers)?;
+    let server_pid = child.id();
     let mut results: HashMap<(String, String), Figures> = HashMap::new();
     for scenario in scenarios {
         for imp in ["prober", "baseline"] {
@@ -398,18 +443,21 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 other => bail!("unknown scenario {other}"),
             };
             let f = if imp == "prober" {
-                run_prober(&args, n, rss0, work).await
+                run_prober(&args, n, rss0, work, server_pid).await
             } else {
-                run_baseline(&args, n, rss0, work).await
+                run_baseline(&args, n, rss0, work, server_pid).await
             };
             println!(
-                "FIG {} {} {} {} {} {}",
+                "FIG {} {} {} {} {} {} {} {} {}",
                 f.probes_per_sec,
                 f.cpu_per_1000,
                 f.p50.as_micros(),
                 f.p99.as_micros(),
                 f.bytes_per_probe,
-                f.time_wait
+                f.time_wait,
+                f.server_cpu_per_1000,
+                f.load.0,
+                f.load.1,
             );
             results.insert((scenario.to_string(), imp.to_string()), f);
             if let Some((rt, sid, _dir)) = cleanup {
@@ -426,8 +474,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_prober(args: &Args, n: usize, rss0: u64, work: Workload) -> Figures {
-    let prober = Arc::new(Prober::new(ProberConfig::default()));
+async fn run_prober(args: &Args, n: usize, rss0: u64, work: Workload, server_pid: u32) -> Figures {
+    let mut config = ProberConfig::default();
+    if let Some(m) = args.max_concurrent {
+        config = config.max_concurrent(m);
+    }
+    let prober = Arc::new(Prober::new(config));
     for (i, h) in work.handlers.into_iter().enumerate() {
         let uid = format!("pod-{i}");
         let mut timing = ProbeTiming::with_period(Duration::from_secs(1));
@@ -448,11 +500,13 @@ async fn run_prober(args: &Args, n: usize, rss0: u64, work: Workload) -> Figures
     };
     tokio::time::sleep(Duration::from_secs(args.warmup)).await;
     prober.reset_stats();
-    let cpu0 = cpu_seconds();
+    let (cpu0, server0, load0) = (cpu_seconds(), cpu_seconds_of(server_pid), load_average());
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.window)).await;
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    let server_cpu = cpu_seconds_of(server_pid) - server0;
+    let load1 = load_average();
     let stats = prober.stats();
     let rss = rss_bytes();
     stop.cancel();
@@ -464,6 +518,8 @@ async fn run_prober(args: &Args, n: usize, rss0: u64, work: Workload) -> Figures
         p99: stats.lateness_p99,
         bytes_per_probe: rss.saturating_sub(rss0) as f64 / n as f64,
         time_wait: time_wait_sockets(),
+        server_cpu_per_1000: server_cpu / (stats.completed.max(1) as f64) * 1000.0,
+        load: (load0, load1),
     }
 }
 
@@ -527,7 +583,13 @@ impl Hist {
 /// Metric labels of the baseline (the kubelet's names).
 type Labels = Vec<(&'static str, String)>;
 
-async fn run_baseline(args: &Args, n: usize, rss0: u64, work: Workload) -> Figures {
+async fn run_baseline(
+    args: &Args,
+    n: usize,
+    rss0: u64,
+    work: Workload,
+    server_pid: u32,
+) -> Figures {
     let hist = Arc::new(Hist::new());
     let prober = Arc::new(Prober::default());
     let stop = CancellationToken::new();
@@ -614,11 +676,13 @@ async fn run_baseline(args: &Args, n: usize, rss0: u64, work: Workload) -> Figur
     }
     tokio::time::sleep(Duration::from_secs(args.warmup)).await;
     hist.reset();
-    let cpu0 = cpu_seconds();
+    let (cpu0, server0, load0) = (cpu_seconds(), cpu_seconds_of(server_pid), load_average());
     let t0 = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.window)).await;
     let secs = t0.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu0;
+    let server_cpu = cpu_seconds_of(server_pid) - server0;
+    let load1 = load_average();
     let completed = hist.completed.load(Ordering::Relaxed);
     let rss = rss_bytes();
     let figures = Figures {
@@ -628,6 +692,8 @@ async fn run_baseline(args: &Args, n: usize, rss0: u64, work: Workload) -> Figur
         p99: hist.quantile(0.99),
         bytes_per_probe: rss.saturating_sub(rss0) as f64 / n as f64,
         time_wait: time_wait_sockets(),
+        server_cpu_per_1000: server_cpu / (completed.max(1) as f64) * 1000.0,
+        load: (load0, load1),
     };
     stop.cancel();
     while tasks.join_next().await.is_some() {}

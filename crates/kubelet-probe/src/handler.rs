@@ -8,14 +8,11 @@ use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::header::{ACCEPT, HOST, HeaderName, HeaderValue, LOCATION, USER_AGENT};
-use http::{HeaderMap, Request, StatusCode};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::rt::TokioIo;
+use http::header::HeaderValue;
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
+use crate::http1;
 use crate::spec::{HttpGetSpec, Scheme};
 
 /// Response bodies and exec output are read up to this many bytes (`maxRespBodyLength`).
@@ -41,6 +38,8 @@ pub enum Outcome {
 #[derive(Clone)]
 pub(crate) struct NetConfig {
     pub(crate) user_agent: HeaderValue,
+    /// The same, as text for HTTP requests.
+    pub(crate) user_agent_text: String,
     /// The TLS connector, or why it could not be built (HTTPS probes then fail with it).
     pub(crate) tls: Result<tokio_rustls::TlsConnector, String>,
 }
@@ -50,6 +49,7 @@ impl NetConfig {
         let user_agent = HeaderValue::from_str(user_agent)
             .unwrap_or_else(|_| HeaderValue::from_static("kube-probe"));
         Self {
+            user_agent_text: user_agent.to_str().unwrap_or("kube-probe").to_string(),
             user_agent,
             tls: insecure_tls_config()
                 .map(|c| tokio_rustls::TlsConnector::from(Arc::new(c)))
@@ -73,28 +73,31 @@ fn host_port(host: &str, port: u16) -> String {
     }
 }
 
-/// Connect with no Nagle and `SO_LINGER` 0, so that closing the probe socket sends a reset
-/// instead of leaving a `TIME-WAIT` entry behind (thousands of probes a second would otherwise
-/// exhaust ephemeral ports). The kubelet uses a 1 s linger for the same reason; a non-zero
-/// linger would block a runtime thread in `close`, so this uses 0. For the same reason HTTP
-/// probes do not send `Connection: close` (Go does, as its keep-alives are off): the server
-/// then keeps the connection open after the response and the prober, closing first with a
-/// reset, leaves no `TIME-WAIT` on either side. Connections are never reused.
-async fn dial(host: &str, port: u16) -> std::io::Result<TcpStream> {
+/// Connect with `SO_LINGER` 0, so that closing the probe socket sends a reset instead of
+/// leaving a `TIME-WAIT` entry behind (thousands of probes a second would otherwise exhaust
+/// ephemeral ports). The kubelet uses a 1 s linger for the same reason; a non-zero linger would
+/// block a runtime thread in `close`, so this uses 0. For the same reason HTTP probes do not send
+/// `Connection: close` (Go does, as its keep-alives are off): the server then keeps the
+/// connection open after the response and the prober, closing first with a reset, leaves no
+/// `TIME-WAIT` on either side. Connections are never reused. `nodelay` turns Nagle off (for TLS,
+/// whose handshake and request are separate writes; a plain request is one write).
+async fn dial(host: &str, port: u16, nodelay: bool) -> std::io::Result<TcpStream> {
     let stream = match host.parse::<IpAddr>() {
         Ok(ip) => TcpStream::connect((ip, port)).await?,
         Err(_) => TcpStream::connect((host, port)).await?,
     };
     let sock = socket2::SockRef::from(&stream);
     sock.set_linger(Some(Duration::ZERO))?;
-    stream.set_nodelay(true)?;
+    if nodelay {
+        stream.set_nodelay(true)?;
+    }
     Ok(stream)
 }
 
 /// `tcpSocket`: success when a connection is established within `timeout`.
 pub(crate) async fn tcp_probe(host: &str, port: u16, timeout: Duration) -> Outcome {
     let addr = host_port(host, port);
-    match tokio::time::timeout(timeout, dial(host, port)).await {
+    match tokio::time::timeout(timeout, dial(host, port, false)).await {
         Ok(Ok(stream)) => {
             drop(stream);
             Outcome::Success(String::new())
@@ -154,49 +157,85 @@ pub(crate) async fn http_probe(
     }
 }
 
-fn request_headers(net: &NetConfig, spec: &HttpGetSpec) -> (HeaderMap, Option<String>) {
-    let mut headers = HeaderMap::new();
+/// Go's `CanonicalMIMEHeaderKey`: `x-probe` becomes `X-Probe` (names that are not tokens are
+/// left alone).
+fn canonical_name(name: &str) -> String {
+    if !name.bytes().all(is_token_byte) {
+        return name.to_string();
+    }
+    let mut upper = true;
+    name.chars()
+        .map(|c| {
+            let out = if upper {
+                c.to_ascii_uppercase()
+            } else {
+                c.to_ascii_lowercase()
+            };
+            upper = c == '-';
+            out
+        })
+        .collect()
+}
+
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A header value that can go on the wire (no line breaks or other control characters).
+fn valid_value(v: &str) -> bool {
+    v.bytes().all(|b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+/// Header lines of an HTTP probe (besides `Host`) and the `Host` override, as the kubelet builds
+/// them: custom headers in order (repeated names kept), `User-Agent` and `Accept: */*` unless
+/// set (set empty, they are left out), a `Host` header sets the request's host. Headers the
+/// client owns (`Content-Length`, `Transfer-Encoding`, `Trailer`, `Connection`) are not sent.
+fn request_headers(
+    user_agent: &str,
+    spec: &HttpGetSpec,
+) -> (Vec<(String, String)>, Option<String>) {
+    let mut headers: Vec<(String, String)> = Vec::with_capacity(spec.headers.len() + 2);
     let mut host_override = None;
+    let (mut user_agent_set, mut accept_set) = (false, false);
     for (name, value) in &spec.headers {
-        let Ok(name) = HeaderName::from_bytes(name.as_bytes()) else {
+        if name.is_empty() || !name.bytes().all(is_token_byte) {
             tracing::debug!(header = %name, "invalid probe header name ignored");
             continue;
-        };
-        if name == HOST {
-            host_override = Some(value.clone());
+        }
+        if !valid_value(value) {
+            tracing::debug!(header = %name, "invalid probe header value ignored");
             continue;
         }
-        match HeaderValue::from_str(value) {
-            Ok(v) => {
-                headers.append(name, v);
+        let name = canonical_name(name);
+        match name.as_str() {
+            "Host" => {
+                if host_override.is_none() {
+                    host_override = Some(value.trim().to_string());
+                }
+                continue;
             }
-            Err(_) => tracing::debug!(header = %name, "invalid probe header value ignored"),
+            "Content-Length" | "Transfer-Encoding" | "Trailer" | "Connection" => continue,
+            "User-Agent" => user_agent_set = true,
+            "Accept" => accept_set = true,
+            _ => {}
         }
+        headers.push((name, value.clone()));
     }
-    match headers.get(USER_AGENT) {
-        None => {
-            headers.insert(USER_AGENT, net.user_agent.clone());
-        }
-        Some(v) if v.is_empty() => {
-            headers.remove(USER_AGENT);
-        }
-        Some(_) => {}
+    // A header set to empty removes it (Go writes no empty User-Agent and deletes an empty
+    // Accept); other empty headers are sent as they are.
+    headers.retain(|(n, v)| !(v.is_empty() && (n == "User-Agent" || n == "Accept")));
+    if !user_agent_set && !user_agent.is_empty() {
+        headers.insert(0, ("User-Agent".to_string(), user_agent.to_string()));
     }
-    match headers.get(ACCEPT) {
-        None => {
-            headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
-        }
-        Some(v) if v.is_empty() => {
-            headers.remove(ACCEPT);
-        }
-        Some(_) => {}
+    if !accept_set {
+        headers.push(("Accept".to_string(), "*/*".to_string()));
     }
     (headers, host_override)
 }
 
 async fn http_exchange(net: &NetConfig, spec: &HttpGetSpec, host: &str) -> Outcome {
-    let (headers, host_override) = request_headers(net, spec);
-    let first_host = host.to_string();
+    let (headers, host_override) = request_headers(&net.user_agent_text, spec);
+    let first_host = host;
     let mut target = Target {
         scheme: spec.scheme,
         host: host.to_string(),
@@ -208,25 +247,28 @@ async fn http_exchange(net: &NetConfig, spec: &HttpGetSpec, host: &str) -> Outco
     };
     let mut redirects = 0usize;
     loop {
-        let url = target.url();
-        let (status, location, body) = match http_once(net, &target, &headers).await {
+        let resp = match http_once(net, &target, &headers).await {
             Ok(r) => r,
-            Err(e) => return Outcome::Failure(format!("Get \"{url}\": {e}")),
+            Err(HopError::Transport(e)) => {
+                return Outcome::Failure(format!("Get \"{}\": {e}", target.url()));
+            }
+            // The kubelet returns body read errors as probe errors.
+            Err(HopError::Body(e)) => return Outcome::Error(e),
         };
-        let code = status.as_u16();
-        let body_text = String::from_utf8_lossy(&body).into_owned();
-        if status.is_redirection()
-            && matches!(code, 301 | 302 | 303 | 307 | 308)
-            && let Some(loc) = location
+        let code = resp.status;
+        if matches!(code, 301 | 302 | 303 | 307 | 308)
+            && let Some(loc) = &resp.location
         {
-            let Some(next) = resolve_redirect(&target, &loc, host_override.as_deref()) else {
+            let url = target.url();
+            let Some(next) = resolve_redirect(&target, loc, host_override.as_deref()) else {
                 return Outcome::Failure(format!(
                     "Get \"{url}\": unsupported redirect location {loc:?}"
                 ));
             };
-            if !next.host.eq_ignore_ascii_case(&first_host) {
+            if !next.host.eq_ignore_ascii_case(first_host) {
                 return Outcome::Warning(format!(
-                    "Probe terminated redirects, Response body: {body_text}"
+                    "Probe terminated redirects, Response body: {}",
+                    String::from_utf8_lossy(&resp.body)
                 ));
             }
             if redirects >= MAX_REDIRECTS {
@@ -240,12 +282,11 @@ async fn http_exchange(net: &NetConfig, spec: &HttpGetSpec, host: &str) -> Outco
             continue;
         }
         return if (200..400).contains(&code) {
-            if status.is_redirection() {
-                Outcome::Warning(format!(
-                    "Probe terminated redirects, Response body: {body_text}"
-                ))
+            let body = String::from_utf8_lossy(&resp.body).into_owned();
+            if code >= 300 {
+                Outcome::Warning(format!("Probe terminated redirects, Response body: {body}"))
             } else {
-                Outcome::Success(body_text)
+                Outcome::Success(body)
             }
         } else {
             Outcome::Failure(format!("HTTP probe failed with statuscode: {code}"))
@@ -324,79 +365,61 @@ fn resolve_redirect(
     })
 }
 
-type Response = (StatusCode, Option<String>, Bytes);
+/// Why one hop of an HTTP probe failed.
+enum HopError {
+    /// No response (connect, TLS, request, response head): a probe failure.
+    Transport(String),
+    /// The response body could not be read: a probe error.
+    Body(String),
+}
 
-async fn http_once(
-    net: &NetConfig,
-    target: &Target,
-    headers: &HeaderMap,
-) -> Result<Response, String> {
-    let tcp = dial(&target.host, target.port)
-        .await
-        .map_err(|e| format!("dial tcp {}: {e}", host_port(&target.host, target.port)))?;
-    match target.scheme {
-        Scheme::Http => exchange(TokioIo::new(tcp), target, headers).await,
-        Scheme::Https => {
-            let name = match target.host.parse::<IpAddr>() {
-                Ok(ip) => ServerName::IpAddress(ip.into()),
-                Err(_) => ServerName::try_from(target.host.clone())
-                    .map_err(|e| format!("invalid TLS server name: {e}"))?,
-            };
-            let connector = net.tls.as_ref().map_err(|e| format!("tls: {e}"))?;
-            let tls = connector
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("tls: {e}"))?;
-            exchange(TokioIo::new(tls), target, headers).await
+impl From<http1::Error> for HopError {
+    fn from(e: http1::Error) -> Self {
+        match e {
+            http1::Error::Transport(m) => HopError::Transport(m),
+            http1::Error::Body(m) => HopError::Body(m),
         }
     }
 }
 
-async fn exchange<I>(io: I, target: &Target, headers: &HeaderMap) -> Result<Response, String>
-where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Empty<Bytes>>(io)
+async fn http_once(
+    net: &NetConfig,
+    target: &Target,
+    headers: &[(String, String)],
+) -> Result<http1::Response, HopError> {
+    let request = http1::request(
+        &target.path,
+        &target.authority,
+        headers.iter().map(|(n, v)| (n.as_str(), v.as_str())),
+    );
+    let mut tcp = dial(&target.host, target.port, target.scheme == Scheme::Https)
         .await
-        .map_err(|e| e.to_string())?;
-    let mut req = Request::get(target.path.as_str())
-        .body(Empty::new())
-        .map_err(|e| e.to_string())?;
-    *req.headers_mut() = headers.clone();
-    let host = HeaderValue::from_str(&target.authority).map_err(|e| e.to_string())?;
-    req.headers_mut().insert(HOST, host);
-    let work = async move {
-        let resp = sender.send_request(req).await.map_err(|e| e.to_string())?;
-        let status = resp.status();
-        let location = resp
-            .headers()
-            .get(LOCATION)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
-        let mut body = resp.into_body();
-        let mut buf = Vec::new();
-        while buf.len() < MAX_BODY {
-            match body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        let take = data.len().min(MAX_BODY - buf.len());
-                        buf.extend_from_slice(&data[..take]);
-                    }
-                }
-                // A body cut short is not fatal: the status decides.
-                Some(Err(_)) | None => break,
-            }
-        }
-        Ok::<_, String>((status, location, Bytes::from(buf)))
-    };
-    tokio::pin!(work);
-    tokio::pin!(conn);
-    let mut conn_done = false;
-    loop {
-        tokio::select! {
-            biased;
-            r = &mut work => return r,
-            _ = &mut conn, if !conn_done => conn_done = true,
+        .map_err(|e| {
+            HopError::Transport(format!(
+                "dial tcp {}: {e}",
+                host_port(&target.host, target.port)
+            ))
+        })?;
+    match target.scheme {
+        Scheme::Http => Ok(http1::exchange(&mut tcp, &request).await?),
+        Scheme::Https => {
+            let name = match target.host.parse::<IpAddr>() {
+                Ok(ip) => ServerName::IpAddress(ip.into()),
+                Err(_) => ServerName::try_from(target.host.clone())
+                    .map_err(|e| HopError::Transport(format!("invalid TLS server name: {e}")))?,
+            };
+            let connector = net
+                .tls
+                .as_ref()
+                .map_err(|e| HopError::Transport(format!("tls: {e}")))?;
+            // Boxed (the handshake and the TLS state are large, and would make every probe
+            // task as large).
+            let mut tls = Box::new(
+                Box::pin(connector.connect(name, tcp))
+                    .await
+                    .map_err(|e| HopError::Transport(format!("tls: {e}")))?,
+            );
+            Ok(http1::exchange(&mut tls, &request).await?)
         }
     }
 }
@@ -588,22 +611,43 @@ mod tests {
 
     #[test]
     fn default_headers_are_user_agent_and_accept_unless_overridden() {
-        let net = NetConfig::new("kube-probe/1.33");
         let spec = HttpGetSpec::new(Scheme::Http, 80, "/");
-        let (h, host) = request_headers(&net, &spec);
-        assert_eq!(h.get(USER_AGENT).unwrap(), "kube-probe/1.33");
-        assert_eq!(h.get(ACCEPT).unwrap(), "*/*");
+        let (h, host) = request_headers("kube-probe/1.33", &spec);
+        let get = |h: &[(String, String)], n: &str| {
+            h.iter()
+                .filter(|(k, _)| k == n)
+                .map(|(_, v)| v.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(get(&h, "User-Agent"), ["kube-probe/1.33"]);
+        assert_eq!(get(&h, "Accept"), ["*/*"]);
         assert_eq!(host, None);
         let spec = HttpGetSpec::new(Scheme::Http, 80, "/")
             .header("accept", "")
-            .header("User-Agent", "mine")
+            .header("user-agent", "mine")
             .header("Host", "svc.local")
-            .header("X-Multi", "1")
-            .header("X-Multi", "2");
-        let (h, host) = request_headers(&net, &spec);
-        assert!(h.get(ACCEPT).is_none());
-        assert_eq!(h.get(USER_AGENT).unwrap(), "mine");
-        assert_eq!(host.as_deref(), Some("svc.local"));
-        assert_eq!(h.get_all("x-multi").iter().count(), 2);
+            .header("host", "second.local")
+            .header("x-multi", "1")
+            .header("X-Multi", "2")
+            .header("Content-Length", "5")
+            .header("bad name", "x")
+            .header("X-Split", "a\r\nInjected: 1");
+        let (h, host) = request_headers("kube-probe/1.33", &spec);
+        assert!(get(&h, "Accept").is_empty(), "an empty Accept removes it");
+        assert_eq!(get(&h, "User-Agent"), ["mine"]);
+        assert_eq!(host.as_deref(), Some("svc.local"), "the first Host wins");
+        assert_eq!(
+            get(&h, "X-Multi"),
+            ["1", "2"],
+            "names canonicalized, values kept"
+        );
+        assert!(get(&h, "Content-Length").is_empty());
+        assert_eq!(h.len(), 3, "{h:?}");
+        let spec = HttpGetSpec::new(Scheme::Http, 80, "/").header("User-Agent", "");
+        let (h, _) = request_headers("kube-probe/1.33", &spec);
+        assert!(
+            get(&h, "User-Agent").is_empty(),
+            "an empty User-Agent removes it"
+        );
     }
 }

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::time::{DelayQueue, delay_queue};
 
 use crate::handler::{self, MAX_BODY, NetConfig, Outcome};
-use crate::metrics::{MetricResult, ProberMetrics, WorkerMetrics};
+use crate::metrics::{MetricResult, ProberMetrics, SeriesLabels, WorkerMetrics};
 use crate::spec::{ProbeHandler, ProbeSpec, ProbeTiming, timing_from_k8s};
 use crate::targets::{ExecFailure, Observation, ProbeTargets, StatusTargets};
 
@@ -544,9 +544,8 @@ impl Prober {
             s.launch_waiting();
         }
         s.inflight.shutdown().await;
-        for (_, w) in s.workers.drain() {
-            w.remove_metrics(&s.out.shared.metrics);
-        }
+        s.workers.clear();
+        s.out.shared.metrics.clear();
         s.out.shared.workers.store(0, Ordering::Relaxed);
         // Results stay readable; a later run starts the workers again from the pods added.
         self.shared.known_pods.lock().clear();
@@ -610,7 +609,7 @@ struct Worker {
     last_result: ProbeResult,
     result_run: u32,
     on_hold: bool,
-    metrics: WorkerMetrics,
+    metrics: Arc<WorkerMetrics>,
     delay_key: Option<delay_queue::Key>,
     /// When the current (or next) tick is due.
     scheduled: Instant,
@@ -691,17 +690,6 @@ impl Outputs {
 }
 
 impl Worker {
-    fn remove_metrics(&self, m: &ProberMetrics) {
-        WorkerMetrics::remove(
-            m,
-            probe_type_name(self.probe_type),
-            &self.container,
-            &self.involved.name,
-            &self.involved.namespace,
-            &self.pod_uid,
-        );
-    }
-
     /// The kubelet's `doProbe` up to running the probe (steps 1-9).
     fn before_probe(&mut self, obs: Observation, now: Instant, out: &mut Outputs) -> Step {
         let c = match obs {
@@ -876,13 +864,15 @@ impl Scheduler {
         } else {
             now
         };
-        let metrics = WorkerMetrics::new(
-            &self.out.shared.metrics,
-            probe_type_name(reg.probe_type),
-            &reg.container,
-            &reg.involved.name,
-            &reg.involved.namespace,
-            &reg.pod_uid,
+        let metrics = self.out.shared.metrics.add(
+            id,
+            SeriesLabels {
+                probe_type: probe_type_name(reg.probe_type),
+                container: container.clone(),
+                pod: Arc::from(reg.involved.name.as_str()),
+                namespace: Arc::from(reg.involved.namespace.as_str()),
+                pod_uid: pod_uid.clone(),
+            },
         );
         let delay_key = Some(self.queue.insert_at(id, first));
         self.workers.insert(
@@ -920,7 +910,7 @@ impl Scheduler {
         if let Some(cid) = &w.container_id {
             self.out.remove_result(cid, w.probe_type);
         }
-        w.remove_metrics(&self.out.shared.metrics);
+        self.out.shared.metrics.remove(id);
         self.by_key
             .remove(&(w.pod_uid.clone(), w.container.clone(), w.probe_type));
         self.out.shared.workers.fetch_sub(1, Ordering::Relaxed);
@@ -1103,7 +1093,8 @@ async fn execute(
             handler::tcp_probe(h, *port, timeout).await
         }
         ProbeHandler::Grpc { port, service } => {
-            handler::grpc_probe(net, pod_host, *port, service, timeout).await
+            // Boxed: its future is large, and would make every probe task as large.
+            Box::pin(handler::grpc_probe(net, pod_host, *port, service, timeout)).await
         }
     }
 }
@@ -1154,7 +1145,16 @@ mod tests {
             last_result: ProbeResult::Unknown,
             result_run: 0,
             on_hold: false,
-            metrics: WorkerMetrics::new(&out.shared.metrics, "Liveness", "app", "p", "ns", "uid"),
+            metrics: out.shared.metrics.add(
+                0,
+                SeriesLabels {
+                    probe_type: "Liveness",
+                    container: Arc::from("app"),
+                    pod: Arc::from("p"),
+                    namespace: Arc::from("ns"),
+                    pod_uid: Arc::from("uid"),
+                },
+            ),
             delay_key: None,
             scheduled: Instant::now(),
             in_flight: false,
