@@ -424,6 +424,11 @@ pub struct ContainerStats {
     pub cpu_usage_core_nanoseconds: Option<u64>,
     /// Number of processes.
     pub process_count: Option<u64>,
+    /// Bytes used by the container's writable layer (CRI `writable_layer.used_bytes`); `None`
+    /// for runtimes without one (the process runtime).
+    pub writable_layer_bytes: Option<u64>,
+    /// Inodes used by the container's writable layer (CRI `writable_layer.inodes_used`).
+    pub writable_layer_inodes: Option<u64>,
 }
 
 /// What the runtime uses of one filesystem (CRI `FilesystemUsage`).

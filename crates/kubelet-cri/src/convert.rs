@@ -329,6 +329,7 @@ pub(crate) fn image_out(i: cri::Image) -> core::Image {
 pub(crate) fn stats_out(container_id: &str, s: cri::ContainerStats) -> core::ContainerStats {
     let cpu = s.cpu.unwrap_or_default();
     let memory = s.memory.unwrap_or_default();
+    let writable = s.writable_layer.as_ref();
     let when = if memory.timestamp != 0 {
         memory.timestamp
     } else {
@@ -345,6 +346,8 @@ pub(crate) fn stats_out(container_id: &str, s: cri::ContainerStats) -> core::Con
         memory_usage_bytes: memory.usage_bytes.map(|v| v.value),
         cpu_usage_core_nanoseconds: cpu.usage_core_nano_seconds.map(|v| v.value),
         process_count: None,
+        writable_layer_bytes: writable.and_then(|w| w.used_bytes).map(|v| v.value),
+        writable_layer_inodes: writable.and_then(|w| w.inodes_used).map(|v| v.value),
     }
 }
 
@@ -531,5 +534,26 @@ mod tests {
         assert_eq!(img.timestamp.as_second(), 1_700_000_000);
         assert_eq!(out.container_filesystems.len(), 1);
         assert_eq!(out.container_filesystems[0].used_bytes, None);
+    }
+
+    #[test]
+    fn container_stats_carry_the_writable_layer() {
+        let out = stats_out(
+            "c1",
+            cri::ContainerStats {
+                writable_layer: Some(cri::FilesystemUsage {
+                    timestamp: 1,
+                    fs_id: None,
+                    used_bytes: Some(cri::UInt64Value { value: 4096 }),
+                    inodes_used: Some(cri::UInt64Value { value: 3 }),
+                }),
+                ..Default::default()
+            },
+        );
+        assert_eq!(out.container_id, "c1");
+        assert_eq!(out.writable_layer_bytes, Some(4096));
+        assert_eq!(out.writable_layer_inodes, Some(3));
+        let none = stats_out("c2", cri::ContainerStats::default());
+        assert_eq!(none.writable_layer_bytes, None);
     }
 }

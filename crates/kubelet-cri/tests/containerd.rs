@@ -191,6 +191,7 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
     let stats = rt.container_stats(&id).await.unwrap();
     assert!(stats.memory_working_set_bytes.is_some(), "{stats:?}");
     assert!(stats.cpu_usage_core_nanoseconds.is_some(), "{stats:?}");
+    assert!(stats.writable_layer_bytes.is_some(), "{stats:?}");
 
     let listed = rt
         .list_containers(&kubelet_core::runtime::ContainerFilter {

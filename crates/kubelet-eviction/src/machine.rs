@@ -655,11 +655,15 @@ impl StatsProvider for MachineStats {
                     match rt.container_stats(id).await {
                         Ok(s) => {
                             any = true;
+                            if let Some(i) = s.writable_layer_inodes {
+                                usage.inodes = Some(usage.inodes.unwrap_or(0) + i);
+                            }
                             usage.containers.push(ContainerUsage {
                                 name: name.clone(),
                                 memory_working_set: s.memory_working_set_bytes,
                                 processes: s.process_count,
-                                disk_bytes: None,
+                                // The writable layer; the logs are added below.
+                                disk_bytes: s.writable_layer_bytes,
                             });
                         }
                         Err(e) => {
@@ -678,7 +682,7 @@ impl StatsProvider for MachineStats {
                 if let Some((b, i)) = disk_usage(&vols) {
                     any = true;
                     usage.volume_bytes = Some(b);
-                    usage.inodes = Some(i);
+                    usage.inodes = Some(usage.inodes.unwrap_or(0) + i);
                     if let Ok(rd) = std::fs::read_dir(vols.join("kubernetes.io~empty-dir")) {
                         for e in rd.filter_map(|e| e.ok()) {
                             if let (Ok(name), Some((b, _))) =
@@ -705,7 +709,7 @@ impl StatsProvider for MachineStats {
                     any = true;
                     usage.inodes = Some(usage.inodes.unwrap_or(0) + i);
                     match usage.containers.iter_mut().find(|u| u.name == c.name) {
-                        Some(u) => u.disk_bytes = Some(b),
+                        Some(u) => u.disk_bytes = Some(u.disk_bytes.unwrap_or(0) + b),
                         None => usage.containers.push(ContainerUsage {
                             name: c.name.clone(),
                             disk_bytes: Some(b),

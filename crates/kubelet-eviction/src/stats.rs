@@ -44,7 +44,9 @@ pub struct ContainerUsage {
     pub memory_working_set: Option<u64>,
     /// Number of processes.
     pub processes: Option<u64>,
-    /// Writable layer plus logs, bytes (the process runtime has no writable layer: logs only).
+    /// Writable layer (the runtime's `ContainerStats::writable_layer_bytes`) plus logs, bytes,
+    /// as the kubelet counts a container's ephemeral storage (the process runtime has no
+    /// writable layer: logs only).
     pub disk_bytes: Option<u64>,
 }
 
@@ -57,7 +59,7 @@ pub struct PodUsage {
     pub volume_bytes: Option<u64>,
     /// Usage of each emptyDir volume by name, bytes (for `sizeLimit`).
     pub volumes: BTreeMap<String, u64>,
-    /// Inodes used by the pod's volumes and logs.
+    /// Inodes used by the pod's volumes, logs and writable layers.
     pub inodes: Option<u64>,
 }
 

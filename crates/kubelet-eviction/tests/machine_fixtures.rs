@@ -265,6 +265,8 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
             container_id: cid.clone(),
             memory_working_set_bytes: Some(300 * MI),
             process_count: Some(7),
+            writable_layer_bytes: Some(5 * MI),
+            writable_layer_inodes: Some(100),
             ..Default::default()
         },
     );
@@ -301,13 +303,14 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
         u.volumes
     );
     assert!(
-        u.containers[0].disk_bytes.unwrap() > 0,
-        "the container's log directory counts"
+        u.containers[0].disk_bytes.unwrap() > 5 * MI,
+        "the container's writable layer and log directory count: {:?}",
+        u.containers[0].disk_bytes
     );
     let disk = u.disk().unwrap();
     assert!(disk >= 64 * 1024, "volume bytes counted: {disk}");
     assert!(
-        u.inodes.unwrap() >= 6,
+        u.inodes.unwrap() >= 106,
         "directories and files counted: {:?}",
         u.inodes
     );
