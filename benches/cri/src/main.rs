@@ -8,9 +8,17 @@
 //!    times. Prints the wall times and the agent / direct ratios.
 //! 2. **Relist cost** at 30 and 110 containers: `GenericPleg::relist` when nothing changed
 //!    against one bare ListPodSandbox + ListContainers round trip (medians of `--runs`).
+//! 3. **Container event latency** (`--events N`, instead of 1 and 2): N containers exit one
+//!    after another in one sandbox; for each, the time from its exit (`finished_at` as CRI
+//!    records it) to its `Stopped` event arriving from `CriRuntime::container_events`, against a
+//!    baseline measured in the same run: a relist every second (the PLEG's default period, a
+//!    `ListContainers` on a free-running 1 s tick) seeing the container exited. Prints p50/p99 of
+//!    both, their ratio, and the event's parts: exit → containerd's publish timestamp, publish →
+//!    arrival (delivery and confirmation through CRI).
 //!
 //! ```text
 //! cargo run --release -p cri-bench -- --pods 30 --rounds 3
+//! cargo run --release -p cri-bench -- --events 300
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -20,10 +28,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use async_trait::async_trait;
 use clap::Parser;
+use futures::StreamExt;
 use kubelet_core::k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kubelet_core::runtime::{
-    ContainerConfig, ContainerFilter, ContainerMetadata, PodSandboxConfig, PodSandboxMetadata,
-    SandboxFilter, labels,
+    ContainerConfig, ContainerEventKind, ContainerFilter, ContainerMetadata, ContainerState,
+    PodSandboxConfig, PodSandboxMetadata, SandboxFilter, labels,
 };
 use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
 use kubelet_cri::{CriConfig, CriRuntime};
@@ -45,6 +54,13 @@ struct Flags {
     /// Relists (and bare round trips) per size.
     #[arg(long, default_value_t = 30)]
     runs: usize,
+    /// Measure the latency of container events over this many container exits, instead of the
+    /// start and relist benchmarks.
+    #[arg(long)]
+    events: Option<usize>,
+    /// With `--events`: then stop this many running containers at once and measure their events.
+    #[arg(long, default_value_t = 50)]
+    burst: usize,
 }
 
 fn script() -> PathBuf {
@@ -380,6 +396,262 @@ async fn relist_cost(
     Ok(())
 }
 
+/// The `q` quantile (0..=1) of sorted `v`, nearest rank.
+fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len());
+    v[rank - 1]
+}
+
+fn millis_between(from: jiff::Timestamp, to: jiff::Timestamp) -> f64 {
+    (to.as_nanosecond() - from.as_nanosecond()) as f64 / 1e6
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+/// Benchmark 3: see the crate docs.
+async fn event_latency(
+    rt: &Arc<CriRuntime>,
+    env: &Env,
+    exits: usize,
+    burst: usize,
+) -> anyhow::Result<()> {
+    let (sandbox_cfg, _) = direct_configs(0, &env.busybox, &env.dir.join("logs"), "events");
+    let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await?;
+
+    // The events, stamped as they arrive.
+    let mut stream = rt.container_events().await?;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some(item) = stream.next().await {
+            let now = jiff::Timestamp::now();
+            if tx.send(item.map(|e| (e, now))).is_err() {
+                return;
+            }
+        }
+    });
+
+    // The baseline: a relist every second; records when it first lists each container exited
+    // (the main loop removes those).
+    let seen_by_relist = Arc::new(std::sync::Mutex::new(std::collections::HashMap::<
+        String,
+        jiff::Timestamp,
+    >::new()));
+    let stop = CancellationToken::new();
+    let relister = {
+        let (rt, seen, stop) = (rt.clone(), seen_by_relist.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return anyhow::Ok(()),
+                    _ = tick.tick() => {}
+                }
+                let listed = rt.list_containers(&ContainerFilter::default()).await?;
+                let now = jiff::Timestamp::now();
+                let mut seen = seen.lock().unwrap_or_else(|p| p.into_inner());
+                for c in listed {
+                    if c.state == ContainerState::Exited {
+                        seen.entry(c.id).or_insert(now);
+                    }
+                }
+            }
+        })
+    };
+
+    let mut exit_to_event = Vec::with_capacity(exits);
+    let mut exit_to_publish = Vec::with_capacity(exits);
+    let mut publish_to_arrival = Vec::with_capacity(exits);
+    let mut finished = Vec::with_capacity(exits);
+    let mut removed = std::collections::HashSet::new();
+    let t = Instant::now();
+    for i in 0..exits {
+        let to_remove: Vec<String> = seen_by_relist
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|id| !removed.contains(*id))
+            .cloned()
+            .collect();
+        for id in to_remove {
+            rt.remove_container(&id).await?;
+            removed.insert(id);
+        }
+        let mut cfg = ContainerConfig {
+            metadata: ContainerMetadata {
+                name: format!("exit-{i}"),
+                attempt: 0,
+            },
+            image: env.busybox.clone(),
+            command: vec!["/bin/sh".into(), "-c".into(), "sleep 0.1".into()],
+            labels: sandbox_cfg.labels.clone(),
+            log_path: format!("exit-{i}/0.log"),
+            ..Default::default()
+        };
+        cfg.labels
+            .insert(labels::CONTAINER_NAME.into(), format!("exit-{i}"));
+        let id = rt.create_container(&sandbox, &cfg, &sandbox_cfg).await?;
+        rt.start_container(&id).await?;
+        let (event, arrived) = loop {
+            let next = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await;
+            let Ok(Some(item)) = next else {
+                bail!("no Stopped event for container {i} within 30 s");
+            };
+            let (event, arrived) = item?;
+            if event.container_id == id && event.kind == ContainerEventKind::Stopped {
+                break (event, arrived);
+            }
+        };
+        let status = rt.container_status(&id).await?;
+        let Some(exit) = status.finished_at else {
+            bail!(
+                "container {i}: Stopped event but no finished_at ({:?})",
+                status.state
+            );
+        };
+        exit_to_event.push(millis_between(exit, arrived));
+        exit_to_publish.push(millis_between(exit, event.created_at));
+        publish_to_arrival.push(millis_between(event.created_at, arrived));
+        finished.push((id, exit));
+    }
+    let elapsed = t.elapsed();
+
+    // The burst: `burst` running containers killed at once.
+    let mut running = Vec::with_capacity(burst);
+    for i in 0..burst {
+        let name = format!("burst-{i}");
+        let mut cfg = ContainerConfig {
+            metadata: ContainerMetadata {
+                name: name.clone(),
+                attempt: 0,
+            },
+            image: env.busybox.clone(),
+            command: vec!["/bin/sleep".into(), "100000".into()],
+            labels: sandbox_cfg.labels.clone(),
+            log_path: format!("{name}/0.log"),
+            ..Default::default()
+        };
+        cfg.labels.insert(labels::CONTAINER_NAME.into(), name);
+        let id = rt.create_container(&sandbox, &cfg, &sandbox_cfg).await?;
+        rt.start_container(&id).await?;
+        running.push(id);
+    }
+    // Drain the events of their creation.
+    while let Ok(Some(item)) = tokio::time::timeout(Duration::from_millis(500), rx.recv()).await {
+        item?;
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for id in running.clone() {
+        let rt = rt.clone();
+        set.spawn(async move { rt.stop_container(&id, Duration::ZERO).await });
+    }
+    let mut arrivals = std::collections::HashMap::new();
+    while arrivals.len() < burst {
+        let next = tokio::time::timeout(Duration::from_secs(30), rx.recv()).await;
+        let Ok(Some(item)) = next else {
+            bail!(
+                "only {} of {burst} Stopped events within 30 s",
+                arrivals.len()
+            );
+        };
+        let (event, arrived) = item?;
+        if event.kind == ContainerEventKind::Stopped && running.contains(&event.container_id) {
+            arrivals.insert(event.container_id, arrived);
+        }
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let mut burst_exit_to_event = Vec::with_capacity(burst);
+    let mut burst_finished = Vec::with_capacity(burst);
+    for (id, arrived) in &arrivals {
+        let status = rt.container_status(id).await?;
+        let Some(exit) = status.finished_at else {
+            bail!("burst container {id}: Stopped event but no finished_at");
+        };
+        burst_exit_to_event.push(millis_between(exit, *arrived));
+        burst_finished.push((id.clone(), exit));
+    }
+    burst_exit_to_event.sort_by(f64::total_cmp);
+
+    // Let the relist see the last ones.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen_by_relist
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .len()
+        < exits + burst
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    stop.cancel();
+    relister.await??;
+    reader.abort();
+    let seen = seen_by_relist
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let relist_latency = |finished: &[(String, jiff::Timestamp)]| -> Vec<f64> {
+        let mut v: Vec<f64> = finished
+            .iter()
+            .filter_map(|(id, exit)| seen.get(id).map(|at| millis_between(*exit, *at)))
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let mut exit_to_relist = relist_latency(&finished);
+    let burst_exit_to_relist = relist_latency(&burst_finished);
+    for v in [
+        &mut exit_to_event,
+        &mut exit_to_publish,
+        &mut publish_to_arrival,
+        &mut exit_to_relist,
+    ] {
+        v.sort_by(f64::total_cmp);
+    }
+    let line = |name: &str, v: &[f64]| {
+        println!(
+            "{name:<34} n={:<4} p50 {:>8.2} ms  p99 {:>8.2} ms  max {:>8.2} ms",
+            v.len(),
+            quantile(v, 0.5),
+            quantile(v, 0.99),
+            v.last().copied().unwrap_or(f64::NAN)
+        );
+    };
+    println!(
+        "{exits} container exits in {:.1} s, load average {}",
+        elapsed.as_secs_f64(),
+        loadavg()
+    );
+    line("exit -> Stopped event", &exit_to_event);
+    line("  exit -> containerd publish", &exit_to_publish);
+    line("  publish -> arrival (confirmed)", &publish_to_arrival);
+    line("exit -> relist every 1 s sees it", &exit_to_relist);
+    line(
+        &format!("burst of {burst}: exit -> Stopped"),
+        &burst_exit_to_event,
+    );
+    line(
+        &format!("burst of {burst}: exit -> relist"),
+        &burst_exit_to_relist,
+    );
+    println!(
+        "event / relist: p50 {:.3}, p99 {:.3}",
+        quantile(&exit_to_event, 0.5) / quantile(&exit_to_relist, 0.5),
+        quantile(&exit_to_event, 0.99) / quantile(&exit_to_relist, 0.99)
+    );
+    remove_all(rt).await?;
+    Ok(())
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
@@ -394,6 +666,10 @@ async fn main() -> anyhow::Result<()> {
     );
     // Warm-up: the first sandbox and container pay one-off costs (image unpack, CNI setup).
     direct_sequential(&rt, &env, 2, 0).await?;
+    if let Some(exits) = flags.events {
+        println!("load average before: {}", loadavg());
+        return event_latency(&rt, &env, exits, flags.burst).await;
+    }
 
     let (mut seq, mut par, mut agent) = (Vec::new(), Vec::new(), Vec::new());
     for round in 1..=flags.rounds {

@@ -22,8 +22,8 @@
 //!    sandbox is a containerd container too (its ID is the sandbox ID), so sandboxes produce the
 //!    same events with the sandbox ID, as containerd ≥ 1.7's CRI events do for sandboxes. The
 //!    exits of exec processes (`TaskExit` whose `id` is an exec ID) are skipped. `TaskDelete`
-//!    follows every exit (the CRI plugin deletes the task as it records the exit) and adds nothing,
-//!    so it is decoded but not reported. Payloads of other types are skipped with a debug log,
+//!    follows every exit (the CRI plugin deletes the task, then records the exit): it is not
+//!    reported itself, but tells when to confirm the `Stopped` event (below). Payloads of other types are skipped with a debug log,
 //!    undecodable ones with a warning.
 //!
 //!    containerd publishes these events as it sees them, before its CRI plugin has recorded them
@@ -32,12 +32,13 @@
 //!    before it is yielded: `ContainerStatus` (or `PodSandboxStatus` for a sandbox ID) is asked
 //!    until CRI shows what the event says (`Created`: the container or sandbox exists; `Started`:
 //!    it is no longer `CREATED`; `Stopped`: it is `EXITED` / the sandbox `NOTREADY`; `Deleted`: it
-//!    is gone), for at most [`CONFIRM_WITHIN`]; the answer gives the pod UID (the
+//!    is gone), for at most [`CONFIRM_WITHIN`] (a `Stopped` event first waits for its task's
+//!    `TaskDelete`, since the CRI plugin records the exit right after it); the answer gives the pod UID (the
 //!    `io.kubernetes.pod.uid` label, the sandbox metadata; for `Deleted` the UID remembered from
 //!    earlier events of that ID). So a consumer that inspects CRI on an event sees the change, as
 //!    with containerd ≥ 1.7's CRI events. Events are confirmed concurrently and yielded in order.
 //!    An ID CRI does not know within that time (a container made with `ctr` in `k8s.io`) is
-//!    yielded without a pod UID.
+//!    yielded without a pod UID. At most 8 status calls per stream are in flight.
 //!
 //! Neither gRPC server answers a subscription until it has an event to send, so
 //! `container_events` waits a short moment ([`PROBE`]) for an immediate refusal
@@ -90,10 +91,17 @@ const GET_CONTAINER_EVENTS: &str = "GetContainerEvents";
 
 /// How long an event of containerd's native stream waits for CRI to show it (see the module
 /// docs); it is yielded after that even if CRI does not.
-pub const CONFIRM_WITHIN: Duration = Duration::from_secs(2);
+///
+/// containerd 1.6's CRI plugin handles exits one at a time (deleting each task takes tens of
+/// milliseconds), so after a burst of exits the last ones are recorded seconds later.
+pub const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 
-/// How many native events are confirmed at a time.
-const CONFIRM_CONCURRENCY: usize = 32;
+/// How many native events may be in confirmation at a time (most of them just wait for their
+/// task's deletion, which comes later in the stream: the buffer must hold a burst of exits).
+const CONFIRM_BUFFER: usize = 1024;
+
+/// How many CRI status calls the confirmations of one stream make at a time.
+const CONFIRM_CALLS: usize = 8;
 
 /// The most pod UIDs a native stream remembers for `Deleted` events (cleared when full).
 const MAX_REMEMBERED: usize = 65_536;
@@ -268,14 +276,15 @@ fn pending_stream(
 
 /// Reads a gRPC stream, mapping each message with `map` (`None`: skip it); a transport or
 /// status error is yielded once and ends the stream.
-fn event_stream<T, F>(
+fn message_stream<T, O, F>(
     inner: Streaming<T>,
     map: F,
     on_error: fn(tonic::Status) -> CriError,
-) -> ContainerEventStream
+) -> futures::stream::BoxStream<'static, kubelet_core::Result<O>>
 where
     T: Send + 'static,
-    F: Fn(T) -> Option<ContainerEvent> + Send + 'static,
+    O: Send + 'static,
+    F: Fn(T) -> Option<O> + Send + 'static,
 {
     Box::pin(futures::stream::unfold(
         Some((inner, map)),
@@ -304,7 +313,7 @@ where
 }
 
 fn cri_stream(inner: Streaming<cri::ContainerEventResponse>) -> ContainerEventStream {
-    event_stream(inner, from_cri, |status| CriError::Rpc {
+    message_stream(inner, from_cri, |status| CriError::Rpc {
         op: GET_CONTAINER_EVENTS,
         status,
     })
@@ -315,10 +324,10 @@ fn containerd_stream(
     namespace: String,
     confirm: Confirmer,
 ) -> ContainerEventStream {
-    let decoded = event_stream(
+    let decoded = message_stream(
         inner,
         move |envelope| match from_envelope(&envelope, &namespace) {
-            Ok(event) => event,
+            Ok(decoded) => decoded,
             Err(e) => {
                 warn!(error = %e, "skipping a containerd event");
                 None
@@ -326,19 +335,44 @@ fn containerd_stream(
         },
         |status| CriError::SubscribeEvents { status },
     );
+    // In stream order: a `Stopped` registers for its task's deletion, a `TaskDelete` signals it.
+    let deletions = confirm.task_deletions.clone();
     Box::pin(
         decoded
+            .filter_map(move |item| {
+                let item = match item {
+                    Ok(Decoded::TaskDeleted(id)) => {
+                        let waiting = lock(&deletions).remove(&id);
+                        if let Some(notify) = waiting {
+                            notify.notify_one();
+                        }
+                        None
+                    }
+                    Ok(Decoded::Event(event)) => {
+                        let deleted = (event.kind == ContainerEventKind::Stopped).then(|| {
+                            let notify = Arc::new(tokio::sync::Notify::new());
+                            lock(&deletions).insert(event.container_id.clone(), notify.clone());
+                            notify
+                        });
+                        Some(Ok((event, deleted)))
+                    }
+                    Err(e) => Some(Err(e)),
+                };
+                std::future::ready(item)
+            })
             .map(move |item| {
                 let confirm = confirm.clone();
                 async move {
-                    match item {
-                        Ok(event) => Ok(confirm.confirm(event).await),
-                        Err(e) => Err(e),
-                    }
+                    let (event, deleted) = item?;
+                    Ok(confirm.confirm(event, deleted).await)
                 }
             })
-            .buffered(CONFIRM_CONCURRENCY),
+            .buffered(CONFIRM_BUFFER),
     )
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What CRI says about an ID.
@@ -396,6 +430,10 @@ struct Confirmer {
     cri: RuntimeServiceClient<Channel>,
     /// Pod UIDs by container or sandbox ID, for `Deleted` events (CRI no longer knows the ID).
     pods: Arc<std::sync::Mutex<HashMap<String, String>>>,
+    /// `Stopped` events waiting for their task's `TaskDelete`, by container ID.
+    task_deletions: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>,
+    /// Bounds the CRI calls in flight ([`CONFIRM_CALLS`]).
+    calls: Arc<tokio::sync::Semaphore>,
 }
 
 impl Confirmer {
@@ -403,15 +441,38 @@ impl Confirmer {
         Self {
             cri,
             pods: Arc::default(),
+            task_deletions: Arc::default(),
+            calls: Arc::new(tokio::sync::Semaphore::new(CONFIRM_CALLS)),
         }
     }
 
-    async fn confirm(&self, mut event: ContainerEvent) -> ContainerEvent {
+    /// Waits until CRI shows `event` (at most [`CONFIRM_WITHIN`]) and fills in its pod UID. A
+    /// `Stopped` event first waits for its task's deletion (`deleted`): containerd's CRI plugin
+    /// records an exit right after deleting the task, so asking CRI earlier only finds the
+    /// container still running.
+    async fn confirm(
+        &self,
+        mut event: ContainerEvent,
+        deleted: Option<Arc<tokio::sync::Notify>>,
+    ) -> ContainerEvent {
         let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
+        let mut view = self.look_up(&event.container_id, deadline).await;
+        if let Some(deleted) = deleted {
+            // Wait only for what CRI knows and has not recorded yet (a task made without CRI
+            // may never be deleted).
+            let known = matches!(view, CriView::Container { .. } | CriView::Sandbox { .. });
+            if known
+                && !view.shows(event.kind)
+                && tokio::time::timeout_at(deadline, deleted.notified())
+                    .await
+                    .is_err()
+            {
+                debug!(container = %event.container_id, "no TaskDelete after the exit");
+            }
+            lock(&self.task_deletions).remove(&event.container_id);
+        }
         let mut delay = Duration::from_millis(1);
-        let mut view;
         loop {
-            view = self.look_up(&event.container_id, deadline).await;
             if view.shows(event.kind) {
                 break;
             }
@@ -425,9 +486,10 @@ impl Confirmer {
                 break;
             }
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_millis(50));
+            delay = (delay * 2).min(Duration::from_millis(20));
+            view = self.look_up(&event.container_id, deadline).await;
         }
-        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let mut pods = lock(&self.pods);
         event.pod_uid = match view.pod_uid() {
             Some(uid) => {
                 if pods.len() >= MAX_REMEMBERED {
@@ -445,6 +507,9 @@ impl Confirmer {
     }
 
     async fn look_up(&self, id: &str, deadline: tokio::time::Instant) -> CriView {
+        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.calls.acquire()).await else {
+            return CriView::Failed;
+        };
         let mut c = self.cri.clone();
         let status = tokio::time::timeout_at(
             deadline,
@@ -536,13 +601,22 @@ pub(crate) fn from_cri(resp: cri::ContainerEventResponse) -> Option<ContainerEve
     ))
 }
 
-/// One containerd event envelope as an event: `Ok(None)` for events of another namespace, of
-/// types this does not report (logged at debug) and for exec process exits; an error for a
-/// payload that does not decode or lacks the container ID.
+/// A containerd event as the native stream uses it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decoded {
+    /// An event to report.
+    Event(ContainerEvent),
+    /// The task of this container (its init process) was deleted.
+    TaskDeleted(String),
+}
+
+/// One containerd event envelope decoded: `Ok(None)` for events of another namespace, of types
+/// this does not report (logged at debug) and for exec processes; an error for a payload that
+/// does not decode or lacks the container ID.
 pub(crate) fn from_envelope(
     envelope: &ctrd::Envelope,
     namespace: &str,
-) -> Result<Option<ContainerEvent>, CriError> {
+) -> Result<Option<Decoded>, CriError> {
     if envelope.namespace != namespace {
         return Ok(None);
     }
@@ -572,8 +646,17 @@ pub(crate) fn from_envelope(
         "containerd.events.TaskDelete" => {
             // Follows the TaskExit (already reported) when the CRI plugin records the exit.
             let e = ctrd_events::TaskDelete::decode(any.value.as_slice()).map_err(bad)?;
-            debug!(container = %e.container_id, "task deleted");
-            return Ok(None);
+            if e.container_id.is_empty() {
+                return Err(decode_error(
+                    envelope,
+                    &any.type_url,
+                    "the event has no container ID",
+                ));
+            }
+            if !e.id.is_empty() && e.id != e.container_id {
+                return Ok(None);
+            }
+            return Ok(Some(Decoded::TaskDeleted(e.container_id)));
         }
         "containerd.events.ContainerDelete" => {
             let e = ctrd_events::ContainerDelete::decode(any.value.as_slice()).map_err(bad)?;
@@ -599,7 +682,9 @@ pub(crate) fn from_envelope(
         .timestamp
         .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok())
         .unwrap_or_else(Timestamp::now);
-    Ok(Some(ContainerEvent::new(id, kind, None, at)))
+    Ok(Some(Decoded::Event(ContainerEvent::new(
+        id, kind, None, at,
+    ))))
 }
 
 fn decode_error(envelope: &ctrd::Envelope, type_url: &str, reason: &str) -> CriError {
@@ -686,7 +771,9 @@ mod tests {
             ),
         ];
         for (env, kind) in cases {
-            let e = from_envelope(&env, CRI_NAMESPACE).unwrap().unwrap();
+            let Some(Decoded::Event(e)) = from_envelope(&env, CRI_NAMESPACE).unwrap() else {
+                panic!("{env:?} is no event");
+            };
             assert_eq!(e.container_id, "c1");
             assert_eq!(e.kind, kind);
             assert_eq!(e.pod_uid, None);
@@ -701,28 +788,40 @@ mod tests {
             "types.containerd.io/containerd.events.TaskExit",
             exit("c1", ""),
         );
-        let e = from_envelope(&env, CRI_NAMESPACE).unwrap().unwrap();
+        let Some(Decoded::Event(e)) = from_envelope(&env, CRI_NAMESPACE).unwrap() else {
+            panic!("{env:?} is no event");
+        };
         assert_eq!(e.kind, ContainerEventKind::Stopped);
     }
 
     #[test]
-    fn exec_exits_task_deletes_other_namespaces_and_unknown_types_are_skipped() {
+    fn exec_processes_other_namespaces_and_unknown_types_are_skipped() {
         let exec = envelope(
             "/tasks/exit",
             "containerd.events.TaskExit",
             exit("c1", "exec-1"),
         );
         assert_eq!(from_envelope(&exec, CRI_NAMESPACE).unwrap(), None);
-        let delete = envelope(
-            "/tasks/delete",
-            "containerd.events.TaskDelete",
-            ctrd_events::TaskDelete {
-                container_id: "c1".into(),
-                ..Default::default()
-            }
-            .encode_to_vec(),
+        let delete = |id: &str| {
+            envelope(
+                "/tasks/delete",
+                "containerd.events.TaskDelete",
+                ctrd_events::TaskDelete {
+                    container_id: "c1".into(),
+                    id: id.into(),
+                    ..Default::default()
+                }
+                .encode_to_vec(),
+            )
+        };
+        assert_eq!(
+            from_envelope(&delete("exec-1"), CRI_NAMESPACE).unwrap(),
+            None
         );
-        assert_eq!(from_envelope(&delete, CRI_NAMESPACE).unwrap(), None);
+        assert_eq!(
+            from_envelope(&delete("c1"), CRI_NAMESPACE).unwrap(),
+            Some(Decoded::TaskDeleted("c1".into()))
+        );
         let mut other_ns = envelope("/tasks/exit", "containerd.events.TaskExit", exit("c1", ""));
         other_ns.namespace = "moby".into();
         assert_eq!(from_envelope(&other_ns, CRI_NAMESPACE).unwrap(), None);
