@@ -8,6 +8,9 @@
 //!   keeps its conditions current (Ready with the reason when not ready; pressure conditions from
 //!   a [`NodeConditionSource`] such as the eviction manager);
 //! * **the node Lease** ([`lease`]) in `kube-node-lease`, renewed every 10 s.
+//! * **ConfigMaps and Secrets** ([`objects`]): [`ApiObjects`], the agent's
+//!   [`ObjectProvider`](kubelet_core::ObjectProvider) for env references and `configMap` /
+//!   `secret` volumes (GETs with the node's credentials and a TTL cache).
 //!
 //! Start with [`ApiServer`]: build it from a kubeconfig, then run [`ApiServer::run`] next to the
 //! agent.
@@ -37,11 +40,13 @@ pub mod error;
 pub mod lease;
 pub mod machine;
 pub mod node;
+pub mod objects;
 
 pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
 pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
 pub use error::ApiServerError;
 pub use node::{NodeConditionSource, NodeStatusInputs};
+pub use objects::ApiObjects;
 
 /// Re-export of the `kube` crate this integration is built on.
 pub use kube;

@@ -1,0 +1,364 @@
+//! ConfigMaps and Secrets from a real kube-apiserver (Node authorizer + NodeRestriction, node
+//! credentials) into a pod run by the real process runtime: `envFrom` a ConfigMap and
+//! `secretKeyRef` reach the process's environment, `configMap` and `secret` volumes are written
+//! with the `..data` layout, and an update of the ConfigMap reaches the volume's files (and the
+//! running process reading them). Objects the node's pods do not reference stay forbidden.
+//!
+//! Own `main` (`harness = false`): the process runtime starts each container's supervisor by
+//! re-running this executable (`ShimCommand::CurrentExe`). Skips with a message when no
+//! kube-apiserver can be provided; fails instead under `KUBELET_SDK_REQUIRE_ROOT=1`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{
+    ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar,
+    EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret, SecretKeySelector, SecretVolumeSource,
+    Volume,
+};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use kubelet_apiserver::{ApiObjects, client_from_kubeconfig};
+use kubelet_core::testing::RecordingSink;
+use kubelet_core::{
+    ContainerRuntime, ErrorKind, KubeletBuilder, KubeletConfig, ObjectProvider, PodSource,
+    SourceSender,
+};
+use kubelet_pleg::{GenericPleg, GenericPlegConfig};
+use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
+use kubelet_testenv::ApiServerEnv;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "objects-node";
+const NS: &str = "default";
+const TEST: &str = "pod_sees_config_map_and_secret_from_the_api_server_and_volume_follows_updates";
+
+fn main() -> ExitCode {
+    if let Some(code) = kubelet_process::shim::maybe_run_shim() {
+        return code;
+    }
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    if filter.as_deref().is_some_and(|f| !TEST.contains(f)) {
+        println!("test {TEST} ... filtered out");
+        return ExitCode::SUCCESS;
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    rt.block_on(run());
+    println!("test {TEST} ... ok");
+    ExitCode::SUCCESS
+}
+
+/// A pod source the test drives with snapshots.
+struct TestSource(watch::Receiver<Vec<Pod>>);
+
+#[async_trait]
+impl PodSource for TestSource {
+    fn name(&self) -> &str {
+        "api"
+    }
+    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
+        let mut rx = self.0.clone();
+        loop {
+            let pods = rx.borrow_and_update().clone();
+            if out.snapshot(pods).await.is_err() {
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+        }
+    }
+}
+
+fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
+    let mut cm = ConfigMap {
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    cm.metadata.name = Some(name.into());
+    cm
+}
+
+fn pod(root: &Path) -> Pod {
+    // The process runtime has no mount namespace: the process reads the volumes at their host
+    // paths, which it computes from its own UID.
+    let vols = format!("{}/pods/$POD_UID/volumes", root.display());
+    let script = format!(
+        "echo \"GREETING=$GREETING PASSWORD=$PASSWORD\"; \
+         echo \"secret-file=$(cat {vols}/kubernetes.io~secret/creds/password)\"; \
+         while true; do echo \"conf-file=$(cat {vols}/kubernetes.io~configmap/conf/conf.txt)\"; sleep 0.5; done"
+    );
+    let mut p = Pod {
+        spec: Some(PodSpec {
+            node_name: Some(NODE.into()),
+            termination_grace_period_seconds: Some(2),
+            containers: vec![Container {
+                name: "app".into(),
+                image: Some("busybox:1".into()),
+                command: Some(vec!["sh".into(), "-c".into(), script]),
+                env_from: Some(vec![EnvFromSource {
+                    config_map_ref: Some(ConfigMapEnvSource {
+                        name: "app-config".into(),
+                        optional: None,
+                    }),
+                    ..Default::default()
+                }]),
+                env: Some(vec![
+                    EnvVar {
+                        name: "PASSWORD".into(),
+                        value_from: Some(EnvVarSource {
+                            secret_key_ref: Some(SecretKeySelector {
+                                name: "creds".into(),
+                                key: "password".into(),
+                                optional: None,
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    EnvVar {
+                        name: "POD_UID".into(),
+                        value_from: Some(EnvVarSource {
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "metadata.uid".into(),
+                                api_version: None,
+                            }),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }],
+            volumes: Some(vec![
+                Volume {
+                    name: "conf".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: "app-config".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "creds".into(),
+                    secret: Some(SecretVolumeSource {
+                        secret_name: Some("creds".into()),
+                        default_mode: Some(0o400),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ]),
+            host_network: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    p.metadata.name = Some("objects".into());
+    p
+}
+
+/// The container's log (CRI format), all attempts.
+fn log_text(logs: &Path) -> String {
+    let mut out = String::new();
+    let Ok(pods) = std::fs::read_dir(logs) else {
+        return out;
+    };
+    for p in pods.flatten() {
+        let dir = p.path().join("app");
+        for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
+        }
+    }
+    out
+}
+
+async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn run() {
+    let Some(env) = ApiServerEnv::start_for_node(TEST, NODE) else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root: PathBuf = dir.path().join("root");
+    let logs = dir.path().join("logs");
+    let admin = client_from_kubeconfig(env.admin_kubeconfig())
+        .await
+        .expect("admin client");
+    let node = client_from_kubeconfig(env.node_kubeconfig())
+        .await
+        .expect("node client");
+
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let pp = PostParams::default();
+    cms.create(
+        &pp,
+        &config_map(
+            "app-config",
+            &[("GREETING", "hello"), ("conf.txt", "v1"), ("1bad", "x")],
+        ),
+    )
+    .await
+    .expect("create ConfigMap");
+    cms.create(&pp, &config_map("unreferenced", &[("k", "v")]))
+        .await
+        .expect("create ConfigMap");
+    let mut secret = Secret {
+        data: Some([("password".to_string(), ByteString(b"s3cret".to_vec()))].into()),
+        ..Default::default()
+    };
+    secret.metadata.name = Some("creds".into());
+    secrets.create(&pp, &secret).await.expect("create Secret");
+    let created = pods.create(&pp, &pod(&root)).await.expect("create Pod");
+    let uid = created.metadata.uid.clone().expect("uid");
+
+    let objects = ApiObjects::new(node).with_ttl(Duration::from_secs(1));
+    // The Node authorizer: the node may read only what its pods reference.
+    let forbidden = objects
+        .config_map(NS, "unreferenced")
+        .await
+        .expect_err("unreferenced ConfigMap is forbidden to the node");
+    assert_eq!(forbidden.kind(), ErrorKind::PermissionDenied, "{forbidden}");
+
+    let state = dir.path().join("state");
+    let runtime = Arc::new(
+        ProcessRuntime::new(
+            ProcessRuntimeConfig::new(&state)
+                .shim(ShimCommand::CurrentExe)
+                .use_cgroups(false),
+        )
+        .expect("process runtime"),
+    );
+    let dyn_runtime: Arc<dyn ContainerRuntime> = runtime.clone();
+    let pleg = Arc::new(GenericPleg::new(
+        dyn_runtime.clone(),
+        GenericPlegConfig::default(),
+    ));
+    let sink = Arc::new(RecordingSink::new());
+    let (pods_tx, pods_rx) = watch::channel(vec![created]);
+    let mut config = KubeletConfig::with_dirs(&root, &logs);
+    config.sync_frequency = Duration::from_secs(1);
+    let kubelet = KubeletBuilder::new(NODE)
+        .config(config)
+        .runtime(dyn_runtime.clone())
+        .pleg(pleg)
+        .pod_source(Arc::new(TestSource(pods_rx)))
+        .status_sink(sink.clone())
+        .object_provider(Arc::new(objects))
+        .build()
+        .expect("build");
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(kubelet.run(shutdown.clone()));
+
+    let running = sink
+        .wait_for(
+            |r| r.uid == uid && r.status.phase.as_deref() == Some("Running"),
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(running.is_some(), "pod Running: {:#?}", sink.latest(&uid));
+
+    wait_until(
+        "env and secret file in the log",
+        Duration::from_secs(30),
+        || {
+            let t = log_text(&logs);
+            t.contains("GREETING=hello PASSWORD=s3cret") && t.contains("secret-file=s3cret")
+        },
+    )
+    .await;
+    assert!(
+        sink.events()
+            .iter()
+            .any(|e| e.reason == "InvalidEnvironmentVariableNames"
+                && e.message
+                    .contains("Keys [1bad] from the EnvFrom configMap default/app-config")),
+        "{:?}",
+        sink.events()
+    );
+
+    let vols = root.join("pods").join(&uid).join("volumes");
+    let secret_dir = vols.join("kubernetes.io~secret/creds");
+    assert_eq!(
+        std::fs::read_link(secret_dir.join("password")).expect("symlink"),
+        Path::new("..data/password")
+    );
+    assert!(std::fs::read_link(secret_dir.join("..data")).is_ok());
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(secret_dir.join("password"))
+            .expect("secret file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o400);
+    }
+    let conf = vols.join("kubernetes.io~configmap/conf/conf.txt");
+    assert_eq!(std::fs::read_to_string(&conf).expect("conf.txt"), "v1");
+
+    // An update of the ConfigMap reaches the volume and the process reading it.
+    cms.patch(
+        "app-config",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "data": { "conf.txt": "v2" } })),
+    )
+    .await
+    .expect("update ConfigMap");
+    wait_until("updated volume file", Duration::from_secs(30), || {
+        std::fs::read_to_string(&conf).ok().as_deref() == Some("v2")
+    })
+    .await;
+    wait_until(
+        "the process sees the update",
+        Duration::from_secs(30),
+        || log_text(&logs).contains("conf-file=v2"),
+    )
+    .await;
+
+    // Remove the pod: the engine stops the process and tears the volumes down.
+    pods_tx.send_replace(Vec::new());
+    let rt = dyn_runtime.clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = rt
+            .list_containers(&Default::default())
+            .await
+            .expect("list containers");
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "containers left: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(!root.join("pods").join(&uid).exists(), "pod dir removed");
+    shutdown.cancel();
+    let _ = agent.await;
+    drop(env);
+}
