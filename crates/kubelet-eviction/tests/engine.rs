@@ -121,8 +121,7 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
     settings.hard = Some(parse_threshold_flag("evictionHard", "memory.available<100Mi").unwrap());
     let config = EvictionConfig::from_settings(&settings).unwrap();
     let pods = DeferredPods::new();
-    let manager = EvictionManager::new(config, stats.clone(), Arc::new(pods.clone()));
-    let kubelet = KubeletBuilder::new("node-1")
+    let builder = KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(
             tmp.path().join("root"),
             tmp.path().join("logs"),
@@ -132,7 +131,10 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
         .pod_source(Arc::new(Scripted {
             rx: tokio::sync::Mutex::new(rx),
         }))
-        .status_sink(sink.clone())
+        .status_sink(sink.clone());
+    let manager = EvictionManager::new(config, stats.clone(), Arc::new(pods.clone()))
+        .with_recorder(builder.recorder(), "node-1");
+    let kubelet = builder
         .admit_handler(manager.admit_handler())
         .build()
         .unwrap();
@@ -177,6 +179,32 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
     assert_eq!(
         (cond.status.as_str(), cond.reason.as_deref()),
         ("True", Some("TerminationByKubelet"))
+    );
+    // The Evicted event reaches the status sinks with the kubelet's annotations.
+    let event = sink
+        .wait_for_event(|e| e.reason == "Evicted", Duration::from_secs(30))
+        .await
+        .expect("an Evicted event");
+    assert_eq!(
+        (event.involved.kind.as_str(), event.involved.name.as_str()),
+        ("Pod", "hog")
+    );
+    assert_eq!(
+        Some(event.message.as_str()),
+        evicted.status.message.as_deref()
+    );
+    let annotations: Vec<(&str, &str)> = event
+        .annotations
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    assert_eq!(
+        annotations,
+        [
+            ("offending_containers", "app"),
+            ("offending_containers_usage", "600Mi"),
+            ("starved_resource", "memory"),
+        ]
     );
 
     // Still under pressure: a new BestEffort pod is rejected before it starts.
