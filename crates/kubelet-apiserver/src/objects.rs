@@ -223,3 +223,199 @@ impl ObjectProvider for ApiObjects {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{ConfigMapVolumeSource, PodSpec, Volume};
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A tiny real HTTP server standing in for the API server: answers ConfigMap GETs from a
+    /// map (404 Status for others, 403 for names starting with `forbidden`) and counts requests.
+    struct Server {
+        url: String,
+        requests: Arc<Mutex<Vec<String>>>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    fn status(code: u16, reason: &str, message: &str) -> String {
+        serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code,
+        })
+        .to_string()
+    }
+
+    async fn server(objects: BTreeMap<String, String>) -> Server {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let requests: Arc<Mutex<Vec<String>>> = Default::default();
+        let seen = requests.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&buf).into_owned();
+                let path = head.split_whitespace().nth(1).unwrap_or("").to_string();
+                seen.lock().push(path.clone());
+                let name = path.rsplit('/').next().unwrap_or("").to_string();
+                let (code, body) = if name.starts_with("forbidden") {
+                    (
+                        403,
+                        status(
+                            403,
+                            "Forbidden",
+                            "configmaps \"forbidden\" is forbidden: no relationship found between node \"n\" and this object",
+                        ),
+                    )
+                } else if let Some(data) = objects.get(&name) {
+                    let cm = serde_json::json!({
+                        "kind": "ConfigMap", "apiVersion": "v1",
+                        "metadata": {"name": name, "namespace": "ns"},
+                        "data": {"k": data},
+                    });
+                    (200, cm.to_string())
+                } else {
+                    (
+                        404,
+                        status(404, "NotFound", &format!("configmaps \"{name}\" not found")),
+                    )
+                };
+                let resp = format!(
+                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            }
+        });
+        Server {
+            url,
+            requests,
+            task,
+        }
+    }
+
+    fn client(url: &str) -> Client {
+        let uri: http::Uri = url.parse().expect("uri");
+        Client::try_from(kube::Config::new(uri)).expect("client")
+    }
+
+    fn pod(uid: &str, version: &str, config_maps: &[&str]) -> Pod {
+        let mut p = Pod {
+            spec: Some(PodSpec {
+                volumes: Some(
+                    config_maps
+                        .iter()
+                        .map(|n| Volume {
+                            name: n.to_string(),
+                            config_map: Some(ConfigMapVolumeSource {
+                                name: n.to_string(),
+                                ..Default::default()
+                            }),
+                            ..Default::default()
+                        })
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        p.metadata.uid = Some(uid.into());
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.resource_version = Some(version.into());
+        p
+    }
+
+    #[tokio::test]
+    async fn objects_are_cached_for_the_ttl_and_refetched_when_a_pod_changes() {
+        let srv = server(BTreeMap::from([("a".to_string(), "1".to_string())])).await;
+        let objects = ApiObjects::new(client(&srv.url)).with_ttl(Duration::from_secs(600));
+        let count = || srv.requests.lock().len();
+
+        objects.register_pod(&pod("u1", "1", &["a", "missing"]));
+        let got = objects.config_map("ns", "a").await.expect("get");
+        assert_eq!(
+            got.and_then(|c| c.data).and_then(|d| d.get("k").cloned()),
+            Some("1".to_string())
+        );
+        assert_eq!(count(), 1);
+        assert_eq!(srv.requests.lock()[0], "/api/v1/namespaces/ns/configmaps/a");
+        objects.config_map("ns", "a").await.expect("cached");
+        assert_eq!(count(), 1, "served from the cache within the TTL");
+
+        // Not found is an answer, cached like an object.
+        assert!(
+            objects
+                .config_map("ns", "missing")
+                .await
+                .expect("get")
+                .is_none()
+        );
+        assert!(
+            objects
+                .config_map("ns", "missing")
+                .await
+                .expect("get")
+                .is_none()
+        );
+        assert_eq!(count(), 2);
+
+        // Syncing the same pod again keeps the cache; a changed pod refetches.
+        objects.register_pod(&pod("u1", "1", &["a", "missing"]));
+        objects.config_map("ns", "a").await.expect("cached");
+        assert_eq!(count(), 2);
+        objects.register_pod(&pod("u1", "2", &["a"]));
+        objects.config_map("ns", "a").await.expect("refetched");
+        assert_eq!(count(), 3);
+        assert_eq!(
+            objects.cached_objects(),
+            1,
+            "missing is no longer referenced"
+        );
+
+        // Once no pod references an object it is not cached.
+        objects.unregister_pod(&pod("u1", "2", &["a"]));
+        assert_eq!(objects.cached_objects(), 0);
+        objects.config_map("ns", "a").await.expect("get");
+        objects.config_map("ns", "a").await.expect("get");
+        assert_eq!(count(), 5);
+    }
+
+    #[tokio::test]
+    async fn zero_ttl_always_fetches_and_errors_keep_their_kind() {
+        let srv = server(BTreeMap::from([("a".to_string(), "1".to_string())])).await;
+        let objects = ApiObjects::new(client(&srv.url)).with_ttl(Duration::ZERO);
+        objects.register_pod(&pod("u1", "1", &["a", "forbidden"]));
+        objects.config_map("ns", "a").await.expect("get");
+        objects.config_map("ns", "a").await.expect("get");
+        assert_eq!(srv.requests.lock().len(), 2);
+
+        let err = objects
+            .config_map("ns", "forbidden")
+            .await
+            .expect_err("403");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(err.message().contains("no relationship found"), "{err}");
+
+        let down = ApiObjects::new(client("http://127.0.0.1:1"));
+        let err = down.secret("ns", "s").await.expect_err("unreachable");
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    }
+}
