@@ -17,9 +17,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ApiServerConfig;
 use crate::error::{ApiServerError, is_status};
+use crate::events::EventPoster;
 use crate::lease::{self, INITIAL_BACKOFF, LEASE_NAMESPACE, next_backoff};
 use crate::machine::{self, MachineInfo};
+use crate::mirror::MirrorPods;
 use crate::node::{self, NodeFacts, NodeStatusInputs};
+use crate::sink::ApiStatusSink;
+use crate::source::ApiPodSource;
 
 /// State shared by the parts of one [`ApiServer`] (node loop, source, sink, mirror pods).
 pub(crate) struct Shared {
@@ -29,6 +33,10 @@ pub(crate) struct Shared {
     /// UID of the Node object, once registered or read.
     pub(crate) node_uid: RwLock<Option<String>>,
     pub(crate) recorder: RwLock<Option<EventRecorder>>,
+    pub(crate) mirrors: MirrorPods,
+    pub(crate) events: EventPoster,
+    /// Pod status fields the API server rejected as unknown (it is older than our types).
+    pub(crate) unknown_status_fields: RwLock<std::collections::HashSet<String>>,
 }
 
 /// One node's connection to the API server. Cheap to clone.
@@ -71,13 +79,17 @@ pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, ApiServerErro
 impl ApiServer {
     /// An integration for node `node_name` over `client`.
     pub fn new(client: Client, node_name: impl Into<String>, config: ApiServerConfig) -> Self {
+        let node_name = node_name.into();
         Self {
             shared: Arc::new(Shared {
-                client,
-                node_name: node_name.into(),
-                config,
+                events: EventPoster::new(&node_name, config.event_qps, config.event_burst),
                 node_uid: RwLock::new(None),
                 recorder: RwLock::new(None),
+                mirrors: MirrorPods::default(),
+                unknown_status_fields: RwLock::new(std::collections::HashSet::new()),
+                client,
+                node_name,
+                config,
             }),
         }
     }
@@ -100,6 +112,22 @@ impl ApiServer {
     pub fn with_recorder(self, recorder: EventRecorder) -> Self {
         *self.shared.recorder.write() = Some(recorder);
         self
+    }
+
+    /// The pod source (`api`): pods bound to this node. Add it to the agent with
+    /// [`KubeletBuilder::pod_source`](kubelet_core::KubeletBuilder::pod_source).
+    pub fn pod_source(&self) -> Arc<ApiPodSource> {
+        Arc::new(ApiPodSource {
+            shared: Arc::clone(&self.shared),
+        })
+    }
+
+    /// The status sink: pod statuses, deletion of finished pods, mirror pod statuses, events.
+    /// Add it with [`KubeletBuilder::status_sink`](kubelet_core::KubeletBuilder::status_sink).
+    pub fn status_sink(&self) -> Arc<ApiStatusSink> {
+        Arc::new(ApiStatusSink {
+            shared: Arc::clone(&self.shared),
+        })
     }
 
     /// The kube client.
@@ -355,9 +383,25 @@ impl ApiServer {
         }
     }
 
-    /// Loops of other parts (mirror pods) that run next to the node loops.
+    /// Mirror pods: reconciled on every change the source or the sink reports, and every 10 s.
     async fn extra_loops(&self, shutdown: &CancellationToken) {
-        shutdown.cancelled().await;
+        let shared = &self.shared;
+        loop {
+            let uid = self.node_uid();
+            shared
+                .mirrors
+                .reconcile(
+                    &shared.client,
+                    &shared.unknown_status_fields,
+                    &shared.node_name,
+                    uid.as_deref(),
+                )
+                .await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = shared.mirrors.wait() => {}
+            }
+        }
     }
 }
 

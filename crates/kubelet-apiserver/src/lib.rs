@@ -37,16 +37,23 @@
 mod agent;
 pub mod config;
 pub mod error;
+pub mod events;
 pub mod lease;
 pub mod machine;
+pub mod mirror;
 pub mod node;
 pub mod objects;
+pub mod patch;
+pub mod sink;
+pub mod source;
 
 pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
 pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
 pub use error::ApiServerError;
 pub use node::{NodeConditionSource, NodeStatusInputs};
 pub use objects::ApiObjects;
+pub use sink::ApiStatusSink;
+pub use source::ApiPodSource;
 
 /// Re-export of the `kube` crate this integration is built on.
 pub use kube;

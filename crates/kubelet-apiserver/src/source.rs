@@ -1,0 +1,195 @@
+//! [`ApiPodSource`]: the pods bound to this node in the API server (the kubelet's `apiserver.go`
+//! source, named `api`).
+//!
+//! A kube-runtime watcher lists and watches pods with `spec.nodeName=<node>` in every namespace:
+//! it resumes from the last resourceVersion, relists on `410 Gone`, asks for bookmarks, and
+//! retries with backoff while the API server is unreachable. Each list and each change delivers
+//! the full set of pods (a snapshot) to the agent's merge. Errors never produce a snapshot, so
+//! the pods keep running while the API server is away; the relist after it returns resyncs the
+//! agent (pods deleted meanwhile are stopped, new ones started). Mirror pods are handed to the
+//! mirror-pod manager and hidden from the agent, as the kubelet's pod manager does: deleting a
+//! mirror pod never stops its static pod.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kubelet_core::config::sources;
+use kubelet_core::pod as podutil;
+use kubelet_core::{PodSource, SourceSender};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::Shared;
+
+/// The API server as a pod source (`api`).
+#[derive(Clone)]
+pub struct ApiPodSource {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ApiPodSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiPodSource")
+            .field("node_name", &self.shared.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The pods the watcher has listed, and the list being rebuilt during a relist.
+#[derive(Debug, Default)]
+pub(crate) struct WatchState {
+    pods: BTreeMap<String, Pod>,
+    relist: Option<BTreeMap<String, Pod>>,
+    listed: bool,
+}
+
+impl WatchState {
+    /// Apply one watcher event; true when the set of pods changed (and it has been listed).
+    pub(crate) fn apply(&mut self, ev: Event<Pod>) -> bool {
+        match ev {
+            Event::Init => {
+                self.relist = Some(BTreeMap::new());
+                false
+            }
+            Event::InitApply(p) => {
+                if let Some(r) = self.relist.as_mut() {
+                    r.insert(podutil::uid(&p).to_string(), p);
+                }
+                false
+            }
+            Event::InitDone => {
+                if let Some(r) = self.relist.take() {
+                    self.pods = r;
+                }
+                self.listed = true;
+                true
+            }
+            Event::Apply(p) => {
+                self.pods.insert(podutil::uid(&p).to_string(), p);
+                self.listed
+            }
+            Event::Delete(p) => {
+                self.pods.remove(podutil::uid(&p));
+                self.listed
+            }
+        }
+    }
+
+    /// The agent's pods (mirror pods excluded) and the mirror pods.
+    pub(crate) fn split(&self) -> (Vec<Pod>, Vec<&Pod>) {
+        let (mirrors, pods): (Vec<&Pod>, Vec<&Pod>) =
+            self.pods.values().partition(|p| podutil::is_mirror(p));
+        (pods.into_iter().cloned().collect(), mirrors)
+    }
+}
+
+#[async_trait]
+impl PodSource for ApiPodSource {
+    fn name(&self) -> &str {
+        sources::API
+    }
+
+    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
+        let node = &self.shared.node_name;
+        let api: Api<Pod> = Api::all(self.shared.client.clone());
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let stream = watcher::watcher(api, config).default_backoff();
+        futures::pin_mut!(stream);
+        let mut state = WatchState::default();
+        let mut failing = false;
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                next = stream.next() => next,
+            };
+            let Some(first) = next else {
+                tracing::warn!(node = %node, "pod watch ended");
+                return;
+            };
+            let mut changed = false;
+            let mut handle = |item: Result<Event<Pod>, watcher::Error>, failing: &mut bool| {
+                match item {
+                    Ok(ev) => {
+                        if *failing {
+                            tracing::info!(node = %node, "pod watch recovered");
+                            *failing = false;
+                        }
+                        changed |= state.apply(ev);
+                    }
+                    Err(e) => {
+                        if *failing {
+                            tracing::debug!(node = %node, "pod watch still failing: {e}");
+                        } else {
+                            tracing::warn!(node = %node, "pod watch failed, retrying with backoff (pods keep running): {e}");
+                            *failing = true;
+                        }
+                    }
+                }
+            };
+            handle(first, &mut failing);
+            // Take every event that is ready now, then deliver one snapshot.
+            while let Some(Some(item)) = stream.next().now_or_never() {
+                handle(item, &mut failing);
+            }
+            if changed {
+                let (pods, mirrors) = state.split();
+                self.shared.mirrors.set_api_mirrors(&mirrors);
+                tracing::debug!(node = %node, pods = pods.len(), mirrors = mirrors.len(), "api pods changed");
+                if out.snapshot(pods).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(uid: &str, mirror: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.uid = Some(uid.into());
+        p.metadata.name = Some(uid.into());
+        if mirror {
+            p.metadata.annotations = Some(BTreeMap::from([(
+                kubelet_core::config::annotations::CONFIG_MIRROR.to_string(),
+                "h".to_string(),
+            )]));
+        }
+        p
+    }
+
+    #[test]
+    fn nothing_is_delivered_before_the_first_list_and_a_relist_replaces_the_set() {
+        let mut s = WatchState::default();
+        assert!(!s.apply(Event::Init));
+        assert!(!s.apply(Event::InitApply(pod("a", false))));
+        assert!(!s.apply(Event::InitApply(pod("m", true))));
+        assert!(s.apply(Event::InitDone));
+        let (pods, mirrors) = s.split();
+        assert_eq!(pods.len(), 1, "mirror pods are hidden from the agent");
+        assert_eq!(mirrors.len(), 1);
+        assert!(s.apply(Event::Apply(pod("b", false))));
+        // A relist (after 410 Gone or a reconnect) keeps the old set until it is complete...
+        assert!(!s.apply(Event::Init));
+        assert!(!s.apply(Event::InitApply(pod("b", false))));
+        assert_eq!(s.split().0.len(), 2);
+        // ...then replaces it: "a" was deleted while the watch was down.
+        assert!(s.apply(Event::InitDone));
+        let names: Vec<_> = s
+            .split()
+            .0
+            .iter()
+            .map(|p| podutil::uid(p).to_string())
+            .collect();
+        assert_eq!(names, ["b"]);
+        assert!(s.apply(Event::Delete(pod("b", false))));
+        assert!(s.split().0.is_empty());
+    }
+}

@@ -1,0 +1,639 @@
+//! The agent against a real kube-apiserver 1.20 (`kubelet-testenv`): node registration and
+//! Lease, pods bound through the API running on the process runtime with their status in the
+//! API, deletion, mirror pods, and an API server outage. The agent only has the node's
+//! NodeRestriction-scoped credentials; the test's own checks use the admin kubeconfig.
+//!
+//! Own `main` (`harness = false`): the process runtime re-runs this executable as each
+//! container's supervisor. The tests run in parallel, each with its own API server.
+//! `KSDK_API_OUTAGE_SECS` sets the length of the outage (default 60 s, the figure).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use kubelet_apiserver::{ApiServer, ApiServerConfig, NodeStatusInputs};
+use kubelet_core::runtime::{ContainerFilter, ContainerState, labels};
+use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_pleg::{GenericPleg, GenericPlegConfig};
+use kubelet_podconfig::FileSource;
+use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
+use kubelet_testenv::ApiServerEnv;
+use tokio_util::sync::CancellationToken;
+
+type TestFn = fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn main() -> ExitCode {
+    if let Some(code) = kubelet_process::shim::maybe_run_shim() {
+        return code;
+    }
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_test_writer()
+        .try_init();
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let tests: [(&str, TestFn); 2] = [
+        (
+            "agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_pods",
+            || {
+                Box::pin(
+                    agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_pods(),
+                )
+            },
+        ),
+        (
+            "pods_keep_running_through_an_api_server_outage_and_the_agent_catches_up",
+            || Box::pin(pods_keep_running_through_an_api_server_outage_and_the_agent_catches_up()),
+        ),
+    ];
+    let selected: Vec<_> = tests
+        .into_iter()
+        .filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f)))
+        .collect();
+    let handles: Vec<_> = selected
+        .into_iter()
+        .map(|(name, f)| {
+            (
+                name,
+                std::thread::spawn(move || {
+                    tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                        .expect("tokio runtime")
+                        .block_on(f())
+                }),
+            )
+        })
+        .collect();
+    let mut failed = 0;
+    for (name, h) in handles {
+        match h.join() {
+            Ok(()) => println!("test {name} ... ok"),
+            Err(_) => {
+                println!("test {name} ... FAILED");
+                failed += 1;
+            }
+        }
+    }
+    if failed > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// Poll `f` every 250 ms until it yields a value, at most `timeout`.
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// An agent on the process runtime joined to `env` with its node credentials.
+struct Agent {
+    runtime: Arc<ProcessRuntime>,
+    shutdown: CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    _dir: tempfile::TempDir,
+    manifests: std::path::PathBuf,
+}
+
+impl Agent {
+    async fn start(env: &ApiServerEnv) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let manifests = dir.path().join("manifests");
+        std::fs::create_dir_all(&manifests).unwrap();
+        let node = env.node_name().to_string();
+        let runtime = Arc::new(
+            ProcessRuntime::new(
+                ProcessRuntimeConfig::new(dir.path().join("runtime"))
+                    .shim(ShimCommand::CurrentExe)
+                    .use_cgroups(false),
+            )
+            .expect("process runtime"),
+        );
+        let dyn_runtime: Arc<dyn ContainerRuntime> = runtime.clone();
+        let api = ApiServer::from_kubeconfig(
+            env.node_kubeconfig(),
+            node.clone(),
+            ApiServerConfig::default()
+                .root_dir(dir.path().join("root"))
+                .node_labels(BTreeMap::from([(
+                    "example.com/role".to_string(),
+                    "edge".to_string(),
+                )])),
+        )
+        .await
+        .expect("client from the node kubeconfig");
+        let builder = KubeletBuilder::new(node.clone()).config(KubeletConfig::with_dirs(
+            dir.path().join("root"),
+            dir.path().join("logs"),
+        ));
+        let api = api.with_recorder(builder.recorder());
+        let kubelet = builder
+            .runtime(dyn_runtime.clone())
+            .pleg(Arc::new(GenericPleg::new(
+                dyn_runtime.clone(),
+                GenericPlegConfig::default(),
+            )))
+            .pod_source(Arc::new(FileSource::new(&manifests, node.clone())))
+            .pod_source(api.pod_source())
+            .status_sink(api.status_sink())
+            .build()
+            .expect("agent");
+        let inputs = NodeStatusInputs::new(dyn_runtime).kubelet(kubelet.handle());
+        let shutdown = CancellationToken::new();
+        let tasks = vec![
+            tokio::spawn(kubelet.run(shutdown.clone())),
+            tokio::spawn({
+                let shutdown = shutdown.clone();
+                async move { api.run(inputs, shutdown).await }
+            }),
+        ];
+        Self {
+            runtime,
+            shutdown,
+            tasks,
+            _dir: dir,
+            manifests,
+        }
+    }
+
+    /// IDs of the running containers of pod `uid`.
+    async fn running(&self, uid: &str) -> Vec<String> {
+        let filter = ContainerFilter {
+            state: Some(ContainerState::Running),
+            label_selector: BTreeMap::from([(labels::POD_UID.to_string(), uid.to_string())]),
+            ..Default::default()
+        };
+        self.runtime
+            .list_containers(&filter)
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|c| c.id)
+            .collect()
+    }
+
+    /// Stop the agent and every container it started.
+    async fn stop(self) {
+        self.shutdown.cancel();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+        let all = self
+            .runtime
+            .list_pod_sandboxes(&Default::default())
+            .await
+            .unwrap_or_default();
+        for sb in all {
+            let _ = self.runtime.stop_pod_sandbox(&sb.id).await;
+            let _ = self.runtime.remove_pod_sandbox(&sb.id).await;
+        }
+    }
+}
+
+fn pod(name: &str, node: &str, script: &str, restart: &str) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "nodeName": node,
+            "hostNetwork": true,
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 5,
+            "containers": [{
+                "name": "app",
+                "image": "busybox",
+                "command": ["/bin/sh", "-c", script],
+            }],
+        },
+    }))
+    .expect("pod")
+}
+
+const LONG_RUNNING: &str = "trap 'exit 0' TERM; while true; do sleep 0.2; done";
+
+fn phase(p: &Pod) -> &str {
+    p.status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("")
+}
+
+async fn admin_client(env: &ApiServerEnv) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).expect("admin kubeconfig");
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .expect("admin config");
+    Client::try_from(cfg).expect("admin client")
+}
+
+fn write_manifest(dir: &Path, name: &str) {
+    let m = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": { "name": name, "namespace": "default" },
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 2,
+            "containers": [{ "name": "app", "image": "busybox", "command": ["/bin/sh", "-c", LONG_RUNNING] }],
+        },
+    });
+    let tmp = dir.join(format!(".{name}.json"));
+    std::fs::write(&tmp, m.to_string()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{name}.json"))).unwrap();
+}
+
+async fn agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_pods() {
+    let test = "agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_pods";
+    let Some(env) = ApiServerEnv::start_for_node(test, "ksdk-join") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let admin = admin_client(&env).await;
+    let agent = Agent::start(&env).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+
+    // The Node registers with capacity, labels and Ready=True.
+    let n = eventually("node Ready", Duration::from_secs(30), || async {
+        let n = nodes.get_opt(&node).await.ok().flatten()?;
+        let ready = n
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(n)
+    })
+    .await;
+    let st = n.status.as_ref().unwrap();
+    let cap = st.capacity.as_ref().unwrap();
+    assert_eq!(cap["pods"].0, "110");
+    assert!(
+        cap.contains_key("cpu")
+            && cap.contains_key("memory")
+            && cap.contains_key("ephemeral-storage")
+    );
+    assert!(st.allocatable.as_ref().unwrap().contains_key("memory"));
+    let info = st.node_info.as_ref().unwrap();
+    assert_eq!(info.kubelet_version, kubelet_apiserver::KUBELET_VERSION);
+    assert!(
+        info.container_runtime_version.starts_with("process://"),
+        "{}",
+        info.container_runtime_version
+    );
+    let l = n.metadata.labels.as_ref().unwrap();
+    assert_eq!(l["kubernetes.io/os"], "linux");
+    assert_eq!(l["example.com/role"], "edge");
+    assert!(
+        st.addresses
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|a| a.type_ == "Hostname")
+    );
+
+    // The Lease exists, is owned by the Node and renews.
+    let lease = eventually("lease", Duration::from_secs(20), || async {
+        leases.get_opt(&node).await.ok().flatten()
+    })
+    .await;
+    let spec = lease.spec.clone().unwrap();
+    assert_eq!(spec.holder_identity.as_deref(), Some(node.as_str()));
+    assert_eq!(spec.lease_duration_seconds, Some(40));
+    let owner = &lease.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.uid.as_str()),
+        ("Node", n.metadata.uid.as_deref().unwrap())
+    );
+    let first_renew = spec.renew_time.unwrap();
+
+    // A pod bound through the API runs, and its status reaches the API.
+    let created = pods
+        .create(
+            &PostParams::default(),
+            &pod("web", &node, LONG_RUNNING, "Always"),
+        )
+        .await
+        .unwrap();
+    let uid = created.metadata.uid.clone().unwrap();
+    let running = eventually(
+        "web Running and Ready in the API",
+        Duration::from_secs(30),
+        || async {
+            let p = pods.get("web").await.ok()?;
+            let s = p.status.as_ref()?;
+            let ready = s
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let cs = s.container_statuses.as_ref()?.first()?;
+            (phase(&p) == "Running"
+                && ready
+                && cs.ready
+                && cs.state.as_ref()?.running.is_some()
+                && s.pod_ip.is_some())
+            .then_some(p)
+        },
+    )
+    .await;
+    assert!(running.status.as_ref().unwrap().start_time.is_some());
+    assert_eq!(agent.running(&uid).await.len(), 1);
+
+    // A static pod gets a mirror pod owned by the Node, with the static pod's status.
+    write_manifest(&agent.manifests, "static");
+    let mirror_name = format!("static-{node}");
+    let mirror = eventually("mirror pod Running", Duration::from_secs(30), || async {
+        let p = pods.get_opt(&mirror_name).await.ok().flatten()?;
+        (phase(&p) == "Running").then_some(p)
+    })
+    .await;
+    let ann = mirror.metadata.annotations.clone().unwrap();
+    let hash = ann["kubernetes.io/config.mirror"].clone();
+    assert_eq!(ann.get("kubernetes.io/config.hash"), Some(&hash));
+    let owner = &mirror.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Node", Some(true))
+    );
+    let static_running = agent.running(&hash).await;
+    assert_eq!(
+        static_running.len(),
+        1,
+        "the static pod runs under its own UID (the hash)"
+    );
+
+    // Deleting the mirror pod does not stop the static pod; the mirror comes back.
+    let old_mirror_uid = mirror.metadata.uid.clone().unwrap();
+    pods.delete(&mirror_name, &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually("mirror pod recreated", Duration::from_secs(30), || async {
+        let p = pods.get_opt(&mirror_name).await.ok().flatten()?;
+        (p.metadata.uid.as_deref() != Some(old_mirror_uid.as_str())
+            && p.metadata.deletion_timestamp.is_none())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        agent.running(&hash).await,
+        static_running,
+        "the static pod's container was not restarted"
+    );
+
+    // The lease has been renewed meanwhile (every 10 s).
+    eventually("lease renewed", Duration::from_secs(25), || async {
+        let l = leases.get(&node).await.ok()?;
+        (l.spec?.renew_time?.0 > first_renew.0).then_some(())
+    })
+    .await;
+
+    // Deleting the API pod stops its container, and the object goes away.
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually("web gone from the API", Duration::from_secs(40), || async {
+        pods.get_opt("web")
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        agent.running(&uid).await.is_empty(),
+        "web's container stopped before the object went away"
+    );
+
+    // Removing the manifest stops the static pod and deletes its mirror pod.
+    std::fs::remove_file(agent.manifests.join("static.json")).unwrap();
+    eventually("mirror pod deleted", Duration::from_secs(40), || async {
+        pods.get_opt(&mirror_name)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // Events reached the API (Started, Killing ...), from the kubelet on this node.
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(admin.clone(), "default");
+    let evs = events.list(&Default::default()).await.unwrap().items;
+    assert!(
+        evs.iter().any(|e| e.reason.as_deref() == Some("Started")
+            && e.source.as_ref().and_then(|s| s.host.as_deref()) == Some(node.as_str())),
+        "no Started event: {evs:?}"
+    );
+
+    agent.stop().await;
+
+    // Everything the agent did, it did as system:node:<node>, and nothing was forbidden.
+    let user = format!("system:node:{node}");
+    let audit = env.audit_events();
+    let mine: Vec<_> = audit.iter().filter(|e| e.user == user).collect();
+    assert!(
+        mine.iter()
+            .any(|e| e.resource == "nodes" && e.verb == "create")
+    );
+    assert!(
+        mine.iter()
+            .any(|e| e.resource == "pods" && e.subresource == "status" && e.verb == "patch")
+    );
+    assert!(
+        mine.iter()
+            .any(|e| e.resource == "pods" && e.verb == "create"),
+        "mirror pod creation"
+    );
+    let forbidden: Vec<_> = mine.iter().filter(|e| e.code == 403).collect();
+    assert!(forbidden.is_empty(), "forbidden requests: {forbidden:?}");
+    assert!(
+        !audit
+            .iter()
+            .any(|e| e.user == "admin" && e.resource == "leases" && e.verb != "get"),
+        "only the node writes its lease"
+    );
+}
+
+fn outage() -> Duration {
+    Duration::from_secs(
+        std::env::var("KSDK_API_OUTAGE_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60),
+    )
+}
+
+async fn pods_keep_running_through_an_api_server_outage_and_the_agent_catches_up() {
+    let test = "pods_keep_running_through_an_api_server_outage_and_the_agent_catches_up";
+    let Some(env) = ApiServerEnv::start_for_node(test, "ksdk-outage") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let admin = admin_client(&env).await;
+    let agent = Agent::start(&env).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let outage = outage();
+
+    // "steady" runs throughout; "finisher" completes in the middle of the outage.
+    let steady = pods
+        .create(
+            &PostParams::default(),
+            &pod("steady", &node, LONG_RUNNING, "Always"),
+        )
+        .await
+        .unwrap();
+    let finish_after = (outage.as_secs() / 2).max(1) + 5;
+    let finisher = pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "finisher",
+                &node,
+                &format!("sleep {finish_after}; exit 0"),
+                "Never",
+            ),
+        )
+        .await
+        .unwrap();
+    for name in ["steady", "finisher"] {
+        eventually("pods Running", Duration::from_secs(30), || async {
+            (phase(&pods.get(name).await.ok()?) == "Running").then_some(())
+        })
+        .await;
+    }
+    let steady_uid = steady.metadata.uid.clone().unwrap();
+    let finisher_uid = finisher.metadata.uid.clone().unwrap();
+    let steady_containers = agent.running(&steady_uid).await;
+    assert_eq!(steady_containers.len(), 1);
+
+    env.stop_apiserver();
+    tokio::time::sleep(outage).await;
+    assert_eq!(
+        agent.running(&steady_uid).await,
+        steady_containers,
+        "steady kept its container during the outage"
+    );
+    assert!(
+        agent.running(&finisher_uid).await.is_empty(),
+        "finisher completed during the outage"
+    );
+    env.start_apiserver();
+    let back = jiff::Timestamp::now();
+
+    // The agent catches up: the status that changed during the outage reaches the API ...
+    let done = eventually(
+        "finisher Succeeded in the API",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("finisher").await.ok()?;
+            (phase(&p) == "Succeeded").then_some(p)
+        },
+    )
+    .await;
+    let cs = &done
+        .status
+        .as_ref()
+        .unwrap()
+        .container_statuses
+        .as_ref()
+        .unwrap()[0];
+    assert_eq!(
+        cs.state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref())
+            .map(|t| t.exit_code),
+        Some(0)
+    );
+    // ... the lease renews again ...
+    eventually(
+        "lease renewed after the outage",
+        Duration::from_secs(30),
+        || async {
+            let l = leases.get(&node).await.ok()?;
+            (l.spec?.renew_time?.0 > back).then_some(())
+        },
+    )
+    .await;
+    // ... and new pods run.
+    let after = pods
+        .create(
+            &PostParams::default(),
+            &pod("after", &node, LONG_RUNNING, "Always"),
+        )
+        .await
+        .unwrap();
+    // The pod watch retries with the kubelet's reflector backoff (0.8 s doubling to 30 s), so it
+    // may take up to 30 s after the API server returns to resume.
+    eventually("after Running", Duration::from_secs(60), || async {
+        (phase(&pods.get("after").await.ok()?) == "Running").then_some(())
+    })
+    .await;
+
+    // Nothing lost or duplicated: one container each, steady never restarted, three pods.
+    let s = pods.get("steady").await.unwrap();
+    assert_eq!(phase(&s), "Running");
+    assert_eq!(
+        s.status.unwrap().container_statuses.unwrap()[0].restart_count,
+        0
+    );
+    assert_eq!(agent.running(&steady_uid).await, steady_containers);
+    assert_eq!(
+        agent
+            .running(after.metadata.uid.as_deref().unwrap())
+            .await
+            .len(),
+        1
+    );
+    let listed = pods.list(&Default::default()).await.unwrap().items;
+    assert_eq!(
+        listed.len(),
+        3,
+        "{:?}",
+        listed
+            .iter()
+            .map(|p| p.metadata.name.clone())
+            .collect::<Vec<_>>()
+    );
+    let sandboxes = agent
+        .runtime
+        .list_pod_sandboxes(&Default::default())
+        .await
+        .unwrap();
+    let ready_sandboxes = sandboxes
+        .iter()
+        .filter(|s| s.labels.get(labels::POD_UID) == Some(&steady_uid))
+        .count();
+    assert_eq!(ready_sandboxes, 1, "one sandbox for steady");
+    agent.stop().await;
+}
