@@ -62,6 +62,8 @@ pub(crate) struct Engine {
     waiting: Mutex<HashMap<String, Waiting>>,
     exits: Mutex<HashMap<String, Instant>>,
     static_names: Mutex<HashMap<String, String>>,
+    /// Volumes set up successfully at least once, per pod UID.
+    mounted: Mutex<HashMap<String, HashMap<String, PathBuf>>>,
 }
 
 /// Result of the runtime part of a sync.
@@ -108,6 +110,7 @@ impl Engine {
             waiting: Mutex::new(HashMap::new()),
             exits: Mutex::new(HashMap::new()),
             static_names: Mutex::new(HashMap::new()),
+            mounted: Mutex::new(HashMap::new()),
         }
     }
 
@@ -348,9 +351,36 @@ impl Engine {
                 Ok(path) => {
                     out.insert(v.name.clone(), path);
                 }
-                Err(e) => failed.push(format!("{}: {e}", v.name)),
+                Err(e) => {
+                    // A volume that was set up before stays mounted when a later set-up (the
+                    // periodic remount of configMap/secret volumes) fails, as in the kubelet's
+                    // reconciler: report it, keep the old content, do not block the pod.
+                    let previous = self
+                        .mounted
+                        .lock()
+                        .get(pod::uid(p))
+                        .and_then(|m| m.get(&v.name).cloned());
+                    match previous {
+                        Some(path) => {
+                            self.recorder.warning(
+                                InvolvedObject::pod(p),
+                                "FailedMount",
+                                format!(
+                                    "MountVolume.SetUp failed for volume {:?} : {}",
+                                    v.name,
+                                    e.message()
+                                ),
+                            );
+                            out.insert(v.name.clone(), path);
+                        }
+                        None => failed.push(format!("{}: {e}", v.name)),
+                    }
+                }
             }
         }
+        self.mounted
+            .lock()
+            .insert(pod::uid(p).to_string(), out.clone());
         if failed.is_empty() {
             Ok(out)
         } else {
@@ -1056,6 +1086,7 @@ impl Engine {
     }
 
     async fn unmount_volumes(&self, p: &Pod) {
+        self.mounted.lock().remove(pod::uid(p));
         let volumes = p
             .spec
             .as_ref()
@@ -1104,6 +1135,7 @@ impl Engine {
         if let Some(objects) = &self.objects {
             objects.unregister_pod(p);
         }
+        self.mounted.lock().remove(&uid);
         self.waiting.lock().remove(&uid);
         self.backoff.lock().remove_prefix(&format!("{uid}/"));
         let mut names = self.static_names.lock();

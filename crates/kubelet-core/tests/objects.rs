@@ -1,7 +1,7 @@
 //! ConfigMaps and Secrets through the engine (in-memory runtime, paused time): env references
 //! that cannot be resolved hold the container in `CreateContainerConfigError` until the object
 //! appears; `configMap` volumes are written before the container starts and follow updates on
-//! later syncs.
+//! later syncs; a volume whose object disappears keeps its content without blocking the pod.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,12 +31,12 @@ impl PodSource for OnePod {
     }
 }
 
-fn config_map(data: &str) -> ConfigMap {
+fn config_map(name: &str, data: &str) -> ConfigMap {
     let mut cm = ConfigMap {
         data: Some([("key".to_string(), data.to_string())].into()),
         ..Default::default()
     };
-    cm.metadata.name = Some("settings".into());
+    cm.metadata.name = Some(name.into());
     cm.metadata.namespace = Some("default".into());
     cm
 }
@@ -66,15 +66,25 @@ fn pod() -> Pod {
                 }]),
                 ..Default::default()
             }],
-            volumes: Some(vec![Volume {
-                name: "conf".into(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: "settings".into(),
-                    optional: Some(true),
+            volumes: Some(vec![
+                Volume {
+                    name: "conf".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: "files".into(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
-                }),
-                ..Default::default()
-            }]),
+                },
+                Volume {
+                    name: "opt".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: "absent".into(),
+                        optional: Some(true),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ]),
             host_network: Some(true),
             ..Default::default()
         }),
@@ -94,7 +104,8 @@ fn waiting_reason(s: &PodStatus) -> Option<(String, String)> {
 }
 
 #[tokio::test(start_paused = true)]
-async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_follow_updates() {
+async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_follow_updates_until_it_is_deleted()
+ {
     let dir = std::env::temp_dir().join(format!("kubelet-core-objects-{}", std::process::id()));
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
@@ -104,6 +115,7 @@ async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_fo
     ));
     let sink = Arc::new(RecordingSink::new());
     let objects = StaticObjects::new();
+    objects.put_config_map(config_map("files", "v1"));
     let mut config = KubeletConfig::with_dirs(dir.join("root"), dir.join("logs"));
     config.sync_frequency = Duration::from_secs(10);
     let kubelet = KubeletBuilder::new("node-1")
@@ -142,13 +154,24 @@ async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_fo
             .iter()
             .all(|c| !c.starts_with("create_container"))
     );
-    let volume = dir.join("root/pods/uid-objects/volumes/kubernetes.io~configmap/conf");
+    let volumes = dir.join("root/pods/uid-objects/volumes/kubernetes.io~configmap");
+    let volume = volumes.join("conf");
+    assert_eq!(
+        std::fs::read_to_string(volume.join("key")).expect("volume file"),
+        "v1"
+    );
+    let optional = volumes.join("opt");
     assert!(
-        volume.join("..data").exists(),
+        optional.join("..data").exists(),
         "an optional missing ConfigMap gives an empty volume"
     );
+    assert_eq!(
+        std::fs::read_dir(&optional).expect("opt").count(),
+        2,
+        "only ..data and the payload dir"
+    );
 
-    objects.put_config_map(config_map("v1"));
+    objects.put_config_map(config_map("settings", "s"));
     sink.wait_for(
         |r| r.status.phase.as_deref() == Some("Running"),
         Duration::from_secs(120),
@@ -171,7 +194,7 @@ async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_fo
     );
 
     // A later sync (resync every 10-15 s here) rewrites the changed content.
-    objects.put_config_map(config_map("v2"));
+    objects.put_config_map(config_map("files", "v2"));
     tokio::time::sleep(Duration::from_secs(20)).await;
     for _ in 0..100 {
         if std::fs::read_to_string(volume.join("key")).ok().as_deref() == Some("v2") {
@@ -179,6 +202,38 @@ async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_fo
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    assert_eq!(
+        std::fs::read_to_string(volume.join("key")).expect("volume file"),
+        "v2"
+    );
+
+    // The volume's ConfigMap goes away while the pod runs: the volume keeps its last content, a
+    // FailedMount event says why, and the pod is still synced (a crashed container restarts).
+    objects.remove_config_map("default", "files");
+    sink.wait_for_event(
+        |e| {
+            e.reason == "FailedMount"
+                && e.message
+                    == "MountVolume.SetUp failed for volume \"conf\" : configmap \"files\" not found"
+        },
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("FailedMount for the remount");
+    let first = rt.find_container("uid-objects", "app").expect("container");
+    rt.exit_container(&first, 1).expect("exit");
+    sink.wait_for(
+        |r| {
+            r.status
+                .container_statuses
+                .iter()
+                .flatten()
+                .any(|c| c.restart_count == 1 && c.ready)
+        },
+        Duration::from_secs(120),
+    )
+    .await
+    .expect("restarted although the volume's ConfigMap is gone");
     assert_eq!(
         std::fs::read_to_string(volume.join("key")).expect("volume file"),
         "v2"
