@@ -551,6 +551,24 @@ impl Core {
         }
     }
 
+    /// Report inspections running longer than the relist's inspection wait as slow (for
+    /// inspections no relist waits for: those of runtime events).
+    pub(crate) fn note_slow(&self) {
+        let wait = self.config.inspection_wait;
+        let mut st = self.state.lock();
+        for (uid, f) in st.inflight.iter_mut() {
+            if !f.slow && f.launched.elapsed() >= wait {
+                f.slow = true;
+                tracing::warn!(
+                    pod_uid = %uid,
+                    running_for = ?f.launched.elapsed(),
+                    timeout = ?self.config.inspect_timeout,
+                    "PLEG: pod inspection is slow; other pods' events go ahead, this pod's follow when it finishes or times out"
+                );
+            }
+        }
+    }
+
     /// Apply every completion already queued.
     pub(crate) fn drain(&self, done: &mut UnboundedReceiver<Done>, report: &mut RelistReport) {
         while let Ok(d) = done.try_recv() {

@@ -406,6 +406,7 @@ impl PodLifecycleEventGenerator for EventedPleg {
                 }
                 _ = tick.tick() => {
                     let now = Instant::now();
+                    self.core.note_slow();
                     if stream.is_some() && self.mode() == PlegMode::Events {
                         // Advance to the previous tick: every event of a change made before it
                         // has had a whole period to arrive and mark its pod pending.

@@ -30,6 +30,12 @@
 //!   shares/quota applied, and `container_stats` reads usage from it. Without root or cgroups the
 //!   container runs unlimited and a Warning event `ResourceLimitsNotEnforced` says so.
 //!
+//! # Events
+//! [`container_events`](kubelet_core::ContainerRuntime::container_events) reports container
+//! and sandbox changes as they happen, from inotify on the state directory (the records the
+//! runtime and the shims rename into place), for an evented PLEG. A new agent watches the
+//! containers a previous agent left running and learns their exits too.
+//!
 //! # Surviving the agent
 //! Every container has a supervisor process, the [`shim`], in its own session. Containers keep
 //! running when the agent exits, and a new `ProcessRuntime` on the same root directory finds
@@ -69,6 +75,7 @@
 mod cgroup;
 pub mod config;
 pub mod error;
+mod events;
 mod logfmt;
 mod record;
 pub mod runtime;

@@ -10,10 +10,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use jiff::Timestamp;
 use kubelet_core::runtime::{
-    Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStats,
-    ContainerStatus, EnvVar, ExecResult, Image, ImageSpec, LinuxResources, Mount, PodSandbox,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeStatus, RuntimeVersion,
-    SandboxFilter, SandboxState, labels, labels_match,
+    Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerMetadata,
+    ContainerState, ContainerStats, ContainerStatus, EnvVar, ExecResult, Image, ImageSpec,
+    LinuxResources, Mount, PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
+    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
 use kubelet_core::{ContainerRuntime, EventRecorder, InvolvedObject};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -1180,6 +1180,12 @@ impl ContainerRuntime for ProcessRuntime {
         _sandbox_config: &PodSandboxConfig,
     ) -> kubelet_core::Result<String> {
         Ok(image.image.clone())
+    }
+
+    /// Container and sandbox events from inotify on the state directory; see the
+    /// [crate documentation](crate#events).
+    async fn container_events(&self) -> kubelet_core::Result<ContainerEventStream> {
+        Ok(crate::events::container_events(&self.config.root_dir)?)
     }
 
     async fn container_stats(&self, container_id: &str) -> kubelet_core::Result<ContainerStats> {

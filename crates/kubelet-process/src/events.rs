@@ -1,0 +1,260 @@
+//! Container events of the process runtime, for an evented PLEG: inotify on the state
+//! directories the runtime and the shims write.
+//!
+//! Every record is written to a temporary name and renamed, so a rename into a container's
+//! directory is the event: `config.json` (created), `started.json` (started), `exit.json`
+//! (stopped; the shim writes it when the process exits, also when the agent that started it is
+//! long gone). A shim killed before it could write `exit.json` closes the `shim.log` it holds
+//! open for writing; that close is reported as stopped too when the shim is no longer alive
+//! (the runtime then records the exit itself when the container is next inspected). Sandboxes:
+//! `sandbox.json` renamed in (started, or stopped once it says not ready). Removing a container
+//! or sandbox directory is deleted.
+//!
+//! Watches are set on every existing directory when the stream is created, so a new agent
+//! learns the exits of containers whose shim outlived the previous agent.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+
+use futures::StreamExt;
+use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
+use jiff::Timestamp;
+use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
+
+use crate::error::ProcessError;
+use crate::record::{
+    CONFIG_FILE, ContainerRecord, EXIT_FILE, SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE,
+    SandboxRecord, StartedRecord, process_alive, read_json, valid_id,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Containers,
+    Sandboxes,
+    Container,
+    Sandbox,
+}
+
+struct Watcher {
+    root: PathBuf,
+    stream: EventStream<Vec<u8>>,
+    /// What each watch descriptor watches: its kind and (for one object) its ID.
+    watches: HashMap<WatchDescriptor, (Kind, String)>,
+    /// Pod UID of every container and sandbox seen.
+    pods: HashMap<String, String>,
+    queue: VecDeque<ContainerEvent>,
+}
+
+fn watch_err(path: &Path, source: std::io::Error) -> ProcessError {
+    ProcessError::State {
+        op: "watching",
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+const OBJECT_MASK: WatchMask = WatchMask::MOVED_TO.union(WatchMask::CLOSE_WRITE);
+const PARENT_MASK: WatchMask = WatchMask::CREATE
+    .union(WatchMask::DELETE)
+    .union(WatchMask::MOVED_TO)
+    .union(WatchMask::ONLYDIR);
+
+/// The event stream over the runtime's state under `root`.
+pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, ProcessError> {
+    let inotify = Inotify::init().map_err(|e| watch_err(root, e))?;
+    let stream = inotify
+        .into_event_stream(vec![0u8; 16384])
+        .map_err(|e| watch_err(root, e))?;
+    let mut w = Watcher {
+        root: root.to_path_buf(),
+        stream,
+        watches: HashMap::new(),
+        pods: HashMap::new(),
+        queue: VecDeque::new(),
+    };
+    for (kind, dir) in [
+        (Kind::Containers, root.join("containers")),
+        (Kind::Sandboxes, root.join("sandboxes")),
+    ] {
+        let wd = w
+            .stream
+            .watches()
+            .add(&dir, PARENT_MASK)
+            .map_err(|e| watch_err(&dir, e))?;
+        w.watches.insert(wd, (kind, String::new()));
+    }
+    // Existing objects: watched from now on; their past is the relist's business.
+    for (kind, sub) in [
+        (Kind::Container, "containers"),
+        (Kind::Sandbox, "sandboxes"),
+    ] {
+        let entries = std::fs::read_dir(root.join(sub)).map_err(|e| watch_err(root, e))?;
+        for entry in entries.flatten() {
+            if let Some(id) = entry.file_name().to_str() {
+                w.watch_object(kind, id, false);
+            }
+        }
+    }
+    Ok(Box::pin(futures::stream::unfold(w, |mut w| async move {
+        loop {
+            if let Some(ev) = w.queue.pop_front() {
+                return Some((Ok(ev), w));
+            }
+            match w.stream.next().await {
+                Some(Ok(ev)) => w.handle(ev.wd, ev.mask, ev.name),
+                Some(Err(e)) => {
+                    let err = kubelet_core::Error::from(watch_err(&w.root, e));
+                    return Some((Err(err), w));
+                }
+                None => return None,
+            }
+        }
+    })))
+}
+
+impl Watcher {
+    fn dir_of(&self, kind: Kind, id: &str) -> PathBuf {
+        match kind {
+            Kind::Container => self.root.join("containers").join(id),
+            _ => self.root.join("sandboxes").join(id),
+        }
+    }
+
+    fn push(&mut self, id: &str, kind: ContainerEventKind) {
+        let uid = self.pods.get(id).cloned();
+        self.queue
+            .push_back(ContainerEvent::new(id, kind, uid, Timestamp::now()));
+    }
+
+    /// Watch a container's or sandbox's directory; with `catch_up`, report what its files
+    /// already say (they may have been renamed in before the watch existed).
+    fn watch_object(&mut self, kind: Kind, id: &str, catch_up: bool) {
+        if !valid_id(id) {
+            return;
+        }
+        let dir = self.dir_of(kind, id);
+        match self.stream.watches().add(&dir, OBJECT_MASK) {
+            Ok(wd) => {
+                self.watches.insert(wd, (kind, id.to_string()));
+            }
+            Err(e) => {
+                tracing::debug!(dir = %dir.display(), error = %e, "not watching a state directory");
+                return;
+            }
+        }
+        match kind {
+            Kind::Container => {
+                self.learn_container(id);
+                if catch_up {
+                    for file in [CONFIG_FILE, STARTED_FILE, EXIT_FILE] {
+                        if dir.join(file).exists() {
+                            self.file_event(kind, id, file);
+                        }
+                    }
+                }
+            }
+            _ => {
+                self.learn_sandbox(id);
+                if catch_up && dir.join(SANDBOX_FILE).exists() {
+                    self.file_event(kind, id, SANDBOX_FILE);
+                }
+            }
+        }
+    }
+
+    fn learn_container(&mut self, id: &str) {
+        let path = self.dir_of(Kind::Container, id).join(CONFIG_FILE);
+        if let Ok(Some(rec)) = read_json::<ContainerRecord>(&path)
+            && let Some(uid) = rec.labels.get(labels::POD_UID)
+        {
+            self.pods.insert(id.to_string(), uid.clone());
+        }
+    }
+
+    fn learn_sandbox(&mut self, id: &str) -> Option<SandboxRecord> {
+        let path = self.dir_of(Kind::Sandbox, id).join(SANDBOX_FILE);
+        let rec = read_json::<SandboxRecord>(&path).ok().flatten()?;
+        let uid = rec
+            .labels
+            .get(labels::POD_UID)
+            .cloned()
+            .unwrap_or_else(|| rec.uid.clone());
+        if !uid.is_empty() {
+            self.pods.insert(id.to_string(), uid);
+        }
+        Some(rec)
+    }
+
+    fn file_event(&mut self, kind: Kind, id: &str, file: &str) {
+        match (kind, file) {
+            (Kind::Container, CONFIG_FILE) => {
+                self.learn_container(id);
+                self.push(id, ContainerEventKind::Created);
+            }
+            (Kind::Container, STARTED_FILE) => self.push(id, ContainerEventKind::Started),
+            (Kind::Container, EXIT_FILE) => self.push(id, ContainerEventKind::Stopped),
+            (Kind::Sandbox, SANDBOX_FILE) => match self.learn_sandbox(id) {
+                Some(rec) if rec.ready => self.push(id, ContainerEventKind::Started),
+                Some(_) => self.push(id, ContainerEventKind::Stopped),
+                None => {}
+            },
+            _ => {}
+        }
+    }
+
+    /// `shim.log` closed by a writer: the agent closes its copy right after spawning the shim,
+    /// the shim closes its copy when it exits. Only the latter, without an exit record, is news.
+    fn shim_closed(&mut self, id: &str) {
+        let dir = self.dir_of(Kind::Container, id);
+        if dir.join(EXIT_FILE).exists() {
+            return;
+        }
+        let Ok(Some(started)) = read_json::<StartedRecord>(&dir.join(STARTED_FILE)) else {
+            return;
+        };
+        if !process_alive(started.shim_pid, started.shim_start_time) {
+            self.push(id, ContainerEventKind::Stopped);
+        }
+    }
+
+    fn handle(&mut self, wd: WatchDescriptor, mask: EventMask, name: Option<OsString>) {
+        let Some((kind, id)) = self.watches.get(&wd).cloned() else {
+            return;
+        };
+        if mask.contains(EventMask::IGNORED) {
+            self.watches.remove(&wd);
+            return;
+        }
+        let Some(name) = name.as_ref().and_then(|n| n.to_str()).map(str::to_string) else {
+            return;
+        };
+        match kind {
+            Kind::Containers | Kind::Sandboxes => {
+                let object = if kind == Kind::Containers {
+                    Kind::Container
+                } else {
+                    Kind::Sandbox
+                };
+                if mask.contains(EventMask::CREATE) || mask.contains(EventMask::MOVED_TO) {
+                    if mask.contains(EventMask::ISDIR) {
+                        self.watch_object(object, &name, true);
+                    }
+                } else if mask.contains(EventMask::DELETE) && mask.contains(EventMask::ISDIR) {
+                    self.push(&name, ContainerEventKind::Deleted);
+                    self.pods.remove(&name);
+                }
+            }
+            Kind::Container | Kind::Sandbox => {
+                if mask.contains(EventMask::MOVED_TO) {
+                    self.file_event(kind, &id, &name);
+                } else if mask.contains(EventMask::CLOSE_WRITE)
+                    && kind == Kind::Container
+                    && name == SHIM_LOG_FILE
+                {
+                    self.shim_closed(&id);
+                }
+            }
+        }
+    }
+}
