@@ -15,13 +15,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Parser;
 use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
-use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_podconfig::{
     FileSource, FileSourceConfig, HttpSource, HttpSourceConfig, PushSource, PushSourceConfig,
 };
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;
 
+mod gates;
 mod server;
 
 /// Flags, named like the kubelet's.
@@ -124,6 +124,9 @@ struct Flags {
     /// probe that keeps erroring never restarts anything.
     #[arg(long = "probe-errors-as-failures", default_value_t = false)]
     probe_errors_as_failures: bool,
+    /// Feature gates, `Key=bool,…`; `EventedPLEG=true` turns on the evented PLEG (default off).
+    #[arg(long = "feature-gates", default_value = "", value_parser = gates::parse_feature_gates)]
+    feature_gates: std::collections::BTreeMap<String, bool>,
     /// Log verbosity (kubelet-style); `RUST_LOG` takes precedence.
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
@@ -272,17 +275,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             "--container-runtime-endpoint {endpoint:?}: expected a unix:// endpoint, or no flag for the process runtime"
         ),
     };
-    let pleg = Arc::new(GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default(),
-    ));
     // Node-pressure eviction: its admission handler goes into the agent, the agent's handle
     // into it once built.
     let mut metrics = prometheus_client::registry::Registry::default();
     if let Some(cri) = &cri_runtime {
         cri.register_metrics(&mut metrics);
     }
-    pleg.register_metrics(&mut metrics);
+    let pleg = gates::pleg(&flags.feature_gates, runtime.clone(), &mut metrics);
     let evictor_pods = kubelet_eviction::DeferredPods::new();
     let evictor = eviction_manager(&flags, runtime.clone(), &pod_log_dir, evictor_pods.clone())?
         .with_recorder(builder.recorder(), node_name.clone());
