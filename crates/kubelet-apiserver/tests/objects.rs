@@ -1,5 +1,6 @@
 //! ConfigMaps and Secrets from a real kube-apiserver (Node authorizer + NodeRestriction, node
-//! credentials) into a pod run by the real process runtime: `envFrom` a ConfigMap and
+//! credentials) into a pod bound to the node, watched through the API pod source and run by the
+//! real process runtime: `envFrom` a ConfigMap and
 //! `secretKeyRef` reach the process's environment, `configMap` and `secret` volumes are written
 //! with the `..data` layout, and an update of the ConfigMap reaches the volume's files (and the
 //! running process reading them). Objects the node's pods do not reference stay forbidden.
@@ -13,7 +14,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar,
@@ -21,17 +21,15 @@ use k8s_openapi::api::core::v1::{
     Volume,
 };
 use kube::Api;
-use kube::api::{Patch, PatchParams, PostParams};
-use kubelet_apiserver::{ApiObjects, client_from_kubeconfig};
-use kubelet_core::testing::RecordingSink;
-use kubelet_core::{
-    ContainerRuntime, ErrorKind, KubeletBuilder, KubeletConfig, ObjectProvider, PodSource,
-    SourceSender,
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kubelet_apiserver::{
+    ApiObjects, ApiServer, ApiServerConfig, NodeStatusInputs, client_from_kubeconfig,
 };
+use kubelet_core::testing::RecordingSink;
+use kubelet_core::{ContainerRuntime, ErrorKind, KubeletBuilder, KubeletConfig, ObjectProvider};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use kubelet_testenv::ApiServerEnv;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "objects-node";
@@ -55,29 +53,6 @@ fn main() -> ExitCode {
     rt.block_on(run());
     println!("test {TEST} ... ok");
     ExitCode::SUCCESS
-}
-
-/// A pod source the test drives with snapshots.
-struct TestSource(watch::Receiver<Vec<Pod>>);
-
-#[async_trait]
-impl PodSource for TestSource {
-    fn name(&self) -> &str {
-        "api"
-    }
-    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.0.clone();
-        loop {
-            let pods = rx.borrow_and_update().clone();
-            if out.snapshot(pods).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
 }
 
 fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -237,7 +212,7 @@ async fn run() {
     let created = pods.create(&pp, &pod(&root)).await.expect("create Pod");
     let uid = created.metadata.uid.clone().expect("uid");
 
-    let objects = ApiObjects::new(node).with_ttl(Duration::from_secs(1));
+    let objects = ApiObjects::new(node.clone()).with_ttl(Duration::from_secs(1));
     // The Node authorizer: the node may read only what its pods reference.
     let forbidden = objects
         .config_map(NS, "unreferenced")
@@ -260,20 +235,27 @@ async fn run() {
         GenericPlegConfig::default(),
     ));
     let sink = Arc::new(RecordingSink::new());
-    let (pods_tx, pods_rx) = watch::channel(vec![created]);
     let mut config = KubeletConfig::with_dirs(&root, &logs);
     config.sync_frequency = Duration::from_secs(1);
-    let kubelet = KubeletBuilder::new(NODE)
-        .config(config)
+    let builder = KubeletBuilder::new(NODE).config(config);
+    let api = ApiServer::new(node, NODE, ApiServerConfig::default().root_dir(&root))
+        .with_recorder(builder.recorder());
+    let kubelet = builder
         .runtime(dyn_runtime.clone())
         .pleg(pleg)
-        .pod_source(Arc::new(TestSource(pods_rx)))
+        .pod_source(api.pod_source())
+        .status_sink(api.status_sink())
         .status_sink(sink.clone())
         .object_provider(Arc::new(objects))
         .build()
         .expect("build");
+    let inputs = NodeStatusInputs::new(dyn_runtime.clone()).kubelet(kubelet.handle());
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
+    let node_loop = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { api.run(inputs, shutdown).await }
+    });
 
     let running = sink
         .wait_for(
@@ -282,6 +264,17 @@ async fn run() {
         )
         .await;
     assert!(running.is_some(), "pod Running: {:#?}", sink.latest(&uid));
+    // The status reaches the API server through the node's status sink.
+    let mut in_api = None;
+    for _ in 0..100 {
+        let p = pods.get("objects").await.expect("get pod");
+        if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+            in_api = Some(p);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(in_api.is_some(), "Running in the API");
 
     wait_until(
         "env and secret file in the log",
@@ -339,8 +332,11 @@ async fn run() {
     )
     .await;
 
-    // Remove the pod: the engine stops the process and tears the volumes down.
-    pods_tx.send_replace(Vec::new());
+    // Delete the pod through the API: the agent stops the process, tears the volumes down and
+    // the pod object goes away.
+    pods.delete("objects", &DeleteParams::default())
+        .await
+        .expect("delete pod");
     let rt = dyn_runtime.clone();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
@@ -357,8 +353,24 @@ async fn run() {
         );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    assert!(!root.join("pods").join(&uid).exists(), "pod dir removed");
+    wait_until("pod dir removed", Duration::from_secs(30), || {
+        !root.join("pods").join(&uid).exists()
+    })
+    .await;
+    let mut gone = false;
+    for _ in 0..150 {
+        if pods.get_opt("objects").await.expect("get pod").is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        gone,
+        "the pod object is deleted once its containers stopped"
+    );
     shutdown.cancel();
     let _ = agent.await;
+    let _ = node_loop.await;
     drop(env);
 }
