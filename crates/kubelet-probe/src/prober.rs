@@ -3,11 +3,14 @@
 //! [`ProberConfig::max_concurrent`] at a time.
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::FutureExt;
 use futures::future::poll_fn;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use kubelet_core::event::{EventRecorder, InvolvedObject};
@@ -507,21 +510,22 @@ impl Prober {
                 overflow: VecDeque::new(),
                 recorder,
             },
-            workers: HashMap::new(),
+            workers: HashMap::default(),
             by_key: HashMap::new(),
             queue: DelayQueue::new(),
             next_id: 0,
             waiting: VecDeque::new(),
             inflight: JoinSet::new(),
-            task_worker: HashMap::new(),
             targets,
         };
+        let cancelled = shutdown.cancelled();
+        tokio::pin!(cancelled);
         loop {
             let ev = tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => break,
+                _ = &mut cancelled => break,
                 Some(cmd) = cmd_rx.recv() => Ev::Command(cmd),
-                Some(done) = s.inflight.join_next_with_id(), if !s.inflight.is_empty() => Ev::Done(done),
+                Some(done) = s.inflight.join_next(), if !s.inflight.is_empty() => Ev::Done(done),
                 Some(exp) = poll_fn(|cx| s.queue.poll_expired(cx)), if !s.queue.is_empty() => Ev::Due(exp.into_inner()),
                 r = s.out.shared.updates_tx.reserve(), if !s.out.overflow.is_empty() => {
                     match r {
@@ -541,6 +545,7 @@ impl Prober {
                 Ev::Done(done) => s.done(done),
                 Ev::Due(id) => s.due(id),
             }
+            s.drain_ready();
             s.launch_waiting();
         }
         s.inflight.shutdown().await;
@@ -583,7 +588,7 @@ impl ProbeManager for Prober {
 
 enum Ev {
     Command(Command),
-    Done(Result<(tokio::task::Id, Done), tokio::task::JoinError>),
+    Done(Result<Done, tokio::task::JoinError>),
     Due(u64),
 }
 
@@ -593,6 +598,27 @@ struct Done {
     container_id: String,
     outcome: Outcome,
     elapsed: Duration,
+}
+
+/// Hasher of worker IDs (sequential `u64`s the prober assigns itself): one multiplication
+/// instead of SipHash, which the scheduler would otherwise run several times per probe.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
 }
 
 /// One probe worker: the kubelet's `worker` struct, minus the goroutine.
@@ -641,11 +667,20 @@ impl Outputs {
     fn set_result(&mut self, w: &Worker, container_id: &str, result: ProbeResult) {
         let changed = {
             let mut results = self.shared.results.write();
-            let slot =
-                &mut results.entry(container_id.to_string()).or_default()[type_index(w.probe_type)];
-            let changed = *slot != Some(result);
-            *slot = Some(result);
-            changed
+            let i = type_index(w.probe_type);
+            match results.get_mut(container_id) {
+                Some(slots) => {
+                    let changed = slots[i] != Some(result);
+                    slots[i] = Some(result);
+                    changed
+                }
+                None => {
+                    let mut slots = [None; 3];
+                    slots[i] = Some(result);
+                    results.insert(container_id.to_string(), slots);
+                    true
+                }
+            }
         };
         if !changed {
             return;
@@ -806,13 +841,12 @@ impl Worker {
 
 struct Scheduler {
     out: Outputs,
-    workers: HashMap<u64, Worker>,
+    workers: HashMap<u64, Worker, BuildHasherDefault<IdHasher>>,
     by_key: HashMap<(Arc<str>, Arc<str>, ProbeType), u64>,
     queue: DelayQueue<u64>,
     next_id: u64,
     waiting: VecDeque<(u64, String, Option<String>)>,
     inflight: JoinSet<Done>,
-    task_worker: HashMap<tokio::task::Id, u64>,
     targets: Arc<dyn ProbeTargets>,
 }
 
@@ -946,6 +980,27 @@ impl Scheduler {
         }
     }
 
+    /// Handle finished probes and due workers that are already there, up to a batch of each,
+    /// without a trip through `select!` for every one (at thousands of probes a second most
+    /// wake-ups find several).
+    fn drain_ready(&mut self) {
+        const BATCH: usize = 256;
+        for _ in 0..BATCH {
+            match self.inflight.try_join_next() {
+                Some(done) => self.done(done),
+                None => break,
+            }
+        }
+        // A no-op waker: the next `select!` polls the queue again with the real one.
+        let mut cx = std::task::Context::from_waker(futures::task::noop_waker_ref());
+        for _ in 0..BATCH {
+            match self.queue.poll_expired(&mut cx) {
+                std::task::Poll::Ready(Some(exp)) => self.due(exp.into_inner()),
+                _ => break,
+            }
+        }
+    }
+
     fn launch_waiting(&mut self) {
         while self.inflight.len() < self.out.shared.config.max_concurrent {
             let Some((id, container_id, host)) = self.waiting.pop_front() else {
@@ -964,26 +1019,34 @@ impl Scheduler {
                 shared: self.out.shared.clone(),
                 targets: self.targets.clone(),
             };
-            let handle = self.inflight.spawn(task.run());
-            self.task_worker.insert(handle.id(), id);
+            // A panic in a probe (a bug) is caught here, so that every task reports its worker.
+            let run = AssertUnwindSafe(task.run()).catch_unwind().map(move |r| {
+                r.unwrap_or_else(|_| {
+                    tracing::error!(worker = id, "probe task panicked");
+                    Done {
+                        worker: id,
+                        container_id: String::new(),
+                        outcome: Outcome::Error("probe task panicked".to_string()),
+                        elapsed: Duration::ZERO,
+                    }
+                })
+            });
+            self.inflight.spawn(run);
         }
     }
 
-    fn done(&mut self, done: Result<(tokio::task::Id, Done), tokio::task::JoinError>) {
+    fn done(&mut self, done: Result<Done, tokio::task::JoinError>) {
         let now = Instant::now();
-        let (worker, done) = match done {
-            Ok((task, d)) => {
-                self.task_worker.remove(&task);
-                (d.worker, Some(d))
-            }
+        let done = match done {
+            Ok(d) => d,
+            // Only cancellation is left (panics are caught in the task), which happens when the
+            // runtime shuts down.
             Err(e) => {
-                tracing::error!(error = %e, "probe task failed");
-                match self.task_worker.remove(&e.id()) {
-                    Some(w) => (w, None),
-                    None => return,
-                }
+                tracing::debug!(error = %e, "probe task cancelled");
+                return;
             }
         };
+        let worker = done.worker;
         self.out
             .shared
             .stats
@@ -993,10 +1056,13 @@ impl Scheduler {
             return;
         };
         w.in_flight = false;
-        if let Some(d) = done
-            && w.container_id.as_deref() == Some(d.container_id.as_str())
-        {
-            w.after_probe(&d.container_id, d.outcome, d.elapsed, &mut self.out);
+        if w.container_id.as_deref() == Some(done.container_id.as_str()) {
+            w.after_probe(
+                &done.container_id,
+                done.outcome,
+                done.elapsed,
+                &mut self.out,
+            );
         }
         self.schedule_next(worker, now);
     }
