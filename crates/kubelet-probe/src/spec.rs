@@ -187,6 +187,25 @@ impl ProbeSpec {
     ) -> Result<Self, ProbeError> {
         let timing = timing_from_k8s(probe, container, probe_type)?;
         let handler = handler_from_k8s(probe, container)?;
+        // API validation: the probe-level grace period is for the kills liveness and startup
+        // failures cause; readiness probes must not set it, and it must be positive.
+        match (probe.termination_grace_period_seconds, probe_type) {
+            (Some(_), ProbeType::Readiness) => {
+                return Err(ProbeError::InvalidField {
+                    container: container.name.clone(),
+                    field: "terminationGracePeriodSeconds",
+                    reason: "must not be set for readiness probes".to_string(),
+                });
+            }
+            (Some(g), _) if g < 1 => {
+                return Err(ProbeError::InvalidField {
+                    container: container.name.clone(),
+                    field: "terminationGracePeriodSeconds",
+                    reason: format!("must be greater than 0, got {g}"),
+                });
+            }
+            _ => {}
+        }
         Ok(Self {
             handler,
             timing,
@@ -505,6 +524,29 @@ mod tests {
                 .success_threshold,
             2
         );
+    }
+
+    #[test]
+    fn probe_level_grace_is_for_liveness_and_startup_only_and_positive() {
+        let probe = |g: i64| Probe {
+            tcp_socket: Some(TCPSocketAction {
+                port: IntOrString::Int(80),
+                ..Default::default()
+            }),
+            termination_grace_period_seconds: Some(g),
+            ..Default::default()
+        };
+        for t in [ProbeType::Liveness, ProbeType::Startup] {
+            let s = ProbeSpec::from_k8s(&probe(7), &container(), t).unwrap();
+            assert_eq!(s.termination_grace_period_seconds, Some(7));
+            assert!(ProbeSpec::from_k8s(&probe(0), &container(), t).is_err());
+        }
+        match ProbeSpec::from_k8s(&probe(7), &container(), ProbeType::Readiness) {
+            Err(ProbeError::InvalidField { field, .. }) => {
+                assert_eq!(field, "terminationGracePeriodSeconds")
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
