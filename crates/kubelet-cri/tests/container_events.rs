@@ -239,3 +239,35 @@ async fn subscribing_on_a_missing_socket_is_unavailable() {
     assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
     assert!(e.message().contains("GetContainerEvents"), "{e}");
 }
+
+/// A real gRPC server that serves neither CRI nor containerd's API (a `grpc.health.v1` server on
+/// a unix socket) answers both subscriptions `Unimplemented`.
+#[tokio::test]
+async fn a_runtime_without_either_event_api_is_reported_as_unimplemented() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("health.sock");
+    let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+    let incoming = futures::stream::unfold(listener, |listener| async move {
+        let conn = listener.accept().await.map(|(stream, _)| stream);
+        Some((conn, listener))
+    });
+    let (_reporter, service) = tonic_health::server::health_reporter();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, stop.clone().cancelled_owned()),
+    );
+    let rt = CriRuntime::new(CriConfig::new(format!("unix://{}", socket.display()))).unwrap();
+    let e = match rt.container_events().await {
+        Err(e) => e,
+        Ok(_) => panic!("subscribed on a server without event APIs"),
+    };
+    assert_eq!(e.kind(), ErrorKind::Unimplemented, "{e}");
+    assert!(
+        e.message().contains("GetContainerEvents") && e.message().contains("Events/Subscribe"),
+        "{e}"
+    );
+    stop.cancel();
+    server.await.unwrap().unwrap();
+}
