@@ -36,6 +36,10 @@ fn main() -> ExitCode {
             || Box::pin(a_container_exit_is_detected_from_its_event_without_a_relist()),
         ),
         (
+            "waiters_are_released_by_the_global_timestamp_without_a_relist",
+            || Box::pin(waiters_are_released_by_the_global_timestamp_without_a_relist()),
+        ),
+        (
             "an_exit_after_an_agent_restart_is_detected_from_its_event",
             || Box::pin(an_exit_after_an_agent_restart_is_detected_from_its_event()),
         ),
@@ -216,6 +220,54 @@ async fn a_container_exit_is_detected_from_its_event_without_a_relist() {
             "duplicate {ev:?}"
         );
     }
+    teardown(s, &[sid]).await;
+}
+
+async fn waiters_are_released_by_the_global_timestamp_without_a_relist() {
+    let config = long_relist().with_global_cache_update_period(Duration::from_millis(500));
+    let mut s = setup(config, None).await;
+    let (sid, cid) = start_pod(&*s.faulty, &s.root, "gt-1", "sleep 3600").await;
+    wait_event(
+        &mut s.events,
+        ContainerStarted,
+        &cid,
+        Duration::from_secs(5),
+    )
+    .await;
+    let relisted = s.pleg.last_relist();
+    // Unchanged pods (and pods the runtime never had) are released by the periodic bump of the
+    // global timestamp: no worker waits for the 1 h relist.
+    for round in 0..3 {
+        let t = Instant::now();
+        let cache = s.pleg.cache();
+        let (a, b) = tokio::join!(
+            tokio::time::timeout(Duration::from_secs(5), cache.get_newer_than("gt-1", t)),
+            tokio::time::timeout(
+                Duration::from_secs(5),
+                cache.get_newer_than("no-such-pod", t)
+            ),
+        );
+        let a = a.unwrap_or_else(|_| panic!("round {round}: the running pod's waiter hangs"));
+        let b = b.unwrap_or_else(|_| panic!("round {round}: the unknown pod's waiter hangs"));
+        assert!(
+            a.modified < t,
+            "the entry itself is older: the global timestamp released it"
+        );
+        let c = a
+            .status
+            .expect("status")
+            .find_container("app")
+            .cloned()
+            .expect("container");
+        assert_eq!(c.state, ContainerState::Running);
+        assert!(
+            b.status
+                .expect("empty status")
+                .container_statuses
+                .is_empty()
+        );
+    }
+    assert_eq!(s.pleg.last_relist(), relisted, "no relist ran meanwhile");
     teardown(s, &[sid]).await;
 }
 
