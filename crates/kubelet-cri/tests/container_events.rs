@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ContainerdEnv, eventually};
+use common::{Agent, ContainerdEnv, container, eventually, phase, pod, running};
 use futures::StreamExt;
 use kubelet_core::ErrorKind;
 use kubelet_core::runtime::{
@@ -270,4 +270,46 @@ async fn a_runtime_without_either_event_api_is_reported_as_unimplemented() {
     );
     stop.cancel();
     server.await.unwrap().unwrap();
+}
+
+/// The evented PLEG on `CriRuntime` (relisting only every 300 s while events flow): a container
+/// that exits reaches the pod status through the events alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_evented_pleg_sees_exits_through_containerd_events() {
+    let Some(env) = ContainerdEnv::start("the_evented_pleg_sees_exits_through_containerd_events")
+    else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let runtime: std::sync::Arc<dyn ContainerRuntime> = rt.clone();
+    let pleg = std::sync::Arc::new(kubelet_pleg::EventedPleg::new(
+        runtime.clone(),
+        kubelet_pleg::EventedPlegConfig::default(),
+    ));
+    // 8 s: the inspection a Started event causes may predate the end of the pod worker's sync,
+    // so the Running status can wait for the cache's global timestamp (2 s period); a container
+    // that exits within ~3 s was seen to go from Pending straight to Failed.
+    let mut p = pod(
+        "evented",
+        true,
+        vec![container("app", &env.busybox, "sleep 8; exit 2")],
+    );
+    if let Some(spec) = p.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+    }
+    let (_tx, rx) = tokio::sync::watch::channel(vec![p]);
+    let agent = Agent::start_with_pleg(&env, runtime, rx, pleg.clone());
+    agent.wait_for("evented", WITHIN, "Running", running).await;
+    let s = agent
+        .wait_for("evented", WITHIN, "Failed", |s| phase(s) == "Failed")
+        .await;
+    let terminated = s
+        .container_statuses
+        .iter()
+        .flatten()
+        .find_map(|c| c.state.as_ref()?.terminated.clone())
+        .expect("a terminated container state");
+    assert_eq!(terminated.exit_code, 2);
+    assert_eq!(pleg.mode(), kubelet_pleg::PlegMode::Events);
+    agent.stop().await;
 }

@@ -13,7 +13,10 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kubelet_core::runtime::{ContainerFilter, SandboxFilter, labels};
 use kubelet_core::testing::RecordingSink;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::{
+    ContainerRuntime, KubeletBuilder, KubeletConfig, PodLifecycleEventGenerator, PodSource,
+    SourceSender,
+};
 use kubelet_cri::{CriConfig, CriRuntime};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use tokio::sync::watch;
@@ -205,11 +208,21 @@ impl Agent {
         runtime: Arc<dyn ContainerRuntime>,
         pods: watch::Receiver<Vec<Pod>>,
     ) -> Self {
-        let sink = Arc::new(RecordingSink::new());
         let pleg = Arc::new(GenericPleg::new(
             runtime.clone(),
             GenericPlegConfig::default(),
         ));
+        Self::start_with_pleg(env, runtime, pods, pleg)
+    }
+
+    /// Starts an agent with the given PLEG.
+    pub fn start_with_pleg(
+        env: &ContainerdEnv,
+        runtime: Arc<dyn ContainerRuntime>,
+        pods: watch::Receiver<Vec<Pod>>,
+        pleg: Arc<dyn PodLifecycleEventGenerator>,
+    ) -> Self {
+        let sink = Arc::new(RecordingSink::new());
         let kubelet = KubeletBuilder::new("node-1")
             .config(KubeletConfig::with_dirs(
                 env.dir.join("kubelet"),
