@@ -11,9 +11,14 @@ use serde_json::{Map, Value, json};
 const MERGED_LISTS: [(&str, &str); 3] =
     [("conditions", "type"), ("podIPs", "ip"), ("hostIPs", "ip")];
 
+/// The status as a JSON object, without empty lists (an empty merged list with an empty
+/// `$setElementOrder` is an error for the API server; an absent list means the same).
 fn to_object(s: Option<&PodStatus>) -> Map<String, Value> {
     match s.map(serde_json::to_value) {
-        Some(Ok(Value::Object(m))) => m,
+        Some(Ok(Value::Object(mut m))) => {
+            m.retain(|_, v| !matches!(v, Value::Array(a) if a.is_empty()));
+            m
+        }
         _ => Map::new(),
     }
 }
@@ -91,6 +96,11 @@ pub(crate) async fn patch_pod_status(
         kube::Api::namespaced(client.clone(), namespace);
     for _ in 0..8 {
         let p = without_fields(patch.clone(), &unknown.read());
+        let sent_status_has = |p: &Value, f: &str| {
+            p.get("status").and_then(Value::as_object).is_some_and(|m| {
+                m.contains_key(f) || m.contains_key(&format!("$setElementOrder/{f}"))
+            })
+        };
         if p.get("status")
             .and_then(Value::as_object)
             .is_none_or(|m| m.is_empty())
@@ -101,15 +111,17 @@ pub(crate) async fn patch_pod_status(
             .patch_status(
                 name,
                 &kube::api::PatchParams::default(),
-                &kube::api::Patch::Strategic(p),
+                &kube::api::Patch::Strategic(p.clone()),
             )
             .await
         {
             Ok(_) => return Ok(()),
             Err(e) => match rejected_field(&e) {
-                Some(f) if !unknown.read().contains(&f) => {
-                    tracing::info!(field = %f, "the API server does not know pod status field {f:?}; leaving it out");
-                    unknown.write().insert(f);
+                // Retry without the field, unless it was not in this patch (no progress).
+                Some(f) if sent_status_has(&p, &f) => {
+                    if unknown.write().insert(f.clone()) {
+                        tracing::info!(field = %f, "the API server does not know pod status field {f:?}; leaving it out");
+                    }
                 }
                 _ => return Err(e),
             },
@@ -175,6 +187,25 @@ mod tests {
         let conds = s["conditions"].as_array().expect("list");
         assert!(conds.contains(&json!({"$patch": "delete", "type": "Custom"})));
         assert_eq!(conds.len(), 3);
+    }
+
+    #[test]
+    fn empty_lists_are_not_sent_and_a_list_that_became_empty_is_removed() {
+        let old = PodStatus {
+            phase: Some("Pending".into()),
+            conditions: Some(vec![cond("Custom", "True")]),
+            ..Default::default()
+        };
+        let new = PodStatus {
+            phase: Some("Failed".into()),
+            conditions: Some(vec![]),
+            container_statuses: Some(vec![]),
+            ..Default::default()
+        };
+        let p = pod_status_patch("u", Some(&old), &new).expect("a patch");
+        assert_eq!(p["status"], json!({"phase": "Failed", "conditions": null}));
+        let p = pod_status_patch("u", None, &new).expect("a patch");
+        assert_eq!(p["status"], json!({"phase": "Failed"}));
     }
 
     #[test]

@@ -200,19 +200,44 @@ impl Agent {
     }
 
     /// Stop the agent and every container it started.
-    async fn stop(self) {
+    async fn stop(mut self) {
         self.shutdown.cancel();
-        for t in self.tasks {
+        for t in std::mem::take(&mut self.tasks) {
             let _ = t.await;
         }
-        let all = self
-            .runtime
-            .list_pod_sandboxes(&Default::default())
-            .await
-            .unwrap_or_default();
-        for sb in all {
-            let _ = self.runtime.stop_pod_sandbox(&sb.id).await;
-            let _ = self.runtime.remove_pod_sandbox(&sb.id).await;
+        remove_all(&self.runtime).await;
+    }
+}
+
+/// Stop and remove every container and sandbox of `runtime`.
+async fn remove_all(runtime: &ProcessRuntime) {
+    for c in runtime
+        .list_containers(&Default::default())
+        .await
+        .unwrap_or_default()
+    {
+        let _ = runtime.stop_container(&c.id, Duration::ZERO).await;
+    }
+    for sb in runtime
+        .list_pod_sandboxes(&Default::default())
+        .await
+        .unwrap_or_default()
+    {
+        let _ = runtime.stop_pod_sandbox(&sb.id).await;
+        let _ = runtime.remove_pod_sandbox(&sb.id).await;
+    }
+}
+
+impl Drop for Agent {
+    /// Also when a test fails: no container outlives the test.
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let runtime = self.runtime.clone();
+            tokio::task::block_in_place(|| handle.block_on(remove_all(&runtime)));
         }
     }
 }

@@ -3,7 +3,9 @@
 //! Static pods from `--pod-manifest-path` run on the built-in process runtime (each container a
 //! supervised host process), or with `--container-runtime-endpoint unix:///…` on a CRI runtime
 //! such as containerd (`kubelet-cri`); `--read-only-port` serves `GET /healthz` and `GET /pods` like the
-//! kubelet's read-only port. Ctrl-C stops the agent and leaves pods running; the next start
+//! kubelet's read-only port. With `--kubeconfig` it joins a cluster (`kubelet-apiserver`):
+//! registers the Node, renews its Lease, runs the pods bound to it and reports their status.
+//! Ctrl-C stops the agent and leaves pods running; the next start
 //! adopts them.
 
 use std::net::SocketAddr;
@@ -22,6 +24,7 @@ use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;
 
 mod gates;
+mod cluster;
 mod server;
 
 /// Flags, named like the kubelet's.
@@ -127,6 +130,9 @@ struct Flags {
     /// Feature gates, `Key=bool,…`; `EventedPLEG=true` turns on the evented PLEG (default off).
     #[arg(long = "feature-gates", default_value = "", value_parser = gates::parse_feature_gates)]
     feature_gates: std::collections::BTreeMap<String, bool>,
+    /// `--kubeconfig` and the node's API server flags.
+    #[command(flatten)]
+    cluster: cluster::ClusterFlags,
     /// Log verbosity (kubelet-style); `RUST_LOG` takes precedence.
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
@@ -293,7 +299,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     prober.register_metrics(&mut metrics);
     builder = builder.prober(prober);
     builder = builder.admit_handler(evictor.admit_handler());
-    builder = builder.runtime(runtime).pleg(pleg);
+    let api = cluster::connect(&flags.cluster, &node_name, &flags.root_dir).await?;
+    let api = api.map(|api| api.with_recorder(builder.recorder()));
+    if let Some(api) = &api {
+        builder = builder
+            .pod_source(api.pod_source())
+            .status_sink(api.status_sink());
+    }
+    builder = builder.runtime(runtime.clone()).pleg(pleg);
     if let Some(path) = &flags.pod_manifest_path {
         let source = FileSource::new(path, node_name.clone())
             .with_config(FileSourceConfig::default().check_frequency(flags.file_check_frequency));
@@ -333,9 +346,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if flags.pod_manifest_path.is_none()
         && flags.manifest_url.is_none()
         && flags.pod_push_address.is_none()
+        && api.is_none()
     {
         tracing::warn!(
-            "no --pod-manifest-path, --manifest-url or --pod-push-address: this agent has no pod source and will run no pods"
+            "no --pod-manifest-path, --manifest-url, --pod-push-address or --kubeconfig: this agent has no pod source and will run no pods"
         );
     }
     let kubelet = builder.build().context("assembling the agent")?;
@@ -381,6 +395,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         });
     }
     tracing::info!(node = %node_name, "minimal_kubelet running");
+    if let Some(api) = api {
+        let inputs = cluster::status_inputs(runtime, handle.clone(), evictor.node_conditions());
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { api.run(inputs, shutdown).await });
+    }
     let evicting = tokio::spawn(evictor.run(shutdown.clone()));
     kubelet.run(shutdown.clone()).await;
     shutdown.cancel();
