@@ -23,8 +23,8 @@ use kubelet_podconfig::{
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;
 
-mod gates;
 mod cluster;
+mod gates;
 mod server;
 
 /// Flags, named like the kubelet's.
