@@ -241,7 +241,8 @@ async fn subscribing_on_a_missing_socket_is_unavailable() {
 }
 
 /// A real gRPC server that serves neither CRI nor containerd's API (a `grpc.health.v1` server on
-/// a unix socket) answers both subscriptions `Unimplemented`.
+/// a unix socket) answers both subscriptions `Unimplemented`; an invalid containerd namespace is
+/// refused before anything is sent.
 #[tokio::test]
 async fn a_runtime_without_either_event_api_is_reported_as_unimplemented() {
     let dir = tempfile::tempdir().unwrap();
@@ -268,6 +269,18 @@ async fn a_runtime_without_either_event_api_is_reported_as_unimplemented() {
         e.message().contains("GetContainerEvents") && e.message().contains("Events/Subscribe"),
         "{e}"
     );
+    // A containerd namespace that cannot be sent as gRPC metadata is refused, not sent.
+    for bad in ["", "k8s\nio"] {
+        let rt = CriRuntime::new(
+            CriConfig::new(format!("unix://{}", socket.display())).containerd_namespace(bad),
+        )
+        .unwrap();
+        let e = match rt.container_events().await {
+            Err(e) => e,
+            Ok(_) => panic!("subscribed with containerd namespace {bad:?}"),
+        };
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    }
     stop.cancel();
     server.await.unwrap().unwrap();
 }
