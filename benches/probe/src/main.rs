@@ -4,8 +4,10 @@
 //! window, twice: once with [`kubelet_probe::Prober`] (one scheduler, timer wheel, bounded
 //! concurrency) and once with the **baseline**, one tokio task and one `tokio::time::interval`
 //! per probe (the shape of the kubelet's goroutine-and-ticker workers), both doing the same probe
-//! I/O (`Prober::probe_once`). The HTTP and TCP peers are servers in a child process (this binary
-//! re-executed with `--serve`), so the CPU figures are the prober's alone.
+//! I/O (`Prober::probe_once`). The HTTP and TCP peers are hyper servers in a child process (this
+//! binary re-executed with `--serve`), each on its own thread like the containers of separate
+//! pods, so the CPU figures are the prober's alone; the servers' CPU is printed beside them, with
+//! the machine's load average at the start and the end of the window (the machine is shared).
 //!
 //! Printed per scenario and implementation: probes completed per second, CPU seconds per 1,000
 //! probes (utime+stime of this process over the window), p50/p99 lateness of each probe's start
@@ -17,8 +19,8 @@
 //! runtime; the cost is mostly the runtime's process spawning and is reported separately).
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-perf cargo build --release -p probe-bench
-//! /work/target-perf/release/probe-bench --scenario all
+//! cargo build --release -p probe-bench
+//! target/release/probe-bench --scenario all --warmup 3 --window 10
 //! ```
 
 use std::collections::HashMap;
@@ -632,7 +634,8 @@ async fn run_baseline(
         tasks.spawn(async move {
             let mut ticker =
                 tokio::time::interval_at(Instant::now() + jitter, Duration::from_secs(1));
-            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // A Go ticker: missed ticks are dropped, the phase is kept (as the prober's schedule).
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let (mut last, mut run) = (None, 0u32);
             loop {
                 let due = tokio::select! {
