@@ -499,6 +499,28 @@ async fn agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_p
             .any(|e| e.resource == "pods" && e.verb == "create"),
         "mirror pod creation"
     );
+    // Figures (not assertions): the agent's requests, and those about the one API pod's life.
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &mine {
+        let sub = if e.subresource.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", e.subresource)
+        };
+        *by_kind
+            .entry(format!("{} {}{}", e.verb, e.resource, sub))
+            .or_default() += 1;
+    }
+    let web: Vec<_> = mine
+        .iter()
+        .filter(|e| e.request_uri.contains("/pods/web"))
+        .map(|e| format!("{} {}", e.verb, e.subresource))
+        .collect();
+    eprintln!("requests of {user}: {} in all: {by_kind:?}", mine.len());
+    eprintln!(
+        "requests about pod web (create to gone): {} {web:?}",
+        web.len()
+    );
     let forbidden: Vec<_> = mine.iter().filter(|e| e.code == 403).collect();
     assert!(forbidden.is_empty(), "forbidden requests: {forbidden:?}");
     assert!(

@@ -1,0 +1,178 @@
+//! `minimal_kubelet --kubeconfig` against a real kube-apiserver 1.20 (`kubelet-testenv`): the
+//! binary, with the node's NodeRestriction-scoped credentials, registers its Node with the
+//! `--node-labels`, holds its Lease, runs a pod bound to it through the API, and stops it and
+//! lets the object go when the pod is deleted. Skips without the API server environment (fails
+//! under `KUBELET_SDK_REQUIRE_ROOT=1`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kubelet_apiserver::kube::api::{DeleteParams, PostParams};
+use kubelet_apiserver::kube::{self, Api, Client};
+use kubelet_core::k8s_openapi::api::coordination::v1::Lease;
+use kubelet_core::k8s_openapi::api::core::v1::{Node, Pod};
+use kubelet_testenv::ApiServerEnv;
+
+const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
+
+/// The agent process and the token its containers carry; killed (with them) on drop.
+struct Agent {
+    child: Child,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Containers outlive the agent by design: kill the ones this test started, found by the
+        // token that is a whole argument of their command line.
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if cmdline
+                .split(|b| *b == 0)
+                .any(|a| a == self.token.as_bytes())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+    }
+}
+
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_joins_the_cluster_and_runs_pods_bound_to_the_node() {
+    let test = "kubeconfig_joins_the_cluster_and_runs_pods_bound_to_the_node";
+    let Some(env) = ApiServerEnv::start_for_node(test, "mk-cluster") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("mk-cluster-{}", std::process::id());
+    let stderr = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let child = Command::new(BIN)
+        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+        .args([
+            "--node-name",
+            &node,
+            "--node-labels",
+            "example.com/zone=lab",
+        ])
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.path().join("logs"))
+        .args(["--healthz-port", "0"])
+        // The test machine's disk may be fuller than the kubelet's default thresholds allow.
+        .args([
+            "--eviction-hard",
+            "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
+        ])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start minimal_kubelet");
+    let _agent = Agent {
+        child,
+        token: token.clone(),
+        _dir: dir,
+    };
+
+    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let admin = Client::try_from(cfg).unwrap();
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
+
+    let n = eventually("node Ready", Duration::from_secs(30), || async {
+        let n = nodes.get_opt(&node).await.ok().flatten()?;
+        let ready = n
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(n)
+    })
+    .await;
+    assert_eq!(n.metadata.labels.unwrap()["example.com/zone"], "lab");
+    let conditions: Vec<String> = n
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .map(|c| c.type_)
+        .collect();
+    assert_eq!(
+        conditions,
+        ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"],
+        "the eviction manager's conditions, then Ready"
+    );
+    eventually("lease", Duration::from_secs(20), || async {
+        leases.get_opt(&node).await.ok().flatten()
+    })
+    .await;
+
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "hello" },
+        "spec": {
+            "nodeName": node, "hostNetwork": true, "terminationGracePeriodSeconds": 3,
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.2; done", &token],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("hello Running", Duration::from_secs(30), || async {
+        let p = pods.get("hello").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    pods.delete("hello", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("hello gone", Duration::from_secs(30), || async {
+        pods.get_opt("hello")
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
