@@ -4,7 +4,8 @@
 //! supervised host process), or with `--container-runtime-endpoint unix:///…` on a CRI runtime
 //! such as containerd (`kubelet-cri`); `--read-only-port` serves `GET /healthz` and `GET /pods` like the
 //! kubelet's read-only port. With `--kubeconfig` it joins a cluster (`kubelet-apiserver`):
-//! registers the Node, renews its Lease, runs the pods bound to it and reports their status.
+//! registers the Node, renews its Lease, runs the pods bound to it (with their ConfigMaps and
+//! Secrets, as env and volumes) and reports their status.
 //! Ctrl-C stops the agent and leaves pods running; the next start
 //! adopts them.
 
@@ -304,7 +305,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if let Some(api) = &api {
         builder = builder
             .pod_source(api.pod_source())
-            .status_sink(api.status_sink());
+            .status_sink(api.status_sink())
+            .object_provider(Arc::new(kubelet_apiserver::ApiObjects::new(api.client())));
     }
     builder = builder.runtime(runtime.clone()).pleg(pleg);
     if let Some(path) = &flags.pod_manifest_path {
