@@ -120,6 +120,7 @@ struct Agent {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     _dir: tempfile::TempDir,
     manifests: std::path::PathBuf,
+    api: ApiServer,
 }
 
 impl Agent {
@@ -154,6 +155,7 @@ impl Agent {
             dir.path().join("logs"),
         ));
         let api = api.with_recorder(builder.recorder());
+        let api_handle = api.clone();
         let kubelet = builder
             .runtime(dyn_runtime.clone())
             .pleg(Arc::new(GenericPleg::new(
@@ -180,6 +182,7 @@ impl Agent {
             tasks,
             _dir: dir,
             manifests,
+            api: api_handle,
         }
     }
 
@@ -479,6 +482,29 @@ async fn agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_p
             && e.source.as_ref().and_then(|s| s.host.as_deref()) == Some(node.as_str())),
         "no Started event: {evs:?}"
     );
+
+    // The same event twice is one object with count 2.
+    let sink = agent.api.status_sink();
+    let repeated = kubelet_core::Event {
+        involved: kubelet_core::InvolvedObject::node(&node),
+        type_: kubelet_core::EventType::Warning,
+        reason: "TestRepeated".into(),
+        message: "the same event twice".into(),
+        timestamp: jiff::Timestamp::now(),
+        annotations: BTreeMap::new(),
+    };
+    for _ in 0..2 {
+        kubelet_core::StatusSink::record_event(&*sink, &repeated)
+            .await
+            .expect("event posted");
+    }
+    let evs = events.list(&Default::default()).await.unwrap().items;
+    let counts: Vec<_> = evs
+        .iter()
+        .filter(|e| e.reason.as_deref() == Some("TestRepeated"))
+        .map(|e| e.count)
+        .collect();
+    assert_eq!(counts, [Some(2)], "one aggregated event");
 
     agent.stop().await;
 
