@@ -504,6 +504,29 @@ fn pod_whose_http_server_starts_failing_is_marked_unready_then_ready_again() {
     });
     assert!(server.requests.load(Ordering::SeqCst) > before);
     assert_eq!(main_status(&p)["restartCount"], 0, "{p:#}");
+
+    // The kubelet's prober metrics, on the read-only port.
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
+    let (code, metrics) = http_get(env.port, "/metrics").expect("GET /metrics");
+    assert_eq!(code, 200, "{metrics}");
+    let count = |result: &str| -> u64 {
+        let prefix = format!(
+            "prober_probe_total{{probe_type=\"Readiness\",result=\"{result}\",container=\"main\",pod=\"{name}\",namespace=\"default\",pod_uid=\"{uid}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix:?} in\n{metrics}"))
+    };
+    assert!(count("successful") >= 2, "{metrics}");
+    assert!(count("failed") >= 1, "{metrics}");
+    assert!(
+        metrics.lines().any(|l| l.starts_with(&format!(
+            "prober_probe_duration_seconds_count{{probe_type=\"Readiness\",container=\"main\",pod=\"{name}\",namespace=\"default\"}}"
+        ))),
+        "{metrics}"
+    );
 }
 
 #[test]
