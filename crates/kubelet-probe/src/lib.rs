@@ -13,8 +13,9 @@
 //!   changes from [`Prober::take_updates`].
 //!
 //! How it works: every configured probe is a small worker record in a timer wheel
-//! ([`tokio_util::time::DelayQueue`]) owned by the future [`Prober::run_with`]. When a worker is
-//! due, the scheduler observes its container (the kubelet's `doProbe` checks: new container ID
+//! ([`tokio_util::time::DelayQueue`]) of one of a few scheduler tasks ([`ProberConfig::shards`],
+//! one per core by default, probes spread by pod) that the future [`Prober::run_with`] runs and
+//! stops. When a worker is due, its scheduler observes its container (the kubelet's `doProbe` checks: new container ID
 //! resets the result, initial delay, startup gating, hold after a liveness failure, pod
 //! deletion) and, if a probe must run, starts its I/O as a short task, at most
 //! [`ProberConfig::max_concurrent`] at a time. Results count toward `successThreshold` /

@@ -1,5 +1,5 @@
-//! The prober: one scheduler task drives every probe from a timer wheel
-//! ([`DelayQueue`]); probe I/O runs as short tasks, at most
+//! The prober: a few scheduler tasks ([`ProberConfig::shards`], probes spread by pod) drive every
+//! probe from timer wheels ([`DelayQueue`]); probe I/O runs as short tasks, at most
 //! [`ProberConfig::max_concurrent`] at a time.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -50,6 +50,10 @@ pub struct ProberConfig {
     /// keeps erroring never restarts anything and a readiness probe that keeps erroring keeps
     /// its last result. Off by default.
     pub errors_as_failures: bool,
+    /// Scheduler tasks the probes are spread over (by pod); `max_concurrent` is shared out
+    /// among them. Default: the machine's available parallelism, at most 8. One scheduler whose
+    /// thread the OS preempts holds back only its share of the probes.
+    pub shards: usize,
 }
 
 impl Default for ProberConfig {
@@ -59,6 +63,10 @@ impl Default for ProberConfig {
             max_concurrent: 2048,
             update_capacity: 1024,
             errors_as_failures: false,
+            shards: std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+                .clamp(1, 8),
         }
     }
 }
@@ -73,6 +81,12 @@ impl ProberConfig {
     /// Set [`update_capacity`](Self::update_capacity) (at least 1).
     pub fn update_capacity(mut self, n: usize) -> Self {
         self.update_capacity = n.max(1);
+        self
+    }
+
+    /// Set [`shards`](Self::shards) (at least 1).
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n.max(1);
         self
     }
 
@@ -311,6 +325,8 @@ struct Shared {
     updates_tx: mpsc::Sender<ProbeUpdate>,
     stats: Stats,
     workers: AtomicU64,
+    /// Worker IDs, unique across shards (metric records are keyed by them).
+    next_id: AtomicU64,
 }
 
 enum Command {
@@ -325,8 +341,9 @@ enum Command {
 /// [`take_updates`](Self::take_updates).
 pub struct Prober {
     shared: Arc<Shared>,
-    cmd_tx: mpsc::UnboundedSender<Command>,
-    cmd_rx: Mutex<Option<mpsc::UnboundedReceiver<Command>>>,
+    /// One command channel per scheduler shard.
+    cmd_tx: Vec<mpsc::UnboundedSender<Command>>,
+    cmd_rx: Mutex<Option<Vec<mpsc::UnboundedReceiver<Command>>>>,
     updates_rx: Mutex<Option<mpsc::Receiver<ProbeUpdate>>>,
 }
 
@@ -350,7 +367,9 @@ impl Prober {
     /// agent does not probe everything at once); later ones start at once.
     pub fn new(config: ProberConfig) -> Self {
         let (updates_tx, updates_rx) = mpsc::channel(config.update_capacity.max(1));
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let (cmd_tx, cmd_rx): (Vec<_>, Vec<_>) = (0..config.shards.max(1))
+            .map(|_| mpsc::unbounded_channel())
+            .unzip();
         let net = NetConfig::new(&config.user_agent);
         Self {
             shared: Arc::new(Shared {
@@ -363,6 +382,7 @@ impl Prober {
                 updates_tx,
                 stats: Stats::new(),
                 workers: AtomicU64::new(0),
+                next_id: AtomicU64::new(0),
             }),
             cmd_tx,
             cmd_rx: Mutex::new(Some(cmd_rx)),
@@ -383,7 +403,7 @@ impl Prober {
             return;
         }
         for reg in ProbeRegistration::for_pod(pod) {
-            let _ = self.cmd_tx.send(Command::Add(Box::new(reg)));
+            let _ = self.shard(uid).send(Command::Add(Box::new(reg)));
         }
     }
 
@@ -393,21 +413,37 @@ impl Prober {
             .known_pods
             .lock()
             .insert(registration.pod_uid.clone());
-        let _ = self.cmd_tx.send(Command::Add(Box::new(registration)));
+        let _ = self
+            .shard(&registration.pod_uid)
+            .send(Command::Add(Box::new(registration)));
     }
 
     /// Stop every worker of pod `pod_uid` and forget its results.
     pub fn remove_pod(&self, pod_uid: &str) {
         self.shared.known_pods.lock().remove(pod_uid);
-        let _ = self.cmd_tx.send(Command::RemovePod(pod_uid.to_string()));
+        let _ = self
+            .shard(pod_uid)
+            .send(Command::RemovePod(pod_uid.to_string()));
     }
 
     /// Stop the liveness and startup workers of pod `pod_uid` (it is terminating); readiness
     /// keeps probing.
     pub fn stop_liveness_and_startup(&self, pod_uid: &str) {
         let _ = self
-            .cmd_tx
+            .shard(pod_uid)
             .send(Command::StopLivenessAndStartup(pod_uid.to_string()));
+    }
+
+    /// The command channel of the shard that owns pod `pod_uid` (all probes of a pod live in
+    /// one shard).
+    fn shard(&self, pod_uid: &str) -> &mpsc::UnboundedSender<Command> {
+        // FNV-1a: stable and cheap.
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in pod_uid.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        let i = usize::try_from(h % self.cmd_tx.len() as u64).unwrap_or(0);
+        &self.cmd_tx[i]
     }
 
     /// Latest result of `probe_type` for container instance `container_id` (runtime ID, no
@@ -500,62 +536,86 @@ impl Prober {
         recorder: EventRecorder,
         shutdown: CancellationToken,
     ) {
-        let Some(mut cmd_rx) = self.cmd_rx.lock().take() else {
+        let Some(receivers) = self.cmd_rx.lock().take() else {
             tracing::warn!("prober is already running");
             return;
         };
-        let mut s = Scheduler {
-            out: Outputs {
-                shared: self.shared.clone(),
-                overflow: VecDeque::new(),
-                recorder,
-            },
-            workers: HashMap::default(),
-            by_key: HashMap::new(),
-            queue: DelayQueue::new(),
-            next_id: 0,
-            waiting: VecDeque::new(),
-            inflight: JoinSet::new(),
-            targets,
-        };
-        let cancelled = shutdown.cancelled();
-        tokio::pin!(cancelled);
-        loop {
-            let ev = tokio::select! {
-                biased;
-                _ = &mut cancelled => break,
-                Some(cmd) = cmd_rx.recv() => Ev::Command(cmd),
-                Some(done) = s.inflight.join_next(), if !s.inflight.is_empty() => Ev::Done(done),
-                Some(exp) = poll_fn(|cx| s.queue.poll_expired(cx)), if !s.queue.is_empty() => Ev::Due(exp.into_inner()),
-                r = s.out.shared.updates_tx.reserve(), if !s.out.overflow.is_empty() => {
-                    match r {
-                        Ok(permit) => {
-                            if let Some(u) = s.out.overflow.pop_front() {
-                                permit.send(u);
-                            }
-                        }
-                        // Nobody listens any more.
-                        Err(_) => s.out.overflow.clear(),
-                    }
-                    continue;
-                }
+        let per_shard = (self.shared.config.max_concurrent / receivers.len().max(1)).max(1);
+        // The shards run as tasks of their own (so that they can use several worker threads);
+        // dropping this future aborts them.
+        let mut shards = JoinSet::new();
+        for (i, cmd_rx) in receivers.into_iter().enumerate() {
+            let s = Scheduler {
+                out: Outputs {
+                    shared: self.shared.clone(),
+                    overflow: VecDeque::new(),
+                    recorder: recorder.clone(),
+                },
+                workers: HashMap::default(),
+                by_key: HashMap::new(),
+                queue: DelayQueue::new(),
+                waiting: VecDeque::new(),
+                inflight: JoinSet::new(),
+                targets: targets.clone(),
+                max_concurrent: per_shard,
             };
-            match ev {
-                Ev::Command(cmd) => s.command(cmd),
-                Ev::Done(done) => s.done(done),
-                Ev::Due(id) => s.due(id),
-            }
-            s.drain_ready();
-            s.launch_waiting();
+            shards.spawn(run_shard(s, cmd_rx, shutdown.clone()).map(move |rx| (i, rx)));
         }
-        s.inflight.shutdown().await;
-        s.workers.clear();
-        s.out.shared.metrics.clear();
-        s.out.shared.workers.store(0, Ordering::Relaxed);
+        let mut back = Vec::new();
+        while let Some(r) = shards.join_next().await {
+            match r {
+                Ok(rx) => back.push(rx),
+                Err(e) => tracing::error!(error = %e, "prober shard failed"),
+            }
+        }
+        back.sort_by_key(|(i, _)| *i);
+        self.shared.metrics.clear();
+        self.shared.workers.store(0, Ordering::Relaxed);
         // Results stay readable; a later run starts the workers again from the pods added.
         self.shared.known_pods.lock().clear();
-        *self.cmd_rx.lock() = Some(cmd_rx);
+        *self.cmd_rx.lock() = Some(back.into_iter().map(|(_, rx)| rx).collect());
     }
+}
+
+/// One scheduler shard, until `shutdown`; gives its command receiver back.
+async fn run_shard(
+    mut s: Scheduler,
+    mut cmd_rx: mpsc::UnboundedReceiver<Command>,
+    shutdown: CancellationToken,
+) -> mpsc::UnboundedReceiver<Command> {
+    let cancelled = shutdown.cancelled();
+    tokio::pin!(cancelled);
+    loop {
+        let ev = tokio::select! {
+            biased;
+            _ = &mut cancelled => break,
+            Some(cmd) = cmd_rx.recv() => Ev::Command(cmd),
+            Some(done) = s.inflight.join_next(), if !s.inflight.is_empty() => Ev::Done(done),
+            Some(exp) = poll_fn(|cx| s.queue.poll_expired(cx)), if !s.queue.is_empty() => Ev::Due(exp.into_inner()),
+            r = s.out.shared.updates_tx.reserve(), if !s.out.overflow.is_empty() => {
+                match r {
+                    Ok(permit) => {
+                        if let Some(u) = s.out.overflow.pop_front() {
+                            permit.send(u);
+                        }
+                    }
+                    // Nobody listens any more.
+                    Err(_) => s.out.overflow.clear(),
+                }
+                continue;
+            }
+        };
+        match ev {
+            Ev::Command(cmd) => s.command(cmd),
+            Ev::Done(done) => s.done(done),
+            Ev::Due(id) => s.due(id),
+        }
+        s.drain_ready();
+        s.launch_waiting();
+    }
+    s.inflight.shutdown().await;
+    s.workers.clear();
+    cmd_rx
 }
 
 #[async_trait]
@@ -844,7 +904,8 @@ struct Scheduler {
     workers: HashMap<u64, Worker, BuildHasherDefault<IdHasher>>,
     by_key: HashMap<(Arc<str>, Arc<str>, ProbeType), u64>,
     queue: DelayQueue<u64>,
-    next_id: u64,
+    /// This shard's share of `max_concurrent`.
+    max_concurrent: usize,
     waiting: VecDeque<(u64, String, Option<String>)>,
     inflight: JoinSet<Done>,
     targets: Arc<dyn ProbeTargets>,
@@ -886,8 +947,7 @@ impl Scheduler {
         if self.by_key.contains_key(&key) {
             return;
         }
-        let id = self.next_id;
-        self.next_id += 1;
+        let id = self.out.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let now = Instant::now();
         let period = reg.timing.period;
         // Jitter only right after the agent started, so a restart does not probe everything
@@ -1002,7 +1062,7 @@ impl Scheduler {
     }
 
     fn launch_waiting(&mut self) {
-        while self.inflight.len() < self.out.shared.config.max_concurrent {
+        while self.inflight.len() < self.max_concurrent {
             let Some((id, container_id, host)) = self.waiting.pop_front() else {
                 return;
             };
