@@ -225,14 +225,14 @@ fn main() -> anyhow::Result<()> {
             evs.iter().filter(|e| f(e)).count() as f64
         };
         let mut leftovers = 0;
-        let mut line = format!("run {}:", run + 1);
+        let mut line = Vec::new();
         let st = if want("static") {
             let st =
                 static_phase(&agent, &args, run).with_context(|| format!("run {run}: static"))?;
             out.insert("static_all_running_ms", st.all_running_ms);
             out.insert("static_teardown_ms", st.teardown_ms);
             leftovers += st.leftovers;
-            line += &format!(" static {:.0} ms", st.all_running_ms);
+            line.push(format!("static {:.0} ms", st.all_running_ms));
             Some(st)
         } else {
             None
@@ -268,11 +268,11 @@ fn main() -> anyhow::Result<()> {
             );
             out.insert("api_window_s", ap.window_s);
             leftovers += ap.leftovers;
-            line += &format!(
-                ", api {:.0} ms ({:.1} requests/pod)",
+            line.push(format!(
+                "api {:.0} ms ({:.1} requests/pod)",
                 ap.all_running_ms,
                 (pods + events) / n
-            );
+            ));
             last_breakdown.0 = breakdown(&ap.requests);
         }
         if want("mirror") {
@@ -290,11 +290,11 @@ fn main() -> anyhow::Result<()> {
                 }) / n,
             );
             leftovers += mi.leftovers;
-            line += &format!(", mirror {:.0} ms", mi.all_running_ms);
+            line.push(format!("mirror {:.0} ms", mi.all_running_ms));
             last_breakdown.1 = breakdown(&mi.requests);
         }
         out.insert("leftover_processes", leftovers as f64);
-        eprintln!("{line}");
+        eprintln!("run {}: {}", run + 1, line.join(", "));
         runs.push(out);
     }
     report(&args, &machine, &runs, &last_breakdown);
