@@ -32,6 +32,10 @@ pub enum Outcome {
     /// The probe could not run (for example the runtime rejected the exec). The kubelet throws
     /// such results away.
     Error(String),
+    /// An HTTP response arrived but its body could not be read (cut short, malformed chunks).
+    /// The kubelet returns this as an error too (thrown away) whose state is failure: its event
+    /// says "resulted in failure state" where [`Error`](Self::Error)'s says "unknown state".
+    BodyError(String),
 }
 
 /// Connection settings shared by all network probes.
@@ -253,7 +257,7 @@ async fn http_exchange(net: &NetConfig, spec: &HttpGetSpec, host: &str) -> Outco
                 return Outcome::Failure(format!("Get \"{}\": {e}", target.url()));
             }
             // The kubelet returns body read errors as probe errors.
-            Err(HopError::Body(e)) => return Outcome::Error(e),
+            Err(HopError::Body(e)) => return Outcome::BodyError(e),
         };
         let code = resp.status;
         if matches!(code, 301 | 302 | 303 | 307 | 308)

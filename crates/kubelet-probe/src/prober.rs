@@ -836,6 +836,20 @@ impl Worker {
         }
     }
 
+    /// Record a probe error (`state` is the result the probe reported with it, as the
+    /// kubelet's event says); whether the result is thrown away, as the kubelet does unless
+    /// errors count as failures.
+    fn errored(&self, out: &Outputs, state: &str, msg: &str) -> bool {
+        let name = probe_type_name(self.probe_type);
+        out.recorder.warning(
+            self.involved.clone(),
+            "Unhealthy",
+            format!("{name} probe errored and resulted in {state} state: {msg}"),
+        );
+        // The kubelet: "Prober error, throw away the result".
+        !out.shared.config.errors_as_failures
+    }
+
     /// The kubelet's `doProbe` after the probe (steps 10-12): events, metrics, thresholds.
     fn after_probe(
         &mut self,
@@ -864,13 +878,13 @@ impl Worker {
                 (ProbeResult::Failure, MetricResult::Failed)
             }
             Outcome::Error(msg) => {
-                out.recorder.warning(
-                    self.involved.clone(),
-                    "Unhealthy",
-                    format!("{name} probe errored and resulted in unknown state: {msg}"),
-                );
-                if !out.shared.config.errors_as_failures {
-                    // The kubelet: "Prober error, throw away the result".
+                if self.errored(out, "unknown", &msg) {
+                    return;
+                }
+                (ProbeResult::Failure, MetricResult::Failed)
+            }
+            Outcome::BodyError(msg) => {
+                if self.errored(out, "failure", &msg) {
                     return;
                 }
                 (ProbeResult::Failure, MetricResult::Failed)
@@ -1149,7 +1163,7 @@ impl ProbeTask {
         let mut outcome = Outcome::Error("probe not run".to_string());
         for _ in 0..MAX_PROBE_RETRIES {
             outcome = self.once().await;
-            if !matches!(outcome, Outcome::Error(_)) {
+            if !matches!(outcome, Outcome::Error(_) | Outcome::BodyError(_)) {
                 break;
             }
         }
@@ -1484,6 +1498,52 @@ mod tests {
         assert_eq!(
             out2.shared.results.read()["c9"][0],
             Some(ProbeResult::Failure)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unreadable_http_bodies_are_errors_in_failure_state_and_discarded() {
+        let p = Prober::default();
+        let (recorder, mut events) = EventRecorder::channel(10);
+        let mut out = Outputs {
+            shared: p.shared.clone(),
+            overflow: VecDeque::new(),
+            recorder,
+        };
+        let timing = ProbeTiming {
+            failure_threshold: 1,
+            ..ProbeTiming::default()
+        };
+        let mut w = worker(&out, ProbeType::Readiness, timing);
+        let now = Instant::now();
+        w.before_probe(running("c1", now), now, &mut out);
+        w.after_probe("c1", ok(), Duration::ZERO, &mut out);
+        w.after_probe(
+            "c1",
+            Outcome::BodyError("unexpected EOF".into()),
+            Duration::ZERO,
+            &mut out,
+        );
+        assert_eq!(
+            out.shared.results.read()["c1"][1],
+            Some(ProbeResult::Success),
+            "thrown away"
+        );
+        let ev = events.try_recv().unwrap();
+        assert_eq!(
+            ev.message,
+            "Readiness probe errored and resulted in failure state: unexpected EOF"
+        );
+        w.after_probe(
+            "c1",
+            Outcome::Error("no runtime".into()),
+            Duration::ZERO,
+            &mut out,
+        );
+        let ev = events.try_recv().unwrap();
+        assert_eq!(
+            ev.message,
+            "Readiness probe errored and resulted in unknown state: no runtime"
         );
     }
 

@@ -330,3 +330,40 @@ async fn exec_without_a_runtime_is_an_error_not_a_failure() {
         Outcome::Error(_)
     ));
 }
+
+#[tokio::test]
+async fn an_http_body_cut_short_is_a_probe_error_and_a_chunked_body_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // A raw server: the first connection gets a body shorter than its Content-Length, the
+    // second a chunked body.
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        for answer in [
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort"[..],
+            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n3\r\n!!!\r\n0\r\n\r\n"[..],
+        ] {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut req = Vec::new();
+            let mut b = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = s.read(&mut b).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                req.extend_from_slice(&b[..n]);
+            }
+            s.write_all(answer).await.unwrap();
+            s.shutdown().await.unwrap();
+        }
+    });
+    let p = Prober::default();
+    assert_eq!(
+        http(&p, Scheme::Http, port, "/").await,
+        Outcome::BodyError("unexpected EOF".into())
+    );
+    assert_eq!(
+        http(&p, Scheme::Http, port, "/").await,
+        Outcome::Success("ok!!!".into())
+    );
+}
