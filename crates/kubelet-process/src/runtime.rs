@@ -652,15 +652,32 @@ impl ProcessRuntime {
             }
         }
         let dir = self.container_dir(id);
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(ProcessError::State {
-                    op: "removing",
-                    path: dir,
-                    source,
-                });
+        // The shim may still be finishing (log flush, its last records) just after the exit:
+        // let it go first, or removing the directory races with its writes.
+        if let Ok(Some(s)) = read_json::<StartedRecord>(&dir.join(STARTED_FILE)) {
+            let deadline = tokio::time::Instant::now() + KILL_WAIT;
+            while process_alive(s.shim_pid, s.shim_start_time)
+                && tokio::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        let mut tries = 0;
+        loop {
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => break,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => break,
+                Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && tries < 10 => {
+                    tries += 1;
+                    tokio::time::sleep(POLL).await;
+                }
+                Err(source) => {
+                    return Err(ProcessError::State {
+                        op: "removing",
+                        path: dir,
+                        source,
+                    });
+                }
             }
         }
         self.containers.lock().remove(id);
