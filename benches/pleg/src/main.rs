@@ -352,15 +352,18 @@ async fn relist_cost(t: &Target, n: usize, runs: usize, window: Duration) -> any
     drop(pleg);
 
     // CPU while the relist PLEG runs at its period, then while the evented PLEG idles.
+    let warmup = first_all + Duration::from_secs(1);
     let relist_cpu = cpu_while(
         t,
         window,
+        warmup,
         Arc::new(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
     )
     .await?;
     let evented_cpu = cpu_while(
         t,
         window,
+        warmup,
         Arc::new(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
     )
     .await?;
@@ -386,6 +389,7 @@ async fn relist_cost(t: &Target, n: usize, runs: usize, window: Duration) -> any
 async fn cpu_while(
     t: &Target,
     window: Duration,
+    warmup: Duration,
     pleg: Arc<dyn PodLifecycleEventGenerator>,
 ) -> anyhow::Result<(f64, Option<f64>)> {
     let _events = pleg.take_events();
@@ -394,8 +398,8 @@ async fn cpu_while(
         let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
         async move { pleg.run(shutdown).await }
     });
-    // Past the first relist (which inspects every pod).
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Past the first relist and its inspections of every pod.
+    tokio::time::sleep(warmup.max(Duration::from_millis(2500))).await;
     let (a0, r0, w0) = (
         self_cpu()?,
         t.containerd_pid.and_then(proc_cpu),
