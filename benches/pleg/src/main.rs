@@ -1,8 +1,9 @@
 //! `pleg-bench`: the PLEG figures of docs/performance.md ("Issue 7"), on the process runtime and
 //! on a private containerd started by `scripts/containerd-test-env.sh` (containerd needs root).
 //!
-//! 1. **Exit-detection latency**: `--exits` containers (`sh -c 'sleep D'`, D spread over 0.5 to
-//!    2 s so exits fall anywhere in a relist period) exit in batches; latency = the moment the
+//! 1. **Exit-detection latency**: `--exits` containers (`sh -c 'sleep D'`, one per pod, D spread
+//!    over `--spread-ms` after `--lead-ms`, so exits fall anywhere in a relist period) exit in
+//!    batches of `--batch`; latency = the moment the
 //!    PLEG's `ContainerDied` arrives − the exit time the runtime records (`finished_at`). Relist
 //!    mode (`GenericPleg`, 1 s) and evented mode (`EventedPleg`, 300 s safety-net relist), same
 //!    run, same runtime.
@@ -46,6 +47,13 @@ struct Flags {
     /// Containers exiting together per batch.
     #[arg(long, default_value_t = 25)]
     batch: usize,
+    /// Milliseconds from the start of a batch's creation to its first possible exit (long
+    /// enough for the batch to be created, so exits do not overlap creations).
+    #[arg(long, default_value_t = 500)]
+    lead_ms: u64,
+    /// Milliseconds over which a batch's exits are spread at random.
+    #[arg(long, default_value_t = 1500)]
+    spread_ms: u64,
     /// Container counts for the relist cost (empty skips it).
     #[arg(long, value_delimiter = ',', default_value = "30,110,500")]
     sizes: Vec<usize>,
@@ -138,8 +146,8 @@ struct Target {
 
 async fn measure(t: &Target, flags: &Flags) -> anyhow::Result<()> {
     if flags.exits > 0 {
-        let relist = latency(t, Mode::Relist, flags.exits, flags.batch).await?;
-        let evented = latency(t, Mode::Evented, flags.exits, flags.batch).await?;
+        let relist = latency(t, Mode::Relist, flags).await?;
+        let evented = latency(t, Mode::Evented, flags).await?;
         let (r50, r99, rmax) = (
             quantile(&relist, 0.5),
             quantile(&relist, 0.99),
@@ -230,7 +238,8 @@ fn container_config(t: &Target, labels_: &Labels, name: &str, script: &str) -> C
 }
 
 /// Exit-detection latencies (ms) of `exits` containers in `mode`.
-async fn latency(t: &Target, mode: Mode, exits: usize, batch: usize) -> anyhow::Result<Vec<f64>> {
+async fn latency(t: &Target, mode: Mode, flags: &Flags) -> anyhow::Result<Vec<f64>> {
+    let (exits, batch) = (flags.exits, flags.batch.max(1));
     let pleg: Arc<dyn PodLifecycleEventGenerator> = match mode {
         Mode::Relist => Arc::new(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
         Mode::Evented => Arc::new(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
@@ -249,10 +258,10 @@ async fn latency(t: &Target, mode: Mode, exits: usize, batch: usize) -> anyhow::
         let size = batch.min(exits - n);
         let mut ids = HashSet::new();
         let mut sandboxes = Vec::new();
-        let base = Instant::now() + Duration::from_millis(500);
+        let base = Instant::now() + Duration::from_millis(flags.lead_ms);
         for i in 0..size {
-            // One pod per container; exits spread over 1.5 s (more than one relist period).
-            let at = base + Duration::from_millis(rand::random_range(0..1500));
+            // One pod per container; exits spread over --spread-ms (more than a relist period).
+            let at = base + Duration::from_millis(rand::random_range(0..flags.spread_ms.max(1)));
             let d = at
                 .saturating_duration_since(Instant::now())
                 .as_secs_f64()
