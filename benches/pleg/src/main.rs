@@ -105,8 +105,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                     logs: dir.path().join("logs"),
                     containerd_pid: None,
                 };
-                measure(&target, &flags).await?;
-                remove_all(&*target.rt).await?;
+                // Clean up also when a measurement fails: the shims outlive this process.
+                let res = measure(&target, &flags).await;
+                let cleanup = remove_all(&*target.rt).await;
+                res?;
+                cleanup?;
             }
             "containerd" => {
                 let env = Env::start()?;
