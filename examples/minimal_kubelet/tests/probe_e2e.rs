@@ -210,10 +210,20 @@ impl Drop for Env {
                     let _ = std::fs::remove_file(e.path());
                 }
             }
+            // Wait for the pods to be gone from the agent, not only for their processes: a
+            // liveness restart leaves a moment with no process.
             let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline
-                && !self.tokens.iter().all(|t| procs_with_arg(t).is_empty())
-            {
+            while Instant::now() < deadline {
+                let no_procs = self.tokens.iter().all(|t| procs_with_arg(t).is_empty());
+                let no_pods = match http_get(self.port, "/pods") {
+                    Ok((200, body)) => serde_json::from_str::<Value>(&body)
+                        .map(|v| v["items"].as_array().is_some_and(|a| a.is_empty()))
+                        .unwrap_or(true),
+                    _ => true,
+                };
+                if no_procs && no_pods {
+                    break;
+                }
                 std::thread::sleep(POLL);
             }
         }
@@ -237,6 +247,14 @@ impl Drop for Env {
                     }
                     Ok(None) => std::thread::sleep(POLL),
                 }
+            }
+        }
+        // A container the agent restarted between the kill above and its own stop (a liveness
+        // restart leaves a moment with no process) outlives the agent by design: kill it now
+        // that nothing can restart it.
+        for t in &self.tokens {
+            for (pid, _) in procs_with_arg(t) {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
             }
         }
     }
