@@ -15,30 +15,39 @@
 //!    | --- | --- | --- |
 //!    | `/containers/create` | `ContainerCreate` | `Created` |
 //!    | `/tasks/start` | `TaskStart` | `Started` |
-//!    | `/tasks/exit` | `TaskExit` of the init process | `Stopped` |
+//!    | `/tasks/exit` | `TaskExit` of the init process | `Stopped` (twice, see below) |
 //!    | `/containers/delete` | `ContainerDelete` | `Deleted` |
 //!
 //!    For CRI containers the containerd container and task ID is the CRI container ID. A pod
 //!    sandbox is a containerd container too (its ID is the sandbox ID), so sandboxes produce the
 //!    same events with the sandbox ID, as containerd ≥ 1.7's CRI events do for sandboxes. The
-//!    exits of exec processes (`TaskExit` whose `id` is an exec ID) are skipped. `TaskDelete`
-//!    follows every exit (the CRI plugin deletes the task, then records the exit): it is not
-//!    reported itself, but tells when to confirm the `Stopped` event (below). Payloads of other types are skipped with a debug log,
-//!    undecodable ones with a warning.
+//!    exits of exec processes (`TaskExit` whose `id` is an exec ID) are skipped. `/tasks/delete`
+//!    and `/tasks/oom` are followed but not reported themselves (below). Payloads of other types
+//!    are skipped with a debug log, undecodable ones with a warning.
 //!
-//!    containerd publishes these events as it sees them, before its CRI plugin has recorded them
-//!    (the plugin handles the same `TaskExit` by deleting the task and only then marks the
-//!    container exited), and they carry no pod. So each event is **confirmed through CRI**
-//!    before it is yielded: `ContainerStatus` (or `PodSandboxStatus` for a sandbox ID) is asked
-//!    until CRI shows what the event says (`Created`: the container or sandbox exists; `Started`:
-//!    it is no longer `CREATED`; `Stopped`: it is `EXITED` / the sandbox `NOTREADY`; `Deleted`: it
-//!    is gone), for at most [`CONFIRM_WITHIN`] (a `Stopped` event first waits for its task's
-//!    `TaskDelete`, since the CRI plugin records the exit right after it); the answer gives the pod UID (the
-//!    `io.kubernetes.pod.uid` label, the sandbox metadata; for `Deleted` the UID remembered from
-//!    earlier events of that ID). So a consumer that inspects CRI on an event sees the change, as
-//!    with containerd ≥ 1.7's CRI events. Events are confirmed concurrently and yielded in order.
-//!    An ID CRI does not know within that time (a container made with `ctr` in `k8s.io`) is
-//!    yielded without a pod UID. At most 8 status calls per stream are in flight.
+//!    containerd publishes these events as it sees them, before its CRI plugin has recorded them,
+//!    and they carry no pod. So each event is **confirmed through CRI** before it is yielded:
+//!    `ContainerStatus` (or `PodSandboxStatus` for a sandbox ID) is asked until CRI shows what
+//!    the event says (`Created`: the container or sandbox exists; `Started`: it is no longer
+//!    `CREATED`; `Stopped`: it is `EXITED` / the sandbox `NOTREADY`; `Deleted`: it is gone), for
+//!    at most [`CONFIRM_WITHIN`]; the answer gives the pod UID (the `io.kubernetes.pod.uid`
+//!    label, the sandbox metadata; for `Deleted` the UID remembered from earlier events of that
+//!    ID). So a consumer that inspects CRI on an event sees the change, as with containerd ≥
+//!    1.7's CRI events. Events are confirmed concurrently and yielded in order. An ID CRI does
+//!    not know within that time (a container made with `ctr` in `k8s.io`) is yielded without a
+//!    pod UID. At most 8 status calls per stream are in flight.
+//!
+//!    **Exits** are the exception, because the CRI plugin records an exit only after it has
+//!    deleted the task (the `TaskDelete` that follows), 40–60 ms after the `TaskExit` on an idle
+//!    machine and seconds later after a burst. The exit status and time of the `TaskExit` (and
+//!    any `TaskOOM` before it) become an **exit hint** of the runtime ([`crate::exits`]): from
+//!    then on the runtime's container reads report the container exited, with the values CRI
+//!    will record. The `Stopped` event is yielded at once, in order, with the pod UID remembered
+//!    from the container's earlier events (or asked once). It is yielded a second time once CRI
+//!    has recorded the exit (after the task's `TaskDelete`, within [`CONFIRM_WITHIN`]); that
+//!    confirmation holds back no other event. A consumer inspecting on the first sees the exit
+//!    from the hint, on the second CRI's own record (the same exit, and the end of the log for
+//!    `FallbackToLogsOnError`).
 //!
 //! Neither gRPC server answers a subscription until it has an event to send, so
 //! `container_events` waits a short moment ([`PROBE`]) for an immediate refusal
@@ -61,6 +70,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::{FuturesOrdered, FuturesUnordered};
 use jiff::Timestamp;
 use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
 use kubelet_core::{Error, ErrorKind};
@@ -71,6 +81,7 @@ use tracing::{debug, warn};
 
 use crate::CriConfig;
 use crate::error::CriError;
+use crate::exits::{Exit, ExitHints};
 use crate::proto::containerd::events as ctrd_events;
 use crate::proto::containerd::services::events::v1 as ctrd;
 use crate::proto::containerd::services::events::v1::events_client::EventsClient;
@@ -107,10 +118,11 @@ const CONFIRM_CALLS: usize = 8;
 const MAX_REMEMBERED: usize = 65_536;
 
 /// The containerd topics the native subscription asks for.
-const TOPICS: [&str; 5] = [
+const TOPICS: [&str; 6] = [
     "/containers/create",
     "/tasks/start",
     "/tasks/exit",
+    "/tasks/oom",
     "/tasks/delete",
     "/containers/delete",
 ];
@@ -127,6 +139,8 @@ pub(crate) struct EventSubscriber {
     namespace: String,
     /// Which source worked last (`SOURCE_*`), shared by clones.
     source: Arc<AtomicU8>,
+    /// Exits seen on containerd's events that CRI has not recorded yet, shared by clones.
+    hints: ExitHints,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -141,7 +155,13 @@ impl EventSubscriber {
                 .max_decoding_message_size(max_message_size),
             namespace: config.containerd_namespace.clone(),
             source: Arc::new(AtomicU8::new(SOURCE_UNKNOWN)),
+            hints: ExitHints::default(),
         }
+    }
+
+    /// The exit hints the native streams of this subscriber (and its clones) keep.
+    pub(crate) fn exit_hints(&self) -> &ExitHints {
+        &self.hints
     }
 
     /// A new event stream from the source that works; see the module docs.
@@ -232,7 +252,7 @@ impl EventSubscriber {
             _ => CriError::SubscribeEvents { status },
         };
         let namespace = self.namespace.clone();
-        let confirm = Confirmer::new(self.cri.clone());
+        let confirm = Confirmer::new(self.cri.clone(), self.hints.clone());
         match tokio::time::timeout(PROBE, &mut call).await {
             Ok(Ok(resp)) => {
                 self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
@@ -335,40 +355,102 @@ fn containerd_stream(
         },
         |status| CriError::SubscribeEvents { status },
     );
-    // In stream order: a `Stopped` registers for its task's deletion, a `TaskDelete` signals it.
-    let deletions = confirm.task_deletions.clone();
-    Box::pin(
-        decoded
-            .filter_map(move |item| {
-                let item = match item {
-                    Ok(Decoded::TaskDeleted(id)) => {
-                        let waiting = lock(&deletions).remove(&id);
-                        if let Some(notify) = waiting {
-                            notify.notify_one();
-                        }
-                        None
-                    }
-                    Ok(Decoded::Event(event)) => {
-                        let deleted = (event.kind == ContainerEventKind::Stopped).then(|| {
-                            let notify = Arc::new(tokio::sync::Notify::new());
-                            lock(&deletions).insert(event.container_id.clone(), notify.clone());
-                            notify
-                        });
-                        Some(Ok((event, deleted)))
-                    }
-                    Err(e) => Some(Err(e)),
-                };
-                std::future::ready(item)
-            })
-            .map(move |item| {
-                let confirm = confirm.clone();
-                async move {
-                    let (event, deleted) = item?;
-                    Ok(confirm.confirm(event, deleted).await)
+    Box::pin(NativeEvents {
+        source: Some(decoded),
+        ordered: FuturesOrdered::new(),
+        followups: FuturesUnordered::new(),
+        confirm,
+        ended: false,
+    })
+}
+
+/// The native stream: decoded containerd events in, confirmed events out.
+///
+/// Events are confirmed concurrently and yielded in stream order, except the confirmations of
+/// exits: an exit is yielded at once (its hint makes CRI reads show it, see [`crate::exits`]),
+/// and again once CRI has recorded it, whenever that is, without holding back later events.
+struct NativeEvents {
+    /// `None` once the subscription ended or failed.
+    source: Option<futures::stream::BoxStream<'static, kubelet_core::Result<Decoded>>>,
+    /// Events (and the subscription's error) in stream order.
+    ordered: FuturesOrdered<BoxFuture<kubelet_core::Result<ContainerEvent>>>,
+    /// Exits waiting for CRI to record them.
+    followups: FuturesUnordered<BoxFuture<ContainerEvent>>,
+    confirm: Confirmer,
+    /// An error was yielded: the stream is over.
+    ended: bool,
+}
+
+impl NativeEvents {
+    fn take(&mut self, item: kubelet_core::Result<Decoded>) {
+        let confirm = self.confirm.clone();
+        match item {
+            Err(e) => {
+                self.source = None;
+                self.ordered.push_back(Box::pin(std::future::ready(Err(e))));
+            }
+            Ok(Decoded::TaskDeleted(id)) => {
+                // The CRI plugin records the exit right after this.
+                if let Some(notify) = lock(&confirm.task_deletions).remove(&id) {
+                    notify.notify_one();
                 }
-            })
-            .buffered(CONFIRM_BUFFER),
-    )
+            }
+            Ok(Decoded::Oom(id)) => confirm.hints.record_oom(&id),
+            Ok(Decoded::Exit(event, exit)) => {
+                confirm.hints.record_exit(&event.container_id, exit);
+                let deleted = Arc::new(tokio::sync::Notify::new());
+                lock(&confirm.task_deletions).insert(event.container_id.clone(), deleted.clone());
+                let hinted = confirm.clone();
+                let early = event.clone();
+                self.ordered
+                    .push_back(Box::pin(async move { Ok(hinted.with_pod(early).await) }));
+                self.followups.push(Box::pin(async move {
+                    confirm.confirm(event, Some(deleted)).await
+                }));
+            }
+            Ok(Decoded::Event(event)) => {
+                self.ordered.push_back(Box::pin(
+                    async move { Ok(confirm.confirm(event, None).await) },
+                ));
+            }
+        }
+    }
+}
+
+impl futures::Stream for NativeEvents {
+    type Item = kubelet_core::Result<ContainerEvent>;
+
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        while this.ordered.len() + this.followups.len() < CONFIRM_BUFFER {
+            let Some(source) = this.source.as_mut() else {
+                break;
+            };
+            match source.poll_next_unpin(cx) {
+                Poll::Ready(Some(item)) => this.take(item),
+                Poll::Ready(None) => this.source = None,
+                Poll::Pending => break,
+            }
+        }
+        if let Poll::Ready(Some(item)) = this.ordered.poll_next_unpin(cx) {
+            this.ended = item.is_err();
+            return Poll::Ready(Some(item));
+        }
+        if let Poll::Ready(Some(event)) = this.followups.poll_next_unpin(cx) {
+            return Poll::Ready(Some(Ok(event)));
+        }
+        if this.source.is_none() && this.ordered.is_empty() && this.followups.is_empty() {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    }
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -399,6 +481,19 @@ impl CriView {
                 pod_uid.as_deref()
             }
             CriView::Absent | CriView::Failed => None,
+        }
+    }
+
+    /// Whether CRI has recorded an exit of this ID, or does not know it as a running container
+    /// (a sandbox, or an ID it never had).
+    fn recorded_exit(&self) -> bool {
+        use cri::ContainerState as S;
+        match self {
+            CriView::Container { state, .. } => {
+                matches!(state, S::ContainerExited | S::ContainerUnknown)
+            }
+            CriView::Sandbox { .. } | CriView::Absent => true,
+            CriView::Failed => false,
         }
     }
 
@@ -434,15 +529,49 @@ struct Confirmer {
     task_deletions: Arc<std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>>,
     /// Bounds the CRI calls in flight ([`CONFIRM_CALLS`]).
     calls: Arc<tokio::sync::Semaphore>,
+    /// The runtime's exit hints: set on `TaskExit` and `TaskOOM`, dropped once CRI shows the
+    /// exit.
+    hints: ExitHints,
 }
 
 impl Confirmer {
-    fn new(cri: RuntimeServiceClient<Channel>) -> Self {
+    fn new(cri: RuntimeServiceClient<Channel>, hints: ExitHints) -> Self {
         Self {
             cri,
             pods: Arc::default(),
             task_deletions: Arc::default(),
             calls: Arc::new(tokio::sync::Semaphore::new(CONFIRM_CALLS)),
+            hints,
+        }
+    }
+
+    /// `event` with its pod UID, without waiting for CRI to show it: the UID remembered from
+    /// earlier events of its ID, or else the one CRI reports now.
+    async fn with_pod(&self, mut event: ContainerEvent) -> ContainerEvent {
+        let known = lock(&self.pods).get(&event.container_id).cloned();
+        event.pod_uid = match known {
+            Some(uid) => Some(uid),
+            None => {
+                let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
+                let view = self.look_up(&event.container_id, deadline).await;
+                self.remember(&event.container_id, &view)
+            }
+        };
+        event
+    }
+
+    /// Remembers the pod UID `view` gives for `id`; returns it, or the one remembered earlier.
+    fn remember(&self, id: &str, view: &CriView) -> Option<String> {
+        let mut pods = lock(&self.pods);
+        match view.pod_uid() {
+            Some(uid) => {
+                if pods.len() >= MAX_REMEMBERED {
+                    pods.clear();
+                }
+                pods.insert(id.to_string(), uid.to_string());
+                Some(uid.to_string())
+            }
+            None => pods.get(id).cloned(),
         }
     }
 
@@ -489,19 +618,16 @@ impl Confirmer {
             delay = (delay * 2).min(Duration::from_millis(20));
             view = self.look_up(&event.container_id, deadline).await;
         }
-        let mut pods = lock(&self.pods);
-        event.pod_uid = match view.pod_uid() {
-            Some(uid) => {
-                if pods.len() >= MAX_REMEMBERED {
-                    pods.clear();
-                }
-                pods.insert(event.container_id.clone(), uid.to_string());
-                Some(uid.to_string())
+        event.pod_uid = self.remember(&event.container_id, &view);
+        match event.kind {
+            ContainerEventKind::Deleted => {
+                lock(&self.pods).remove(&event.container_id);
             }
-            None => pods.get(&event.container_id).cloned(),
-        };
-        if event.kind == ContainerEventKind::Deleted {
-            pods.remove(&event.container_id);
+            // CRI has recorded the exit (or never knew the ID): the hint has done its work.
+            ContainerEventKind::Stopped if view.recorded_exit() => {
+                self.hints.forget(&event.container_id);
+            }
+            _ => {}
         }
         event
     }
@@ -606,8 +732,12 @@ pub(crate) fn from_cri(resp: cri::ContainerEventResponse) -> Option<ContainerEve
 pub(crate) enum Decoded {
     /// An event to report.
     Event(ContainerEvent),
+    /// A `Stopped` event: the init process of the task exited.
+    Exit(ContainerEvent, Exit),
     /// The task of this container (its init process) was deleted.
     TaskDeleted(String),
+    /// The OOM killer killed a process of this container.
+    Oom(String),
 }
 
 /// One containerd event envelope decoded: `Ok(None)` for events of another namespace, of types
@@ -626,6 +756,11 @@ pub(crate) fn from_envelope(
     // containerd 1.6 writes the bare message name, newer releases may prefix a host.
     let name = any.type_url.rsplit('/').next().unwrap_or_default();
     let bad = |e: prost::DecodeError| decode_error(envelope, &any.type_url, &e.to_string());
+    let no_id = || decode_error(envelope, &any.type_url, "the event has no container ID");
+    let at = envelope
+        .timestamp
+        .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok())
+        .unwrap_or_else(Timestamp::now);
     let (id, kind) = match name {
         "containerd.events.ContainerCreate" => {
             let e = ctrd_events::ContainerCreate::decode(any.value.as_slice()).map_err(bad)?;
@@ -641,17 +776,32 @@ pub(crate) fn from_envelope(
                 debug!(container = %e.container_id, exec = %e.id, "skipping an exec process exit");
                 return Ok(None);
             }
-            (e.container_id, ContainerEventKind::Stopped)
+            if e.container_id.is_empty() {
+                return Err(no_id());
+            }
+            let exit = Exit {
+                // The CRI plugin stores the exit status as an int32 too.
+                code: e.exit_status as i32,
+                at: e
+                    .exited_at
+                    .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok())
+                    .unwrap_or(at),
+            };
+            let event = ContainerEvent::new(e.container_id, ContainerEventKind::Stopped, None, at);
+            return Ok(Some(Decoded::Exit(event, exit)));
+        }
+        "containerd.events.TaskOOM" => {
+            let e = ctrd_events::TaskOom::decode(any.value.as_slice()).map_err(bad)?;
+            if e.container_id.is_empty() {
+                return Err(no_id());
+            }
+            return Ok(Some(Decoded::Oom(e.container_id)));
         }
         "containerd.events.TaskDelete" => {
             // Follows the TaskExit (already reported) when the CRI plugin records the exit.
             let e = ctrd_events::TaskDelete::decode(any.value.as_slice()).map_err(bad)?;
             if e.container_id.is_empty() {
-                return Err(decode_error(
-                    envelope,
-                    &any.type_url,
-                    "the event has no container ID",
-                ));
+                return Err(no_id());
             }
             if !e.id.is_empty() && e.id != e.container_id {
                 return Ok(None);
@@ -672,16 +822,8 @@ pub(crate) fn from_envelope(
         }
     };
     if id.is_empty() {
-        return Err(decode_error(
-            envelope,
-            &any.type_url,
-            "the event has no container ID",
-        ));
+        return Err(no_id());
     }
-    let at = envelope
-        .timestamp
-        .and_then(|t| Timestamp::new(t.seconds, t.nanos).ok())
-        .unwrap_or_else(Timestamp::now);
     Ok(Some(Decoded::Event(ContainerEvent::new(
         id, kind, None, at,
     ))))
@@ -771,8 +913,15 @@ mod tests {
             ),
         ];
         for (env, kind) in cases {
-            let Some(Decoded::Event(e)) = from_envelope(&env, CRI_NAMESPACE).unwrap() else {
-                panic!("{env:?} is no event");
+            let e = match from_envelope(&env, CRI_NAMESPACE).unwrap() {
+                Some(Decoded::Event(e)) => e,
+                Some(Decoded::Exit(e, exit)) => {
+                    // `exited_at` missing: the envelope's time.
+                    assert_eq!(exit.code, 1);
+                    assert_eq!(exit.at, e.created_at);
+                    e
+                }
+                other => panic!("{env:?} is no event: {other:?}"),
             };
             assert_eq!(e.container_id, "c1");
             assert_eq!(e.kind, kind);
@@ -788,10 +937,52 @@ mod tests {
             "types.containerd.io/containerd.events.TaskExit",
             exit("c1", ""),
         );
-        let Some(Decoded::Event(e)) = from_envelope(&env, CRI_NAMESPACE).unwrap() else {
-            panic!("{env:?} is no event");
+        let Some(Decoded::Exit(e, _)) = from_envelope(&env, CRI_NAMESPACE).unwrap() else {
+            panic!("{env:?} is no exit");
         };
         assert_eq!(e.kind, ContainerEventKind::Stopped);
+    }
+
+    #[test]
+    fn an_exit_carries_its_status_and_time_and_an_oom_its_container() {
+        let env = envelope(
+            "/tasks/exit",
+            "containerd.events.TaskExit",
+            ctrd_events::TaskExit {
+                container_id: "c1".into(),
+                id: "c1".into(),
+                pid: 42,
+                exit_status: 137,
+                exited_at: Some(prost_types::Timestamp {
+                    seconds: 1_700_000_001,
+                    nanos: 9,
+                }),
+            }
+            .encode_to_vec(),
+        );
+        let Some(Decoded::Exit(e, exit)) = from_envelope(&env, CRI_NAMESPACE).unwrap() else {
+            panic!("{env:?} is no exit");
+        };
+        assert_eq!(e.container_id, "c1");
+        assert_eq!(exit.code, 137);
+        assert_eq!(exit.at, Timestamp::new(1_700_000_001, 9).unwrap());
+        let oom = envelope(
+            "/tasks/oom",
+            "containerd.events.TaskOOM",
+            ctrd_events::TaskOom {
+                container_id: "c1".into(),
+            }
+            .encode_to_vec(),
+        );
+        assert_eq!(
+            from_envelope(&oom, CRI_NAMESPACE).unwrap(),
+            Some(Decoded::Oom("c1".into()))
+        );
+        let no_id = envelope("/tasks/oom", "containerd.events.TaskOOM", Vec::new());
+        assert!(matches!(
+            from_envelope(&no_id, CRI_NAMESPACE),
+            Err(CriError::DecodeEvent { .. })
+        ));
     }
 
     #[test]
@@ -826,8 +1017,8 @@ mod tests {
         other_ns.namespace = "moby".into();
         assert_eq!(from_envelope(&other_ns, CRI_NAMESPACE).unwrap(), None);
         let unknown = envelope(
-            "/tasks/oom",
-            "containerd.events.TaskOOM",
+            "/tasks/paused",
+            "containerd.events.TaskPaused",
             vec![0x0a, 0x01, b'x'],
         );
         assert_eq!(from_envelope(&unknown, CRI_NAMESPACE).unwrap(), None);
@@ -941,5 +1132,6 @@ mod tests {
         let f = subscription_filters("k8s.io");
         assert_eq!(f.len(), TOPICS.len());
         assert_eq!(f[2], r#"namespace=="k8s.io",topic=="/tasks/exit""#);
+        assert_eq!(f[3], r#"namespace=="k8s.io",topic=="/tasks/oom""#);
     }
 }

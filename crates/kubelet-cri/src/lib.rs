@@ -40,6 +40,7 @@
 mod convert;
 pub mod error;
 pub mod events;
+pub mod exits;
 mod metrics;
 pub mod proto;
 mod runtime;

@@ -764,6 +764,7 @@ impl ContainerRuntime for CriRuntime {
             .await
             .map(|_| ()),
         )?;
+        self.events.exit_hints().forget(container_id);
         if let Some(status) = status {
             self.remove_termination_message_file(&status);
         }
@@ -775,11 +776,17 @@ impl ContainerRuntime for CriRuntime {
         filter: &core::ContainerFilter,
     ) -> Result<Vec<core::Container>> {
         let mut c = self.runtime.clone();
+        let hints = self.events.exit_hints();
+        // A container with an exit hint is running for CRI and exited for us: filter by state
+        // here, after applying the hints.
+        let local_state = filter.state.filter(|_| !hints.is_empty());
         let req = cri::ListContainersRequest {
             filter: Some(cri::ContainerFilter {
                 id: filter.id.clone().unwrap_or_default(),
-                state: filter.state.map(|s| cri::ContainerStateValue {
-                    state: convert::container_state_in(s),
+                state: filter.state.filter(|_| local_state.is_none()).map(|s| {
+                    cri::ContainerStateValue {
+                        state: convert::container_state_in(s),
+                    }
                 }),
                 pod_sandbox_id: filter.pod_sandbox_id.clone().unwrap_or_default(),
                 label_selector: convert::map_in(&filter.label_selector),
@@ -796,7 +803,12 @@ impl ContainerRuntime for CriRuntime {
         Ok(resp
             .containers
             .into_iter()
-            .map(convert::container_out)
+            .map(|c| {
+                let mut c = convert::container_out(c);
+                hints.apply_to_container(&mut c);
+                c
+            })
+            .filter(|c| local_state.is_none_or(|s| c.state == s))
             .collect())
     }
 
@@ -813,12 +825,20 @@ impl ContainerRuntime for CriRuntime {
                 move |r| async move { c.container_status(r).await },
                 req,
             )
-            .await?;
+            .await;
+        let resp = match resp {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                self.events.exit_hints().forget(container_id);
+                return Err(e.into());
+            }
+            r => r?,
+        };
         let status = resp.status.ok_or(CriError::IncompleteResponse {
             op: "ContainerStatus",
             field: "status",
         })?;
         let mut status = convert::container_status_out(status);
+        self.events.exit_hints().apply_to_status(&mut status);
         self.read_termination_message(&mut status);
         Ok(status)
     }

@@ -37,6 +37,13 @@ pub struct TaskExit {
     #[prost(message, optional, tag = "5")]
     pub exited_at: ::core::option::Option<::prost_types::Timestamp>,
 }
+/// Topic `/tasks/oom`: the kernel's OOM killer killed a process of the task (the CRI plugin then
+/// reports the container's reason as `OOMKilled`).
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct TaskOom {
+    #[prost(string, tag = "1")]
+    pub container_id: ::prost::alloc::string::String,
+}
 /// Topic `/containers/create`.
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ContainerCreate {
