@@ -16,7 +16,8 @@
 //! Start with [`KubeletBuilder`]. Nothing here spawns work behind the host's back: the agent is
 //! the future returned by [`Kubelet::run`], stopped by a cancellation token, and stopping it
 //! leaves pods running. The `testing` feature adds in-memory doubles (`FakeRuntime`,
-//! `RecordingSink`) for embedders' own tests.
+//! `RecordingSink`) and a fault-injecting runtime wrapper (`FaultyRuntime`) for embedders' own
+//! tests.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -1,8 +1,11 @@
-//! In-memory test doubles for users' own tests: [`FakeRuntime`] and [`RecordingSink`].
+//! Test doubles for users' own tests: [`FakeRuntime`] and [`RecordingSink`], and
+//! [`FaultyRuntime`], which injects faults into any runtime.
 //!
-//! Enabled with the `testing` feature. Both are real implementations of the SDK's traits, kept in
-//! memory and instrumented for assertions: inject them through the builder (or hand them to a
-//! single subsystem such as a PLEG) exactly like a production runtime or sink.
+//! Enabled with the `testing` feature. The first two are real implementations of the SDK's
+//! traits, kept in memory and instrumented for assertions: inject them through the builder (or
+//! hand them to a single subsystem such as a PLEG) exactly like a production runtime or sink.
+//! [`FaultyRuntime`] wraps a runtime (a real one or [`FakeRuntime`]) and breaks its event stream,
+//! loses chosen events or makes one pod's calls hang, on the test's command.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -49,6 +52,9 @@ use crate::runtime::{
     labels_match,
 };
 use crate::sink::StatusSink;
+
+mod faulty;
+pub use faulty::FaultyRuntime;
 
 /// The [`ContainerRuntime`] operations of a [`FakeRuntime`], to target injected errors and delays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

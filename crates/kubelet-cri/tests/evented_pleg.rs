@@ -1,7 +1,10 @@
 //! The evented PLEG (`kubelet_pleg::EventedPleg`) over `CriRuntime` and a real, private
 //! containerd (`scripts/containerd-test-env.sh`): a container's exit reaches the PLEG through the
-//! runtime's events with the safety-net relist an hour away. Needs root; skipped with a message
-//! otherwise, and failing instead when `KUBELET_SDK_REQUIRE_ROOT=1` (CI).
+//! runtime's events with the safety-net relist an hour away; with the runtime wrapped in
+//! `kubelet_core::testing::FaultyRuntime`, a broken event stream falls back to relisting and
+//! recovers, an event lost on purpose is found by the relist, and a pod whose runtime calls hang
+//! does not hold back another pod's events. Needs root; skipped with a message otherwise, and
+//! failing instead when `KUBELET_SDK_REQUIRE_ROOT=1` (CI).
 
 #![allow(clippy::unwrap_used)]
 
@@ -15,9 +18,175 @@ use kubelet_core::runtime::{
     ContainerConfig, ContainerMetadata, ContainerRuntime, ContainerState, Labels, PodSandboxConfig,
     PodSandboxMetadata, labels,
 };
-use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
-use kubelet_pleg::{EventedPleg, EventedPlegConfig, PlegMode};
+use kubelet_core::testing::FaultyRuntime;
+use kubelet_core::{
+    PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,
+};
+use kubelet_cri::CriRuntime;
+use kubelet_pleg::{EventedPleg, EventedPlegConfig, GenericPlegConfig, PlegMode};
+use tokio::sync::mpsc::Receiver;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use PodLifecycleEventType::{ContainerDied, ContainerStarted};
+
+/// Generous: the machine running the tests may be loaded.
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// A sandbox config of pod `uid` (host network, logs under the environment's directory).
+fn sandbox_config(env: &ContainerdEnv, uid: &str) -> PodSandboxConfig {
+    let mut l = Labels::new();
+    l.insert(labels::POD_UID.into(), uid.into());
+    l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
+    l.insert(labels::POD_NAMESPACE.into(), "default".into());
+    PodSandboxConfig {
+        metadata: PodSandboxMetadata {
+            name: format!("pod-{uid}"),
+            namespace: "default".into(),
+            uid: uid.into(),
+            attempt: 0,
+        },
+        log_directory: env.dir.join("logs").join(uid),
+        labels: l,
+        host_network: true,
+        ..Default::default()
+    }
+}
+
+/// Container `app` of the pod, running `sh -c script` in busybox.
+fn app_container(env: &ContainerdEnv, sandbox: &PodSandboxConfig, script: &str) -> ContainerConfig {
+    let mut l = sandbox.labels.clone();
+    l.insert(labels::CONTAINER_NAME.into(), "app".into());
+    ContainerConfig {
+        metadata: ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
+        },
+        image: env.busybox.clone(),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        labels: l,
+        log_path: "app/0.log".into(),
+        ..Default::default()
+    }
+}
+
+/// Start pod `uid` with container `app` running `script`; returns (sandbox, container).
+async fn start_pod(
+    env: &ContainerdEnv,
+    rt: &dyn ContainerRuntime,
+    uid: &str,
+    script: &str,
+) -> (String, String) {
+    let sandbox = sandbox_config(env, uid);
+    let sid = rt.run_pod_sandbox(&sandbox).await.unwrap();
+    let cid = rt
+        .create_container(&sid, &app_container(env, &sandbox, script), &sandbox)
+        .await
+        .unwrap();
+    rt.start_container(&cid).await.unwrap();
+    (sid, cid)
+}
+
+/// Runs `pleg` until `shutdown` and waits for events mode after its first relist.
+async fn run_until_events(pleg: &Arc<EventedPleg>, shutdown: &CancellationToken) {
+    tokio::spawn({
+        let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
+        async move { pleg.run(shutdown).await }
+    });
+    eventually(WITHIN, "events mode after the first relist", || {
+        let pleg = pleg.clone();
+        async move {
+            (pleg.mode() == PlegMode::Events
+                && pleg.last_relist().is_some()
+                && pleg.metrics().connection_successes() >= 1)
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+async fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !f() {
+        assert!(Instant::now() < deadline, "no {what} within {within:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits for `kind` about container `id`, skipping other events.
+async fn wait_event(rx: &mut Receiver<PodLifecycleEvent>, kind: PodLifecycleEventType, id: &str) {
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let ev = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no {kind:?} for {id} within {WITHIN:?}"))
+            .expect("channel open");
+        if ev.kind == kind && ev.container_id == id {
+            return;
+        }
+    }
+}
+
+/// The state and exit code of container `app` of pod `uid` in the PLEG's cache.
+fn cached_app(pleg: &EventedPleg, uid: &str) -> (ContainerState, i32) {
+    let status = pleg
+        .cache()
+        .get(uid)
+        .expect("cached")
+        .status
+        .expect("inspected");
+    let c = status.find_container("app").expect("container status");
+    (c.state, c.exit_code)
+}
+
+/// A private containerd, `CriRuntime` on it wrapped in a [`FaultyRuntime`], and an evented PLEG
+/// on the wrapper, running in events mode after its first relist.
+struct Setup {
+    cri: Arc<CriRuntime>,
+    faulty: Arc<FaultyRuntime>,
+    pleg: Arc<EventedPleg>,
+    events: Receiver<PodLifecycleEvent>,
+    shutdown: CancellationToken,
+    /// Dropped last: removes the pods still there and stops containerd, also on a failure.
+    env: ContainerdEnv,
+}
+
+impl Setup {
+    async fn start(test: &str, config: EventedPlegConfig) -> Option<Self> {
+        let env = ContainerdEnv::start(test)?;
+        let cri = env.runtime().await;
+        let faulty = Arc::new(FaultyRuntime::new(cri.clone()));
+        let runtime: Arc<dyn ContainerRuntime> = faulty.clone();
+        let pleg = Arc::new(EventedPleg::new(runtime, config));
+        let events = pleg.take_events().unwrap();
+        let shutdown = CancellationToken::new();
+        run_until_events(&pleg, &shutdown).await;
+        Some(Self {
+            cri,
+            faulty,
+            pleg,
+            events,
+            shutdown,
+            env,
+        })
+    }
+
+    async fn start_pod(&self, uid: &str, script: &str) -> (String, String) {
+        start_pod(&self.env, &*self.faulty, uid, script).await
+    }
+
+    async fn teardown(self, sandboxes: &[String]) {
+        self.shutdown.cancel();
+        for sid in sandboxes {
+            self.cri.stop_pod_sandbox(sid).await.unwrap();
+            self.cri.remove_pod_sandbox(sid).await.unwrap();
+        }
+    }
+}
+
+fn long_relist() -> EventedPlegConfig {
+    EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600))
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_container_exit_reaches_the_evented_pleg_without_a_relist() {
@@ -28,72 +197,17 @@ async fn a_container_exit_reaches_the_evented_pleg_without_a_relist() {
     };
     let rt = env.runtime().await;
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(EventedPleg::new(
-        runtime,
-        EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-    ));
+    let pleg = Arc::new(EventedPleg::new(runtime, long_relist()));
     let mut events = pleg.take_events().unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
-        async move { pleg.run(shutdown).await }
-    });
-    eventually(
-        Duration::from_secs(30),
-        "events mode after the first relist",
-        || {
-            let pleg = pleg.clone();
-            async move {
-                (pleg.mode() == PlegMode::Events
-                    && pleg.last_relist().is_some()
-                    && pleg.metrics().connection_successes() >= 1)
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    run_until_events(&pleg, &shutdown).await;
     let relisted = pleg.last_relist();
 
     let uid = "evented-exit";
-    let mut l = Labels::new();
-    l.insert(labels::POD_UID.into(), uid.into());
-    l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
-    l.insert(labels::POD_NAMESPACE.into(), "default".into());
-    let sandbox = PodSandboxConfig {
-        metadata: PodSandboxMetadata {
-            name: format!("pod-{uid}"),
-            namespace: "default".into(),
-            uid: uid.into(),
-            attempt: 0,
-        },
-        log_directory: env.dir.join("logs").join(uid),
-        labels: l.clone(),
-        host_network: true,
-        ..Default::default()
-    };
-    let mut cl = l;
-    cl.insert(labels::CONTAINER_NAME.into(), "app".into());
-    let container = ContainerConfig {
-        metadata: ContainerMetadata {
-            name: "app".into(),
-            attempt: 0,
-        },
-        image: env.busybox.clone(),
-        command: vec!["/bin/sh".into(), "-c".into(), "sleep 1; exit 3".into()],
-        labels: cl,
-        log_path: "app/0.log".into(),
-        ..Default::default()
-    };
-    let sid = rt.run_pod_sandbox(&sandbox).await.unwrap();
-    let cid = rt
-        .create_container(&sid, &container, &sandbox)
-        .await
-        .unwrap();
-    rt.start_container(&cid).await.unwrap();
-
+    let (sid, cid) = start_pod(&env, &*rt, uid, "sleep 1; exit 3").await;
     let mut started = false;
     loop {
-        let ev = tokio::time::timeout(Duration::from_secs(30), events.recv())
+        let ev = tokio::time::timeout(WITHIN, events.recv())
             .await
             .expect("the container's events within 30 s")
             .expect("channel open");
@@ -101,8 +215,8 @@ async fn a_container_exit_reaches_the_evented_pleg_without_a_relist() {
             continue;
         }
         match ev.kind {
-            PodLifecycleEventType::ContainerStarted => started = true,
-            PodLifecycleEventType::ContainerDied => break,
+            ContainerStarted => started = true,
+            ContainerDied => break,
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -112,10 +226,173 @@ async fn a_container_exit_reaches_the_evented_pleg_without_a_relist() {
         relisted,
         "the event alone explains the detection"
     );
-    let status = pleg.cache().get(uid).unwrap().status.unwrap();
-    let c = status.find_container("app").unwrap();
-    assert_eq!((c.state, c.exit_code), (ContainerState::Exited, 3));
+    assert_eq!(cached_app(&pleg, uid), (ContainerState::Exited, 3));
     shutdown.cancel();
     rt.stop_pod_sandbox(&sid).await.unwrap();
     rt.remove_pod_sandbox(&sid).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_event_stream_falls_back_to_relisting_and_recovers() {
+    let config = long_relist()
+        .with_max_stream_retries(3)
+        .with_stream_retry_delay(Duration::from_millis(100))
+        .with_stream_recovery_period(Duration::from_secs(1))
+        .with_fallback_relist_period(Duration::from_secs(1));
+    let Some(mut s) = Setup::start(
+        "a_broken_event_stream_falls_back_to_relisting_and_recovers",
+        config,
+    )
+    .await
+    else {
+        return;
+    };
+    s.faulty.set_broken(true);
+    wait_until("fallback", WITHIN, || s.pleg.mode() == PlegMode::Fallback).await;
+    assert!(s.pleg.metrics().connection_errors() >= 3);
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+
+    // Fallen back: the relist every second finds the exit.
+    let before = s.pleg.last_relist();
+    let (sid1, cid1) = s.start_pod("fb-1", "sleep 1; exit 1").await;
+    wait_event(&mut s.events, ContainerDied, &cid1).await;
+    assert!(s.pleg.last_relist() > before, "found by a relist");
+    assert_eq!(cached_app(&s.pleg, "fb-1"), (ContainerState::Exited, 1));
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+
+    // The stream works again: events take over.
+    s.faulty.set_broken(false);
+    wait_until("events again", WITHIN, || s.pleg.mode() == PlegMode::Events).await;
+    assert!(s.pleg.metrics().connection_successes() >= 2);
+    // The relist that follows the new subscription (or the one in flight then) finishes, and
+    // the next one is an hour away.
+    let mut relisted = s.pleg.last_relist();
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = s.pleg.last_relist();
+        if now == relisted {
+            break;
+        }
+        assert!(Instant::now() < deadline, "relists go on in events mode");
+        relisted = now;
+    }
+    let (sid2, cid2) = s.start_pod("fb-2", "sleep 1; exit 2").await;
+    wait_event(&mut s.events, ContainerDied, &cid2).await;
+    assert_eq!(s.pleg.last_relist(), relisted, "detected from the event");
+    assert_eq!(cached_app(&s.pleg, "fb-2"), (ContainerState::Exited, 2));
+    assert_eq!(s.pleg.mode(), PlegMode::Events);
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+    s.teardown(&[sid1, sid2]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_lost_on_purpose_is_found_by_the_relist() {
+    let config = EventedPlegConfig::default().with_relist_period(Duration::from_secs(2));
+    let Some(mut s) = Setup::start("an_event_lost_on_purpose_is_found_by_the_relist", config).await
+    else {
+        return;
+    };
+    let uid = "lost-1";
+    let sandbox = sandbox_config(&s.env, uid);
+    let sid = s.faulty.run_pod_sandbox(&sandbox).await.unwrap();
+    // The container runs long enough that the inspection the sandbox's own start event causes
+    // sees it running, not exited: only a relist can see the exit.
+    let config = app_container(&s.env, &sandbox, "sleep 2; exit 5");
+    let cid = s
+        .faulty
+        .create_container(&sid, &config, &sandbox)
+        .await
+        .unwrap();
+    s.faulty.lose_events_of(&cid);
+    s.faulty.start_container(&cid).await.unwrap();
+    let started = Instant::now();
+    wait_event(&mut s.events, ContainerDied, &cid).await;
+    assert!(s.faulty.lost() >= 1, "the container's events were dropped");
+    assert!(
+        s.pleg.last_relist().unwrap() > started,
+        "a relist after the start found it"
+    );
+    assert_eq!(cached_app(&s.pleg, uid), (ContainerState::Exited, 5));
+    assert_eq!(s.pleg.mode(), PlegMode::Events);
+    s.teardown(&[sid]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_whose_runtime_calls_hang_does_not_delay_other_pods_events() {
+    let config = long_relist().with_relist(
+        GenericPlegConfig::default()
+            .with_relist_period(Duration::from_secs(3600))
+            .with_inspect_timeout(Duration::from_secs(5)),
+    );
+    let Some(mut s) = Setup::start(
+        "a_pod_whose_runtime_calls_hang_does_not_delay_other_pods_events",
+        config,
+    )
+    .await
+    else {
+        return;
+    };
+    // Both run until stopped, then exit with their own code.
+    let (sid_slow, slow) = s
+        .start_pod(
+            "hang-slow",
+            "trap 'exit 6' TERM; while :; do sleep 0.1; done",
+        )
+        .await;
+    let (sid_fast, fast) = s
+        .start_pod(
+            "hang-fast",
+            "trap 'exit 7' TERM; while :; do sleep 0.1; done",
+        )
+        .await;
+    wait_event(&mut s.events, ContainerStarted, &slow).await;
+    wait_event(&mut s.events, ContainerStarted, &fast).await;
+    s.faulty.set_slow_pod(Some("hang-slow"));
+    // The slow pod's container exits first: the inspection its event causes hangs. The fast
+    // pod's container exits next, and its death still arrives.
+    let grace = Duration::from_secs(30);
+    s.faulty.stop_container(&slow, grace).await.unwrap();
+    s.faulty.stop_container(&fast, grace).await.unwrap();
+    let mut slow_died = false;
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        let ev = tokio::time::timeout_at(deadline, s.events.recv())
+            .await
+            .expect("the fast pod's death in time")
+            .expect("channel open");
+        if ev.container_id == slow && ev.kind == ContainerDied {
+            slow_died = true;
+        }
+        if ev.container_id == fast && ev.kind == ContainerDied {
+            break;
+        }
+    }
+    assert!(!slow_died, "the slow pod's inspection cannot have finished");
+    assert_eq!(
+        cached_app(&s.pleg, "hang-fast"),
+        (ContainerState::Exited, 7)
+    );
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+    wait_until("the slow pod reported", WITHIN, || {
+        s.pleg.slow_pods().iter().any(|p| p.uid == "hang-slow")
+    })
+    .await;
+    // Its inspection times out (the error is cached), and succeeds once the runtime answers.
+    wait_until("the slow pod's timeout", WITHIN, || {
+        s.pleg
+            .cache()
+            .get("hang-slow")
+            .is_some_and(|e| e.status.is_err())
+    })
+    .await;
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+    s.faulty.set_slow_pod(None);
+    wait_event(&mut s.events, ContainerDied, &slow).await;
+    assert_eq!(
+        cached_app(&s.pleg, "hang-slow"),
+        (ContainerState::Exited, 6)
+    );
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+    s.teardown(&[sid_slow, sid_fast]).await;
 }

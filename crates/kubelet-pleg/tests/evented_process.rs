@@ -11,8 +11,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Faulty, sandbox_config, shell_container};
+use common::{sandbox_config, shell_container};
 use kubelet_core::runtime::{ContainerRuntime, ContainerState};
+use kubelet_core::testing::FaultyRuntime;
 use kubelet_core::{
     PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,
 };
@@ -79,7 +80,7 @@ struct Setup {
     _dir: tempfile::TempDir,
     root: std::path::PathBuf,
     process: Arc<ProcessRuntime>,
-    faulty: Arc<Faulty>,
+    faulty: Arc<FaultyRuntime>,
     pleg: Arc<EventedPleg>,
     events: Receiver<PodLifecycleEvent>,
     shutdown: CancellationToken,
@@ -92,12 +93,12 @@ fn process_runtime(state: &std::path::Path) -> Arc<ProcessRuntime> {
     Arc::new(ProcessRuntime::new(config).expect("process runtime"))
 }
 
-/// An evented PLEG over the process runtime (through [`Faulty`]), running, with its first
+/// An evented PLEG over the process runtime (through [`FaultyRuntime`]), running, with its first
 /// relist done and its stream subscribed.
 async fn setup(config: EventedPlegConfig, dir: Option<tempfile::TempDir>) -> Setup {
     let dir = dir.unwrap_or_else(|| tempfile::tempdir().expect("tempdir"));
     let process = process_runtime(&dir.path().join("state"));
-    let faulty = Arc::new(Faulty::new(process.clone()));
+    let faulty = Arc::new(FaultyRuntime::new(process.clone()));
     let runtime: Arc<dyn ContainerRuntime> = faulty.clone();
     let pleg = Arc::new(EventedPleg::new(runtime, config));
     let events = pleg.take_events().expect("receiver");
