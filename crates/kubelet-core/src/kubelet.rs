@@ -178,7 +178,8 @@ impl Kubelet {
                 prober.clone(),
                 Instant::now(),
             )
-            .with_object_provider(object_provider),
+            .with_object_provider(object_provider)
+            .with_pleg(pleg.clone()),
         );
 
         let mut loop_state = SyncLoop {
@@ -521,6 +522,15 @@ async fn worker_loop(
                 last_sync = Some(Instant::now());
                 match outcome {
                     SyncOutcome::Requeue(d) => {
+                        requeue_at = Some(Instant::now() + d);
+                        continue;
+                    }
+                    SyncOutcome::Changed(d) => {
+                        // As the kubelet's post-sync relist request: an inspection that starts
+                        // now is newer than `last_sync`, so the next sync (woken by the PLEG
+                        // event of the change) need not wait for a relist or, with the evented
+                        // PLEG, for the global timestamp (2 to 4 s away).
+                        engine.request_reinspect(&pod);
                         requeue_at = Some(Instant::now() + d);
                         continue;
                     }

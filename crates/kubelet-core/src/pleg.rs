@@ -57,6 +57,16 @@ pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
     fn healthy(&self) -> PlegHealth;
     /// Run until `shutdown` is cancelled.
     async fn run(&self, shutdown: CancellationToken);
+    /// Inspect pod `uid` (`namespace/name`) again now, whatever the relist period. The pod
+    /// worker calls this right after a sync that changed the pod in the runtime (the kubelet's
+    /// post-sync `RequestPodRelist`), so that its next sync gets a status observed after that
+    /// sync without waiting for the next relist or global cache timestamp. A PLEG that does it
+    /// marks the pod [pending](crate::cache::PodCacheWriter::mark_pending) until the
+    /// inspection's entry is stored. The default does nothing: the change is seen at the next
+    /// relist.
+    fn request_reinspect(&self, uid: &str, name: &str, namespace: &str) {
+        let _ = (uid, name, namespace);
+    }
 }
 
 fn _assert_pleg_dyn(_: &dyn PodLifecycleEventGenerator) {}

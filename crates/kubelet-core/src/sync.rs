@@ -20,6 +20,7 @@ use crate::cache::{CacheEntry, PodCache};
 use crate::container::{self, ConfigContext};
 use crate::event::{EventRecorder, InvolvedObject};
 use crate::objects::{EnvObjects, ObjectProvider};
+use crate::pleg::PodLifecycleEventGenerator;
 use crate::pod;
 use crate::probe::{ProbeManager, ProbeResult, ProbeType};
 use crate::runtime::{
@@ -35,6 +36,10 @@ use crate::volume::VolumePlugin;
 pub(crate) enum SyncOutcome {
     /// Sync again after this long (resync, backoff expiry, error retry).
     Requeue(Duration),
+    /// The sync changed the pod in the runtime (created its sandbox, started or killed
+    /// containers) without an error: ask the PLEG to inspect the pod again at once (the
+    /// kubelet's post-sync `RequestPodRelist`), then sync again after this long.
+    Changed(Duration),
     /// The pod reached a terminal phase: terminate it.
     Terminal,
 }
@@ -57,6 +62,7 @@ pub(crate) struct Engine {
     volume_plugins: Vec<Arc<dyn VolumePlugin>>,
     prober: Option<Arc<dyn ProbeManager>>,
     objects: Option<Arc<dyn ObjectProvider>>,
+    pleg: Option<Arc<dyn PodLifecycleEventGenerator>>,
     started_at: Instant,
     backoff: Mutex<Backoff>,
     waiting: Mutex<HashMap<String, Waiting>>,
@@ -72,6 +78,8 @@ struct RuntimeSync {
     waiting: Waiting,
     backoff_wait: Option<Duration>,
     failed: bool,
+    /// Something was changed in the runtime (sandbox created, containers killed or started).
+    acted: bool,
 }
 
 impl RuntimeSync {
@@ -105,6 +113,7 @@ impl Engine {
             volume_plugins,
             prober,
             objects: None,
+            pleg: None,
             started_at,
             backoff: Mutex::new(Backoff::crash_loop()),
             waiting: Mutex::new(HashMap::new()),
@@ -118,6 +127,19 @@ impl Engine {
     pub(crate) fn with_object_provider(mut self, p: Option<Arc<dyn ObjectProvider>>) -> Self {
         self.objects = p;
         self
+    }
+
+    /// The PLEG asked to inspect a pod again after a sync that changed it.
+    pub(crate) fn with_pleg(mut self, pleg: Arc<dyn PodLifecycleEventGenerator>) -> Self {
+        self.pleg = Some(pleg);
+        self
+    }
+
+    /// Ask the PLEG to inspect pod `p` again now (after a sync that changed it).
+    pub(crate) fn request_reinspect(&self, p: &Pod) {
+        if let Some(pleg) = &self.pleg {
+            pleg.request_reinspect(pod::uid(p), pod::name(p), pod::namespace(p));
+        }
     }
 
     pub(crate) fn cache(&self) -> &PodCache {
@@ -323,6 +345,9 @@ impl Engine {
         if result.failed {
             return SyncOutcome::Requeue(jitter(ERROR_BACKOFF));
         }
+        if result.acted {
+            return SyncOutcome::Changed(jitter(self.config.sync_frequency));
+        }
         SyncOutcome::Requeue(jitter(self.config.sync_frequency))
     }
 
@@ -461,6 +486,7 @@ impl Engine {
                 out.failed = true;
                 return out;
             }
+            out.acted = true;
             if changes.create_sandbox {
                 self.purge_init_containers(p, rt).await;
             }
@@ -474,6 +500,7 @@ impl Engine {
                 out.failed = true;
                 return out;
             }
+            out.acted |= !changes.containers_to_kill.is_empty();
             self.prune_dead_containers(p, rt).await;
         }
 
@@ -492,7 +519,10 @@ impl Engine {
                 return out;
             }
             match self.runtime.run_pod_sandbox(&sandbox_config).await {
-                Ok(id) => sandbox_id = id,
+                Ok(id) => {
+                    out.acted = true;
+                    sandbox_id = id;
+                }
                 Err(e) => {
                     self.recorder.warning(
                         InvolvedObject::pod(p),
@@ -704,6 +734,7 @@ impl Engine {
         }
         self.recorder
             .normal(involved, "Started", format!("Started container {}", c.name));
+        out.acted = true;
         true
     }
 

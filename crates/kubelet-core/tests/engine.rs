@@ -7,7 +7,8 @@ use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kubelet_core::testing::{FakeRuntime, RecordingSink};
 use kubelet_core::{
-    ContainerRuntime, Kubelet, KubeletBuilder, KubeletConfig, PodSource, SourceSender,
+    ContainerRuntime, Kubelet, KubeletBuilder, KubeletConfig, PlegHealth, PodLifecycleEvent,
+    PodLifecycleEventGenerator, PodSource, SourceSender,
 };
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use tokio::sync::watch;
@@ -81,12 +82,21 @@ fn build(
     sink: Arc<RecordingSink>,
     rx: watch::Receiver<Option<Vec<Pod>>>,
 ) -> Kubelet {
-    let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
-    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let runtime: Arc<dyn ContainerRuntime> = rt;
     let pleg = Arc::new(GenericPleg::new(
         runtime.clone(),
         GenericPlegConfig::default(),
     ));
+    build_with(runtime, pleg, sink, rx)
+}
+
+fn build_with(
+    runtime: Arc<dyn ContainerRuntime>,
+    pleg: Arc<dyn PodLifecycleEventGenerator>,
+    sink: Arc<RecordingSink>,
+    rx: watch::Receiver<Option<Vec<Pod>>>,
+) -> Kubelet {
+    let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
     KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
         .runtime(runtime)
@@ -562,4 +572,86 @@ async fn failing_image_pulls_back_off_with_image_pull_backoff() {
     );
     assert!(h.rt.containers().is_empty());
     h.stop().await;
+}
+
+/// A PLEG that relists once at start and then only when a pod worker asks for a pod's
+/// reinspection (its periodic relist is an hour away): what a worker sees after its own changes
+/// comes only from its request.
+struct OnRequestPleg {
+    inner: GenericPleg,
+    requested: tokio::sync::Notify,
+    requests: parking_lot::Mutex<Vec<String>>,
+}
+
+#[async_trait]
+impl PodLifecycleEventGenerator for OnRequestPleg {
+    fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<PodLifecycleEvent>> {
+        self.inner.take_events()
+    }
+    fn cache(&self) -> kubelet_core::PodCache {
+        self.inner.cache()
+    }
+    fn healthy(&self) -> PlegHealth {
+        PlegHealth::Healthy
+    }
+    async fn run(&self, shutdown: CancellationToken) {
+        loop {
+            let _ = self.inner.relist().await;
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = self.requested.notified() => {}
+            }
+        }
+    }
+    fn request_reinspect(&self, uid: &str, _name: &str, _namespace: &str) {
+        self.requests.lock().push(uid.to_string());
+        self.requested.notify_one();
+    }
+}
+
+// Real time: an inspection requested after a sync must start strictly after it, which paused
+// time (one instant for both) cannot show.
+#[tokio::test]
+async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again() {
+    let rt = Arc::new(FakeRuntime::new());
+    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let pleg = Arc::new(OnRequestPleg {
+        inner: GenericPleg::new(
+            runtime.clone(),
+            GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+        ),
+        requested: tokio::sync::Notify::new(),
+        requests: parking_lot::Mutex::new(Vec::new()),
+    });
+    let sink = Arc::new(RecordingSink::new());
+    let (_tx, rx) = watch::channel(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    let kubelet = build_with(runtime, pleg.clone(), sink.clone(), rx);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(kubelet.run(shutdown.clone()));
+
+    // The first sync creates the sandbox and starts the container; its request makes the PLEG
+    // see the container (ContainerStarted wakes the worker) with a status newer than the sync,
+    // so the second sync reports Running. Without the request nothing would inspect the pod
+    // for an hour.
+    let running = sink
+        .wait_for(
+            |r| r.uid == "u1" && phase(&r.status) == "Running",
+            Duration::from_secs(60),
+        )
+        .await;
+    assert!(
+        running.is_some(),
+        "the pod was never reported Running; reinspections requested: {:?}; latest status: {:#?}",
+        pleg.requests.lock(),
+        sink.latest("u1")
+    );
+    assert!(pleg.requests.lock().iter().any(|u| u == "u1"));
+    assert_eq!(calls_matching(&rt, "create_container").len(), 1);
+    shutdown.cancel();
+    let _ = task.await;
 }

@@ -5,8 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -14,6 +13,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::Value;
+
+mod common;
+use common::http_get_addr;
 
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
 const LONG: Duration = Duration::from_secs(90);
@@ -27,6 +29,8 @@ struct Env {
     dir: PathBuf,
     vars: BTreeMap<String, String>,
     port: u16,
+    /// More flags for the agent (e.g. `--feature-gates`).
+    extra_args: Vec<String>,
     agent: Option<Child>,
 }
 
@@ -63,6 +67,7 @@ impl Env {
                 .local_addr()
                 .unwrap()
                 .port(),
+            extra_args: Vec::new(),
             agent: None,
             dir,
         };
@@ -109,6 +114,7 @@ impl Env {
             .arg("127.0.0.1")
             .arg("--healthz-port")
             .arg("0")
+            .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -182,49 +188,7 @@ impl Drop for Env {
 }
 
 fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    http_get_addr(SocketAddr::from(([127, 0, 0, 1], port)), path).map(|(_, b)| b)
-}
-
-fn http_get_addr(addr: SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let code = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Ok((code, body))
-}
-
-fn dechunk(mut b: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = b.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        b = rest[n..].strip_prefix("\r\n").unwrap_or(&rest[n..]);
-    }
-    out
+    common::http_get(port, path).map(|(_, b)| b)
 }
 
 fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
@@ -359,6 +323,72 @@ fn static_pods_run_on_containerd_survive_an_agent_restart_and_are_removed_with_t
     });
     wait_until("/pods empty", || {
         env.pods().filter(|p| p.is_empty()).map(|_| ())
+    });
+    env.stop_agent();
+}
+
+#[test]
+fn evented_pleg_on_containerd_reports_a_failed_exit_and_restarts_a_crashed_container() {
+    let Some(mut env) = Env::start(
+        "evented_pleg_on_containerd_reports_a_failed_exit_and_restarts_a_crashed_container",
+    ) else {
+        return;
+    };
+    env.extra_args = vec!["--feature-gates".into(), "EventedPLEG=true".into()];
+    env.start_agent();
+    // containerd's event stream is up and the start-up relist is done: the exits below are seen
+    // through events.
+    let relists = wait_until("the evented PLEG subscribed and relisted once", || {
+        common::evented_pleg_relists(&http_get(env.port, "/metrics").ok()?)
+    });
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    write_manifest(
+        &env.manifests(),
+        "fails",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: fails\nspec:\n  restartPolicy: Never\n  containers:\n  - name: task\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"sleep 1; exit 3\"]\n"
+        ),
+    );
+    write_manifest(
+        &env.manifests(),
+        "restarts",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: restarts\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"sleep 1; exit 1\"]\n"
+        ),
+    );
+    let main_status = |p: &Value| p["status"]["containerStatuses"][0].clone();
+
+    let fails = wait_until("fails Failed", || {
+        env.pod("fails")
+            .filter(|p| p["status"]["phase"] == "Failed")
+    });
+    let c = main_status(&fails);
+    assert_eq!(c["state"]["terminated"]["exitCode"], 3, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["reason"], "Error", "{c:#}");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+
+    let restarts = wait_until("restarts restarted after its exit", || {
+        env.pod("restarts").filter(|p| {
+            let c = main_status(p);
+            c["restartCount"].as_u64().is_some_and(|n| n >= 1)
+                && c["lastState"]["terminated"]["exitCode"] == 1
+        })
+    });
+    let c = main_status(&restarts);
+    assert_eq!(c["lastState"]["terminated"]["reason"], "Error", "{c:#}");
+
+    common::assert_seen_through_events(&http_get(env.port, "/metrics").unwrap(), relists);
+
+    // Deleting the manifests removes the pods from the agent and from containerd.
+    std::fs::remove_file(env.manifests().join("fails.yaml")).unwrap();
+    std::fs::remove_file(env.manifests().join("restarts.yaml")).unwrap();
+    wait_until("/pods empty", || {
+        env.pods().filter(|p| p.is_empty()).map(|_| ())
+    });
+    wait_until("containerd has no containers left", || {
+        env.runtime_containers().is_empty().then_some(())
     });
     env.stop_agent();
 }

@@ -53,6 +53,8 @@ struct Env {
     /// Pass `--root-dir`, `--pod-log-dir` and `--pod-manifest-path` relative to the agent's
     /// working directory (the temp dir) instead of absolute.
     relative_dirs: bool,
+    /// More flags for the agent (e.g. `--feature-gates`).
+    extra_args: Vec<String>,
     agent: Option<Child>,
     tokens: Vec<String>,
 }
@@ -89,6 +91,7 @@ impl Env {
             port: 0,
             healthz_port: 0,
             relative_dirs: false,
+            extra_args: Vec::new(),
             agent: None,
             tokens: Vec::new(),
         }
@@ -135,6 +138,7 @@ impl Env {
             .args(["--healthz-bind-address", "127.0.0.1"])
             .args(["--node-name", NODE])
             .args(["--file-check-frequency", "60s"])
+            .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
@@ -268,63 +272,14 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            let err = self.stderr();
-            let tail: Vec<&str> = err.lines().rev().take(80).collect();
-            eprintln!(
-                "---- {}: last lines of the agent's stderr ----\n{}",
-                self.test,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        // 1. Let the agent stop the pods: delete every manifest, wait for the pods to go.
-        if let Some(child) = self.agent.as_mut()
-            && matches!(child.try_wait(), Ok(None))
-        {
-            if let Ok(rd) = std::fs::read_dir(&self.manifests) {
-                for e in rd.flatten() {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                let no_procs = self.tokens.iter().all(|t| procs_with_arg(t).is_empty());
-                let no_pods = match http_get(self.port, "/pods") {
-                    Ok((200, body)) => serde_json::from_str::<Value>(&body)
-                        .map(|v| v["items"].as_array().is_some_and(|a| a.is_empty()))
-                        .unwrap_or(true),
-                    _ => true,
-                };
-                if no_procs && no_pods {
-                    break;
-                }
-                std::thread::sleep(POLL);
-            }
-        }
-        // 2. Kill whatever still carries one of our tokens.
-        for t in &self.tokens {
-            for (pid, _) in procs_with_arg(t) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
-        // 3. Stop the agent like Ctrl-C does; kill it if it does not stop.
-        if let Some(mut child) = self.agent.take() {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(POLL),
-                }
-            }
-        }
+        common::teardown(
+            self.test,
+            &self.stderr_path,
+            &self.manifests,
+            self.port,
+            &mut self.agent,
+            &self.tokens,
+        );
     }
 }
 
@@ -488,6 +443,88 @@ fn manifest_dropped_in_directory_becomes_running_ready_pod_with_host_process() {
         "{line:?}"
     );
     assert_eq!(&fields[1..], ["stdout", "F", "hello"], "{line:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1b. --feature-gates=EventedPLEG=true: exits come from runtime events, not the relist
+// ---------------------------------------------------------------------------------------------
+
+/// `GET /metrics` of the agent.
+fn metrics(env: &Env) -> String {
+    let (code, body) = http_get(env.port, "/metrics").expect("GET /metrics");
+    assert_eq!(code, 200, "GET /metrics: {body}");
+    body
+}
+
+#[test]
+fn evented_pleg_reports_a_failed_exit_and_restarts_a_crashed_container_without_relisting() {
+    let mut env = Env::new("evented");
+    env.extra_args = vec!["--feature-gates".into(), "EventedPLEG=true".into()];
+    env.start();
+    // The event stream is up and the start-up relist is done: what is detected below comes
+    // from events.
+    let relists = wait_until("the evented PLEG subscribed and relisted once", || {
+        common::evented_pleg_relists(&metrics(&env))
+    });
+
+    let (t_fail, t_crash) = (env.token("fail"), env.token("crash"));
+    let marker = env.work.join("crashed-once");
+    env.write_pod(
+        "fails.json",
+        &pod(
+            "fails",
+            json!({
+                "restartPolicy": "Never",
+                "containers": [sh("task", "sleep 1; exit 3", &t_fail)],
+            }),
+        ),
+    );
+    // Exits 1 on its first run, keeps running on the next.
+    let crash_once = format!(
+        "if [ -e {m} ]; then {l}; else touch {m}; exit 1; fi",
+        m = marker.display(),
+        l = looping("exit 0", false)
+    );
+    env.write_pod(
+        "restarts.json",
+        &pod(
+            "restarts",
+            json!({
+                "restartPolicy": "Always",
+                "terminationGracePeriodSeconds": 5,
+                "containers": [sh("main", &crash_once, &t_crash)],
+            }),
+        ),
+    );
+
+    let p = env.wait_pod(&static_name("fails"), "phase Failed", |p| {
+        p["status"]["phase"] == "Failed"
+    });
+    let c = main_status(&p, "task");
+    assert_eq!(c["state"]["terminated"]["exitCode"], 3, "{c:#}");
+    assert_eq!(c["state"]["terminated"]["reason"], "Error", "{c:#}");
+    assert_eq!(c["restartCount"], 0, "{c:#}");
+    assert_eq!(condition(&p, "Ready"), Some("False"), "{p:#}");
+
+    let name = static_name("restarts");
+    let p = env.wait_pod(&name, "restartCount 1 and running again", |p| {
+        let c = main_status(p, "main");
+        c["restartCount"] == 1 && c["state"]["running"].is_object()
+    });
+    let c = main_status(&p, "main");
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 1, "{c:#}");
+    assert_eq!(c["lastState"]["terminated"]["reason"], "Error", "{c:#}");
+    let pid = wait_single_process(&t_crash);
+
+    common::assert_seen_through_events(&metrics(&env), relists);
+
+    // Removing the manifests stops and removes both pods.
+    env.remove_manifest("restarts.json");
+    env.remove_manifest("fails.json");
+    env.wait_pod_gone(&name);
+    env.wait_pod_gone(&static_name("fails"));
+    wait_process_gone(pid, &t_crash);
+    assert!(procs_with_arg(&t_fail).is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------

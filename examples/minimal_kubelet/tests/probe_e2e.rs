@@ -21,12 +21,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 mod common;
-use common::{container_pids, http_get, procs_with_arg};
+use common::{container_pids, http_get};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
 const NODE: &str = "probe-e2e-node";
@@ -195,70 +193,14 @@ impl Env {
 
 impl Drop for Env {
     fn drop(&mut self) {
-        if std::thread::panicking() {
-            let err = self.stderr();
-            let tail: Vec<&str> = err.lines().rev().take(60).collect();
-            eprintln!(
-                "---- {}: last lines of the agent's stderr ----\n{}",
-                self.test,
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        if let Some(child) = self.agent.as_mut()
-            && matches!(child.try_wait(), Ok(None))
-        {
-            if let Ok(rd) = std::fs::read_dir(&self.manifests) {
-                for e in rd.flatten() {
-                    let _ = std::fs::remove_file(e.path());
-                }
-            }
-            // Wait for the pods to be gone from the agent, not only for their processes: a
-            // liveness restart leaves a moment with no process.
-            let deadline = Instant::now() + Duration::from_secs(15);
-            while Instant::now() < deadline {
-                let no_procs = self.tokens.iter().all(|t| procs_with_arg(t).is_empty());
-                let no_pods = match http_get(self.port, "/pods") {
-                    Ok((200, body)) => serde_json::from_str::<Value>(&body)
-                        .map(|v| v["items"].as_array().is_some_and(|a| a.is_empty()))
-                        .unwrap_or(true),
-                    _ => true,
-                };
-                if no_procs && no_pods {
-                    break;
-                }
-                std::thread::sleep(POLL);
-            }
-        }
-        for t in &self.tokens {
-            for (pid, _) in procs_with_arg(t) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
-        if let Some(mut child) = self.agent.take() {
-            if let Ok(pid) = i32::try_from(child.id()) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGINT);
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if Instant::now() > deadline => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(POLL),
-                }
-            }
-        }
-        // A container the agent restarted between the kill above and its own stop (a liveness
-        // restart leaves a moment with no process) outlives the agent by design: kill it now
-        // that nothing can restart it.
-        for t in &self.tokens {
-            for (pid, _) in procs_with_arg(t) {
-                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            }
-        }
+        common::teardown(
+            self.test,
+            &self.stderr_path,
+            &self.manifests,
+            self.port,
+            &mut self.agent,
+            &self.tokens,
+        );
     }
 }
 
