@@ -2,24 +2,37 @@
 # A private containerd for the kubelet-cri tests and benchmarks.
 #
 #   containerd-test-env.sh install        install Debian's containerd, runc, CNI plugins and
-#                                         busybox-static when missing (root + apt-get only)
+#                                         busybox-static when missing (root + apt-get only),
+#                                         and fetch containerd 1.7 (`fetch17`)
+#   containerd-test-env.sh fetch17        unpack Debian trixie's containerd 1.7 package into
+#                                         CONTAINERD17_DIR unless it is there; prints the path
+#                                         of its containerd binary (not installed system-wide)
 #   containerd-test-env.sh images DIR     build the pause and busybox OCI archives into DIR
 #   containerd-test-env.sh start ENVDIR   start a containerd whose root, state, socket, CNI
 #                                         config and logs all live under ENVDIR (created, must
 #                                         not be in use), import the images, print its settings
+#   containerd-test-env.sh start17 ENVDIR `start` with containerd 1.7 (`fetch17` first)
 #   containerd-test-env.sh stop ENVDIR    stop that containerd and its shims, delete its pods'
 #                                         network namespaces and bridge, unmount everything
 #                                         under ENVDIR and remove ENVDIR
 #
 # `start` prints KEY=VALUE lines (also written to ENVDIR/env): CONTAINERD_SOCKET,
-# CONTAINERD_PID, PAUSE_IMAGE, BUSYBOX_IMAGE, POD_SUBNET, BRIDGE.
+# CONTAINERD_PID, CONTAINERD_VERSION, PAUSE_IMAGE, BUSYBOX_IMAGE, POD_SUBNET, BRIDGE.
 # No registry is needed: both images are built from /bin/busybox (busybox-static).
+#
+# Environment: CONTAINERD_BIN (the containerd `start` runs, default the one on PATH; its
+# directory goes first on the daemon's PATH so that it uses the shim and `ctr` next to it),
+# CONTAINERD17_DIR (where `fetch17` unpacks containerd 1.7, default
+# /var/cache/kubelet-sdk/containerd-1.7; a working binary there is never fetched again).
 set -euo pipefail
 
 PAUSE_IMAGE="localhost/kubelet-sdk/pause:test"
 BUSYBOX_IMAGE="localhost/kubelet-sdk/busybox:test"
 CNI_BIN_DIR="/usr/lib/cni"
 BUSYBOX_BIN="/bin/busybox"
+CONTAINERD17_DIR="${CONTAINERD17_DIR:-/var/cache/kubelet-sdk/containerd-1.7}"
+# The Debian release whose containerd is 1.7 (its libc needs are met by bookworm's).
+CONTAINERD17_SUITE="trixie"
 
 die() {
     echo "containerd-test-env: $*" >&2
@@ -48,6 +61,58 @@ cmd_install() {
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     flock -u 9
     exec 9>&-
+}
+
+containerd17_bin() { echo "$CONTAINERD17_DIR/usr/bin/containerd"; }
+
+containerd17_ok() {
+    "$(containerd17_bin)" --version 2>/dev/null | grep -Eq ' v?1\.7\.'
+}
+
+# Downloads trixie's containerd package with a private apt configuration (its own source list,
+# index and cache in a temporary directory: the host's sources and dpkg state are untouched;
+# the archive is verified against Debian's keyring) and unpacks it into CONTAINERD17_DIR. The
+# mirror is the one the host's apt sources use for Debian's main archive.
+cmd_fetch17() {
+    if ! containerd17_ok; then
+        [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1 ||
+            die "no containerd 1.7 in $CONTAINERD17_DIR and cannot fetch it (needs root and apt-get)"
+        mkdir -p "$(dirname "$CONTAINERD17_DIR")"
+        # One fetch at a time; the second caller finds the first one's result.
+        exec 8>"$CONTAINERD17_DIR.lock"
+        flock 8
+        containerd17_ok || fetch17_locked
+        flock -u 8
+        exec 8>&-
+    fi
+    containerd17_bin
+}
+
+fetch17_locked() {
+    local keyring=/usr/share/keyrings/debian-archive-keyring.gpg mirror
+    [ -f "$keyring" ] || die "$keyring missing (install debian-archive-keyring)"
+    # The repository of the host's release suite itself (not -updates or -security), main.
+    mirror=$(apt-get indextargets --format '$(REPO_URI) $(RELEASE) $(COMPONENT)' 'Created-By: Packages' |
+        awk '$2 !~ /-/ && $3 == "main" { print $1; exit }')
+    [ -n "$mirror" ] || die "no Debian main archive in the apt sources to fetch containerd 1.7 from"
+    local work
+    work=$(mktemp -d "${TMPDIR:-/tmp}/kubelet-sdk-containerd17.XXXXXX")
+    mkdir -p "$work/lists/partial" "$work/cache/archives/partial" "$work/deb" "$work/root"
+    echo "deb [signed-by=$keyring] $mirror $CONTAINERD17_SUITE main" >"$work/sources.list"
+    local apt=(apt-get -qq
+        -o Dir::Etc::SourceList="$work/sources.list" -o Dir::Etc::SourceParts=/dev/null
+        -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts=/dev/null
+        -o Dir::State::Lists="$work/lists" -o Dir::Cache="$work/cache"
+        -o APT::Sandbox::User=root)
+    "${apt[@]}" update >"$work/apt.log" 2>&1 || { cat "$work/apt.log" >&2; rm -rf "$work"; die "apt-get update ($CONTAINERD17_SUITE) failed"; }
+    (cd "$work/deb" && "${apt[@]}" download containerd) >"$work/apt.log" 2>&1 ||
+        { cat "$work/apt.log" >&2; rm -rf "$work"; die "apt-get download containerd ($CONTAINERD17_SUITE) failed"; }
+    dpkg-deb -x "$work"/deb/containerd_*.deb "$work/root"
+    "$work/root/usr/bin/containerd" --version 2>/dev/null | grep -Eq ' v?1\.7\.' ||
+        { rm -rf "$work"; die "$CONTAINERD17_SUITE's containerd is not 1.7"; }
+    rm -rf "$CONTAINERD17_DIR"
+    mv "$work/root" "$CONTAINERD17_DIR"
+    rm -rf "$work"
 }
 
 # sha256 of a file, hex.
@@ -175,17 +240,29 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 EOF
 }
 
+# ctr ARGS... against ENVDIR's containerd: the ctr next to its binary, else the one on PATH.
+ctr_of() {
+    local env=$1 ctr
+    shift
+    ctr="$(dirname "$(cat "$env/containerd.bin")")/ctr"
+    [ -x "$ctr" ] || ctr=ctr
+    "$ctr" -a "$env/containerd.sock" "$@"
+}
+
 # Starts (or restarts) the containerd of an existing ENVDIR and waits for its socket.
 launch() {
     local env=$1
     rm -f "$env/containerd.sock" "$env/containerd.sock.ttrpc"
+    # The binary `start` chose; its directory first on PATH, for its shim and ctr.
+    local bin
+    bin=$(cat "$env/containerd.bin")
     # setsid: the daemon must not share the caller's process group or terminal signals.
-    setsid containerd --config "$env/config.toml" >>"$env/containerd.log" 2>&1 </dev/null &
+    PATH="$(dirname "$bin"):$PATH" setsid "$bin" --config "$env/config.toml" >>"$env/containerd.log" 2>&1 </dev/null &
     local pid=$!
     echo "$pid" >"$env/containerd.pid"
     local i
     for i in $(seq 1 300); do
-        if [ -S "$env/containerd.sock" ] && ctr -a "$env/containerd.sock" version >/dev/null 2>&1; then
+        if [ -S "$env/containerd.sock" ] && ctr_of "$env" version >/dev/null 2>&1; then
             return 0
         fi
         kill -0 "$pid" 2>/dev/null || { tail -20 "$env/containerd.log" >&2; die "containerd exited during start"; }
@@ -202,6 +279,10 @@ cmd_start() {
     mkdir -p "$env"
     env=$(cd "$env" && pwd)
     [ -e "$env/containerd.pid" ] && die "$env is already in use"
+    local bin version
+    bin=$(command -v "${CONTAINERD_BIN:-containerd}") || die "no containerd ${CONTAINERD_BIN:-on PATH}"
+    version=$("$bin" --version | awk '{ sub(/^v/, "", $3); sub(/~.*/, "", $3); print $3 }')
+    echo "$bin" >"$env/containerd.bin"
     # One /24 and one bridge per environment, so that environments can run side by side.
     local slot tries=0
     while :; do
@@ -226,11 +307,12 @@ cmd_start() {
         rmdir "$tmpcache"
     fi
     launch "$env"
-    ctr -a "$env/containerd.sock" -n k8s.io images import "$cache/pause.tar" >/dev/null
-    ctr -a "$env/containerd.sock" -n k8s.io images import "$cache/busybox.tar" >/dev/null
+    ctr_of "$env" -n k8s.io images import "$cache/pause.tar" >/dev/null
+    ctr_of "$env" -n k8s.io images import "$cache/busybox.tar" >/dev/null
     {
         echo "CONTAINERD_SOCKET=$env/containerd.sock"
         echo "CONTAINERD_PID=$(cat "$env/containerd.pid")"
+        echo "CONTAINERD_VERSION=$version"
         echo "PAUSE_IMAGE=$PAUSE_IMAGE"
         echo "BUSYBOX_IMAGE=$BUSYBOX_IMAGE"
         echo "POD_SUBNET=$subnet"
@@ -322,14 +404,19 @@ cmd_stop() {
 }
 
 case "${1:-}" in
-install) cmd_install ;;
+install) cmd_install && cmd_fetch17 >/dev/null ;;
+fetch17) cmd_fetch17 ;;
 images) cmd_images "${2:-}" ;;
 start) cmd_start "${2:-}" ;;
+start17)
+    CONTAINERD_BIN=$(cmd_fetch17)
+    cmd_start "${2:-}"
+    ;;
 stop) cmd_stop "${2:-}" ;;
 kill) cmd_kill "${2:-}" ;;
 restart) cmd_restart "${2:-}" ;;
 *)
-    sed -n '2,16p' "$0" >&2
+    sed -n '2,27p' "$0" >&2
     exit 2
     ;;
 esac

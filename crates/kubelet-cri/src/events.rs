@@ -5,7 +5,10 @@
 //! its clones):
 //!
 //! 1. **CRI `GetContainerEvents`** (containerd ≥ 1.7, CRI-O): each `ContainerEventResponse` maps
-//!    to one event; the pod UID comes from the sandbox status it carries.
+//!    to one event; the pod UID comes from the sandbox status it carries. containerd 1.7 records
+//!    a change before it sends its event, and has one queue for all callers of
+//!    `GetContainerEvents`: each event reaches only one of them, and up to 1000 events made
+//!    while nobody listened reach the next one first. So one subscriber per containerd.
 //! 2. **containerd's native events** (containerd 1.6, whose CRI plugin answers
 //!    `GetContainerEvents` with `Unimplemented`): `containerd.services.events.v1.Events/Subscribe`
 //!    on the same socket, in the CRI plugin's namespace ([`CriConfig::containerd_namespace`],
@@ -131,6 +134,17 @@ const SOURCE_UNKNOWN: u8 = 0;
 const SOURCE_CRI: u8 = 1;
 const SOURCE_CONTAINERD: u8 = 2;
 
+/// Where a runtime's container events come from (see the module docs);
+/// [`CriRuntime::container_event_source`](crate::CriRuntime::container_event_source).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ContainerEventSource {
+    /// CRI `GetContainerEvents` (containerd ≥ 1.7, CRI-O).
+    Cri,
+    /// containerd's native events (containerd 1.6).
+    Containerd,
+}
+
 /// Subscribes to container events; part of every [`CriRuntime`](crate::CriRuntime).
 #[derive(Debug, Clone)]
 pub(crate) struct EventSubscriber {
@@ -162,6 +176,15 @@ impl EventSubscriber {
     /// The exit hints the native streams of this subscriber (and its clones) keep.
     pub(crate) fn exit_hints(&self) -> &ExitHints {
         &self.hints
+    }
+
+    /// The source that answered a subscription last, if one did.
+    pub(crate) fn source(&self) -> Option<ContainerEventSource> {
+        match self.source.load(Ordering::Relaxed) {
+            SOURCE_CRI => Some(ContainerEventSource::Cri),
+            SOURCE_CONTAINERD => Some(ContainerEventSource::Containerd),
+            _ => None,
+        }
     }
 
     /// A new event stream from the source that works; see the module docs.

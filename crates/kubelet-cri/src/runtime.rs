@@ -212,6 +212,14 @@ impl CriRuntime {
         self.metrics.register(registry);
     }
 
+    /// The source [`container_events`](ContainerRuntime::container_events) streams use: known
+    /// once a subscription of this runtime (or a clone) was answered, `None` before. A CRI
+    /// `GetContainerEvents` subscription counts as answered when its first event arrives (the
+    /// runtime sends nothing before); containerd's native one as soon as it was made.
+    pub fn container_event_source(&self) -> Option<crate::events::ContainerEventSource> {
+        self.events.source()
+    }
+
     /// The settings this runtime was made with.
     pub fn config(&self) -> &CriConfig {
         &self.config

@@ -9,79 +9,14 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Agent, ContainerdEnv, container, eventually, phase, pod, running};
+use common::{
+    Agent, ContainerdEnv, WITHIN, container, container_config, eventually, is, next_matching,
+    phase, pod, running, sandbox_config,
+};
 use futures::StreamExt;
 use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{
-    ContainerConfig, ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerMetadata,
-    ContainerRuntime, ContainerState, Labels, PodSandboxConfig, PodSandboxMetadata,
-};
+use kubelet_core::runtime::{ContainerEventKind, ContainerRuntime, ContainerState};
 use kubelet_cri::{CriConfig, CriRuntime};
-
-/// Generous bounds for the machine being busy; the latency itself is measured by cri-bench.
-const WITHIN: Duration = Duration::from_secs(30);
-
-fn sandbox_config(uid: &str, env: &ContainerdEnv) -> PodSandboxConfig {
-    let mut labels = Labels::new();
-    labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
-            name: format!("events-{uid}"),
-            namespace: "default".into(),
-            uid: uid.into(),
-            attempt: 0,
-        },
-        hostname: format!("events-{uid}"),
-        log_directory: env.dir.join("logs").join(uid),
-        labels,
-        host_network: true,
-        ..Default::default()
-    }
-}
-
-fn container_config(name: &str, script: &str, env: &ContainerdEnv) -> ContainerConfig {
-    ContainerConfig {
-        metadata: ContainerMetadata {
-            name: name.into(),
-            attempt: 0,
-        },
-        image: env.busybox.clone(),
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        log_path: format!("{name}/0.log"),
-        ..Default::default()
-    }
-}
-
-/// Reads events into `seen` until one matches `pred`; panics on a stream error, its end, or
-/// after [`WITHIN`].
-async fn next_matching(
-    stream: &mut ContainerEventStream,
-    seen: &mut Vec<ContainerEvent>,
-    what: &str,
-    pred: impl Fn(&ContainerEvent) -> bool,
-) -> ContainerEvent {
-    let deadline = tokio::time::Instant::now() + WITHIN;
-    loop {
-        let next = tokio::time::timeout_at(deadline, stream.next())
-            .await
-            .unwrap_or_else(|_| panic!("no {what} within {WITHIN:?}; events: {seen:#?}"));
-        let event = match next {
-            Some(Ok(e)) => e,
-            Some(Err(e)) => {
-                panic!("event stream failed waiting for {what}: {e}; events: {seen:#?}")
-            }
-            None => panic!("event stream ended waiting for {what}; events: {seen:#?}"),
-        };
-        seen.push(event.clone());
-        if pred(&event) {
-            return event;
-        }
-    }
-}
-
-fn is(id: &str, kind: ContainerEventKind) -> impl Fn(&ContainerEvent) -> bool + '_ {
-    move |e| e.container_id == id && e.kind == kind
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn container_lifecycle_produces_events_and_a_restart_breaks_the_stream_until_resubscribed() {

@@ -10,8 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kubelet_core::runtime::{ContainerFilter, SandboxFilter, labels};
+use kubelet_core::runtime::{
+    ContainerConfig, ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerFilter,
+    ContainerMetadata, Labels, PodSandboxConfig, PodSandboxMetadata, SandboxFilter, labels,
+};
 use kubelet_core::testing::RecordingSink;
 use kubelet_core::{
     ContainerRuntime, KubeletBuilder, KubeletConfig, PodLifecycleEventGenerator, PodSource,
@@ -38,13 +42,34 @@ pub struct ContainerdEnv {
     pub busybox: String,
     pub pause: String,
     pub subnet: String,
+    /// containerd's version, e.g. `1.6.20`.
+    pub version: String,
+}
+
+/// Which containerd an environment runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Containerd {
+    /// The system's (Debian bookworm: 1.6).
+    System,
+    /// Debian trixie's 1.7, unpacked into a cache by the script (`start17`), not installed.
+    V1_7,
 }
 
 impl ContainerdEnv {
-    /// Starts one, or returns `None` after printing a skip line when this machine cannot
-    /// (not root, no containerd and no way to install it). With `KUBELET_SDK_REQUIRE_ROOT=1` a
-    /// missing prerequisite fails the test instead.
+    /// Starts one on the system's containerd, or returns `None` after printing a skip line when
+    /// this machine cannot (not root, no containerd and no way to install it). With
+    /// `KUBELET_SDK_REQUIRE_ROOT=1` a missing prerequisite fails the test instead.
     pub fn start(test: &str) -> Option<Self> {
+        Self::start_with(test, Containerd::System)
+    }
+
+    /// [`start`](Self::start) on containerd 1.7 (fetched once when missing; a machine that
+    /// cannot fetch it skips, or fails with `KUBELET_SDK_REQUIRE_ROOT=1`).
+    pub fn start_1_7(test: &str) -> Option<Self> {
+        Self::start_with(test, Containerd::V1_7)
+    }
+
+    pub fn start_with(test: &str, containerd: Containerd) -> Option<Self> {
         let skip = |why: String| -> Option<Self> {
             if required() {
                 panic!("{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1 makes this a failure)");
@@ -64,7 +89,10 @@ impl ContainerdEnv {
         };
         let out = std::process::Command::new("bash")
             .arg(script())
-            .arg("start")
+            .arg(match containerd {
+                Containerd::System => "start",
+                Containerd::V1_7 => "start17",
+            })
             .arg(&dir)
             .output();
         let out = match out {
@@ -93,6 +121,7 @@ impl ContainerdEnv {
             busybox: get("BUSYBOX_IMAGE"),
             pause: get("PAUSE_IMAGE"),
             subnet: get("POD_SUBNET"),
+            version: get("CONTAINERD_VERSION"),
             dir,
         })
     }
@@ -385,4 +414,72 @@ pub async fn containers_of(
     })
     .await
     .expect("ListContainers")
+}
+
+/// Generous bounds for the machine being busy; the latency itself is measured by cri-bench.
+pub const WITHIN: Duration = Duration::from_secs(30);
+
+/// A host-network sandbox named `events-UID` for pod `uid`.
+pub fn sandbox_config(uid: &str, env: &ContainerdEnv) -> PodSandboxConfig {
+    let mut labels = Labels::new();
+    labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
+    PodSandboxConfig {
+        metadata: PodSandboxMetadata {
+            name: format!("events-{uid}"),
+            namespace: "default".into(),
+            uid: uid.into(),
+            attempt: 0,
+        },
+        hostname: format!("events-{uid}"),
+        log_directory: env.dir.join("logs").join(uid),
+        labels,
+        host_network: true,
+        ..Default::default()
+    }
+}
+
+/// A busybox container running `script` with `/bin/sh -c`.
+pub fn container_config(name: &str, script: &str, env: &ContainerdEnv) -> ContainerConfig {
+    ContainerConfig {
+        metadata: ContainerMetadata {
+            name: name.into(),
+            attempt: 0,
+        },
+        image: env.busybox.clone(),
+        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        log_path: format!("{name}/0.log"),
+        ..Default::default()
+    }
+}
+
+/// Reads events into `seen` until one matches `pred`; panics on a stream error, its end, or
+/// after [`WITHIN`].
+pub async fn next_matching(
+    stream: &mut ContainerEventStream,
+    seen: &mut Vec<ContainerEvent>,
+    what: &str,
+    pred: impl Fn(&ContainerEvent) -> bool,
+) -> ContainerEvent {
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        let next = tokio::time::timeout_at(deadline, stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {what} within {WITHIN:?}; events: {seen:#?}"));
+        let event = match next {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => {
+                panic!("event stream failed waiting for {what}: {e}; events: {seen:#?}")
+            }
+            None => panic!("event stream ended waiting for {what}; events: {seen:#?}"),
+        };
+        seen.push(event.clone());
+        if pred(&event) {
+            return event;
+        }
+    }
+}
+
+/// Matches the events of kind `kind` of container `id`.
+pub fn is(id: &str, kind: ContainerEventKind) -> impl Fn(&ContainerEvent) -> bool + '_ {
+    move |e| e.container_id == id && e.kind == kind
 }
