@@ -11,7 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ContainerdEnv, container_config, eventually, is, next_matching, sandbox_config};
+use common::{
+    ContainerdEnv, WITHIN, container_config, eventually, is, next_matching, sandbox_config,
+};
+use futures::StreamExt;
+use kubelet_core::ErrorKind;
 use kubelet_core::runtime::{ContainerEventKind, ContainerRuntime, ContainerState, labels};
 use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_cri::events::ContainerEventSource;
@@ -29,9 +33,11 @@ fn start(test: &str) -> Option<ContainerdEnv> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn containerd_1_7_streams_a_containers_lifecycle_through_cri_with_its_pod() {
-    let Some(env) = start("containerd_1_7_streams_a_containers_lifecycle_through_cri_with_its_pod")
-    else {
+async fn containerd_1_7_streams_a_containers_lifecycle_through_cri_with_its_pod_until_it_restarts()
+{
+    let Some(env) = start(
+        "containerd_1_7_streams_a_containers_lifecycle_through_cri_with_its_pod_until_it_restarts",
+    ) else {
         return;
     };
     let rt = env.runtime().await;
@@ -97,7 +103,41 @@ async fn containerd_1_7_streams_a_containers_lifecycle_through_cri_with_its_pod(
     for e in seen.iter().filter(|e| e.container_id == app) {
         assert_eq!(e.pod_uid.as_deref(), Some(uid), "{e:?}");
     }
+
+    // containerd goes away: the stream reports it and ends; a new subscription after the
+    // restart gets the CRI events again.
+    env.kill_containerd();
+    let broke = tokio::time::timeout(WITHIN, async {
+        loop {
+            match events.next().await {
+                Some(Ok(e)) => seen.push(e),
+                Some(Err(e)) => return Some(e),
+                None => return None,
+            }
+        }
+    })
+    .await
+    .expect("the stream noticed containerd going away");
+    let e = broke.expect("an error before the end");
+    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+    assert!(
+        events.next().await.is_none(),
+        "the stream ends after its error"
+    );
+    env.restart_containerd();
+    let mut events = eventually(WITHIN, "a new subscription", || {
+        let rt = rt.clone();
+        async move { rt.container_events().await.ok() }
+    })
+    .await;
     rt.stop_pod_sandbox(&sandbox).await.unwrap();
+    next_matching(
+        &mut events,
+        &mut seen,
+        "Stopped of the sandbox after the restart",
+        is(&sandbox, ContainerEventKind::Stopped),
+    )
+    .await;
     rt.remove_pod_sandbox(&sandbox).await.unwrap();
 }
 
