@@ -464,3 +464,180 @@ impl EventedPleg {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use kubelet_core::runtime::{
+        Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStatus,
+        ExecResult, Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
+        PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
+    };
+    use kubelet_core::testing::FakeRuntime;
+    use kubelet_core::{PodLifecycleEventType, Result};
+
+    use super::*;
+
+    /// The in-memory runtime with an event stream that stays open and says nothing: the PLEG is
+    /// in [`PlegMode::Events`] and learns of a change only from a relist or a request.
+    struct Silent(FakeRuntime);
+
+    #[async_trait]
+    impl ContainerRuntime for Silent {
+        async fn version(&self) -> Result<RuntimeVersion> {
+            self.0.version().await
+        }
+        async fn status(&self) -> Result<RuntimeStatus> {
+            self.0.status().await
+        }
+        async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> Result<String> {
+            self.0.run_pod_sandbox(config).await
+        }
+        async fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
+            self.0.stop_pod_sandbox(id).await
+        }
+        async fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
+            self.0.remove_pod_sandbox(id).await
+        }
+        async fn pod_sandbox_status(&self, id: &str) -> Result<PodSandboxStatus> {
+            self.0.pod_sandbox_status(id).await
+        }
+        async fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> Result<Vec<PodSandbox>> {
+            self.0.list_pod_sandboxes(filter).await
+        }
+        async fn create_container(
+            &self,
+            sandbox_id: &str,
+            config: &ContainerConfig,
+            sandbox_config: &PodSandboxConfig,
+        ) -> Result<String> {
+            self.0
+                .create_container(sandbox_id, config, sandbox_config)
+                .await
+        }
+        async fn start_container(&self, id: &str) -> Result<()> {
+            self.0.start_container(id).await
+        }
+        async fn stop_container(&self, id: &str, timeout: Duration) -> Result<()> {
+            self.0.stop_container(id, timeout).await
+        }
+        async fn remove_container(&self, id: &str) -> Result<()> {
+            self.0.remove_container(id).await
+        }
+        async fn list_containers(&self, filter: &ContainerFilter) -> Result<Vec<Container>> {
+            self.0.list_containers(filter).await
+        }
+        async fn container_status(&self, id: &str) -> Result<ContainerStatus> {
+            self.0.container_status(id).await
+        }
+        async fn exec_sync(
+            &self,
+            id: &str,
+            cmd: &[String],
+            timeout: Duration,
+        ) -> Result<ExecResult> {
+            self.0.exec_sync(id, cmd, timeout).await
+        }
+        async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
+            self.0.image_status(image).await
+        }
+        async fn pull_image(
+            &self,
+            image: &ImageSpec,
+            sandbox_config: &PodSandboxConfig,
+        ) -> Result<String> {
+            self.0.pull_image(image, sandbox_config).await
+        }
+        async fn container_events(&self) -> Result<ContainerEventStream> {
+            Ok(Box::pin(futures::stream::pending()))
+        }
+    }
+
+    // Real time: the inspection must start strictly after the request, which paused time (one
+    // instant for both) cannot show.
+    #[tokio::test]
+    async fn a_requested_reinspection_stores_a_status_newer_than_the_request_and_sends_its_events()
+    {
+        let rt = Arc::new(Silent(FakeRuntime::new()));
+        let pleg = Arc::new(EventedPleg::new(
+            rt.clone(),
+            EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+        ));
+        let mut events = pleg.take_events().expect("events");
+        let shutdown = CancellationToken::new();
+        let task = {
+            let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
+            tokio::spawn(async move { pleg.run(shutdown).await })
+        };
+        // Subscribed and relisted once: nothing more is relisted for an hour.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pleg.mode() != PlegMode::Events || pleg.last_relist().is_none() {
+            assert!(Instant::now() < deadline, "the PLEG did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let pod_labels = BTreeMap::from([
+            (labels::POD_UID.to_string(), "u1".to_string()),
+            (labels::POD_NAME.to_string(), "pod-u1".to_string()),
+            (labels::POD_NAMESPACE.to_string(), "default".to_string()),
+        ]);
+        let sandbox = PodSandboxConfig {
+            metadata: PodSandboxMetadata {
+                name: "pod-u1".into(),
+                namespace: "default".into(),
+                uid: "u1".into(),
+                attempt: 0,
+            },
+            labels: pod_labels.clone(),
+            host_network: true,
+            ..Default::default()
+        };
+        let mut container_labels = pod_labels;
+        container_labels.insert(labels::CONTAINER_NAME.into(), "app".into());
+        let config = ContainerConfig {
+            metadata: ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            },
+            image: "busybox:1".into(),
+            labels: container_labels,
+            ..Default::default()
+        };
+        let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
+        let id = rt
+            .create_container(&sandbox_id, &config, &sandbox)
+            .await
+            .expect("create");
+        rt.start_container(&id).await.expect("start");
+
+        // As a pod worker after its sync: the next status must be newer than the sync.
+        let synced = Instant::now();
+        pleg.request_reinspect("u1", "pod-u1", "default");
+        let entry = tokio::time::timeout(
+            Duration::from_secs(30),
+            pleg.cache().get_newer_than("u1", synced),
+        )
+        .await
+        .expect("a status newer than the request");
+        assert!(entry.modified > synced);
+        let status = entry.status.expect("inspected");
+        assert!(
+            status.container_statuses.iter().any(|c| c.id == id),
+            "{status:?}"
+        );
+        let started = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let ev = events.recv().await.expect("event channel open");
+                if ev.kind == PodLifecycleEventType::ContainerStarted && ev.container_id == id {
+                    return ev;
+                }
+            }
+        })
+        .await
+        .expect("ContainerStarted from the requested inspection");
+        assert_eq!(started.pod_uid, "u1");
+        shutdown.cancel();
+        let _ = task.await;
+    }
+}
