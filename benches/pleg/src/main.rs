@@ -16,6 +16,7 @@
 //! ```text
 //! cargo build --release -p pleg-bench
 //! target/release/pleg-bench --runtimes process,containerd --exits 300 --sizes 30,110,500
+//! target/release/pleg-bench --runtimes containerd17 --exits 300 --batch 20 --lead-ms 5000 --spread-ms 6000 --sizes 30
 //! ```
 
 use std::collections::HashSet;
@@ -38,7 +39,9 @@ use tokio_util::sync::CancellationToken;
 /// Command-line flags.
 #[derive(Debug, Parser)]
 struct Flags {
-    /// Runtimes to measure: `process`, `containerd`.
+    /// Runtimes to measure: `process`, `containerd` (the system's, 1.6 on Debian bookworm: the
+    /// evented PLEG uses containerd's native events), `containerd17` (Debian trixie's 1.7 from
+    /// `containerd-test-env.sh start17`: CRI `GetContainerEvents`).
     #[arg(long, value_delimiter = ',', default_value = "process,containerd")]
     runtimes: Vec<String>,
     /// Container exits per mode for the latency figures (0 skips them).
@@ -111,23 +114,37 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 res?;
                 cleanup?;
             }
-            "containerd" => {
-                let env = Env::start()?;
+            "containerd" | "containerd17" => {
+                let env = Env::start(if name == "containerd" {
+                    "start"
+                } else {
+                    "start17"
+                })?;
                 let cri = kubelet_cri::CriRuntime::connect(
                     kubelet_cri::CriConfig::new(format!("unix://{}", env.socket.display()))
                         .request_timeout(Duration::from_secs(60))
                         .termination_message_dir(env.dir.join("kubelet/pods")),
                 )
                 .await?;
+                let events = cri.clone();
                 let rt: Arc<dyn ContainerRuntime> = Arc::new(cri);
                 let target = Target {
-                    name: "containerd",
+                    name: if name == "containerd" {
+                        "containerd"
+                    } else {
+                        "containerd-1.7"
+                    },
                     rt,
                     image: env.busybox.clone(),
                     logs: env.dir.join("logs"),
                     containerd_pid: env.pid,
                 };
                 let res = measure(&target, &flags).await;
+                println!(
+                    "{}: container events from {:?}",
+                    target.name,
+                    events.container_event_source()
+                );
                 let cleanup = remove_all(&*target.rt).await;
                 res?;
                 cleanup?;
@@ -486,14 +503,15 @@ struct Env {
 }
 
 impl Env {
-    fn start() -> anyhow::Result<Self> {
+    /// `start` is the script's subcommand: `start` or `start17`.
+    fn start(start: &str) -> anyhow::Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("ksdk-pleg-bench-")
             .tempdir_in("/tmp")?
             .keep();
         let out = std::process::Command::new("bash")
             .arg(script())
-            .arg("start")
+            .arg(start)
             .arg(&dir)
             .output()
             .context("running containerd-test-env.sh")?;
@@ -513,7 +531,7 @@ impl Env {
         };
         if !out.status.success() {
             bail!(
-                "containerd-test-env.sh start: {}",
+                "containerd-test-env.sh {start}: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }

@@ -7,8 +7,11 @@
 //! 1. **CRI `GetContainerEvents`** (containerd ≥ 1.7, CRI-O): each `ContainerEventResponse` maps
 //!    to one event; the pod UID comes from the sandbox status it carries. containerd 1.7 records
 //!    a change before it sends its event, and has one queue for all callers of
-//!    `GetContainerEvents`: each event reaches only one of them, and up to 1000 events made
-//!    while nobody listened reach the next one first. So one subscriber per containerd.
+//!    `GetContainerEvents` (observed on 1.7.24): each event reaches only one open subscription;
+//!    a subscription the client has dropped takes the next event with it (containerd notices
+//!    the drop only when it sends); events made while nobody listened (up to 1000) reach the
+//!    next subscription first. So one subscriber per containerd, and events lost around a
+//!    resubscription are found by the consumer's relist.
 //! 2. **containerd's native events** (containerd 1.6, whose CRI plugin answers
 //!    `GetContainerEvents` with `Unimplemented`): `containerd.services.events.v1.Events/Subscribe`
 //!    on the same socket, in the CRI plugin's namespace ([`CriConfig::containerd_namespace`],
