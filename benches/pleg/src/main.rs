@@ -3,10 +3,10 @@
 //!
 //! 1. **Exit-detection latency**: `--exits` containers (`sh -c 'sleep D'`, one per pod, D spread
 //!    over `--spread-ms` after `--lead-ms`, so exits fall anywhere in a relist period) exit in
-//!    batches of `--batch`; latency = the moment the
-//!    PLEG's `ContainerDied` arrives − the exit time the runtime records (`finished_at`). Relist
-//!    mode (`GenericPleg`, 1 s) and evented mode (`EventedPleg`, 300 s safety-net relist), same
-//!    run, same runtime.
+//!    batches of `--batch`; latency = the moment the PLEG's `ContainerDied` arrives (stamped by
+//!    a task of its own) − the exit time the runtime records (`finished_at`). Relist mode
+//!    (`GenericPleg`, 1 s) and evented mode (`EventedPleg`, 300 s safety-net relist), same run,
+//!    same runtime.
 //! 2. **Relist cost** at `--sizes` containers (one per pod): a steady relist (nothing changed)
 //!    beside one bare ListPodSandbox + ListContainers round trip, medians and p99 of `--runs`;
 //!    then the agent's CPU (this process: user + system) while the relist PLEG runs at its 1 s
@@ -264,11 +264,21 @@ async fn latency(t: &Target, mode: Mode, flags: &Flags) -> anyhow::Result<Vec<f6
         Mode::Relist => Arc::new(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
         Mode::Evented => Arc::new(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
     };
-    let mut events = pleg.take_events().context("event receiver")?;
+    let mut pleg_events = pleg.take_events().context("event receiver")?;
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
         let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
         async move { pleg.run(shutdown).await }
+    });
+    // Events are stamped on arrival by their own task: the harness creating the next containers
+    // (seconds for a batch on a loaded machine) must not delay the stamp.
+    let (stamped_tx, mut events) = tokio::sync::mpsc::unbounded_channel();
+    let stamper = tokio::spawn(async move {
+        while let Some(ev) = pleg_events.recv().await {
+            if stamped_tx.send((ev, Timestamp::now())).is_err() {
+                break;
+            }
+        }
     });
     tokio::time::sleep(Duration::from_millis(1500)).await;
     while events.try_recv().is_ok() {}
@@ -297,12 +307,12 @@ async fn latency(t: &Target, mode: Mode, flags: &Flags) -> anyhow::Result<Vec<f6
         let mut arrived = Vec::new();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         while !ids.is_empty() {
-            let ev = tokio::time::timeout_at(deadline, events.recv())
+            let (ev, stamp) = tokio::time::timeout_at(deadline, events.recv())
                 .await
                 .context("exits not all reported within 120 s")?
                 .context("event channel closed")?;
             if ev.kind == PodLifecycleEventType::ContainerDied && ids.remove(&ev.container_id) {
-                arrived.push((ev.container_id, Timestamp::now()));
+                arrived.push((ev.container_id, stamp));
             }
         }
         for (cid, at) in arrived {
@@ -320,6 +330,7 @@ async fn latency(t: &Target, mode: Mode, flags: &Flags) -> anyhow::Result<Vec<f6
     }
     shutdown.cancel();
     let _ = task.await;
+    stamper.abort();
     out.sort_by(f64::total_cmp);
     Ok(out)
 }
