@@ -3,7 +3,9 @@
 //! runtime's events with the safety-net relist an hour away; with the runtime wrapped in
 //! `kubelet_core::testing::FaultyRuntime`, a broken event stream falls back to relisting and
 //! recovers, an event lost on purpose is found by the relist, and a pod whose runtime calls hang
-//! does not hold back another pod's events. Needs root; skipped with a message otherwise, and
+//! does not hold back another pod's events; and when containerd itself crashes, the PLEG falls
+//! back to relisting, finds an exit that happened meanwhile, and returns to events after the
+//! restart. Needs root; skipped with a message otherwise, and
 //! failing instead when `KUBELET_SDK_REQUIRE_ROOT=1` (CI).
 
 #![allow(clippy::unwrap_used)]
@@ -116,14 +118,16 @@ async fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
 /// Waits for `kind` about container `id`, skipping other events.
 async fn wait_event(rx: &mut Receiver<PodLifecycleEvent>, kind: PodLifecycleEventType, id: &str) {
     let deadline = Instant::now() + WITHIN;
+    let mut skipped = Vec::new();
     loop {
-        let ev = tokio::time::timeout_at(deadline, rx.recv())
-            .await
-            .unwrap_or_else(|_| panic!("no {kind:?} for {id} within {WITHIN:?}"))
-            .expect("channel open");
+        let Ok(ev) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+            panic!("no {kind:?} for {id} within {WITHIN:?}; other events: {skipped:?}");
+        };
+        let ev = ev.expect("channel open");
         if ev.kind == kind && ev.container_id == id {
             return;
         }
+        skipped.push((ev.kind, ev.container_id));
     }
 }
 
@@ -137,6 +141,85 @@ fn cached_app(pleg: &EventedPleg, uid: &str) -> (ContainerState, i32) {
         .expect("inspected");
     let c = status.find_container("app").expect("container status");
     (c.state, c.exit_code)
+}
+
+/// Stops and removes sandbox `sid`. Retried: right after an exit the PLEG learnt from
+/// containerd's task events, containerd 1.6's CRI plugin may not have recorded it yet, and a
+/// StopPodSandbox then can fail once (killing the task fails with "ttrpc: closed").
+async fn remove_pod(rt: &dyn ContainerRuntime, sid: &str) {
+    let mut last = None;
+    let deadline = Instant::now() + WITHIN;
+    while Instant::now() < deadline {
+        match rt.stop_pod_sandbox(sid).await {
+            Ok(()) => {
+                rt.remove_pod_sandbox(sid).await.unwrap();
+                return;
+            }
+            Err(e) => {
+                eprintln!("StopPodSandbox {sid} failed, retrying: {e}");
+                last = Some(e);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("stopping sandbox {sid}: {last:?}");
+}
+
+/// After a return to events mode: waits until the relist that follows the new subscription (or
+/// the one in flight then) has finished and no other runs (the next one is an hour away);
+/// returns its time.
+async fn settled_relist(pleg: &EventedPleg) -> Option<Instant> {
+    let mut relisted = pleg.last_relist();
+    let deadline = Instant::now() + WITHIN;
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let now = pleg.last_relist();
+        if now == relisted {
+            return now;
+        }
+        assert!(Instant::now() < deadline, "relists go on in events mode");
+        relisted = now;
+    }
+}
+
+/// Sends SIGTERM to the processes whose command line contains `marker` (a container's shell,
+/// found from the host while containerd is down).
+fn signal_processes_with(marker: &str) -> usize {
+    let mut n = 0;
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(marker)
+            && nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            )
+            .is_ok()
+        {
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The PLEG's mode, stream metrics and relist age, for failure output.
+fn state(pleg: &EventedPleg) -> String {
+    format!(
+        "mode {:?}, connection errors {}, successes {}, last relist {:?} ago, health {:?}",
+        pleg.mode(),
+        pleg.metrics().connection_errors(),
+        pleg.metrics().connection_successes(),
+        pleg.last_relist().map(|t| t.elapsed()),
+        pleg.healthy(),
+    )
 }
 
 /// A private containerd, `CriRuntime` on it wrapped in a [`FaultyRuntime`], and an evented PLEG
@@ -178,8 +261,7 @@ impl Setup {
     async fn teardown(self, sandboxes: &[String]) {
         self.shutdown.cancel();
         for sid in sandboxes {
-            self.cri.stop_pod_sandbox(sid).await.unwrap();
-            self.cri.remove_pod_sandbox(sid).await.unwrap();
+            remove_pod(&*self.cri, sid).await;
         }
     }
 }
@@ -228,8 +310,7 @@ async fn a_container_exit_reaches_the_evented_pleg_without_a_relist() {
     );
     assert_eq!(cached_app(&pleg, uid), (ContainerState::Exited, 3));
     shutdown.cancel();
-    rt.stop_pod_sandbox(&sid).await.unwrap();
-    rt.remove_pod_sandbox(&sid).await.unwrap();
+    remove_pod(&*rt, &sid).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,19 +345,7 @@ async fn a_broken_event_stream_falls_back_to_relisting_and_recovers() {
     s.faulty.set_broken(false);
     wait_until("events again", WITHIN, || s.pleg.mode() == PlegMode::Events).await;
     assert!(s.pleg.metrics().connection_successes() >= 2);
-    // The relist that follows the new subscription (or the one in flight then) finishes, and
-    // the next one is an hour away.
-    let mut relisted = s.pleg.last_relist();
-    let deadline = Instant::now() + WITHIN;
-    loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-        let now = s.pleg.last_relist();
-        if now == relisted {
-            break;
-        }
-        assert!(Instant::now() < deadline, "relists go on in events mode");
-        relisted = now;
-    }
+    let relisted = settled_relist(&s.pleg).await;
     let (sid2, cid2) = s.start_pod("fb-2", "sleep 1; exit 2").await;
     wait_event(&mut s.events, ContainerDied, &cid2).await;
     assert_eq!(s.pleg.last_relist(), relisted, "detected from the event");
@@ -395,4 +464,56 @@ async fn a_pod_whose_runtime_calls_hang_does_not_delay_other_pods_events() {
     );
     assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
     s.teardown(&[sid_slow, sid_fast]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_containerd_crash_falls_back_to_relisting_and_events_resume_after_its_restart() {
+    let config = long_relist()
+        .with_max_stream_retries(3)
+        .with_stream_retry_delay(Duration::from_millis(100))
+        .with_stream_recovery_period(Duration::from_secs(1))
+        .with_fallback_relist_period(Duration::from_secs(1));
+    let Some(mut s) = Setup::start(
+        "a_containerd_crash_falls_back_to_relisting_and_events_resume_after_its_restart",
+        config,
+    )
+    .await
+    else {
+        return;
+    };
+    // Runs until signalled, then exits 4; the marker finds its shell from the host.
+    let marker = "crash-1-marker-d41b";
+    let (sid1, cid1) = s
+        .start_pod(
+            "crash-1",
+            &format!("trap 'exit 4' TERM; while :; do sleep 0.1; done # {marker}"),
+        )
+        .await;
+    wait_event(&mut s.events, ContainerStarted, &cid1).await;
+
+    // containerd dies (its shims and containers live on): the real stream breaks.
+    let errors = s.pleg.metrics().connection_errors();
+    s.env.kill_containerd();
+    wait_until("fallback", WITHIN, || s.pleg.mode() == PlegMode::Fallback).await;
+    assert!(s.pleg.metrics().connection_errors() >= errors + 3);
+    // The container exits while nobody listens.
+    assert!(signal_processes_with(marker) >= 1, "the container's shell");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // containerd is back: the exit is found and events take over again.
+    let successes = s.pleg.metrics().connection_successes();
+    s.env.restart_containerd();
+    eprintln!("containerd restarted; {}", state(&s.pleg));
+    wait_event(&mut s.events, ContainerDied, &cid1).await;
+    assert_eq!(cached_app(&s.pleg, "crash-1"), (ContainerState::Exited, 4));
+    wait_until("events again", WITHIN, || s.pleg.mode() == PlegMode::Events).await;
+    assert!(s.pleg.metrics().connection_successes() > successes);
+    let relisted = settled_relist(&s.pleg).await;
+    let (sid2, cid2) = s.start_pod("crash-2", "sleep 1; exit 5").await;
+    eprintln!("crash-2 started; {}", state(&s.pleg));
+    wait_event(&mut s.events, ContainerDied, &cid2).await;
+    assert_eq!(s.pleg.last_relist(), relisted, "detected from the event");
+    assert_eq!(cached_app(&s.pleg, "crash-2"), (ContainerState::Exited, 5));
+    assert_eq!(s.pleg.healthy(), PlegHealth::Healthy);
+    s.teardown(&[sid1, sid2]).await;
 }
