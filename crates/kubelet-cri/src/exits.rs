@@ -24,6 +24,12 @@
 //! So a consumer that inspects a pod on the exit event (an evented PLEG) sees the exit at once,
 //! and a later read never goes back to `RUNNING`: the hint stays until CRI agrees with it.
 //!
+//! Acting on such an exit must not race with containerd's own handling of it: before it stops
+//! or removes a container or a sandbox whose containers have hints, the runtime waits (at most
+//! [`CONFIRM_WITHIN`](crate::events::CONFIRM_WITHIN)) until CRI has recorded those exits, as
+//! it would have before hints (a `StopPodSandbox` during the plugin's task deletion was seen to
+//! fail with the shim's connection closed).
+//!
 //! [`ContainerRuntime::container_status`]: kubelet_core::ContainerRuntime::container_status
 //! [`ContainerRuntime::list_containers`]: kubelet_core::ContainerRuntime::list_containers
 
@@ -107,6 +113,11 @@ impl ExitHints {
     /// CRI has recorded what happened to `id` (or no longer knows it).
     pub(crate) fn forget(&self, id: &str) {
         self.lock().remove(id);
+    }
+
+    /// Whether an exit of `id` is known that CRI may not have recorded yet.
+    pub(crate) fn has_exit(&self, id: &str) -> bool {
+        self.lock().get(id).is_some_and(|h| h.exit.is_some())
     }
 
     /// Whether any hint is kept.

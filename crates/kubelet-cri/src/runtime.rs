@@ -438,6 +438,77 @@ impl CriRuntime {
         }))
     }
 
+    /// Waits until CRI has recorded the exits the runtime knows of early for `ids` (exit hints,
+    /// [`crate::exits`]), at most [`CONFIRM_WITHIN`](crate::events::CONFIRM_WITHIN) in all:
+    /// containerd 1.6 is still deleting those tasks, and stopping or removing the container or
+    /// its sandbox meanwhile races with it (the call can fail with the shim's connection closed
+    /// under it). Errors end the wait: the call that follows reports them.
+    async fn settle_exits(&self, ids: impl IntoIterator<Item = String>) {
+        let hints = self.events.exit_hints();
+        if hints.is_empty() {
+            return;
+        }
+        let deadline = tokio::time::Instant::now() + crate::events::CONFIRM_WITHIN;
+        for id in ids.into_iter().filter(|id| hints.has_exit(id)) {
+            let mut delay = Duration::from_millis(2);
+            loop {
+                let mut c = self.runtime.clone();
+                let status = tokio::time::timeout_at(
+                    deadline,
+                    c.container_status(cri::ContainerStatusRequest {
+                        container_id: id.clone(),
+                        verbose: false,
+                    }),
+                )
+                .await;
+                let recorded = match status {
+                    Ok(Ok(resp)) => resp.into_inner().status.is_none_or(|s| {
+                        s.state != cri::ContainerState::ContainerRunning as i32
+                            && s.state != cri::ContainerState::ContainerCreated as i32
+                    }),
+                    // Not found, or CRI fails: nothing to wait for.
+                    Ok(Err(_)) => true,
+                    Err(_) => {
+                        debug!(container = %id, "CRI has not recorded the exit yet; going on");
+                        return;
+                    }
+                };
+                if recorded {
+                    hints.forget(&id);
+                    break;
+                }
+                if tokio::time::Instant::now() + delay >= deadline {
+                    debug!(container = %id, "CRI has not recorded the exit yet; going on");
+                    return;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// [`settle_exits`](Self::settle_exits) for the containers of a sandbox.
+    async fn settle_sandbox_exits(&self, sandbox_id: &str) {
+        if self.events.exit_hints().is_empty() {
+            return;
+        }
+        let mut c = self.runtime.clone();
+        let listed = tokio::time::timeout(
+            crate::events::CONFIRM_WITHIN,
+            c.list_containers(cri::ListContainersRequest {
+                filter: Some(cri::ContainerFilter {
+                    pod_sandbox_id: sandbox_id.to_string(),
+                    ..Default::default()
+                }),
+            }),
+        )
+        .await;
+        if let Ok(Ok(resp)) = listed {
+            self.settle_exits(resp.into_inner().containers.into_iter().map(|c| c.id))
+                .await;
+        }
+    }
+
     /// Fills the message of an exited container from its termination message file, or from
     /// the end of its log with `FallbackToLogsOnError`, as the kubelet does.
     fn read_termination_message(&self, status: &mut core::ContainerStatus) {
@@ -611,6 +682,7 @@ impl ContainerRuntime for CriRuntime {
     }
 
     async fn stop_pod_sandbox(&self, sandbox_id: &str) -> Result<()> {
+        self.settle_sandbox_exits(sandbox_id).await;
         let mut c = self.runtime.clone();
         let req = cri::StopPodSandboxRequest {
             pod_sandbox_id: sandbox_id.to_string(),
@@ -628,6 +700,7 @@ impl ContainerRuntime for CriRuntime {
     }
 
     async fn remove_pod_sandbox(&self, sandbox_id: &str) -> Result<()> {
+        self.settle_sandbox_exits(sandbox_id).await;
         let mut c = self.runtime.clone();
         let req = cri::RemovePodSandboxRequest {
             pod_sandbox_id: sandbox_id.to_string(),
@@ -733,6 +806,7 @@ impl ContainerRuntime for CriRuntime {
     }
 
     async fn stop_container(&self, container_id: &str, timeout: Duration) -> Result<()> {
+        self.settle_exits([container_id.to_string()]).await;
         let mut c = self.runtime.clone();
         let req = cri::StopContainerRequest {
             container_id: container_id.to_string(),
@@ -753,6 +827,7 @@ impl ContainerRuntime for CriRuntime {
     }
 
     async fn remove_container(&self, container_id: &str) -> Result<()> {
+        self.settle_exits([container_id.to_string()]).await;
         let status = match self.container_status(container_id).await {
             Ok(s) => Some(s),
             Err(e) if e.is_not_found() => None,

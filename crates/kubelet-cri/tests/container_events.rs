@@ -289,3 +289,46 @@ async fn the_evented_pleg_sees_exits_through_containerd_events() {
     assert_eq!(pleg.mode(), kubelet_pleg::PlegMode::Events);
     agent.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_stopped_and_removed_right_after_its_exit_event_goes_cleanly() {
+    // The exit event comes before containerd 1.6's CRI plugin has deleted the task; stopping and
+    // removing the pod at once must not race with that deletion.
+    let Some(env) =
+        ContainerdEnv::start("a_pod_stopped_and_removed_right_after_its_exit_event_goes_cleanly")
+    else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let mut events = rt.container_events().await.unwrap();
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        let sandbox_cfg = sandbox_config(&format!("quick-{i}"), &env);
+        let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
+        let mut cfg = container_config("app", "sleep 0.3; exit 4", &env);
+        cfg.labels = sandbox_cfg.labels.clone();
+        let id = rt
+            .create_container(&sandbox, &cfg, &sandbox_cfg)
+            .await
+            .unwrap();
+        rt.start_container(&id).await.unwrap();
+        next_matching(
+            &mut events,
+            &mut seen,
+            "the exit",
+            is(&id, ContainerEventKind::Stopped),
+        )
+        .await;
+        rt.stop_pod_sandbox(&sandbox)
+            .await
+            .unwrap_or_else(|e| panic!("pod {i}: stopping right after the exit: {e}"));
+        let status = rt.container_status(&id).await.unwrap();
+        assert_eq!(
+            (status.state, status.exit_code),
+            (ContainerState::Exited, 4)
+        );
+        rt.remove_pod_sandbox(&sandbox)
+            .await
+            .unwrap_or_else(|e| panic!("pod {i}: removing right after the exit: {e}"));
+    }
+}

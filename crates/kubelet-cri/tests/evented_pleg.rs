@@ -145,7 +145,10 @@ fn cached_app(pleg: &EventedPleg, uid: &str) -> (ContainerState, i32) {
 
 /// Stops and removes sandbox `sid`. Retried: right after an exit the PLEG learnt from
 /// containerd's task events, containerd 1.6's CRI plugin may not have recorded it yet, and a
-/// StopPodSandbox then can fail once (killing the task fails with "ttrpc: closed").
+/// StopPodSandbox then failed once (killing the task failed with "ttrpc: closed"), seen twice
+/// under heavy load before `CriRuntime` waited for such exits to be recorded before stopping
+/// a sandbox (`a_pod_stopped_and_removed_right_after_its_exit_event_goes_cleanly` in
+/// container_events.rs tests that without retrying).
 async fn remove_pod(rt: &dyn ContainerRuntime, sid: &str) {
     let mut last = None;
     let deadline = Instant::now() + WITHIN;
