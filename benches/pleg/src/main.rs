@@ -41,7 +41,8 @@ use tokio_util::sync::CancellationToken;
 struct Flags {
     /// Runtimes to measure: `process`, `containerd` (the system's, 1.6 on Debian bookworm: the
     /// evented PLEG uses containerd's native events), `containerd17` (Debian trixie's 1.7 from
-    /// `containerd-test-env.sh start17`: CRI `GetContainerEvents`).
+    /// `containerd-test-env.sh start17`: CRI `GetContainerEvents`), `containerd17-native` (the
+    /// same 1.7 with `CriConfig::prefer_containerd_events`: its native events and exit hints).
     #[arg(long, value_delimiter = ',', default_value = "process,containerd")]
     runtimes: Vec<String>,
     /// Container exits per mode for the latency figures (0 skips them).
@@ -114,7 +115,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 res?;
                 cleanup?;
             }
-            "containerd" | "containerd17" => {
+            "containerd" | "containerd17" | "containerd17-native" => {
                 let env = Env::start(if name == "containerd" {
                     "start"
                 } else {
@@ -123,16 +124,17 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 let cri = kubelet_cri::CriRuntime::connect(
                     kubelet_cri::CriConfig::new(format!("unix://{}", env.socket.display()))
                         .request_timeout(Duration::from_secs(60))
-                        .termination_message_dir(env.dir.join("kubelet/pods")),
+                        .termination_message_dir(env.dir.join("kubelet/pods"))
+                        .prefer_containerd_events(name == "containerd17-native"),
                 )
                 .await?;
                 let events = cri.clone();
                 let rt: Arc<dyn ContainerRuntime> = Arc::new(cri);
                 let target = Target {
-                    name: if name == "containerd" {
-                        "containerd"
-                    } else {
-                        "containerd-1.7"
+                    name: match name.as_str() {
+                        "containerd" => "containerd",
+                        "containerd17" => "containerd-1.7",
+                        _ => "containerd-1.7, native events preferred",
                     },
                     rt,
                     image: env.busybox.clone(),

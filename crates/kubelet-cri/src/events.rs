@@ -2,7 +2,9 @@
 //! [`CriRuntime::container_events`](kubelet_core::ContainerRuntime::container_events) streams.
 //!
 //! Two sources, chosen automatically and remembered per [`CriRuntime`](crate::CriRuntime) (and
-//! its clones):
+//! its clones): CRI's where the runtime has it, else containerd's; or containerd's first with
+//! [`CriConfig::prefer_containerd_events`] (on containerd ≥ 1.7 its exits then come with exit
+//! hints, tens of milliseconds before CRI's own events):
 //!
 //! 1. **CRI `GetContainerEvents`** (containerd ≥ 1.7, CRI-O): each `ContainerEventResponse` maps
 //!    to one event; the pod UID comes from the sandbox status it carries. containerd 1.7 records
@@ -158,6 +160,8 @@ pub(crate) struct EventSubscriber {
     source: Arc<AtomicU8>,
     /// Exits seen on containerd's events that CRI has not recorded yet, shared by clones.
     hints: ExitHints,
+    /// [`CriConfig::prefer_containerd_events`].
+    prefer_containerd: bool,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -173,6 +177,7 @@ impl EventSubscriber {
             namespace: config.containerd_namespace.clone(),
             source: Arc::new(AtomicU8::new(SOURCE_UNKNOWN)),
             hints: ExitHints::default(),
+            prefer_containerd: config.prefer_containerd_events,
         }
     }
 
@@ -192,8 +197,22 @@ impl EventSubscriber {
 
     /// A new event stream from the source that works; see the module docs.
     pub(crate) async fn subscribe(&self) -> Result<ContainerEventStream, CriError> {
-        if self.source.load(Ordering::Relaxed) == SOURCE_CONTAINERD {
+        let source = self.source.load(Ordering::Relaxed);
+        if source == SOURCE_CONTAINERD {
             return self.subscribe_containerd(None).await;
+        }
+        if self.prefer_containerd && source == SOURCE_UNKNOWN {
+            match self.subscribe_containerd(None).await {
+                Err(CriError::SubscribeEvents { status })
+                    if status.code() == tonic::Code::Unimplemented =>
+                {
+                    debug!(
+                        message = status.message(),
+                        "containerd's events are unimplemented; using CRI GetContainerEvents"
+                    );
+                }
+                other => return other,
+            }
         }
         let mut call = self.call_cri();
         match tokio::time::timeout(PROBE, &mut call).await {

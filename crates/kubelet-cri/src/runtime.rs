@@ -56,6 +56,12 @@ pub struct CriConfig {
     /// The containerd namespace whose native events `container_events` follows when the runtime
     /// has no CRI `GetContainerEvents` (containerd 1.6): the CRI plugin's, `k8s.io`.
     pub containerd_namespace: String,
+    /// Whether `container_events` tries containerd's native events before CRI
+    /// `GetContainerEvents` (default `false`: CRI first, as the kubelet). containerd ≥ 1.7
+    /// sends a CRI exit event only once its CRI plugin has deleted the task; its native events
+    /// with exit hints ([`crate::exits`]) report the exit tens of milliseconds sooner. A runtime
+    /// without containerd's event service (CRI-O) still gets CRI's.
+    pub prefer_containerd_events: bool,
 }
 
 impl CriConfig {
@@ -70,6 +76,7 @@ impl CriConfig {
             runtime_handler: String::new(),
             termination_message_dir: None,
             containerd_namespace: crate::events::CRI_NAMESPACE.to_string(),
+            prefer_containerd_events: false,
         }
     }
 
@@ -106,6 +113,12 @@ impl CriConfig {
     /// Sets [`containerd_namespace`](Self::containerd_namespace).
     pub fn containerd_namespace(mut self, namespace: impl Into<String>) -> Self {
         self.containerd_namespace = namespace.into();
+        self
+    }
+
+    /// Sets [`prefer_containerd_events`](Self::prefer_containerd_events).
+    pub fn prefer_containerd_events(mut self, prefer: bool) -> Self {
+        self.prefer_containerd_events = prefer;
         self
     }
 }

@@ -218,3 +218,70 @@ async fn containerd_1_7_exit_reaches_the_evented_pleg_through_cri_without_a_reli
     rt.stop_pod_sandbox(&sandbox).await.unwrap();
     rt.remove_pod_sandbox(&sandbox).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containerd_1_7_with_containerd_events_preferred_reports_an_exit_before_cri_records_it() {
+    let Some(env) = start(
+        "containerd_1_7_with_containerd_events_preferred_reports_an_exit_before_cri_records_it",
+    ) else {
+        return;
+    };
+    let rt = kubelet_cri::CriRuntime::connect(env.cri_config().prefer_containerd_events(true))
+        .await
+        .unwrap();
+    let mut events = rt.container_events().await.unwrap();
+    let mut seen = Vec::new();
+    let sandbox_cfg = sandbox_config("preferred", &env);
+    let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
+    let mut cfg = container_config("app", "sleep 0.5; exit 3", &env);
+    cfg.labels = sandbox_cfg.labels.clone();
+    let app = rt
+        .create_container(&sandbox, &cfg, &sandbox_cfg)
+        .await
+        .unwrap();
+    rt.start_container(&app).await.unwrap();
+    let stopped = next_matching(
+        &mut events,
+        &mut seen,
+        "Stopped of the exiting container",
+        is(&app, ContainerEventKind::Stopped),
+    )
+    .await;
+    assert_eq!(
+        rt.container_event_source(),
+        Some(ContainerEventSource::Containerd)
+    );
+    assert_eq!(stopped.pod_uid.as_deref(), Some("preferred"));
+    // The exit as the hint of containerd's TaskExit gives it, then as CRI records it (read
+    // through a runtime without hints, after the exit's second event): the same.
+    let early = rt.container_status(&app).await.unwrap();
+    assert_eq!(
+        (early.state, early.exit_code, early.reason.as_str()),
+        (ContainerState::Exited, 3, "Error"),
+        "{early:?}"
+    );
+    next_matching(
+        &mut events,
+        &mut seen,
+        "the exit again once CRI recorded it",
+        is(&app, ContainerEventKind::Stopped),
+    )
+    .await;
+    let recorded = env.runtime().await.container_status(&app).await.unwrap();
+    assert_eq!(
+        (
+            recorded.state,
+            recorded.exit_code,
+            &recorded.reason,
+            recorded.finished_at
+        ),
+        (
+            early.state,
+            early.exit_code,
+            &early.reason,
+            early.finished_at
+        )
+    );
+    rt.stop_pod_sandbox(&sandbox).await.unwrap();
+    rt.remove_pod_sandbox(&sandbox).await.unwrap();
+}
