@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    ContainerdEnv, WITHIN, container_config, eventually, is, next_matching, sandbox_config,
+    ContainerdEnv, WITHIN, container_config, eventually, exit_is_reported_early_as_cri_records_it,
+    is, next_matching, sandbox_config,
 };
 use futures::StreamExt;
 use kubelet_core::ErrorKind;
@@ -252,36 +253,7 @@ async fn containerd_1_7_with_containerd_events_preferred_reports_an_exit_before_
         Some(ContainerEventSource::Containerd)
     );
     assert_eq!(stopped.pod_uid.as_deref(), Some("preferred"));
-    // The exit as the hint of containerd's TaskExit gives it, then as CRI records it (read
-    // through a runtime without hints, after the exit's second event): the same.
-    let early = rt.container_status(&app).await.unwrap();
-    assert_eq!(
-        (early.state, early.exit_code, early.reason.as_str()),
-        (ContainerState::Exited, 3, "Error"),
-        "{early:?}"
-    );
-    next_matching(
-        &mut events,
-        &mut seen,
-        "the exit again once CRI recorded it",
-        is(&app, ContainerEventKind::Stopped),
-    )
-    .await;
-    let recorded = env.runtime().await.container_status(&app).await.unwrap();
-    assert_eq!(
-        (
-            recorded.state,
-            recorded.exit_code,
-            &recorded.reason,
-            recorded.finished_at
-        ),
-        (
-            early.state,
-            early.exit_code,
-            &early.reason,
-            early.finished_at
-        )
-    );
+    exit_is_reported_early_as_cri_records_it(&env, &rt, &mut events, &mut seen, &app, 3).await;
     rt.stop_pod_sandbox(&sandbox).await.unwrap();
     rt.remove_pod_sandbox(&sandbox).await.unwrap();
 }

@@ -14,7 +14,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kubelet_core::runtime::{
     ContainerConfig, ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerFilter,
-    ContainerMetadata, Labels, PodSandboxConfig, PodSandboxMetadata, SandboxFilter, labels,
+    ContainerMetadata, ContainerState, Labels, PodSandboxConfig, PodSandboxMetadata, SandboxFilter,
+    labels,
 };
 use kubelet_core::testing::RecordingSink;
 use kubelet_core::{
@@ -482,4 +483,55 @@ pub async fn next_matching(
 /// Matches the events of kind `kind` of container `id`.
 pub fn is(id: &str, kind: ContainerEventKind) -> impl Fn(&ContainerEvent) -> bool + '_ {
     move |e| e.container_id == id && e.kind == kind
+}
+
+/// Right after container `id`'s first `Stopped` event on containerd's native events: `rt`
+/// already reports it exited with `code` and reason `Error` (the exit hint), and once the exit's
+/// second `Stopped` event has come (the CRI plugin recorded it), CRI's own record, read through
+/// a runtime without hints, is the same exit. Returns the status `rt` reported first.
+pub async fn exit_is_reported_early_as_cri_records_it(
+    env: &ContainerdEnv,
+    rt: &CriRuntime,
+    events: &mut ContainerEventStream,
+    seen: &mut Vec<ContainerEvent>,
+    id: &str,
+    code: i32,
+) -> kubelet_core::runtime::ContainerStatus {
+    let early = rt
+        .container_status(id)
+        .await
+        .expect("status after the exit");
+    assert_eq!(
+        (early.state, early.exit_code, early.reason.as_str()),
+        (ContainerState::Exited, code, "Error"),
+        "{early:?}"
+    );
+    next_matching(
+        events,
+        seen,
+        "the exit again once CRI recorded it",
+        is(id, ContainerEventKind::Stopped),
+    )
+    .await;
+    let recorded = env
+        .runtime()
+        .await
+        .container_status(id)
+        .await
+        .expect("CRI's status");
+    assert_eq!(
+        (
+            recorded.state,
+            recorded.exit_code,
+            &recorded.reason,
+            recorded.finished_at
+        ),
+        (
+            early.state,
+            early.exit_code,
+            &early.reason,
+            early.finished_at
+        )
+    );
+    early
 }
