@@ -120,9 +120,15 @@ impl ExitHints {
         self.lock().get(id).is_some_and(|h| h.exit.is_some())
     }
 
-    /// Whether any hint is kept.
+    /// Whether any hint is kept. Expired hints are dropped here: a hint nobody reads again (a
+    /// sandbox's, or one whose confirmation a broken stream took along) would otherwise keep
+    /// the runtime's stop and remove calls checking for exits.
     pub(crate) fn is_empty(&self) -> bool {
-        self.lock().is_empty()
+        let mut hints = self.lock();
+        if !hints.is_empty() {
+            hints.retain(|_, h| h.since.elapsed() < HINT_TTL);
+        }
+        hints.is_empty()
     }
 
     /// The hint for a container CRI reports in `state`, or `None` when none applies (dropping a

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{
     Agent, ContainerdEnv, WITHIN, container, container_config, eventually,
     exit_is_reported_early_as_cri_records_it, is, next_matching, phase, pod, running,
-    sandbox_config,
+    sandbox_config, start_pod,
 };
 use futures::StreamExt;
 use kubelet_core::ErrorKind;
@@ -290,15 +290,7 @@ async fn a_pod_stopped_and_removed_right_after_its_exit_event_goes_cleanly() {
     let mut events = rt.container_events().await.unwrap();
     let mut seen = Vec::new();
     for i in 0..5 {
-        let sandbox_cfg = sandbox_config(&format!("quick-{i}"), &env);
-        let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
-        let mut cfg = container_config("app", "sleep 0.3; exit 4", &env);
-        cfg.labels = sandbox_cfg.labels.clone();
-        let id = rt
-            .create_container(&sandbox, &cfg, &sandbox_cfg)
-            .await
-            .unwrap();
-        rt.start_container(&id).await.unwrap();
+        let (sandbox, id) = start_pod(&env, &*rt, &format!("quick-{i}"), "sleep 0.3; exit 4").await;
         next_matching(
             &mut events,
             &mut seen,

@@ -12,15 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    ContainerdEnv, WITHIN, container_config, eventually, exit_is_reported_early_as_cri_records_it,
-    is, next_matching, sandbox_config,
+    ContainerdEnv, WITHIN, eventually, exit_is_reported_early_as_cri_records_it, is, next_matching,
+    run_until_events, start_pod,
 };
 use futures::StreamExt;
 use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{ContainerEventKind, ContainerRuntime, ContainerState, labels};
+use kubelet_core::runtime::{ContainerEventKind, ContainerRuntime, ContainerState};
 use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_cri::events::ContainerEventSource;
-use kubelet_pleg::{EventedPleg, EventedPlegConfig, PlegMode};
+use kubelet_pleg::{EventedPleg, EventedPlegConfig};
 use tokio_util::sync::CancellationToken;
 
 fn start(test: &str) -> Option<ContainerdEnv> {
@@ -46,17 +46,7 @@ async fn containerd_1_7_streams_a_containers_lifecycle_through_cri_with_its_pod_
     let mut seen = Vec::new();
 
     let uid = "cri-events";
-    let sandbox_cfg = sandbox_config(uid, &env);
-    let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
-    let mut cfg = container_config("app", "sleep 0.5; exit 3", &env);
-    cfg.labels = sandbox_cfg.labels.clone();
-    cfg.labels
-        .insert(labels::CONTAINER_NAME.into(), "app".into());
-    let app = rt
-        .create_container(&sandbox, &cfg, &sandbox_cfg)
-        .await
-        .unwrap();
-    rt.start_container(&app).await.unwrap();
+    let (sandbox, app) = start_pod(&env, &*rt, uid, "sleep 0.5; exit 3").await;
     next_matching(
         &mut events,
         &mut seen,
@@ -157,38 +147,11 @@ async fn containerd_1_7_exit_reaches_the_evented_pleg_through_cri_without_a_reli
     ));
     let mut events = pleg.take_events().unwrap();
     let shutdown = CancellationToken::new();
-    tokio::spawn({
-        let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
-        async move { pleg.run(shutdown).await }
-    });
-    eventually(
-        Duration::from_secs(30),
-        "events mode after the first relist",
-        || {
-            let pleg = pleg.clone();
-            async move {
-                (pleg.mode() == PlegMode::Events
-                    && pleg.last_relist().is_some()
-                    && pleg.metrics().connection_successes() >= 1)
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    run_until_events(&pleg, &shutdown).await;
     let relisted = pleg.last_relist();
 
     let uid = "cri-evented-exit";
-    let sandbox_cfg = sandbox_config(uid, &env);
-    let mut cfg = container_config("app", "sleep 1; exit 3", &env);
-    cfg.labels = sandbox_cfg.labels.clone();
-    cfg.labels
-        .insert(labels::CONTAINER_NAME.into(), "app".into());
-    let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
-    let app = rt
-        .create_container(&sandbox, &cfg, &sandbox_cfg)
-        .await
-        .unwrap();
-    rt.start_container(&app).await.unwrap();
+    let (sandbox, app) = start_pod(&env, &*rt, uid, "sleep 1; exit 3").await;
 
     let mut started = false;
     loop {
@@ -232,15 +195,7 @@ async fn containerd_1_7_with_containerd_events_preferred_reports_an_exit_before_
         .unwrap();
     let mut events = rt.container_events().await.unwrap();
     let mut seen = Vec::new();
-    let sandbox_cfg = sandbox_config("preferred", &env);
-    let sandbox = rt.run_pod_sandbox(&sandbox_cfg).await.unwrap();
-    let mut cfg = container_config("app", "sleep 0.5; exit 3", &env);
-    cfg.labels = sandbox_cfg.labels.clone();
-    let app = rt
-        .create_container(&sandbox, &cfg, &sandbox_cfg)
-        .await
-        .unwrap();
-    rt.start_container(&app).await.unwrap();
+    let (sandbox, app) = start_pod(&env, &rt, "preferred", "sleep 0.5; exit 3").await;
     let stopped = next_matching(
         &mut events,
         &mut seen,

@@ -15,11 +15,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{ContainerdEnv, eventually};
-use kubelet_core::runtime::{
-    ContainerConfig, ContainerMetadata, ContainerRuntime, ContainerState, Labels, PodSandboxConfig,
-    PodSandboxMetadata, labels,
-};
+use common::{ContainerdEnv, WITHIN, pod_container, run_until_events, sandbox_config, start_pod};
+use kubelet_core::runtime::{ContainerRuntime, ContainerState};
 use kubelet_core::testing::FaultyRuntime;
 use kubelet_core::{
     PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,
@@ -31,81 +28,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use PodLifecycleEventType::{ContainerDied, ContainerStarted};
-
-/// Generous: the machine running the tests may be loaded.
-const WITHIN: Duration = Duration::from_secs(30);
-
-/// A sandbox config of pod `uid` (host network, logs under the environment's directory).
-fn sandbox_config(env: &ContainerdEnv, uid: &str) -> PodSandboxConfig {
-    let mut l = Labels::new();
-    l.insert(labels::POD_UID.into(), uid.into());
-    l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
-    l.insert(labels::POD_NAMESPACE.into(), "default".into());
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
-            name: format!("pod-{uid}"),
-            namespace: "default".into(),
-            uid: uid.into(),
-            attempt: 0,
-        },
-        log_directory: env.dir.join("logs").join(uid),
-        labels: l,
-        host_network: true,
-        ..Default::default()
-    }
-}
-
-/// Container `app` of the pod, running `sh -c script` in busybox.
-fn app_container(env: &ContainerdEnv, sandbox: &PodSandboxConfig, script: &str) -> ContainerConfig {
-    let mut l = sandbox.labels.clone();
-    l.insert(labels::CONTAINER_NAME.into(), "app".into());
-    ContainerConfig {
-        metadata: ContainerMetadata {
-            name: "app".into(),
-            attempt: 0,
-        },
-        image: env.busybox.clone(),
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        labels: l,
-        log_path: "app/0.log".into(),
-        ..Default::default()
-    }
-}
-
-/// Start pod `uid` with container `app` running `script`; returns (sandbox, container).
-async fn start_pod(
-    env: &ContainerdEnv,
-    rt: &dyn ContainerRuntime,
-    uid: &str,
-    script: &str,
-) -> (String, String) {
-    let sandbox = sandbox_config(env, uid);
-    let sid = rt.run_pod_sandbox(&sandbox).await.unwrap();
-    let cid = rt
-        .create_container(&sid, &app_container(env, &sandbox, script), &sandbox)
-        .await
-        .unwrap();
-    rt.start_container(&cid).await.unwrap();
-    (sid, cid)
-}
-
-/// Runs `pleg` until `shutdown` and waits for events mode after its first relist.
-async fn run_until_events(pleg: &Arc<EventedPleg>, shutdown: &CancellationToken) {
-    tokio::spawn({
-        let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
-        async move { pleg.run(shutdown).await }
-    });
-    eventually(WITHIN, "events mode after the first relist", || {
-        let pleg = pleg.clone();
-        async move {
-            (pleg.mode() == PlegMode::Events
-                && pleg.last_relist().is_some()
-                && pleg.metrics().connection_successes() >= 1)
-                .then_some(())
-        }
-    })
-    .await;
-}
 
 async fn wait_until(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
@@ -366,11 +288,11 @@ async fn an_event_lost_on_purpose_is_found_by_the_relist() {
         return;
     };
     let uid = "lost-1";
-    let sandbox = sandbox_config(&s.env, uid);
+    let sandbox = sandbox_config(uid, &s.env);
     let sid = s.faulty.run_pod_sandbox(&sandbox).await.unwrap();
     // The container runs long enough that the inspection the sandbox's own start event causes
     // sees it running, not exited: only a relist can see the exit.
-    let config = app_container(&s.env, &sandbox, "sleep 2; exit 5");
+    let config = pod_container(&s.env, &sandbox, "app", "sleep 2; exit 5");
     let cid = s
         .faulty
         .create_container(&sid, &config, &sandbox)

@@ -23,7 +23,7 @@ use kubelet_core::{
     SourceSender,
 };
 use kubelet_cri::{CriConfig, CriRuntime};
-use kubelet_pleg::{GenericPleg, GenericPlegConfig};
+use kubelet_pleg::{EventedPleg, GenericPleg, GenericPlegConfig, PlegMode};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -420,10 +420,19 @@ pub async fn containers_of(
 /// Generous bounds for the machine being busy; the latency itself is measured by cri-bench.
 pub const WITHIN: Duration = Duration::from_secs(30);
 
-/// A host-network sandbox named `events-UID` for pod `uid`.
+/// A host-network sandbox named `events-UID` for pod `uid` (in `default`), with the pod's
+/// labels.
 pub fn sandbox_config(uid: &str, env: &ContainerdEnv) -> PodSandboxConfig {
     let mut labels = Labels::new();
     labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
+    labels.insert(
+        kubelet_core::runtime::labels::POD_NAME.into(),
+        format!("events-{uid}"),
+    );
+    labels.insert(
+        kubelet_core::runtime::labels::POD_NAMESPACE.into(),
+        "default".into(),
+    );
     PodSandboxConfig {
         metadata: PodSandboxMetadata {
             name: format!("events-{uid}"),
@@ -451,6 +460,57 @@ pub fn container_config(name: &str, script: &str, env: &ContainerdEnv) -> Contai
         log_path: format!("{name}/0.log"),
         ..Default::default()
     }
+}
+
+/// Container `name` of the pod of `sandbox` (its labels, plus the container name) running
+/// `script`.
+pub fn pod_container(
+    env: &ContainerdEnv,
+    sandbox: &PodSandboxConfig,
+    name: &str,
+    script: &str,
+) -> ContainerConfig {
+    let mut cfg = container_config(name, script, env);
+    cfg.labels = sandbox.labels.clone();
+    cfg.labels
+        .insert(labels::CONTAINER_NAME.into(), name.into());
+    cfg
+}
+
+/// Runs pod `uid` ([`sandbox_config`]) with one started container `app` running `script`;
+/// returns (sandbox ID, container ID).
+pub async fn start_pod(
+    env: &ContainerdEnv,
+    rt: &dyn ContainerRuntime,
+    uid: &str,
+    script: &str,
+) -> (String, String) {
+    let sandbox = sandbox_config(uid, env);
+    let sid = rt.run_pod_sandbox(&sandbox).await.expect("run the sandbox");
+    let cid = rt
+        .create_container(&sid, &pod_container(env, &sandbox, "app", script), &sandbox)
+        .await
+        .expect("create the container");
+    rt.start_container(&cid).await.expect("start the container");
+    (sid, cid)
+}
+
+/// Runs `pleg` until `shutdown` and waits for events mode after its first relist.
+pub async fn run_until_events(pleg: &Arc<EventedPleg>, shutdown: &CancellationToken) {
+    tokio::spawn({
+        let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
+        async move { pleg.run(shutdown).await }
+    });
+    eventually(WITHIN, "events mode after the first relist", || {
+        let pleg = pleg.clone();
+        async move {
+            (pleg.mode() == PlegMode::Events
+                && pleg.last_relist().is_some()
+                && pleg.metrics().connection_successes() >= 1)
+                .then_some(())
+        }
+    })
+    .await;
 }
 
 /// Reads events into `seen` until one matches `pred`; panics on a stream error, its end, or
