@@ -18,13 +18,14 @@
 //!   [`ObjectProvider`](kubelet_core::ObjectProvider) for env references and `configMap` /
 //!   `secret` volumes (GETs with the node's credentials and a TTL cache).
 //!
-//! Start with [`ApiServer`]: build it from a kubeconfig, give its pod source and status sink to
-//! the [`KubeletBuilder`](kubelet_core::KubeletBuilder), then run [`ApiServer::run`] next to the
-//! agent. Nothing here exits or panics on API errors: every loop logs and retries.
+//! Start with [`ApiServer`]: build it from a kubeconfig and add it to the agent as a plugin
+//! ([`KubeletBuilder::plugin`](kubelet_core::KubeletBuilder::plugin)); it contributes the pod
+//! source, the status sink and the object provider, and the agent runs its node loops. Nothing
+//! here exits or panics on API errors: every loop logs and retries.
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_apiserver::{ApiServer, ApiServerConfig, NodeStatusInputs};
+//! use kubelet_apiserver::{ApiServer, ApiServerConfig};
 //! use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodLifecycleEventGenerator};
 //! use tokio_util::sync::CancellationToken;
 //!
@@ -36,25 +37,19 @@
 //!     ApiServerConfig::default().root_dir("/var/lib/kubelet"),
 //! )
 //! .await?;
-//! let builder = KubeletBuilder::new("node-1")
-//!     .config(KubeletConfig::with_dirs("/var/lib/kubelet", "/var/log/pods"));
-//! let api = api.with_recorder(builder.recorder()); // NodeReady / NodeNotReady events
-//! let kubelet = builder
-//!     .runtime(runtime.clone())
+//! let kubelet = KubeletBuilder::new("node-1")
+//!     .config(KubeletConfig::with_dirs("/var/lib/kubelet", "/var/log/pods"))
+//!     .runtime(runtime)
 //!     .pleg(pleg)
-//!     .pod_source(api.pod_source())
-//!     .status_sink(api.status_sink())
+//!     .plugin(Arc::new(api))
 //!     .build()?;
-//! let inputs = NodeStatusInputs::new(runtime).kubelet(kubelet.handle());
-//! let shutdown = CancellationToken::new();
-//! let node = tokio::spawn({
-//!     let shutdown = shutdown.clone();
-//!     async move { api.run(inputs, shutdown).await }
-//! });
-//! kubelet.run(shutdown.clone()).await;
-//! let _ = node.await;
+//! kubelet.run(CancellationToken::new()).await;
 //! # Ok(()) }
 //! ```
+//!
+//! Without the engine's plugin driver, hand [`ApiServer::pod_source`] and
+//! [`ApiServer::status_sink`] to your agent and run [`ApiServer::run`] with
+//! [`NodeStatusInputs`] yourself.
 #![forbid(unsafe_code)]
 
 mod agent;
@@ -67,6 +62,7 @@ pub mod mirror;
 pub mod node;
 pub mod objects;
 pub mod patch;
+mod plugin;
 pub mod sink;
 pub mod source;
 

@@ -14,6 +14,8 @@ use crate::kubelet::{Command, Kubelet};
 use crate::merge::PodConfig;
 use crate::object_volumes::{ConfigMapPlugin, SecretPlugin};
 use crate::objects::ObjectProvider;
+use crate::layer::RuntimeLayer;
+use crate::plugin::{AgentPlugin, NodeConditionReader, PluginStates, PluginStatus};
 use crate::pleg::{PlegHealth, PodLifecycleEventGenerator};
 use crate::probe::ProbeManager;
 use crate::runtime::ContainerRuntime;
@@ -53,6 +55,21 @@ impl Default for KubeletConfig {
 }
 
 impl KubeletConfig {
+    /// The engine's settings from the kubelet's configuration (`syncFrequency`,
+    /// `runtimeRequestTimeout`, `podLogsDir`) and `--root-dir`, which is a flag only.
+    pub fn from_configuration(
+        configuration: &crate::configuration::KubeletConfiguration,
+        root_dir: impl Into<PathBuf>,
+    ) -> Self {
+        Self {
+            root_dir: root_dir.into(),
+            pod_log_dir: PathBuf::from(&configuration.pod_logs_dir),
+            sync_frequency: configuration.sync_frequency.as_duration(),
+            runtime_request_timeout: configuration.runtime_request_timeout.as_duration(),
+            ..Self::default()
+        }
+    }
+
     /// Defaults with `root_dir` and `pod_log_dir` replaced.
     pub fn with_dirs(root_dir: impl Into<PathBuf>, pod_log_dir: impl Into<PathBuf>) -> Self {
         Self {
@@ -93,6 +110,9 @@ pub struct KubeletBuilder {
     object_provider: Option<Arc<dyn ObjectProvider>>,
     prober: Option<Arc<dyn ProbeManager>>,
     admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
+    plugins: Vec<Arc<dyn AgentPlugin>>,
+    layers: Vec<Arc<dyn RuntimeLayer>>,
+    metrics: prometheus_client::registry::Registry,
     recorder: EventRecorder,
     events: mpsc::Receiver<crate::event::Event>,
 }
@@ -104,6 +124,10 @@ impl std::fmt::Debug for KubeletBuilder {
             .field("config", &self.config)
             .field("sources", &self.sources.len())
             .field("sinks", &self.sinks.len())
+            .field(
+                "plugins",
+                &self.plugins.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -126,6 +150,9 @@ impl KubeletBuilder {
             object_provider: None,
             prober: None,
             admit_handlers: Vec::new(),
+            plugins: Vec::new(),
+            layers: Vec::new(),
+            metrics: Default::default(),
         }
     }
 
@@ -194,11 +221,69 @@ impl KubeletBuilder {
         self
     }
 
+    /// Add a subsystem ([`AgentPlugin`]): its sources, sinks, object provider, admit handlers
+    /// and metrics are collected at [`build`](Self::build), its loop is driven by
+    /// [`Kubelet::run`] after the engine's own parts, in registration order.
+    pub fn plugin(mut self, plugin: Arc<dyn AgentPlugin>) -> Self {
+        self.plugins.push(plugin);
+        self
+    }
+
+    /// Wrap the runtime in `layer` (deadlines, metrics, …; see [`crate::layer`]). Layers added
+    /// first are innermost: `.runtime_layer(a).runtime_layer(b)` gives `b(a(runtime))`. Applied
+    /// at build: the engine, the prober and the plugins get the wrapped runtime; a PLEG the host
+    /// built before keeps the runtime it was given.
+    pub fn runtime_layer(mut self, layer: Arc<dyn RuntimeLayer>) -> Self {
+        self.layers.push(layer);
+        self
+    }
+
+    /// The agent's metrics registry, for metrics of parts that are neither the runtime, the
+    /// PLEG, the prober nor a plugin (those are registered by [`build`](Self::build)).
+    pub fn metrics_registry(&mut self) -> &mut prometheus_client::registry::Registry {
+        &mut self.metrics
+    }
+
     /// Validate and assemble the agent.
-    pub fn build(self) -> Result<Kubelet, KubeletError> {
-        let runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
+    ///
+    /// The runtime's, the PLEG's, the prober's and every plugin's metrics are registered here,
+    /// once, in the agent's registry ([`KubeletHandle::metrics`]).
+    pub fn build(mut self) -> Result<Kubelet, KubeletError> {
+        let mut runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
         let pleg = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
         validate_node_name(&self.node_name)?;
+        for layer in &self.layers {
+            runtime = layer.layer(runtime);
+        }
+        let mut names = std::collections::HashSet::new();
+        for p in &self.plugins {
+            if !names.insert(p.name().to_string()) {
+                return Err(KubeletError::BuildDuplicatePlugin(p.name().to_string()));
+            }
+            self.sources.extend(p.pod_sources());
+            self.sinks.extend(p.status_sinks());
+            self.admit_handlers.extend(p.admit_handlers());
+            if let Some(provider) = p.object_provider() {
+                if self.object_provider.is_some() {
+                    return Err(KubeletError::BuildDuplicateObjectProvider(
+                        p.name().to_string(),
+                    ));
+                }
+                self.object_provider = Some(provider);
+            }
+        }
+        let mut metrics = self.metrics;
+        runtime.register_metrics(&mut metrics);
+        pleg.register_metrics(&mut metrics);
+        if let Some(p) = &self.prober {
+            p.register_metrics(&mut metrics);
+        }
+        for p in &self.plugins {
+            p.register_metrics(&mut metrics);
+        }
+        let metrics = Arc::new(metrics);
+        let plugins: Arc<[Arc<dyn AgentPlugin>]> = self.plugins.into();
+        let plugin_states = PluginStates::new(plugins.iter().map(|p| p.name().to_string()));
         // Paths reach runtimes and their helper processes, whose working directory differs from
         // ours: make them absolute once.
         let mut config = self.config;
@@ -235,6 +320,10 @@ impl KubeletBuilder {
             prober: self.prober,
             probe_updates,
             admit_handlers: self.admit_handlers,
+            conditions: NodeConditionReader::new(plugins.clone()),
+            plugins,
+            plugin_states,
+            metrics,
             cmd_tx,
             cmd_rx,
         }))
@@ -271,6 +360,8 @@ pub struct KubeletHandle {
     pub(crate) cmd_tx: mpsc::Sender<Command>,
     pub(crate) statuses: StatusReader,
     pub(crate) pleg: Arc<dyn PodLifecycleEventGenerator>,
+    pub(crate) plugins: PluginStates,
+    pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
 }
 
 impl std::fmt::Debug for KubeletHandle {
@@ -293,6 +384,17 @@ impl KubeletHandle {
     /// Health of the PLEG ("PLEG is not healthy" makes a node NotReady).
     pub fn pleg_health(&self) -> PlegHealth {
         self.pleg.healthy()
+    }
+
+    /// Each plugin's name and state, in registration order.
+    pub fn plugins(&self) -> Vec<PluginStatus> {
+        self.plugins.list()
+    }
+
+    /// The agent's metrics registry (everything registered at build), for a `/metrics`
+    /// endpoint.
+    pub fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
+        self.metrics.clone()
     }
 
     /// Kill pod `uid` with `options` (the eviction path); returns once the pod has terminated.

@@ -87,6 +87,23 @@ impl Error {
         Self::new(ErrorKind::Unavailable, message)
     }
 
+    /// The answer of a runtime (or another implementor) that does not offer an optional
+    /// capability: [`ErrorKind::Unimplemented`] with the message `<capability> is not supported
+    /// by this runtime`. Callers test [`is_unsupported`](Self::is_unsupported) and fall back
+    /// (relisting without events, the node filesystem without an image filesystem) or report
+    /// the message as is.
+    pub fn unsupported(capability: &str) -> Self {
+        Self::new(
+            ErrorKind::Unimplemented,
+            format!("{capability} is not supported by this runtime"),
+        )
+    }
+
+    /// True when the implementor does not offer the operation ([`ErrorKind::Unimplemented`]).
+    pub fn is_unsupported(&self) -> bool {
+        self.kind == ErrorKind::Unimplemented
+    }
+
     /// Shorthand for [`ErrorKind::Internal`].
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::Internal, message)
@@ -148,6 +165,12 @@ pub enum KubeletError {
         /// Why it was rejected.
         reason: String,
     },
+    /// Two plugins were registered under one name.
+    #[error("plugin {0:?} registered twice")]
+    BuildDuplicatePlugin(String),
+    /// A plugin provides ConfigMaps and Secrets while another provider is already set.
+    #[error("plugin {0:?} provides an object provider, but one is already configured")]
+    BuildDuplicateObjectProvider(String),
     /// The PLEG's event channel was already taken by someone else.
     #[error("the PLEG event channel was already taken")]
     PlegEventsTaken,

@@ -18,6 +18,10 @@ use crate::cache::PodCache;
 use crate::config::{PodOp, PodUpdate};
 use crate::event::{Event, EventRecorder, InvolvedObject};
 use crate::merge::PodConfig;
+use crate::plugin::{
+    AgentPlugin, NodeConditionReader, PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStates,
+    panic_message,
+};
 use crate::pleg::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::pod;
 use crate::probe::{ProbeContext, ProbeManager, ProbeUpdate};
@@ -49,6 +53,10 @@ pub(crate) struct Parts {
     pub(crate) prober: Option<Arc<dyn ProbeManager>>,
     pub(crate) probe_updates: Option<mpsc::Receiver<ProbeUpdate>>,
     pub(crate) admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
+    pub(crate) plugins: Arc<[Arc<dyn AgentPlugin>]>,
+    pub(crate) plugin_states: PluginStates,
+    pub(crate) conditions: NodeConditionReader,
+    pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
     pub(crate) cmd_tx: mpsc::Sender<Command>,
     pub(crate) cmd_rx: mpsc::Receiver<Command>,
 }
@@ -102,7 +110,14 @@ impl Kubelet {
             cmd_tx: self.parts.cmd_tx.clone(),
             statuses: self.parts.status.reader(),
             pleg: self.parts.pleg.clone(),
+            plugins: self.parts.plugin_states.clone(),
+            metrics: self.parts.metrics.clone(),
         }
+    }
+
+    /// The agent's metrics registry (see [`KubeletHandle::metrics`]).
+    pub fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
+        self.parts.metrics.clone()
     }
 
     /// Reader of the pod statuses the agent generates.
@@ -112,6 +127,7 @@ impl Kubelet {
 
     /// Run the agent until `shutdown` is cancelled. Running pods keep running after it returns.
     pub async fn run(self, shutdown: CancellationToken) {
+        let handle = self.handle();
         let Parts {
             node_name,
             config,
@@ -127,6 +143,10 @@ impl Kubelet {
             prober,
             mut probe_updates,
             admit_handlers,
+            plugins,
+            plugin_states,
+            conditions,
+            metrics,
             cmd_tx: _,
             mut cmd_rx,
         } = self.parts;
@@ -163,6 +183,27 @@ impl Kubelet {
             let t = inner.clone();
             tasks.spawn(async move { p.run(ctx, t).await });
         }
+        let plugin_ctx = PluginContext {
+            node_name: node_name.clone(),
+            config: config.clone(),
+            runtime: runtime.clone(),
+            recorder: recorder.clone(),
+            handle,
+            conditions,
+            metrics,
+        };
+        let plugin_token = CancellationToken::new();
+        let mut plugin_tasks = JoinSet::new();
+        for (index, plugin) in plugins.iter().enumerate() {
+            plugin_tasks.spawn(run_plugin(
+                plugin.clone(),
+                index,
+                plugin_states.clone(),
+                plugin_ctx.clone(),
+                plugin_token.clone(),
+            ));
+        }
+        drop(plugin_ctx);
 
         let cache: PodCache = pleg.cache();
         let engine = Arc::new(
@@ -216,8 +257,62 @@ impl Kubelet {
         tracing::info!("kubelet stopping; running pods are left as they are");
         inner.cancel();
         loop_state.tasks.shutdown().await;
+        plugin_token.cancel();
+        let stopped = tokio::time::timeout(PLUGIN_STOP_GRACE, async {
+            while plugin_tasks.join_next().await.is_some() {}
+        })
+        .await;
+        if stopped.is_err() {
+            tracing::warn!(
+                grace = ?PLUGIN_STOP_GRACE,
+                "plugins still running after the shutdown grace period; dropping them"
+            );
+        }
+        plugin_tasks.shutdown().await;
         tasks.shutdown().await;
     }
+}
+
+/// Drive one plugin's loop, reporting an error or a panic with its name (the failure policy of
+/// [`crate::plugin`]): the agent and the other plugins go on.
+async fn run_plugin(
+    plugin: Arc<dyn AgentPlugin>,
+    index: usize,
+    states: PluginStates,
+    ctx: PluginContext,
+    shutdown: CancellationToken,
+) {
+    let name = plugin.name().to_string();
+    let recorder = ctx.recorder.clone();
+    let node = ctx.node_name.clone();
+    states.set(index, PluginState::Running);
+    tracing::debug!(plugin = %name, "starting plugin");
+    let outcome = std::panic::AssertUnwindSafe(plugin.run(ctx, shutdown))
+        .catch_unwind()
+        .await;
+    let state = match outcome {
+        Ok(Ok(())) => PluginState::Stopped,
+        Ok(Err(e)) => {
+            tracing::error!(plugin = %name, error = %e, "plugin failed; the agent goes on without it");
+            recorder.warning(
+                InvolvedObject::node(&node),
+                "PluginFailed",
+                format!("plugin {name} failed: {e}"),
+            );
+            PluginState::Failed(e.to_string())
+        }
+        Err(payload) => {
+            let message = panic_message(payload.as_ref());
+            tracing::error!(plugin = %name, panic = %message, "plugin panicked; the agent goes on without it");
+            recorder.warning(
+                InvolvedObject::node(&node),
+                "PluginFailed",
+                format!("plugin {name} panicked: {message}"),
+            );
+            PluginState::Panicked(message)
+        }
+    };
+    states.set(index, state);
 }
 
 struct SyncLoop {

@@ -84,15 +84,18 @@ pub mod backoff;
 pub mod builder;
 pub mod cache;
 pub mod config;
+pub mod configuration;
 pub mod container;
 pub mod duration;
 pub mod error;
 pub mod event;
 pub mod kubelet;
+pub mod layer;
 pub mod merge;
 pub mod object_volumes;
 pub mod objects;
 pub mod pleg;
+pub mod plugin;
 pub mod pod;
 pub mod probe;
 pub mod quantity;
@@ -109,11 +112,16 @@ pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
 pub use builder::{KubeletBuilder, KubeletConfig, KubeletHandle, NotRunning};
 pub use cache::{PodCache, PodCacheWriter, pod_cache};
 pub use config::{PodOp, PodSource, PodUpdate, SourceSender, SourceSnapshot};
+pub use configuration::KubeletConfiguration;
 pub use error::{Error, ErrorKind, KubeletError, Result};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use kubelet::Kubelet;
 pub use merge::{PodConfig, PodStorage};
 pub use objects::{ObjectProvider, StaticObjects};
+pub use plugin::{
+    AgentPlugin, NodeConditionReader, PluginContext, PluginState, PluginStatus,
+};
+pub use layer::RuntimeLayer;
 pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 pub use runtime::{
@@ -127,3 +135,5 @@ pub use volume::VolumePlugin;
 
 /// Re-export of the Kubernetes API types the SDK is built on.
 pub use k8s_openapi;
+/// Re-export of the metrics library whose `Registry` the SDK's metrics are registered in.
+pub use prometheus_client;

@@ -67,6 +67,12 @@ pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
     fn request_reinspect(&self, uid: &str, name: &str, namespace: &str) {
         let _ = (uid, name, namespace);
     }
+
+    /// Register the PLEG's metrics (`kubelet_pleg_*`) in the agent's registry; called once by
+    /// [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers nothing.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
+    }
 }
 
 fn _assert_pleg_dyn(_: &dyn PodLifecycleEventGenerator) {}

@@ -83,6 +83,12 @@ pub trait ProbeManager: Send + Sync + 'static {
     fn take_updates(&self) -> Option<mpsc::Receiver<ProbeUpdate>>;
     /// Run the probe workers until `shutdown` is cancelled.
     async fn run(&self, ctx: ProbeContext, shutdown: CancellationToken);
+    /// Register the prober's metrics (`prober_probe_total`, …) in the agent's registry; called
+    /// once by [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers
+    /// nothing.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
+    }
 }
 
 fn _assert_probe_dyn(_: &dyn ProbeManager) {}

@@ -561,10 +561,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// callers then treat the image filesystem as the node filesystem, as the kubelet does when
     /// there is no separate one.
     async fn image_fs_info(&self) -> Result<ImageFsInfo> {
-        Err(crate::Error::new(
-            crate::ErrorKind::Unimplemented,
-            "image_fs_info is not supported by this runtime",
-        ))
+        Err(crate::Error::unsupported("image_fs_info"))
     }
 
     /// A stream of container lifecycle events pushed by the runtime (CRI `GetContainerEvents`,
@@ -575,10 +572,14 @@ pub trait ContainerRuntime: Send + Sync + 'static {
     /// breaks; the caller calls again to resubscribe. Events may be lost or duplicated across a
     /// resubscription: consumers must treat them as hints and keep a relist as the safety net.
     async fn container_events(&self) -> Result<ContainerEventStream> {
-        Err(crate::Error::new(
-            crate::ErrorKind::Unimplemented,
-            "container_events is not supported by this runtime",
-        ))
+        Err(crate::Error::unsupported("container_events"))
+    }
+
+    /// Register the runtime's own metrics (the CRI runtime's `kubelet_runtime_operations_*`)
+    /// in the agent's registry; called once by
+    /// [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers nothing.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
     }
 }
 

@@ -2,70 +2,26 @@
 //! `kubelet_runtime_operations_errors_total` and `kubelet_runtime_operations_duration_seconds`,
 //! labelled with `operation_type` as the kubelet's instrumented runtime service does.
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::{Registry, Unit};
+use kubelet_core::layer::OperationMetrics;
+use prometheus_client::registry::Registry;
 
-/// Label set of the three families.
-#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub(crate) struct OperationLabels {
-    pub(crate) operation_type: &'static str,
-}
-
-fn new_histogram() -> Histogram {
-    // The kubelet's buckets: 5 ms × 2.5^n, 14 buckets (up to ~745 s).
-    Histogram::new(exponential_buckets(0.005, 2.5, 14))
-}
-
-/// The metric families; clones share their values.
+/// The metric families (core's [`OperationMetrics`], which the runtime layer of other runtimes
+/// uses too); clones share their values.
 #[derive(Debug, Clone)]
-pub(crate) struct RuntimeMetrics {
-    total: Family<OperationLabels, Counter>,
-    errors: Family<OperationLabels, Counter>,
-    duration: Family<OperationLabels, Histogram, fn() -> Histogram>,
-}
+pub(crate) struct RuntimeMetrics(OperationMetrics);
 
 impl RuntimeMetrics {
     pub(crate) fn new() -> Self {
-        Self {
-            total: Family::default(),
-            errors: Family::default(),
-            duration: Family::new_with_constructor(new_histogram as fn() -> Histogram),
-        }
+        Self(OperationMetrics::new())
     }
 
     pub(crate) fn register(&self, registry: &mut Registry) {
-        // prometheus-client appends `_total` to counters.
-        registry.register(
-            "kubelet_runtime_operations",
-            "Cumulative number of runtime operations by operation type.",
-            self.total.clone(),
-        );
-        registry.register(
-            "kubelet_runtime_operations_errors",
-            "Cumulative number of runtime operation errors by operation type.",
-            self.errors.clone(),
-        );
-        registry.register_with_unit(
-            "kubelet_runtime_operations_duration",
-            "Duration in seconds of runtime operations. Broken down by operation type.",
-            Unit::Seconds,
-            self.duration.clone(),
-        );
+        self.0.register(registry);
     }
 
     /// Records one call of the CRI RPC `op` (e.g. `RunPodSandbox`).
     pub(crate) fn observe(&self, op: &'static str, seconds: f64, failed: bool) {
-        let labels = OperationLabels {
-            operation_type: operation_type(op),
-        };
-        self.total.get_or_create(&labels).inc();
-        self.duration.get_or_create(&labels).observe(seconds);
-        if failed {
-            self.errors.get_or_create(&labels).inc();
-        }
+        self.0.observe(operation_type(op), seconds, failed);
     }
 }
 

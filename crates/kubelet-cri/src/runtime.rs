@@ -218,13 +218,6 @@ impl CriRuntime {
         Ok(rt)
     }
 
-    /// Registers the kubelet's runtime operation metrics (`kubelet_runtime_operations_total`,
-    /// `kubelet_runtime_operations_errors_total`, `kubelet_runtime_operations_duration_seconds`,
-    /// by `operation_type`) into `registry`. Clones of this runtime share them.
-    pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        self.metrics.register(registry);
-    }
-
     /// The source [`container_events`](ContainerRuntime::container_events) streams use: known
     /// once a subscription of this runtime (or a clone) was answered, `None` before. A CRI
     /// `GetContainerEvents` subscription counts as answered when its first event arrives (the
@@ -637,6 +630,14 @@ fn ok_if_not_found(r: Result<(), CriError>) -> Result<()> {
 
 #[async_trait]
 impl ContainerRuntime for CriRuntime {
+    /// Registers the kubelet's runtime operation metrics (`kubelet_runtime_operations_total`,
+    /// `kubelet_runtime_operations_errors_total`, `kubelet_runtime_operations_duration_seconds`,
+    /// by `operation_type`), recorded per CRI call, into `registry`. Clones of this runtime share
+    /// them. The agent's builder calls it; do not add the `OperationMetrics` layer as well.
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.metrics.register(registry);
+    }
+
     async fn version(&self) -> Result<RuntimeVersion> {
         let v = self.cri_version().await?;
         Ok(RuntimeVersion {

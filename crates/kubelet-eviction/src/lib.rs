@@ -21,41 +21,34 @@
 //!   threshold eventfd, PSI trigger, inotify on cgroup v2 `memory.events`); evicts one pod per
 //!   round through [`PodControl`] (implemented for the engine's `KubeletHandle`).
 //!
-//! Start with [`EvictionManager::new`]. With the engine, the agent needs the manager's
-//! [`admit_handler`](EvictionManager::admit_handler) before it is built and the manager needs
-//! the agent's handle after: [`DeferredPods`] bridges the two.
+//! With the engine, add an [`EvictionPlugin`] to the agent's builder: it gives the agent its
+//! admission handler, pressure conditions and metrics, and the agent runs its loop with the
+//! agent's handle for killing pods. Without the engine, drive an [`EvictionManager`] with your
+//! own [`PodControl`].
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_eviction::{DeferredPods, EvictionConfig, EvictionManager, EvictionSettings,
-//!     MachineStats, MachineStatsConfig, parse_threshold_flag};
+//! use kubelet_eviction::{EvictionConfig, EvictionPlugin, EvictionSettings, parse_threshold_flag};
 //! use tokio_util::sync::CancellationToken;
 //!
-//! # async fn demo(builder: kubelet_core::KubeletBuilder,
-//! #               runtime: Arc<dyn kubelet_core::ContainerRuntime>) -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn demo(builder: kubelet_core::KubeletBuilder) -> Result<(), Box<dyn std::error::Error>> {
 //! let mut settings = EvictionSettings::default();
 //! settings.hard = Some(parse_threshold_flag("evictionHard", "memory.available<500Mi,nodefs.available<10%")?);
-//! let config = EvictionConfig::from_settings(&settings)?;
-//! let stats = MachineStats::new(MachineStatsConfig::detect().root_dir("/var/lib/kubelet"))
-//!     .with_runtime(runtime);
-//! let pods = DeferredPods::new();
-//! let manager = EvictionManager::new(config, Arc::new(stats), Arc::new(pods.clone()));
-//! let kubelet = builder.admit_handler(manager.admit_handler()).build()?;
-//! pods.set(Arc::new(kubelet.handle()));
-//! let shutdown = CancellationToken::new();
-//! tokio::join!(kubelet.run(shutdown.clone()), manager.run(shutdown.clone()));
+//! let eviction = EvictionPlugin::new(EvictionConfig::from_settings(&settings)?);
+//! let kubelet = builder.plugin(Arc::new(eviction)).build()?;
+//! kubelet.run(CancellationToken::new()).await;
 //! # Ok(()) }
 //! ```
 
 pub mod admission;
 pub mod config;
 pub mod decide;
-mod deferred;
 pub mod error;
 pub mod machine;
 pub mod manager;
 pub mod metrics;
 pub mod notify;
+mod plugin;
 pub mod signal;
 pub mod stats;
 
@@ -64,7 +57,6 @@ pub use config::{
     EvictionConfig, EvictionSettings, Threshold, ThresholdValue, parse_map_flag,
     parse_threshold_flag,
 };
-pub use deferred::DeferredPods;
 pub use error::EvictionError;
 pub use machine::{
     CgroupFs, IMAGE_FS_INFO_TIMEOUT, ImageFsSource, MachineStats, MachineStatsConfig, MemorySource,
@@ -74,6 +66,7 @@ pub use manager::{
     SyncResult,
 };
 pub use metrics::EvictionMetrics;
+pub use plugin::EvictionPlugin;
 pub use signal::{NodeCondition, Resource, Signal};
 pub use stats::{
     ActivePod, ContainerUsage, Observations, PodUsage, SignalObservation, StatsProvider,

@@ -253,6 +253,20 @@ impl EvictionManager {
         self
     }
 
+    /// Share conditions, metrics and the event channel with an [`EvictionPlugin`](crate::EvictionPlugin),
+    /// which hands them out before the manager exists.
+    pub(crate) fn with_shared(
+        mut self,
+        conditions: Arc<RwLock<BTreeSet<NodeCondition>>>,
+        metrics: EvictionMetrics,
+        events: broadcast::Sender<ManagerEvent>,
+    ) -> Self {
+        self.conditions = conditions;
+        self.metrics = metrics;
+        self.events = events;
+        self
+    }
+
     /// Record the kubelet's events (`EvictionThresholdMet` on the node, `Evicted` on pods).
     pub fn with_recorder(mut self, recorder: EventRecorder, node_name: impl Into<String>) -> Self {
         self.recorder = Some(recorder);
@@ -675,7 +689,7 @@ pub fn disruption_condition(message: &str) -> PodCondition {
 
 /// A cloneable reader of the node's pressure conditions, for node status writers.
 #[derive(Debug, Clone)]
-pub struct NodeConditions(Arc<RwLock<BTreeSet<NodeCondition>>>);
+pub struct NodeConditions(pub(crate) Arc<RwLock<BTreeSet<NodeCondition>>>);
 
 impl NodeConditions {
     /// Conditions currently true.
@@ -684,19 +698,20 @@ impl NodeConditions {
     }
 
     /// Every pressure condition with its status, reason and message as the kubelet reports
-    /// them (`(type, "True"|"False", reason, message)`).
-    pub fn report(&self) -> Vec<(&'static str, &'static str, &'static str, &'static str)> {
+    /// them in the node status.
+    pub fn report(&self) -> Vec<k8s_openapi::api::core::v1::NodeCondition> {
         let active = self.active();
         NodeCondition::ALL
             .iter()
             .map(|c| {
                 let on = active.contains(c);
-                (
-                    c.as_str(),
-                    if on { "True" } else { "False" },
-                    c.reason(on),
-                    c.message(on),
-                )
+                k8s_openapi::api::core::v1::NodeCondition {
+                    type_: c.as_str().to_string(),
+                    status: if on { "True" } else { "False" }.to_string(),
+                    reason: Some(c.reason(on).to_string()),
+                    message: Some(c.message(on).to_string()),
+                    ..Default::default()
+                }
             })
             .collect()
     }

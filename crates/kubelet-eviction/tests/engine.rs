@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kubelet_core::testing::{FakeRuntime, RecordingSink};
 use kubelet_core::{KubeletBuilder, KubeletConfig, PodSource, SourceSender};
 use kubelet_eviction::{
-    ActivePod, ContainerUsage, DeferredPods, EvictionConfig, EvictionError, EvictionManager,
+    ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionPlugin,
     EvictionSettings, Observations, PodUsage, Signal, SignalObservation, StatsProvider,
     parse_threshold_flag,
 };
@@ -120,7 +120,6 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
     let mut settings = EvictionSettings::default();
     settings.hard = Some(parse_threshold_flag("evictionHard", "memory.available<100Mi").unwrap());
     let config = EvictionConfig::from_settings(&settings).unwrap();
-    let pods = DeferredPods::new();
     let builder = KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(
             tmp.path().join("root"),
@@ -132,16 +131,10 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
             rx: tokio::sync::Mutex::new(rx),
         }))
         .status_sink(sink.clone());
-    let manager = EvictionManager::new(config, stats.clone(), Arc::new(pods.clone()))
-        .with_recorder(builder.recorder(), "node-1");
-    let kubelet = builder
-        .admit_handler(manager.admit_handler())
-        .build()
-        .unwrap();
-    pods.set(Arc::new(kubelet.handle()));
+    let eviction = EvictionPlugin::new(config).stats(stats.clone());
+    let kubelet = builder.plugin(Arc::new(eviction)).build().unwrap();
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
-    let evictor = tokio::spawn(manager.run(shutdown.clone()));
 
     let hog = pod("hog");
     tx.send(vec![hog.clone()]).await.unwrap();
@@ -230,5 +223,4 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
 
     shutdown.cancel();
     agent.await.unwrap();
-    evictor.await.unwrap();
 }

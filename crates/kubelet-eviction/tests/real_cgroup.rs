@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kubelet_core::runtime::SandboxFilter;
 use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
 use kubelet_eviction::{
-    CgroupFs, DeferredPods, EvictionConfig, EvictionManager, EvictionSettings, MachineStats,
+    CgroupFs, EvictionConfig, EvictionPlugin, EvictionSettings, MachineStats,
     MachineStatsConfig, ManagerEvent, parse_threshold_flag,
 };
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
@@ -240,9 +240,8 @@ async fn hog_in_a_limited_cgroup_is_evicted_before_the_oom_killer() {
     let config = EvictionConfig::from_settings(&settings).unwrap();
     let stats = MachineStats::new(MachineStatsConfig::detect().memory_cgroup(&name))
         .with_runtime(runtime.clone());
-    let pods = DeferredPods::new();
-    let manager = EvictionManager::new(config, Arc::new(stats), Arc::new(pods.clone()));
-    let mut events = manager.subscribe();
+    let eviction = EvictionPlugin::new(config).stats(Arc::new(stats));
+    let mut events = eviction.subscribe();
     let pleg = Arc::new(kubelet_pleg::GenericPleg::new(
         runtime.clone(),
         Default::default(),
@@ -255,14 +254,12 @@ async fn hog_in_a_limited_cgroup_is_evicted_before_the_oom_killer() {
         .runtime(runtime.clone())
         .pleg(pleg)
         .pod_source(Arc::new(OnePod(pod)))
-        .admit_handler(manager.admit_handler())
+        .plugin(Arc::new(eviction))
         .build()
         .unwrap();
     let handle = kubelet.handle();
-    pods.set(Arc::new(handle.clone()));
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
-    let evictor = tokio::spawn(manager.run(shutdown.clone()));
 
     let started = Instant::now();
     let deadline = started + Duration::from_secs(90);
@@ -303,7 +300,6 @@ async fn hog_in_a_limited_cgroup_is_evicted_before_the_oom_killer() {
 
     shutdown.cancel();
     let _ = agent.await;
-    let _ = evictor.await;
     // Clean up every sandbox (the agent leaves pods behind when it stops).
     for sb in runtime
         .list_pod_sandboxes(&SandboxFilter::default())

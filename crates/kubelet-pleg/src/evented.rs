@@ -295,6 +295,10 @@ impl EventedPleg {
 
 #[async_trait]
 impl PodLifecycleEventGenerator for EventedPleg {
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.core.metrics.register(registry);
+    }
+
     fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>> {
         self.core.events_rx.lock().take()
     }

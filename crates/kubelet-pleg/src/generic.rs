@@ -221,6 +221,10 @@ impl GenericPleg {
 
 #[async_trait]
 impl PodLifecycleEventGenerator for GenericPleg {
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.core.metrics.register(registry);
+    }
+
     fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>> {
         self.core.events_rx.lock().take()
     }

@@ -50,6 +50,7 @@ mod error;
 mod evented;
 mod generic;
 mod metrics;
+mod select;
 
 pub use crate::core::{PlegDiagnosis, SlowPod};
 pub use error::PlegError;
@@ -64,6 +65,7 @@ pub use generic::{
 };
 pub use kubelet_core::pleg::PLEG_CHANNEL_CAPACITY;
 pub use metrics::PlegMetrics;
+pub use select::{PlegKind, new_pleg};
 
 /// Format a duration the way Go's `time.Duration.String` does (`3m0s`), so health messages read
 /// like the kubelet's.

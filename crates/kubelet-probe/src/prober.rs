@@ -620,6 +620,10 @@ async fn run_shard(
 
 #[async_trait]
 impl ProbeManager for Prober {
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.shared.metrics.register(registry);
+    }
+
     fn add_pod(&self, pod: &Pod) {
         Prober::add_pod(self, pod);
     }

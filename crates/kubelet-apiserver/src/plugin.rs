@@ -1,0 +1,70 @@
+//! The API-server integration as an agent plugin.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use kubelet_core::configuration::KubeletConfiguration;
+use kubelet_core::{
+    AgentPlugin, NodeConditionReader, ObjectProvider, PluginContext, PodSource, StatusSink,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::agent::ApiServer;
+use crate::config::ApiServerConfig;
+use crate::node::{NodeConditionSource, NodeStatusInputs};
+use crate::objects::ApiObjects;
+
+/// [`ApiServer`] is the agent plugin `apiserver`: it adds the `api` pod source, the status sink
+/// and the ConfigMap/Secret provider ([`ApiObjects`]) at build, and its loop registers the Node,
+/// keeps its status current (with every plugin's node conditions, e.g. eviction's pressure
+/// conditions) and its Lease renewed, and manages mirror pods. Node events go through the
+/// agent's recorder.
+#[async_trait]
+impl AgentPlugin for ApiServer {
+    fn name(&self) -> &str {
+        "apiserver"
+    }
+
+    fn pod_sources(&self) -> Vec<Arc<dyn PodSource>> {
+        vec![self.pod_source()]
+    }
+
+    fn status_sinks(&self) -> Vec<Arc<dyn StatusSink>> {
+        vec![self.status_sink()]
+    }
+
+    fn object_provider(&self) -> Option<Arc<dyn ObjectProvider>> {
+        Some(Arc::new(ApiObjects::new(self.client())))
+    }
+
+    async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> kubelet_core::Result<()> {
+        *self.shared.recorder.write() = Some(ctx.recorder());
+        let inputs = NodeStatusInputs::new(ctx.runtime())
+            .kubelet(ctx.handle())
+            .condition_source(Arc::new(ctx.node_conditions()));
+        ApiServer::run(self, inputs, shutdown).await;
+        Ok(())
+    }
+}
+
+impl NodeConditionSource for NodeConditionReader {
+    fn conditions(&self) -> Vec<k8s_openapi::api::core::v1::NodeCondition> {
+        NodeConditionReader::conditions(self)
+    }
+}
+
+impl ApiServerConfig {
+    /// The settings of the kubelet's configuration: `registerNode`,
+    /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency` and `maxPods`; the rest keep
+    /// their defaults (`root_dir` is a flag: set it).
+    pub fn from_configuration(c: &KubeletConfiguration) -> Self {
+        let mut config = ApiServerConfig::default()
+            .register_node(c.register_node)
+            .node_status_frequencies(
+                c.node_status_update_frequency.as_duration(),
+                c.node_status_report_frequency.as_duration(),
+            );
+        config.max_pods = i64::from(c.max_pods);
+        config
+    }
+}

@@ -1,0 +1,275 @@
+//! [`KubeletConfiguration`]: the kubelet's configuration (`kubelet.config.k8s.io/v1beta1`), the
+//! fields the SDK supports, with the kubelet's names and defaults.
+//!
+//! One typed value from which each crate's own settings are derived
+//! ([`KubeletConfig::from_configuration`](crate::KubeletConfig::from_configuration) here, the
+//! eviction, PLEG, API-server and source configurations in their crates); crates never parse
+//! the kubelet's YAML or flags themselves. It (de)serialises with the kubelet's field names
+//! (camelCase, durations as Go durations such as `1m0s`), every field optional on input, so the
+//! same file a kubelet reads can be read into it.
+//!
+//! ```
+//! use kubelet_core::configuration::KubeletConfiguration;
+//!
+//! let config: KubeletConfiguration = serde_json::from_str(r#"{
+//!     "kind": "KubeletConfiguration",
+//!     "apiVersion": "kubelet.config.k8s.io/v1beta1",
+//!     "staticPodPath": "/etc/kubernetes/manifests",
+//!     "syncFrequency": "30s",
+//!     "evictionHard": {"memory.available": "200Mi"},
+//!     "featureGates": {"EventedPLEG": true}
+//! }"#).unwrap();
+//! assert_eq!(config.sync_frequency.as_duration(), std::time::Duration::from_secs(30));
+//! assert_eq!(config.file_check_frequency.as_duration(), std::time::Duration::from_secs(20));
+//! assert!(config.feature_gate("EventedPLEG"));
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// `apiVersion` of the kubelet's configuration file.
+pub const API_VERSION: &str = "kubelet.config.k8s.io/v1beta1";
+/// `kind` of the kubelet's configuration file.
+pub const KIND: &str = "KubeletConfiguration";
+
+/// A duration written as a Go duration (`metav1.Duration`: `"1m0s"`, `"500ms"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct GoDuration(pub Duration);
+
+impl GoDuration {
+    /// A duration of `secs` seconds.
+    pub const fn from_secs(secs: u64) -> Self {
+        Self(Duration::from_secs(secs))
+    }
+
+    /// The duration.
+    pub fn as_duration(self) -> Duration {
+        self.0
+    }
+}
+
+impl From<Duration> for GoDuration {
+    fn from(d: Duration) -> Self {
+        Self(d)
+    }
+}
+
+impl Serialize for GoDuration {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&crate::duration::format_go(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for GoDuration {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        match crate::duration::parse_go(&s) {
+            Ok((false, d)) => Ok(Self(d)),
+            Ok((true, _)) => Err(serde::de::Error::custom(format!(
+                "duration {s:?} must not be negative"
+            ))),
+            Err(e) => Err(serde::de::Error::custom(e)),
+        }
+    }
+}
+
+/// The kubelet's configuration: the fields the SDK supports, named and defaulted as the
+/// kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`). See the [module docs](self).
+///
+/// Deliberate difference: an empty [`container_runtime_endpoint`](Self::container_runtime_endpoint)
+/// (the default here) selects the SDK's built-in process runtime; the kubelet defaults to
+/// containerd's socket.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletConfiguration {
+    /// `kind`: `KubeletConfiguration`.
+    pub kind: String,
+    /// `apiVersion`: `kubelet.config.k8s.io/v1beta1`.
+    pub api_version: String,
+    /// `staticPodPath`: directory (or file) of static pod manifests; empty for none.
+    pub static_pod_path: String,
+    /// `syncFrequency` (1 m): resync period of running pods.
+    pub sync_frequency: GoDuration,
+    /// `fileCheckFrequency` (20 s): how often the static pod path is re-listed.
+    pub file_check_frequency: GoDuration,
+    /// `httpCheckFrequency` (20 s): how often the static pod URL is polled.
+    pub http_check_frequency: GoDuration,
+    /// `staticPodURL`: URL of static pod manifests; empty for none.
+    #[serde(rename = "staticPodURL")]
+    pub static_pod_url: String,
+    /// `staticPodURLHeader`: headers sent with every static pod URL request.
+    #[serde(rename = "staticPodURLHeader")]
+    pub static_pod_url_header: BTreeMap<String, Vec<String>>,
+    /// `address` (`0.0.0.0`): the address the kubelet's ports bind to.
+    pub address: String,
+    /// `port` (10250): the kubelet API's port.
+    pub port: u16,
+    /// `readOnlyPort` (0 = off): the unauthenticated read-only port.
+    pub read_only_port: u16,
+    /// `healthzPort` (10248; 0 = off).
+    pub healthz_port: u16,
+    /// `healthzBindAddress` (`127.0.0.1`).
+    pub healthz_bind_address: String,
+    /// `registerNode` (true): create the Node object when it does not exist.
+    pub register_node: bool,
+    /// `nodeStatusUpdateFrequency` (10 s).
+    pub node_status_update_frequency: GoDuration,
+    /// `nodeStatusReportFrequency` (5 m).
+    pub node_status_report_frequency: GoDuration,
+    /// `runtimeRequestTimeout` (2 m): deadline of every runtime call but image pulls.
+    pub runtime_request_timeout: GoDuration,
+    /// `containerRuntimeEndpoint`: a CRI runtime's socket (`unix:///run/containerd/containerd.sock`);
+    /// empty for the built-in process runtime (a deliberate difference from the kubelet).
+    pub container_runtime_endpoint: String,
+    /// `podLogsDir` (`/var/log/pods`): where container logs are written.
+    pub pod_logs_dir: String,
+    /// `maxPods` (110): reported as the node's `pods` capacity.
+    pub max_pods: i32,
+    /// `evictionHard`; `None` (absent) for the kubelet's defaults.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub eviction_hard: Option<BTreeMap<String, String>>,
+    /// `evictionSoft`.
+    pub eviction_soft: BTreeMap<String, String>,
+    /// `evictionSoftGracePeriod` (Go durations).
+    pub eviction_soft_grace_period: BTreeMap<String, String>,
+    /// `evictionPressureTransitionPeriod` (5 m).
+    pub eviction_pressure_transition_period: GoDuration,
+    /// `evictionMaxPodGracePeriod` (0), seconds.
+    pub eviction_max_pod_grace_period: i32,
+    /// `evictionMinimumReclaim`.
+    pub eviction_minimum_reclaim: BTreeMap<String, String>,
+    /// `mergeDefaultEvictionSettings` (false): keep the default hard thresholds not set in
+    /// `evictionHard`.
+    pub merge_default_eviction_settings: bool,
+    /// `featureGates`: `EventedPLEG` is the one the SDK reads today.
+    pub feature_gates: BTreeMap<String, bool>,
+}
+
+impl Default for KubeletConfiguration {
+    fn default() -> Self {
+        Self {
+            kind: KIND.to_string(),
+            api_version: API_VERSION.to_string(),
+            static_pod_path: String::new(),
+            sync_frequency: GoDuration::from_secs(60),
+            file_check_frequency: GoDuration::from_secs(20),
+            http_check_frequency: GoDuration::from_secs(20),
+            static_pod_url: String::new(),
+            static_pod_url_header: BTreeMap::new(),
+            address: "0.0.0.0".to_string(),
+            port: 10250,
+            read_only_port: 0,
+            healthz_port: 10248,
+            healthz_bind_address: "127.0.0.1".to_string(),
+            register_node: true,
+            node_status_update_frequency: GoDuration::from_secs(10),
+            node_status_report_frequency: GoDuration::from_secs(300),
+            runtime_request_timeout: GoDuration::from_secs(120),
+            container_runtime_endpoint: String::new(),
+            pod_logs_dir: "/var/log/pods".to_string(),
+            max_pods: 110,
+            eviction_hard: None,
+            eviction_soft: BTreeMap::new(),
+            eviction_soft_grace_period: BTreeMap::new(),
+            eviction_pressure_transition_period: GoDuration::from_secs(300),
+            eviction_max_pod_grace_period: 0,
+            eviction_minimum_reclaim: BTreeMap::new(),
+            merge_default_eviction_settings: false,
+            feature_gates: BTreeMap::new(),
+        }
+    }
+}
+
+/// Feature gates the SDK reads; others are accepted and have no effect.
+pub const KNOWN_FEATURE_GATES: &[&str] = &["EventedPLEG"];
+
+impl KubeletConfiguration {
+    /// Whether feature gate `name` is on (off when absent: the SDK's gates all default off).
+    pub fn feature_gate(&self, name: &str) -> bool {
+        self.feature_gates.get(name).copied().unwrap_or(false)
+    }
+
+    /// The gates set that the SDK does not know (worth a warning: they change nothing).
+    pub fn unknown_feature_gates(&self) -> Vec<&str> {
+        self.feature_gates
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !KNOWN_FEATURE_GATES.contains(k))
+            .collect()
+    }
+}
+
+/// Parse the kubelet's `--feature-gates` syntax, `A=true,B=false`, with its error messages.
+pub fn parse_feature_gates(s: &str) -> Result<BTreeMap<String, bool>, String> {
+    let mut gates = BTreeMap::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part
+            .split_once('=')
+            .ok_or_else(|| format!("missing bool value for {part}"))?;
+        let v: bool = v
+            .trim()
+            .parse()
+            .map_err(|_| format!("invalid value of {k}={v}, err: expected true or false"))?;
+        gates.insert(k.trim().to_string(), v);
+    }
+    Ok(gates)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_kubelets() {
+        let c = KubeletConfiguration::default();
+        assert_eq!(c.sync_frequency.as_duration(), Duration::from_secs(60));
+        assert_eq!(c.port, 10250);
+        assert_eq!(c.read_only_port, 0);
+        assert_eq!(c.healthz_port, 10248);
+        assert_eq!(c.max_pods, 110);
+        assert_eq!(
+            c.node_status_report_frequency.as_duration(),
+            Duration::from_secs(300)
+        );
+        assert_eq!(c.pod_logs_dir, "/var/log/pods");
+    }
+
+    #[test]
+    fn serialises_with_the_kubelets_field_names_and_go_durations() {
+        let mut c = KubeletConfiguration::default();
+        c.static_pod_url = "http://x/pods".into();
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["kind"], "KubeletConfiguration");
+        assert_eq!(v["apiVersion"], "kubelet.config.k8s.io/v1beta1");
+        assert_eq!(v["syncFrequency"], "1m0s");
+        assert_eq!(v["staticPodURL"], "http://x/pods");
+        assert_eq!(v["nodeStatusReportFrequency"], "5m0s");
+        assert!(v.get("evictionHard").is_none());
+        let back: KubeletConfiguration = serde_json::from_value(v).unwrap();
+        assert_eq!(back, c);
+    }
+
+    #[test]
+    fn bad_durations_and_gates_are_errors() {
+        let e = serde_json::from_str::<KubeletConfiguration>(r#"{"syncFrequency":"soon"}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("invalid duration"), "{e}");
+        assert!(
+            serde_json::from_str::<KubeletConfiguration>(r#"{"syncFrequency":"-1s"}"#).is_err()
+        );
+        let g = parse_feature_gates("EventedPLEG=true, Other=false").unwrap();
+        assert_eq!(g.get("EventedPLEG"), Some(&true));
+        assert!(parse_feature_gates("EventedPLEG").is_err());
+        assert!(parse_feature_gates("EventedPLEG=yes").is_err());
+        let c = KubeletConfiguration {
+            feature_gates: g,
+            ..Default::default()
+        };
+        assert!(c.feature_gate("EventedPLEG"));
+        assert_eq!(c.unknown_feature_gates(), vec!["Other"]);
+    }
+}
