@@ -1,0 +1,557 @@
+//! `kubelet`: the kubelet SDK in one crate. Assemble a Kubernetes node agent from the SDK's
+//! subsystems in a few lines, with the kubelet's defaults; reach every subsystem crate through
+//! its re-export when you need more.
+//!
+//! [`AgentBuilder`] reads a [`KubeletConfiguration`] (the kubelet's configuration, its field
+//! names and defaults) and makes, unless you give your own:
+//!
+//! * the **runtime**: a CRI runtime when `containerRuntimeEndpoint` is set (feature `cri`),
+//!   else the built-in process runtime (feature `process`), wrapped in the
+//!   [deadline and metrics layers](kubelet_core::layer) (the CRI runtime has its own);
+//! * the **PLEG** from that runtime (relist, or evented with the `EventedPLEG` gate);
+//! * the **prober** (feature `probe`) and **node-pressure eviction** (feature `eviction`);
+//! * the **pod sources** `staticPodPath` and `staticPodURL`, and with a kubeconfig the API
+//!   server's pods, status and ConfigMaps/Secrets (feature `apiserver`);
+//! * the **healthz and read-only ports** (feature `server`): `/healthz`, `/pods`, `/metrics`.
+//!
+//! `build()` returns the agent ([`Kubelet`]); [`Kubelet::run`] drives everything until the
+//! shutdown token is cancelled, and leaves pods running when it returns.
+//!
+//! ```no_run
+//! use kubelet::prelude::*;
+//!
+//! fn main() -> std::process::ExitCode {
+//!     // The process runtime supervises each container with this same binary.
+//!     if let Some(code) = kubelet::process::maybe_run_shim() {
+//!         return code;
+//!     }
+//!     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+//!     rt.block_on(async {
+//!         let mut configuration = KubeletConfiguration::default();
+//!         configuration.static_pod_path = "/etc/kubernetes/manifests".into();
+//!         let agent = AgentBuilder::new("edge-1")
+//!             .configuration(configuration)
+//!             .root_dir("/var/lib/kubelet")
+//!             .build()
+//!             .await
+//!             .expect("agent");
+//!         agent.run(CancellationToken::new()).await;
+//!     });
+//!     std::process::ExitCode::SUCCESS
+//! }
+//! ```
+//!
+//! Features: `process`, `probe`, `eviction`, `server` (default), `cri`, `apiserver`, `testing`.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+pub use async_trait::async_trait;
+pub use jiff::Timestamp;
+pub use kubelet_core::configuration::KubeletConfiguration;
+pub use kubelet_core::k8s_openapi;
+pub use kubelet_core::prometheus_client;
+pub use kubelet_core::{
+    AgentPlugin, ContainerRuntime, Error, ErrorKind, Kubelet, KubeletBuilder, KubeletConfig,
+    KubeletError, KubeletHandle, NodeConditionReader, PluginContext, PluginState, PluginStatus,
+    PodSource, Result, RuntimeLayer, StatusSink, VolumePlugin,
+};
+pub use tokio_util::sync::CancellationToken;
+
+/// The engine and vocabulary crate.
+pub use kubelet_core as core;
+/// The PLEG crate.
+pub use kubelet_pleg as pleg;
+/// The pod sources crate.
+pub use kubelet_podconfig as podconfig;
+/// The API-server integration crate.
+#[cfg(feature = "apiserver")]
+pub use kubelet_apiserver as apiserver;
+/// The CRI runtime crate.
+#[cfg(feature = "cri")]
+pub use kubelet_cri as cri;
+/// The eviction crate.
+#[cfg(feature = "eviction")]
+pub use kubelet_eviction as eviction;
+/// The prober crate.
+#[cfg(feature = "probe")]
+pub use kubelet_probe as probe;
+/// The process runtime crate.
+#[cfg(feature = "process")]
+pub use kubelet_process as process;
+/// The HTTP endpoints crate.
+#[cfg(feature = "server")]
+pub use kubelet_server as server;
+
+/// What an agent's `main` usually needs, without names that clash with Kubernetes API types:
+/// the runtime model is reached as `runtime::Container`, the API as `api::Container`.
+pub mod prelude {
+    pub use crate::{
+        AgentBuilder, AgentError, AgentPlugin, CancellationToken, ContainerRuntime,
+        KubeletConfiguration, KubeletHandle, PluginContext, PodSource, StatusSink, async_trait,
+    };
+    /// The Kubernetes core/v1 API types (`api::Pod`, `api::Container`).
+    pub use kubelet_core::k8s_openapi::api::core::v1 as api;
+    /// The runtime model (`runtime::Container`, `runtime::PodSandboxConfig`).
+    pub use kubelet_core::runtime;
+    pub use std::sync::Arc;
+}
+
+/// Why an agent could not be assembled.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A directory the agent needs could not be created.
+    #[error("creating {what} {path}: {source}")]
+    CreateDir {
+        /// Which directory (`root directory`, `pod log directory`).
+        what: &'static str,
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The configuration asks for something this build of the crate leaves out.
+    #[error("{what} needs the `{feature}` feature of the kubelet crate")]
+    FeatureDisabled {
+        /// What was asked for.
+        what: String,
+        /// The feature.
+        feature: &'static str,
+    },
+    /// The configuration names no runtime this build can make.
+    #[error("no container runtime: {0}")]
+    Runtime(String),
+    /// The process runtime could not start.
+    #[cfg(feature = "process")]
+    #[error("starting the process runtime: {0}")]
+    ProcessRuntime(#[from] kubelet_process::ProcessError),
+    /// The CRI runtime could not be reached.
+    #[cfg(feature = "cri")]
+    #[error("containerRuntimeEndpoint {endpoint}: {source}")]
+    Cri {
+        /// The endpoint.
+        endpoint: String,
+        /// The cause.
+        #[source]
+        source: kubelet_cri::CriError,
+    },
+    /// A pod source could not be set up (`staticPodURL`).
+    #[error("pod source: {0}")]
+    PodSource(#[from] kubelet_podconfig::PodConfigError),
+    /// The eviction settings are invalid.
+    #[cfg(feature = "eviction")]
+    #[error("eviction settings: {0}")]
+    Eviction(#[from] kubelet_eviction::EvictionError),
+    /// The API server connection could not be made from the kubeconfig.
+    #[cfg(feature = "apiserver")]
+    #[error("kubeconfig: {0}")]
+    ApiServer(#[from] kubelet_apiserver::ApiServerError),
+    /// The healthz or read-only port could not be bound.
+    #[cfg(feature = "server")]
+    #[error("{0}")]
+    Server(#[from] kubelet_server::ServerError),
+    /// The engine rejected the assembly.
+    #[error(transparent)]
+    Build(#[from] KubeletError),
+}
+
+/// Assembles an agent from a [`KubeletConfiguration`] with the kubelet's defaults; see the
+/// [crate docs](crate) for what it makes unless given.
+pub struct AgentBuilder {
+    node_name: String,
+    configuration: KubeletConfiguration,
+    root_dir: PathBuf,
+    inner: KubeletBuilder,
+    runtime: Option<Arc<dyn ContainerRuntime>>,
+    runtime_layers: bool,
+    pleg: Option<Arc<dyn kubelet_core::PodLifecycleEventGenerator>>,
+    prober: Option<Arc<dyn kubelet_core::ProbeManager>>,
+    default_prober: bool,
+    probe_errors_as_failures: bool,
+    default_eviction: bool,
+    evict_static_pods: bool,
+    static_pod_url_ca_file: Option<PathBuf>,
+    #[cfg(feature = "process")]
+    shim: kubelet_process::ShimCommand,
+    pod_infra_container_image: Option<String>,
+    #[cfg(feature = "apiserver")]
+    cluster: Option<(PathBuf, kubelet_apiserver::ApiServerConfig)>,
+    default_server: bool,
+}
+
+impl std::fmt::Debug for AgentBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentBuilder")
+            .field("node_name", &self.node_name)
+            .field("root_dir", &self.root_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AgentBuilder {
+    /// An agent for node `node_name` with the kubelet's default configuration and
+    /// `/var/lib/kubelet` as its root directory.
+    pub fn new(node_name: impl Into<String>) -> Self {
+        let node_name = node_name.into();
+        Self {
+            inner: KubeletBuilder::new(node_name.clone()),
+            node_name,
+            configuration: KubeletConfiguration::default(),
+            root_dir: PathBuf::from("/var/lib/kubelet"),
+            runtime: None,
+            runtime_layers: true,
+            pleg: None,
+            prober: None,
+            default_prober: true,
+            probe_errors_as_failures: false,
+            default_eviction: true,
+            evict_static_pods: false,
+            static_pod_url_ca_file: None,
+            #[cfg(feature = "process")]
+            shim: kubelet_process::ShimCommand::CurrentExe,
+            pod_infra_container_image: None,
+            #[cfg(feature = "apiserver")]
+            cluster: None,
+            default_server: true,
+        }
+    }
+
+    /// The kubelet's configuration.
+    pub fn configuration(mut self, configuration: KubeletConfiguration) -> Self {
+        self.configuration = configuration;
+        self
+    }
+
+    /// `--root-dir` (pod directories, the process runtime's state).
+    pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.root_dir = dir.into();
+        self
+    }
+
+    /// The agent's event recorder, for parts made before the agent (a custom runtime's
+    /// warnings).
+    pub fn recorder(&self) -> kubelet_core::EventRecorder {
+        self.inner.recorder()
+    }
+
+    /// Use `runtime` instead of the one the configuration names. It gets the deadline and
+    /// metrics layers unless [`without_runtime_layers`](Self::without_runtime_layers).
+    pub fn runtime(mut self, runtime: Arc<dyn ContainerRuntime>) -> Self {
+        self.runtime = Some(runtime);
+        self
+    }
+
+    /// Do not wrap the runtime in the deadline and metrics layers.
+    pub fn without_runtime_layers(mut self) -> Self {
+        self.runtime_layers = false;
+        self
+    }
+
+    /// Use `pleg` instead of the one made from the runtime.
+    pub fn pleg(mut self, pleg: Arc<dyn kubelet_core::PodLifecycleEventGenerator>) -> Self {
+        self.pleg = Some(pleg);
+        self
+    }
+
+    /// Use `prober` instead of the default one.
+    pub fn prober(mut self, prober: Arc<dyn kubelet_core::ProbeManager>) -> Self {
+        self.prober = Some(prober);
+        self
+    }
+
+    /// No prober: containers are ready once running (a warning is logged for pods with probes).
+    pub fn without_prober(mut self) -> Self {
+        self.default_prober = false;
+        self
+    }
+
+    /// Count probe errors as failures (see `kubelet_probe::ProberConfig::errors_as_failures`).
+    pub fn probe_errors_as_failures(mut self, on: bool) -> Self {
+        self.probe_errors_as_failures = on;
+        self
+    }
+
+    /// No node-pressure eviction.
+    pub fn without_eviction(mut self) -> Self {
+        self.default_eviction = false;
+        self
+    }
+
+    /// Let eviction take static pods (the kubelet never evicts them; an agent whose pods all
+    /// come from files wants priority to decide).
+    pub fn evict_static_pods(mut self, on: bool) -> Self {
+        self.evict_static_pods = on;
+        self
+    }
+
+    /// No healthz or read-only port.
+    pub fn without_server(mut self) -> Self {
+        self.default_server = false;
+        self
+    }
+
+    /// PEM file of the CAs that verify an `https` `staticPodURL` (default: the system's roots).
+    pub fn static_pod_url_ca_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.static_pod_url_ca_file = Some(path.into());
+        self
+    }
+
+    /// How the process runtime starts its per-container supervisor. Default
+    /// [`ShimCommand::CurrentExe`](kubelet_process::ShimCommand::CurrentExe): the host's `main`
+    /// calls [`process::maybe_run_shim`](kubelet_process::shim::maybe_run_shim) first.
+    #[cfg(feature = "process")]
+    pub fn process_shim(mut self, shim: kubelet_process::ShimCommand) -> Self {
+        self.shim = shim;
+        self
+    }
+
+    /// `--pod-infra-container-image`: for CRI runtimes, made sure to be present at start.
+    pub fn pod_infra_container_image(mut self, image: impl Into<String>) -> Self {
+        self.pod_infra_container_image = Some(image.into());
+        self
+    }
+
+    /// Join the cluster of the kubeconfig at `path` (`--kubeconfig`) with the API-server
+    /// settings of the configuration.
+    #[cfg(feature = "apiserver")]
+    pub fn kubeconfig(self, path: impl Into<PathBuf>) -> Self {
+        let config = kubelet_apiserver::ApiServerConfig::from_configuration(&self.configuration);
+        self.cluster(path, config)
+    }
+
+    /// Join the cluster of the kubeconfig at `path` with `config` (node labels, node IP, …;
+    /// its `root_dir` is set to the agent's).
+    #[cfg(feature = "apiserver")]
+    pub fn cluster(
+        mut self,
+        path: impl Into<PathBuf>,
+        config: kubelet_apiserver::ApiServerConfig,
+    ) -> Self {
+        self.cluster = Some((path.into(), config));
+        self
+    }
+
+    /// Add a pod source.
+    pub fn pod_source(mut self, source: Arc<dyn PodSource>) -> Self {
+        self.inner = self.inner.pod_source(source);
+        self
+    }
+
+    /// Add a status sink.
+    pub fn status_sink(mut self, sink: Arc<dyn StatusSink>) -> Self {
+        self.inner = self.inner.status_sink(sink);
+        self
+    }
+
+    /// Add a volume plugin.
+    pub fn volume_plugin(mut self, plugin: Arc<dyn VolumePlugin>) -> Self {
+        self.inner = self.inner.volume_plugin(plugin);
+        self
+    }
+
+    /// Add a subsystem (after the built-in ones, which start first).
+    pub fn plugin(mut self, plugin: Arc<dyn AgentPlugin>) -> Self {
+        self.inner = self.inner.plugin(plugin);
+        self
+    }
+
+    /// Assemble the agent: create the directories, make what was not given, bind the ports.
+    pub async fn build(self) -> Result<Kubelet, AgentError> {
+        let Self {
+            node_name,
+            configuration: c,
+            root_dir,
+            inner,
+            runtime,
+            runtime_layers,
+            pleg,
+            prober,
+            default_prober,
+            probe_errors_as_failures,
+            default_eviction,
+            evict_static_pods,
+            static_pod_url_ca_file,
+            #[cfg(feature = "process")]
+            shim,
+            pod_infra_container_image,
+            #[cfg(feature = "apiserver")]
+            cluster,
+            default_server,
+        } = self;
+        for unknown in c.unknown_feature_gates() {
+            tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
+        }
+        let pod_log_dir = PathBuf::from(&c.pod_logs_dir);
+        for (what, dir) in [("root directory", &root_dir), ("pod log directory", &pod_log_dir)] {
+            std::fs::create_dir_all(dir).map_err(|source| AgentError::CreateDir {
+                what,
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let root_dir = std::path::absolute(&root_dir).map_err(|source| AgentError::CreateDir {
+            what: "root directory",
+            path: root_dir.clone(),
+            source,
+        })?;
+        let mut builder = inner.config(KubeletConfig::from_configuration(&c, &root_dir));
+
+        let (runtime, layered) = match runtime {
+            Some(r) => (r, runtime_layers),
+            None => default_runtime(&c, &root_dir, &builder, pod_infra_container_image.as_deref(), #[cfg(feature = "process")] shim).await?,
+        };
+        let runtime = if layered {
+            let deadlines = kubelet_core::layer::Deadlines::new(c.runtime_request_timeout.as_duration());
+            let metrics = kubelet_core::layer::OperationMetrics::new();
+            metrics.layer(deadlines.layer(runtime))
+        } else {
+            runtime
+        };
+        let pleg = pleg.unwrap_or_else(|| {
+            kubelet_pleg::new_pleg(kubelet_pleg::PlegKind::from_configuration(&c), runtime.clone())
+        });
+        builder = builder.runtime(runtime).pleg(pleg);
+
+        let prober = prober.or_else(|| default_prober.then(|| make_prober(probe_errors_as_failures)).flatten());
+        if let Some(p) = prober {
+            builder = builder.prober(p);
+        }
+        if default_eviction {
+            builder = with_eviction(builder, &c, evict_static_pods)?;
+        }
+        if !c.static_pod_path.is_empty() {
+            let source = kubelet_podconfig::FileSource::new(&c.static_pod_path, node_name.clone())
+                .with_config(
+                    kubelet_podconfig::FileSourceConfig::default()
+                        .check_frequency(c.file_check_frequency.as_duration()),
+                );
+            builder = builder.pod_source(Arc::new(source));
+        }
+        if !c.static_pod_url.is_empty() {
+            let mut config = kubelet_podconfig::HttpSourceConfig::default()
+                .check_frequency(c.http_check_frequency.as_duration());
+            for (name, values) in &c.static_pod_url_header {
+                for value in values {
+                    config = config.header(name, value);
+                }
+            }
+            if let Some(ca) = &static_pod_url_ca_file {
+                config = config.ca_file(ca);
+            }
+            let source = kubelet_podconfig::HttpSource::new(&c.static_pod_url, node_name.clone(), config)?;
+            builder = builder.pod_source(Arc::new(source));
+        }
+        #[cfg(feature = "apiserver")]
+        if let Some((path, config)) = cluster {
+            let api = kubelet_apiserver::ApiServer::from_kubeconfig(&path, node_name.clone(), config.root_dir(&root_dir)).await?;
+            builder = builder.plugin(Arc::new(api));
+        }
+        if default_server {
+            builder = with_server(builder, &c).await?;
+        }
+        Ok(builder.build()?)
+    }
+}
+
+fn make_prober(errors_as_failures: bool) -> Option<Arc<dyn kubelet_core::ProbeManager>> {
+    #[cfg(feature = "probe")]
+    {
+        let config = kubelet_probe::ProberConfig::default().errors_as_failures(errors_as_failures);
+        Some(Arc::new(kubelet_probe::Prober::new(config)))
+    }
+    #[cfg(not(feature = "probe"))]
+    {
+        let _ = errors_as_failures;
+        None
+    }
+}
+
+#[cfg(feature = "eviction")]
+fn with_eviction(
+    builder: KubeletBuilder,
+    c: &KubeletConfiguration,
+    evict_static_pods: bool,
+) -> Result<KubeletBuilder, AgentError> {
+    let mut config = kubelet_eviction::EvictionConfig::from_configuration(c)?;
+    config.static_pods_are_critical = !evict_static_pods;
+    Ok(builder.plugin(Arc::new(kubelet_eviction::EvictionPlugin::new(config))))
+}
+
+#[cfg(not(feature = "eviction"))]
+fn with_eviction(
+    builder: KubeletBuilder,
+    _: &KubeletConfiguration,
+    _: bool,
+) -> Result<KubeletBuilder, AgentError> {
+    Ok(builder)
+}
+
+#[cfg(feature = "server")]
+async fn with_server(builder: KubeletBuilder, c: &KubeletConfiguration) -> Result<KubeletBuilder, AgentError> {
+    let server = kubelet_server::KubeletServer::bind(kubelet_server::ServerConfig::from_configuration(c)).await?;
+    Ok(builder.plugin(Arc::new(server)))
+}
+
+#[cfg(not(feature = "server"))]
+async fn with_server(builder: KubeletBuilder, _: &KubeletConfiguration) -> Result<KubeletBuilder, AgentError> {
+    Ok(builder)
+}
+
+/// The runtime the configuration names, and whether it wants the core layers (the CRI runtime
+/// instruments and bounds its own calls).
+async fn default_runtime(
+    c: &KubeletConfiguration,
+    root_dir: &std::path::Path,
+    builder: &KubeletBuilder,
+    pod_infra_container_image: Option<&str>,
+    #[cfg(feature = "process")] shim: kubelet_process::ShimCommand,
+) -> Result<(Arc<dyn ContainerRuntime>, bool), AgentError> {
+    let endpoint = c.container_runtime_endpoint.as_str();
+    if endpoint.is_empty() {
+        #[cfg(feature = "process")]
+        {
+            let config = kubelet_process::ProcessRuntimeConfig::new(root_dir.join("runtime").join("process")).shim(shim);
+            let runtime = kubelet_process::ProcessRuntime::with_recorder(config, builder.recorder())?;
+            let _ = pod_infra_container_image;
+            return Ok((Arc::new(runtime), true));
+        }
+        #[cfg(not(feature = "process"))]
+        return Err(AgentError::FeatureDisabled {
+            what: "the built-in process runtime (no containerRuntimeEndpoint)".into(),
+            feature: "process",
+        });
+    }
+    if !endpoint.starts_with("unix://") {
+        return Err(AgentError::Runtime(format!(
+            "containerRuntimeEndpoint {endpoint:?}: expected a unix:// endpoint, or none for the process runtime"
+        )));
+    }
+    #[cfg(feature = "cri")]
+    {
+        let _ = builder;
+        let config = kubelet_cri::CriConfig::new(endpoint)
+            .request_timeout(c.runtime_request_timeout.as_duration())
+            .termination_message_dir(root_dir.join("pods"));
+        let cri = kubelet_cri::CriRuntime::connect(config).await.map_err(|source| AgentError::Cri {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
+        if let Some(image) = pod_infra_container_image
+            && let Err(e) = cri.ensure_sandbox_image(image).await
+        {
+            tracing::warn!(image = %image, error = %e, "--pod-infra-container-image is not available");
+        }
+        Ok((Arc::new(cri), false))
+    }
+    #[cfg(not(feature = "cri"))]
+    {
+        let _ = (root_dir, builder, pod_infra_container_image);
+        Err(AgentError::FeatureDisabled {
+            what: format!("containerRuntimeEndpoint {endpoint}"),
+            feature: "cri",
+        })
+    }
+}
