@@ -1,14 +1,12 @@
 //! `--kubeconfig` and the flags that go with it: joining a cluster through its API server
 //! (`kubelet-apiserver`). Without `--kubeconfig` the agent stays standalone.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context;
-use kubelet_apiserver::{ApiServer, ApiServerConfig, NodeStatusInputs, parse_node_labels};
-use kubelet_core::k8s_openapi::api::core::v1::NodeCondition;
-use kubelet_core::{ContainerRuntime, KubeletHandle};
+use kubelet::KubeletConfiguration;
+use kubelet::apiserver::{ApiServerConfig, parse_node_labels};
 
 /// The kubelet's API server flags.
 #[derive(Debug, clap::Args)]
@@ -34,12 +32,18 @@ pub(crate) struct ClusterFlags {
     node_status_report_frequency: Duration,
 }
 
-/// The API server connection from the flags, or `None` without `--kubeconfig`.
-pub(crate) async fn connect(
+/// The flags that are fields of the kubelet's configuration.
+pub(crate) fn configure(flags: &ClusterFlags, c: &mut KubeletConfiguration) {
+    c.register_node = flags.register_node;
+    c.node_status_update_frequency = flags.node_status_update_frequency.into();
+    c.node_status_report_frequency = flags.node_status_report_frequency.into();
+}
+
+/// The kubeconfig and API server settings from the flags, or `None` without `--kubeconfig`.
+pub(crate) fn api_server_config(
     flags: &ClusterFlags,
-    node_name: &str,
-    root_dir: &std::path::Path,
-) -> anyhow::Result<Option<ApiServer>> {
+    root_dir: &Path,
+) -> anyhow::Result<Option<(PathBuf, ApiServerConfig)>> {
     let Some(path) = &flags.kubeconfig else {
         return Ok(None);
     };
@@ -54,33 +58,5 @@ pub(crate) async fn connect(
     if let Some(ip) = &flags.node_ip {
         config = config.node_ip(ip);
     }
-    let api = ApiServer::from_kubeconfig(path, node_name, config)
-        .await
-        .with_context(|| format!("--kubeconfig {}", path.display()))?;
-    Ok(Some(api))
-}
-
-/// What the node status is made of: the runtime, the PLEG's health and the eviction manager's
-/// pressure conditions.
-pub(crate) fn status_inputs(
-    runtime: Arc<dyn ContainerRuntime>,
-    handle: KubeletHandle,
-    pressure: kubelet_eviction::NodeConditions,
-) -> NodeStatusInputs {
-    let conditions = move || -> Vec<NodeCondition> {
-        pressure
-            .report()
-            .into_iter()
-            .map(|(type_, status, reason, message)| NodeCondition {
-                type_: type_.to_string(),
-                status: status.to_string(),
-                reason: Some(reason.to_string()),
-                message: Some(message.to_string()),
-                ..Default::default()
-            })
-            .collect()
-    };
-    NodeStatusInputs::new(runtime)
-        .kubelet(handle)
-        .condition_source(Arc::new(conditions))
+    Ok(Some((path.clone(), config)))
 }

@@ -15,18 +15,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::Context;
 use clap::Parser;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
-use kubelet_podconfig::{
-    FileSource, FileSourceConfig, HttpSource, HttpSourceConfig, PushSource, PushSourceConfig,
-};
-use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
+use kubelet::KubeletConfiguration;
+use kubelet::podconfig::{PushSource, PushSourceConfig};
 use tokio_util::sync::CancellationToken;
 
 mod cluster;
-mod gates;
-mod server;
 
 /// Flags, named like the kubelet's.
 #[derive(Debug, Parser)]
@@ -42,7 +37,7 @@ struct Flags {
     #[arg(long = "manifest-url")]
     manifest_url: Option<String>,
     /// Header sent with every --manifest-url request, `Name:Value` (repeatable).
-    #[arg(long = "manifest-url-header", value_parser = kubelet_podconfig::http::parse_header)]
+    #[arg(long = "manifest-url-header", value_parser = kubelet::podconfig::http::parse_header)]
     manifest_url_header: Vec<(String, String)>,
     /// How often --manifest-url is polled.
     #[arg(long = "http-check-frequency", default_value = "20s", value_parser = parse_duration)]
@@ -129,7 +124,7 @@ struct Flags {
     #[arg(long = "probe-errors-as-failures", default_value_t = false)]
     probe_errors_as_failures: bool,
     /// Feature gates, `Key=bool,…`; `EventedPLEG=true` turns on the evented PLEG (default off).
-    #[arg(long = "feature-gates", default_value = "", value_parser = gates::parse_feature_gates)]
+    #[arg(long = "feature-gates", default_value = "", value_parser = kubelet::core::configuration::parse_feature_gates)]
     feature_gates: std::collections::BTreeMap<String, bool>,
     /// `--kubeconfig` and the node's API server flags.
     #[command(flatten)]
@@ -140,7 +135,7 @@ struct Flags {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    match kubelet_core::duration::parse_go(s)? {
+    match kubelet::core::duration::parse_go(s)? {
         (false, d) if !d.is_zero() => Ok(d),
         _ => Err(format!(
             "duration {s:?} must be positive (e.g. 20s, 500ms, 1m)"
@@ -148,47 +143,67 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// The eviction manager from the `--eviction-*` flags, reading this machine and the runtime.
-fn eviction_manager(
-    flags: &Flags,
-    runtime: Arc<dyn ContainerRuntime>,
-    pod_log_dir: &std::path::Path,
-    pods: kubelet_eviction::DeferredPods,
-) -> anyhow::Result<kubelet_eviction::EvictionManager> {
-    use kubelet_eviction::{parse_map_flag, parse_threshold_flag};
-    let mut s = kubelet_eviction::EvictionSettings::default();
-    s.hard = flags
+/// The kubelet's configuration from the flags: the one place flags map into it.
+fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
+    use kubelet::eviction::{parse_map_flag, parse_threshold_flag};
+    let mut c = KubeletConfiguration::default();
+    if let Some(path) = &flags.pod_manifest_path {
+        c.static_pod_path = path.to_string_lossy().into_owned();
+    }
+    c.file_check_frequency = flags.file_check_frequency.into();
+    if let Some(url) = &flags.manifest_url {
+        c.static_pod_url = url.clone();
+    }
+    for (name, value) in &flags.manifest_url_header {
+        c.static_pod_url_header
+            .entry(name.clone())
+            .or_default()
+            .push(value.clone());
+    }
+    c.http_check_frequency = flags.http_check_frequency.into();
+    if let Some(dir) = &flags.pod_log_dir {
+        c.pod_logs_dir = dir.to_string_lossy().into_owned();
+    }
+    if let Some(endpoint) = &flags.container_runtime_endpoint {
+        c.container_runtime_endpoint = endpoint.clone();
+    }
+    c.runtime_request_timeout = flags.runtime_request_timeout.into();
+    c.read_only_port = flags.read_only_port;
+    c.address = flags.address.clone();
+    c.healthz_port = flags.healthz_port;
+    c.healthz_bind_address = flags.healthz_bind_address.clone();
+    c.eviction_hard = flags
         .eviction_hard
         .as_deref()
         .map(|f| parse_threshold_flag("--eviction-hard", f))
         .transpose()?;
-    s.soft = parse_threshold_flag("--eviction-soft", &flags.eviction_soft)?;
-    s.soft_grace_period = parse_map_flag(
+    c.eviction_soft = parse_threshold_flag("--eviction-soft", &flags.eviction_soft)?;
+    c.eviction_soft_grace_period = parse_map_flag(
         "--eviction-soft-grace-period",
         &flags.eviction_soft_grace_period,
     )?;
-    s.minimum_reclaim = parse_map_flag(
+    c.eviction_minimum_reclaim = parse_map_flag(
         "--eviction-minimum-reclaim",
         &flags.eviction_minimum_reclaim,
     )?;
-    s.pressure_transition_period = Some(flags.eviction_pressure_transition_period.clone());
-    s.max_pod_grace_period = Some(flags.eviction_max_pod_grace_period);
-    let mut config = kubelet_eviction::EvictionConfig::from_settings(&s)?;
-    config.static_pods_are_critical = !flags.evict_static_pods;
-    let stats = kubelet_eviction::MachineStats::new(
-        kubelet_eviction::MachineStatsConfig::detect()
-            .root_dir(&flags.root_dir)
-            .pod_log_dir(pod_log_dir),
-    )
-    .with_runtime(runtime);
-    Ok(kubelet_eviction::EvictionManager::new(
-        config,
-        Arc::new(stats),
-        Arc::new(pods),
-    ))
+    let (negative, transition) =
+        kubelet::core::duration::parse_go(&flags.eviction_pressure_transition_period)
+            .map_err(anyhow::Error::msg)
+            .context("--eviction-pressure-transition-period")?;
+    if negative {
+        anyhow::bail!("--eviction-pressure-transition-period must not be negative");
+    }
+    c.eviction_pressure_transition_period = transition.into();
+    c.eviction_max_pod_grace_period = i32::try_from(flags.eviction_max_pod_grace_period)
+        .context("--eviction-max-pod-grace-period")?;
+    c.feature_gates = flags.feature_gates.clone();
+    cluster::configure(&flags.cluster, &mut c);
+    Ok(c)
 }
 
+/// Logs to stderr, with colours only when stderr is a terminal.
 fn init_logging(verbosity: u8) {
+    use std::io::IsTerminal;
     let default = match verbosity {
         0..=3 => "info",
         4..=5 => "debug",
@@ -198,6 +213,7 @@ fn init_logging(verbosity: u8) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
 }
@@ -210,7 +226,7 @@ fn hostname() -> String {
 
 fn main() -> ExitCode {
     // The process runtime's per-container supervisor is this same binary.
-    if let Some(code) = kubelet_process::shim::maybe_run_shim() {
+    if let Some(code) = kubelet::process::shim::maybe_run_shim() {
         return code;
     }
     let flags = Flags::parse();
@@ -238,93 +254,20 @@ fn main() -> ExitCode {
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
-    let pod_log_dir = flags
-        .pod_log_dir
-        .clone()
-        .unwrap_or_else(|| PathBuf::from("/var/log/pods"));
-    std::fs::create_dir_all(&flags.root_dir)
-        .with_context(|| format!("creating --root-dir {}", flags.root_dir.display()))?;
-    std::fs::create_dir_all(&pod_log_dir)
-        .with_context(|| format!("creating --pod-log-dir {}", pod_log_dir.display()))?;
-
-    let mut builder = KubeletBuilder::new(node_name.clone())
-        .config(KubeletConfig::with_dirs(&flags.root_dir, &pod_log_dir));
-
-    // A CRI runtime's kubelet_runtime_operations_* metrics are registered below.
-    let mut cri_runtime: Option<kubelet_cri::CriRuntime> = None;
-    let runtime: Arc<dyn ContainerRuntime> = match flags.container_runtime_endpoint.as_deref() {
-        None | Some("") => {
-            let config = ProcessRuntimeConfig::new(flags.root_dir.join("runtime").join("process"))
-                .shim(ShimCommand::CurrentExe);
-            Arc::new(
-                ProcessRuntime::with_recorder(config, builder.recorder())
-                    .context("starting the process runtime")?,
-            )
-        }
-        Some(endpoint) if endpoint.starts_with("unix://") => {
-            let root_dir = std::path::absolute(&flags.root_dir)
-                .with_context(|| format!("--root-dir {}", flags.root_dir.display()))?;
-            let config = kubelet_cri::CriConfig::new(endpoint)
-                .request_timeout(flags.runtime_request_timeout)
-                .termination_message_dir(root_dir.join("pods"));
-            let cri = kubelet_cri::CriRuntime::connect(config)
-                .await
-                .with_context(|| format!("--container-runtime-endpoint {endpoint}"))?;
-            if let Some(image) = &flags.pod_infra_container_image
-                && let Err(e) = cri.ensure_sandbox_image(image).await
-            {
-                tracing::warn!(image = %image, error = %e, "--pod-infra-container-image is not available");
-            }
-            cri_runtime = Some(cri.clone());
-            Arc::new(cri)
-        }
-        Some(endpoint) => bail!(
-            "--container-runtime-endpoint {endpoint:?}: expected a unix:// endpoint, or no flag for the process runtime"
-        ),
-    };
-    // Node-pressure eviction: its admission handler goes into the agent, the agent's handle
-    // into it once built.
-    let mut metrics = prometheus_client::registry::Registry::default();
-    if let Some(cri) = &cri_runtime {
-        cri.register_metrics(&mut metrics);
+    let configuration = configuration(&flags)?;
+    let mut agent = kubelet::AgentBuilder::new(node_name.clone())
+        .configuration(configuration)
+        .root_dir(&flags.root_dir)
+        .probe_errors_as_failures(flags.probe_errors_as_failures)
+        .evict_static_pods(flags.evict_static_pods);
+    if let Some(image) = &flags.pod_infra_container_image {
+        agent = agent.pod_infra_container_image(image);
     }
-    let pleg = gates::pleg(&flags.feature_gates, runtime.clone(), &mut metrics);
-    let evictor_pods = kubelet_eviction::DeferredPods::new();
-    let evictor = eviction_manager(&flags, runtime.clone(), &pod_log_dir, evictor_pods.clone())?
-        .with_recorder(builder.recorder(), node_name.clone());
-    evictor.register_metrics(&mut metrics);
-    // Liveness, readiness and startup probes.
-    let prober = Arc::new(kubelet_probe::Prober::new(
-        kubelet_probe::ProberConfig::default().errors_as_failures(flags.probe_errors_as_failures),
-    ));
-    prober.register_metrics(&mut metrics);
-    builder = builder.prober(prober);
-    builder = builder.admit_handler(evictor.admit_handler());
-    let api = cluster::connect(&flags.cluster, &node_name, &flags.root_dir).await?;
-    let api = api.map(|api| api.with_recorder(builder.recorder()));
-    if let Some(api) = &api {
-        builder = builder
-            .pod_source(api.pod_source())
-            .status_sink(api.status_sink())
-            .object_provider(Arc::new(kubelet_apiserver::ApiObjects::new(api.client())));
+    if let Some(ca) = &flags.manifest_url_ca_file {
+        agent = agent.static_pod_url_ca_file(ca);
     }
-    builder = builder.runtime(runtime.clone()).pleg(pleg);
-    if let Some(path) = &flags.pod_manifest_path {
-        let source = FileSource::new(path, node_name.clone())
-            .with_config(FileSourceConfig::default().check_frequency(flags.file_check_frequency));
-        builder = builder.pod_source(Arc::new(source));
-    }
-    if let Some(url) = &flags.manifest_url {
-        let mut config = HttpSourceConfig::default().check_frequency(flags.http_check_frequency);
-        for (name, value) in &flags.manifest_url_header {
-            config = config.header(name, value);
-        }
-        if let Some(ca) = &flags.manifest_url_ca_file {
-            config = config.ca_file(ca);
-        }
-        let source = HttpSource::new(url, node_name.clone(), config)
-            .with_context(|| format!("--manifest-url {url}"))?;
-        builder = builder.pod_source(Arc::new(source));
+    if let Some(config) = cluster::api_server_config(&flags.cluster, &flags.root_dir)? {
+        agent = agent.cluster(&config.0, config.1);
     }
     if let Some(address) = flags.pod_push_address {
         let mut config = PushSourceConfig::default().address(address);
@@ -343,51 +286,20 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         let source = PushSource::bind(config, node_name.clone())
             .await
             .context("--pod-push-address")?;
-        builder = builder.pod_source(Arc::new(source));
+        agent = agent.pod_source(Arc::new(source));
     }
     if flags.pod_manifest_path.is_none()
         && flags.manifest_url.is_none()
         && flags.pod_push_address.is_none()
-        && api.is_none()
+        && flags.cluster.kubeconfig.is_none()
     {
         tracing::warn!(
             "no --pod-manifest-path, --manifest-url, --pod-push-address or --kubeconfig: this agent has no pod source and will run no pods"
         );
     }
-    let kubelet = builder.build().context("assembling the agent")?;
-    let handle = kubelet.handle();
-    evictor_pods.set(Arc::new(handle.clone()));
-    let metrics = Arc::new(metrics);
+    let kubelet = agent.build().await.context("assembling the agent")?;
 
     let shutdown = CancellationToken::new();
-    let mut servers = tokio::task::JoinSet::new();
-    if flags.read_only_port != 0 {
-        let addr: SocketAddr = format!("{}:{}", flags.address, flags.read_only_port)
-            .parse()
-            .with_context(|| format!("--address {:?}", flags.address))?;
-        let listener = server::bind(addr).await?;
-        servers.spawn(server::serve(
-            listener,
-            handle.clone(),
-            metrics.clone(),
-            true,
-            shutdown.clone(),
-        ));
-    }
-    if flags.healthz_port != 0 {
-        let addr: SocketAddr = format!("{}:{}", flags.healthz_bind_address, flags.healthz_port)
-            .parse()
-            .with_context(|| format!("--healthz-bind-address {:?}", flags.healthz_bind_address))?;
-        let listener = server::bind(addr).await?;
-        servers.spawn(server::serve(
-            listener,
-            handle.clone(),
-            metrics.clone(),
-            false,
-            shutdown.clone(),
-        ));
-    }
-
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
@@ -397,16 +309,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         });
     }
     tracing::info!(node = %node_name, "minimal_kubelet running");
-    if let Some(api) = api {
-        let inputs = cluster::status_inputs(runtime, handle.clone(), evictor.node_conditions());
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move { api.run(inputs, shutdown).await });
-    }
-    let evicting = tokio::spawn(evictor.run(shutdown.clone()));
-    kubelet.run(shutdown.clone()).await;
-    shutdown.cancel();
-    let _ = evicting.await;
-    while servers.join_next().await.is_some() {}
+    kubelet.run(shutdown).await;
     Ok(())
 }
 

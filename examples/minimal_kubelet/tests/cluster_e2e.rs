@@ -10,10 +10,10 @@ use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use kubelet_apiserver::kube::api::{DeleteParams, PostParams};
-use kubelet_apiserver::kube::{self, Api, Client};
-use kubelet_core::k8s_openapi::api::coordination::v1::Lease;
-use kubelet_core::k8s_openapi::api::core::v1::{Node, Pod};
+use kubelet::apiserver::kube::api::{DeleteParams, PostParams};
+use kubelet::apiserver::kube::{self, Api, Client};
+use kubelet::k8s_openapi::api::coordination::v1::Lease;
+use kubelet::k8s_openapi::api::core::v1::{Node, Pod};
 use kubelet_testenv::ApiServerEnv;
 
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
