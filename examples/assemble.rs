@@ -35,7 +35,9 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let manifests = std::env::args().nth(1).unwrap_or_else(|| "examples/manifests".into());
+    let manifests = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "examples/manifests".into());
     tokio::runtime::Runtime::new()?.block_on(agent(manifests))?;
     Ok(std::process::ExitCode::SUCCESS)
 }

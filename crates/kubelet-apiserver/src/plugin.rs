@@ -37,7 +37,11 @@ impl AgentPlugin for ApiServer {
         Some(Arc::new(ApiObjects::new(self.client())))
     }
 
-    async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> kubelet_core::Result<()> {
+    async fn run(
+        &self,
+        ctx: PluginContext,
+        shutdown: CancellationToken,
+    ) -> kubelet_core::Result<()> {
         *self.shared.recorder.write() = Some(ctx.recorder());
         let inputs = NodeStatusInputs::new(ctx.runtime())
             .kubelet(ctx.handle())

@@ -240,8 +240,10 @@ mod tests {
 
     #[test]
     fn serialises_with_the_kubelets_field_names_and_go_durations() {
-        let mut c = KubeletConfiguration::default();
-        c.static_pod_url = "http://x/pods".into();
+        let c = KubeletConfiguration {
+            static_pod_url: "http://x/pods".into(),
+            ..Default::default()
+        };
         let v = serde_json::to_value(&c).unwrap();
         assert_eq!(v["kind"], "KubeletConfiguration");
         assert_eq!(v["apiVersion"], "kubelet.config.k8s.io/v1beta1");

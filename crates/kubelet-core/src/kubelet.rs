@@ -18,11 +18,11 @@ use crate::cache::PodCache;
 use crate::config::{PodOp, PodUpdate};
 use crate::event::{Event, EventRecorder, InvolvedObject};
 use crate::merge::PodConfig;
+use crate::pleg::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::plugin::{
     AgentPlugin, NodeConditionReader, PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStates,
     panic_message,
 };
-use crate::pleg::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
 use crate::pod;
 use crate::probe::{ProbeContext, ProbeManager, ProbeUpdate};
 use crate::runtime::{ContainerRuntime, labels};

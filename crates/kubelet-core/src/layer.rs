@@ -223,7 +223,9 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
     }
     async fn image_fs_info(&self) -> Result<ImageFsInfo> {
         let c = Call::new("image_fs_info");
-        self.interceptor.intercept(c, self.inner.image_fs_info()).await
+        self.interceptor
+            .intercept(c, self.inner.image_fs_info())
+            .await
     }
     async fn container_events(&self) -> Result<ContainerEventStream> {
         // The subscription call is intercepted; the stream itself is long-lived and is not.
@@ -503,8 +505,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn deadlines_bound_every_call_and_allow_the_grace_period_of_stops() {
-        let runtime = Deadlines::new(Duration::from_secs(2))
-            .layer(Arc::new(Hanging(FakeRuntime::new())));
+        let runtime =
+            Deadlines::new(Duration::from_secs(2)).layer(Arc::new(Hanging(FakeRuntime::new())));
         let err = runtime
             .list_containers(&ContainerFilter::default())
             .await

@@ -116,13 +116,11 @@ pub use configuration::KubeletConfiguration;
 pub use error::{Error, ErrorKind, KubeletError, Result};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use kubelet::Kubelet;
+pub use layer::RuntimeLayer;
 pub use merge::{PodConfig, PodStorage};
 pub use objects::{ObjectProvider, StaticObjects};
-pub use plugin::{
-    AgentPlugin, NodeConditionReader, PluginContext, PluginState, PluginStatus,
-};
-pub use layer::RuntimeLayer;
 pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+pub use plugin::{AgentPlugin, NodeConditionReader, PluginContext, PluginState, PluginStatus};
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 pub use runtime::{
     ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerRuntime, PodRuntimeStatus,

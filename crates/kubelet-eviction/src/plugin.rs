@@ -77,7 +77,9 @@ impl EvictionPlugin {
     /// A plugin with the eviction settings of the kubelet's configuration (`evictionHard`,
     /// `evictionSoft`, grace periods, minimum reclaim, transition period, maximum pod grace).
     pub fn from_configuration(configuration: &KubeletConfiguration) -> Result<Self, EvictionError> {
-        Ok(Self::new(EvictionConfig::from_configuration(configuration)?))
+        Ok(Self::new(EvictionConfig::from_configuration(
+            configuration,
+        )?))
     }
 
     /// Read signals and usage from `stats` instead of the machine.
@@ -152,7 +154,11 @@ impl AgentPlugin for EvictionPlugin {
         self.node_condition_reader().report()
     }
 
-    async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> kubelet_core::Result<()> {
+    async fn run(
+        &self,
+        ctx: PluginContext,
+        shutdown: CancellationToken,
+    ) -> kubelet_core::Result<()> {
         let stats = match &self.stats {
             Some(s) => s.clone(),
             None => {

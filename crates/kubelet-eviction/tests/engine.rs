@@ -13,9 +13,8 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kubelet_core::testing::{FakeRuntime, RecordingSink};
 use kubelet_core::{KubeletBuilder, KubeletConfig, PodSource, SourceSender};
 use kubelet_eviction::{
-    ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionPlugin,
-    EvictionSettings, Observations, PodUsage, Signal, SignalObservation, StatsProvider,
-    parse_threshold_flag,
+    ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionPlugin, EvictionSettings,
+    Observations, PodUsage, Signal, SignalObservation, StatsProvider, parse_threshold_flag,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc;

@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kubelet_core::runtime::SandboxFilter;
 use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
 use kubelet_eviction::{
-    CgroupFs, EvictionConfig, EvictionPlugin, EvictionSettings, MachineStats,
-    MachineStatsConfig, ManagerEvent, parse_threshold_flag,
+    CgroupFs, EvictionConfig, EvictionPlugin, EvictionSettings, MachineStats, MachineStatsConfig,
+    ManagerEvent, parse_threshold_flag,
 };
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;

@@ -185,11 +185,20 @@ impl AgentPlugin for KubeletServer {
         "server"
     }
 
-    async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> kubelet_core::Result<()> {
+    async fn run(
+        &self,
+        ctx: PluginContext,
+        shutdown: CancellationToken,
+    ) -> kubelet_core::Result<()> {
         let listeners = std::mem::take(&mut *self.listeners.lock());
         let mut serving = tokio::task::JoinSet::new();
         for l in listeners {
-            serving.spawn(serve(l.listener, ctx.handle(), l.read_only, shutdown.clone()));
+            serving.spawn(serve(
+                l.listener,
+                ctx.handle(),
+                l.read_only,
+                shutdown.clone(),
+            ));
         }
         while serving.join_next().await.is_some() {}
         Ok(())

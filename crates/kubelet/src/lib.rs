@@ -59,21 +59,21 @@ pub use kubelet_core::{
 };
 pub use tokio_util::sync::CancellationToken;
 
-/// The engine and vocabulary crate.
-pub use kubelet_core as core;
-/// The PLEG crate.
-pub use kubelet_pleg as pleg;
-/// The pod sources crate.
-pub use kubelet_podconfig as podconfig;
 /// The API-server integration crate.
 #[cfg(feature = "apiserver")]
 pub use kubelet_apiserver as apiserver;
+/// The engine and vocabulary crate.
+pub use kubelet_core as core;
 /// The CRI runtime crate.
 #[cfg(feature = "cri")]
 pub use kubelet_cri as cri;
 /// The eviction crate.
 #[cfg(feature = "eviction")]
 pub use kubelet_eviction as eviction;
+/// The PLEG crate.
+pub use kubelet_pleg as pleg;
+/// The pod sources crate.
+pub use kubelet_podconfig as podconfig;
 /// The prober crate.
 #[cfg(feature = "probe")]
 pub use kubelet_probe as probe;
@@ -385,7 +385,10 @@ impl AgentBuilder {
             tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
         }
         let pod_log_dir = PathBuf::from(&c.pod_logs_dir);
-        for (what, dir) in [("root directory", &root_dir), ("pod log directory", &pod_log_dir)] {
+        for (what, dir) in [
+            ("root directory", &root_dir),
+            ("pod log directory", &pod_log_dir),
+        ] {
             std::fs::create_dir_all(dir).map_err(|source| AgentError::CreateDir {
                 what,
                 path: dir.clone(),
@@ -401,21 +404,39 @@ impl AgentBuilder {
 
         let (runtime, layered) = match runtime {
             Some(r) => (r, runtime_layers),
-            None => default_runtime(&c, &root_dir, &builder, pod_infra_container_image.as_deref(), #[cfg(feature = "process")] shim).await?,
+            None => {
+                default_runtime(
+                    &c,
+                    &root_dir,
+                    &builder,
+                    pod_infra_container_image.as_deref(),
+                    #[cfg(feature = "process")]
+                    shim,
+                )
+                .await?
+            }
         };
         let runtime = if layered {
-            let deadlines = kubelet_core::layer::Deadlines::new(c.runtime_request_timeout.as_duration());
+            let deadlines =
+                kubelet_core::layer::Deadlines::new(c.runtime_request_timeout.as_duration());
             let metrics = kubelet_core::layer::OperationMetrics::new();
             metrics.layer(deadlines.layer(runtime))
         } else {
             runtime
         };
         let pleg = pleg.unwrap_or_else(|| {
-            kubelet_pleg::new_pleg(kubelet_pleg::PlegKind::from_configuration(&c), runtime.clone())
+            kubelet_pleg::new_pleg(
+                kubelet_pleg::PlegKind::from_configuration(&c),
+                runtime.clone(),
+            )
         });
         builder = builder.runtime(runtime).pleg(pleg);
 
-        let prober = prober.or_else(|| default_prober.then(|| make_prober(probe_errors_as_failures)).flatten());
+        let prober = prober.or_else(|| {
+            default_prober
+                .then(|| make_prober(probe_errors_as_failures))
+                .flatten()
+        });
         if let Some(p) = prober {
             builder = builder.prober(p);
         }
@@ -441,12 +462,18 @@ impl AgentBuilder {
             if let Some(ca) = &static_pod_url_ca_file {
                 config = config.ca_file(ca);
             }
-            let source = kubelet_podconfig::HttpSource::new(&c.static_pod_url, node_name.clone(), config)?;
+            let source =
+                kubelet_podconfig::HttpSource::new(&c.static_pod_url, node_name.clone(), config)?;
             builder = builder.pod_source(Arc::new(source));
         }
         #[cfg(feature = "apiserver")]
         if let Some((path, config)) = cluster {
-            let api = kubelet_apiserver::ApiServer::from_kubeconfig(&path, node_name.clone(), config.root_dir(&root_dir)).await?;
+            let api = kubelet_apiserver::ApiServer::from_kubeconfig(
+                &path,
+                node_name.clone(),
+                config.root_dir(&root_dir),
+            )
+            .await?;
             builder = builder.plugin(Arc::new(api));
         }
         if default_server {
@@ -490,13 +517,21 @@ fn with_eviction(
 }
 
 #[cfg(feature = "server")]
-async fn with_server(builder: KubeletBuilder, c: &KubeletConfiguration) -> Result<KubeletBuilder, AgentError> {
-    let server = kubelet_server::KubeletServer::bind(kubelet_server::ServerConfig::from_configuration(c)).await?;
+async fn with_server(
+    builder: KubeletBuilder,
+    c: &KubeletConfiguration,
+) -> Result<KubeletBuilder, AgentError> {
+    let server =
+        kubelet_server::KubeletServer::bind(kubelet_server::ServerConfig::from_configuration(c))
+            .await?;
     Ok(builder.plugin(Arc::new(server)))
 }
 
 #[cfg(not(feature = "server"))]
-async fn with_server(builder: KubeletBuilder, _: &KubeletConfiguration) -> Result<KubeletBuilder, AgentError> {
+async fn with_server(
+    builder: KubeletBuilder,
+    _: &KubeletConfiguration,
+) -> Result<KubeletBuilder, AgentError> {
     Ok(builder)
 }
 
@@ -513,8 +548,12 @@ async fn default_runtime(
     if endpoint.is_empty() {
         #[cfg(feature = "process")]
         {
-            let config = kubelet_process::ProcessRuntimeConfig::new(root_dir.join("runtime").join("process")).shim(shim);
-            let runtime = kubelet_process::ProcessRuntime::with_recorder(config, builder.recorder())?;
+            let config = kubelet_process::ProcessRuntimeConfig::new(
+                root_dir.join("runtime").join("process"),
+            )
+            .shim(shim);
+            let runtime =
+                kubelet_process::ProcessRuntime::with_recorder(config, builder.recorder())?;
             let _ = pod_infra_container_image;
             return Ok((Arc::new(runtime), true));
         }
@@ -535,10 +574,12 @@ async fn default_runtime(
         let config = kubelet_cri::CriConfig::new(endpoint)
             .request_timeout(c.runtime_request_timeout.as_duration())
             .termination_message_dir(root_dir.join("pods"));
-        let cri = kubelet_cri::CriRuntime::connect(config).await.map_err(|source| AgentError::Cri {
-            endpoint: endpoint.to_string(),
-            source,
-        })?;
+        let cri = kubelet_cri::CriRuntime::connect(config)
+            .await
+            .map_err(|source| AgentError::Cri {
+                endpoint: endpoint.to_string(),
+                source,
+            })?;
         if let Some(image) = pod_infra_container_image
             && let Err(e) = cri.ensure_sandbox_image(image).await
         {

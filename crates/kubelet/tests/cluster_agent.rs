@@ -175,7 +175,10 @@ async fn cluster_agent_joins_the_cluster_with_probes_eviction_and_metrics() {
         "kubelet_pleg_relist_duration_seconds",
         "kubelet_evictions",
     ] {
-        assert!(metrics.contains(family), "no {family} in /metrics:\n{metrics}");
+        assert!(
+            metrics.contains(family),
+            "no {family} in /metrics:\n{metrics}"
+        );
     }
     let listed = http_get(port, "/pods").unwrap();
     assert!(listed.contains("\"probed\""), "{listed}");
