@@ -232,6 +232,7 @@ impl Kubelet {
             source_names,
             admit_handlers,
             recorder,
+            warn_no_prober: prober.is_none(),
         };
         let mut housekeeping = tokio::time::interval(config.housekeeping_period);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -271,6 +272,20 @@ impl Kubelet {
         plugin_tasks.shutdown().await;
         tasks.shutdown().await;
     }
+}
+
+/// Whether any container of `pod` has a liveness, readiness or startup probe.
+fn has_probes(pod: &Pod) -> bool {
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers
+            .iter()
+            .chain(s.init_containers.iter().flatten())
+            .any(|c| {
+                c.liveness_probe.is_some()
+                    || c.readiness_probe.is_some()
+                    || c.startup_probe.is_some()
+            })
+    })
 }
 
 /// Drive one plugin's loop, reporting an error or a panic with its name (the failure policy of
@@ -324,6 +339,8 @@ struct SyncLoop {
     source_names: HashSet<String>,
     admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
     recorder: EventRecorder,
+    /// No prober is configured and no pod with probes was seen yet: warn at the first one.
+    warn_no_prober: bool,
 }
 
 impl SyncLoop {
@@ -389,6 +406,13 @@ impl SyncLoop {
                     self.active_pods()
                 };
                 for p in pods {
+                    if self.warn_no_prober && has_probes(&p) {
+                        self.warn_no_prober = false;
+                        tracing::warn!(
+                            pod = %pod::full_name(&p),
+                            "pod has probes but the agent has no prober: they are not run and its containers count as ready once running (KubeletBuilder::prober)"
+                        );
+                    }
                     if !self.admit_handlers.is_empty() && !self.workers.contains_key(pod::uid(&p)) {
                         let rejected = self.admit_handlers.iter().find_map(|h| {
                             let r = h.admit(&p, &active);

@@ -489,8 +489,55 @@ pub fn labels_match(labels: &Labels, selector: &Labels) -> bool {
 ///
 /// Implement this to plug a new backend into the engine; everything above it (restarts, backoff,
 /// init and sidecar ordering, probes, eviction, status) comes from the SDK. Every method must be
-/// safe to call concurrently. Methods must return [`ErrorKind::NotFound`](crate::ErrorKind) for
-/// unknown IDs; stop and remove operations on objects already gone may return `Ok`.
+/// safe to call concurrently.
+///
+/// # The contract the engine relies on
+///
+/// [`testing::conformance`](crate::testing::conformance) (feature `testing`) checks all of it
+/// against a runtime in one call; `examples/custom_runtime.rs` is a toy runtime that passes it.
+///
+/// * **Identity is in the labels.** The engine keeps no state of its own: it rebuilds pods from
+///   the runtime after a restart. Sandboxes must echo their config's `metadata`, `labels` and
+///   `annotations` in [`pod_sandbox_status`](Self::pod_sandbox_status) and
+///   [`list_pod_sandboxes`](Self::list_pod_sandboxes); containers their `metadata`, `labels` and
+///   `annotations` in [`container_status`](Self::container_status) and
+///   [`list_containers`](Self::list_containers) (extra entries of the runtime's own are fine).
+///   Label selectors in filters match when every selector entry is present.
+/// * **States.** A new sandbox is `Ready`, a stopped one `NotReady`. A created container is
+///   `Created`, `Running` after [`start_container`](Self::start_container) (with `started_at`),
+///   `Exited` once its process ended (with `finished_at` and `exit_code`).
+/// * **Reasons and exit codes are the runtime's.** An exited container's `reason` is
+///   `Completed` for exit code 0 and `Error` otherwise (`OOMKilled` when the kernel killed it for
+///   memory); a container ended by signal `n` exits `128 + n` (143 after the `SIGTERM` of
+///   [`stop_container`](Self::stop_container), 137 after `SIGKILL`).
+/// * **Errors.** Unknown IDs are [`ErrorKind::NotFound`](crate::ErrorKind) in status calls.
+///   Stop and remove are idempotent: on objects already stopped or gone they return `Ok`.
+///   Starting a container that is not `Created`, and `exec_sync` in a container that is not
+///   running, fail (use [`ErrorKind::FailedPrecondition`](crate::ErrorKind); the engine does not
+///   branch on the kind). `exec_sync` reports the command's exit code in `Ok`, not as an
+///   error; a command past its timeout is [`ErrorKind::DeadlineExceeded`](crate::ErrorKind).
+/// * **The newest instance** of a container name in a pod is the one with the highest
+///   `metadata.attempt` (the engine sets it to the restart count); the engine removes older dead
+///   instances itself.
+/// * **Logs.** A container writes its stdout and stderr to `log_directory` of its sandbox joined
+///   with its config's `log_path`, in the CRI log format (`<RFC 3339 time> <stdout|stderr> <F|P>
+///   <text>` per line), and reports that absolute path as `log_path` in its status. The engine
+///   creates `log_directory` before [`run_pod_sandbox`](Self::run_pod_sandbox).
+/// * **Networking.** A sandbox IP is optional: host-network sandboxes have none, and the engine
+///   reports the node's IP then. A runtime without pod networking may treat every sandbox as
+///   host-network and say so in [`pod_sandbox_status`](Self::pod_sandbox_status).
+///
+/// # Growing without breaking implementors
+///
+/// Optional capabilities are default methods answering [`Error::unsupported`](crate::Error)
+/// ([`ErrorKind::Unimplemented`](crate::ErrorKind)): [`container_stats`](Self::container_stats),
+/// [`image_fs_info`](Self::image_fs_info), [`container_events`](Self::container_events). Callers
+/// check [`Error::is_unsupported`](crate::Error::is_unsupported) and fall back (relisting,
+/// nodefs) or pass the clear message on. A capability with several operations (streaming,
+/// image management, stats, resource updates) is a small trait of its own, reached through one
+/// default method returning `None` here (as CRI splits its runtime and image services), so an
+/// implementor adds it by implementing that trait and overriding one method. A new capability
+/// is added only with a real implementation in a built-in runtime.
 #[async_trait]
 pub trait ContainerRuntime: Send + Sync + 'static {
     /// Runtime name and version.

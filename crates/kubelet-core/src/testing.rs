@@ -53,6 +53,7 @@ use crate::runtime::{
 };
 use crate::sink::StatusSink;
 
+pub mod conformance;
 mod faulty;
 pub use faulty::FaultyRuntime;
 

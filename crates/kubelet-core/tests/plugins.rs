@@ -96,7 +96,11 @@ impl AgentPlugin for Contributor {
             ..Default::default()
         }]
     }
-    async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> kubelet_core::Result<()> {
+    async fn run(
+        &self,
+        ctx: PluginContext,
+        shutdown: CancellationToken,
+    ) -> kubelet_core::Result<()> {
         assert_eq!(ctx.node_name(), "node-1");
         *self.seen_conditions.lock() = ctx
             .node_conditions()
@@ -199,7 +203,10 @@ async fn plugins_contribute_at_build_and_failing_ones_do_not_take_the_agent_down
 
     // Failures are reported with the plugin's name.
     for (name, text) in [
-        ("failing", "plugin failing failed: unavailable: backend unreachable"),
+        (
+            "failing",
+            "plugin failing failed: unavailable: backend unreachable",
+        ),
         ("panicking", "plugin panicking panicked: plugin bug"),
     ] {
         let event = sink
@@ -230,7 +237,11 @@ async fn plugins_contribute_at_build_and_failing_ones_do_not_take_the_agent_down
     tokio::time::sleep(Duration::from_secs(5)).await;
     let mut text = String::new();
     kubelet_core::prometheus_client::encoding::text::encode(&mut text, &handle.metrics()).unwrap();
-    assert_eq!(text.matches("# TYPE test_plugin_ticks counter").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("# TYPE test_plugin_ticks counter").count(),
+        1,
+        "{text}"
+    );
     assert!(contributor.counter.get() >= 5);
     assert!(
         text.contains("kubelet_pleg_relist_duration_seconds"),

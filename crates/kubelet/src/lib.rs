@@ -22,7 +22,7 @@
 //!
 //! fn main() -> std::process::ExitCode {
 //!     // The process runtime supervises each container with this same binary.
-//!     if let Some(code) = kubelet::process::maybe_run_shim() {
+//!     if let Some(code) = kubelet::process::shim::maybe_run_shim() {
 //!         return code;
 //!     }
 //!     let rt = tokio::runtime::Runtime::new().expect("tokio runtime");

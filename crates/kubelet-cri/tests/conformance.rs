@@ -1,0 +1,23 @@
+//! `CriRuntime` on a private containerd passes the SDK's runtime conformance suite (root and
+//! containerd; skipped otherwise, mandatory under `KUBELET_SDK_REQUIRE_ROOT=1`).
+
+mod common;
+
+use common::ContainerdEnv;
+use kubelet_core::testing::conformance::{ConformanceConfig, run_conformance};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cri_runtime_passes_the_conformance_suite_on_containerd() {
+    let Some(env) =
+        ContainerdEnv::start("the_cri_runtime_passes_the_conformance_suite_on_containerd")
+    else {
+        return;
+    };
+    let runtime = env.runtime().await;
+    let report = run_conformance(
+        runtime.as_ref(),
+        &ConformanceConfig::new(env.busybox.clone(), env.dir.join("logs")),
+    )
+    .await;
+    report.assert_passed();
+}
