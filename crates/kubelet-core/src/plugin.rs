@@ -17,7 +17,7 @@
 //! **Start order** of [`Kubelet::run`](crate::Kubelet::run): the pod config merge and the
 //! sources, the PLEG, the status manager, the prober, then the plugins' `run` loops in
 //! registration order, then the sync loop. Plugins therefore see a live
-//! [`KubeletHandle`](crate::KubeletHandle) from their first poll, while pods may not have been
+//! [`KubeletHandle`] from their first poll, while pods may not have been
 //! synced yet. At shutdown the sync loop stops first; the plugins' loops then get
 //! [`PLUGIN_STOP_GRACE`] to return after their shutdown token is cancelled, and are dropped
 //! after it.

@@ -493,7 +493,7 @@ pub fn labels_match(labels: &Labels, selector: &Labels) -> bool {
 ///
 /// # The contract the engine relies on
 ///
-/// [`testing::conformance`](crate::testing::conformance) (feature `testing`) checks all of it
+/// `kubelet_core::testing::conformance` (feature `testing`) checks all of it
 /// against a runtime in one call; `examples/custom_runtime.rs` is a toy runtime that passes it.
 ///
 /// * **Identity is in the labels.** The engine keeps no state of its own: it rebuilds pods from

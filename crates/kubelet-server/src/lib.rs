@@ -1,5 +1,5 @@
 //! `kubelet-server`: the kubelet's HTTP endpoints for an SDK agent, as an
-//! [`AgentPlugin`](kubelet_core::AgentPlugin).
+//! `AgentPlugin` ([`kubelet_core::AgentPlugin`]).
 //!
 //! Today it serves the two unauthenticated ports of the kubelet:
 //!
