@@ -414,7 +414,7 @@ impl RuntimeLayer for OperationMetrics {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::testing::FakeRuntime;
+    use crate::testing::{FakeOp, FakeRuntime};
 
     #[tokio::test]
     async fn operation_metrics_count_calls_and_errors_by_kubelet_operation_type() {
@@ -441,79 +441,25 @@ mod tests {
         }
     }
 
-    /// A runtime whose `list_containers` never answers.
-    struct Hanging(FakeRuntime);
-
-    #[async_trait]
-    impl ContainerRuntime for Hanging {
-        async fn version(&self) -> Result<RuntimeVersion> {
-            self.0.version().await
-        }
-        async fn status(&self) -> Result<RuntimeStatus> {
-            self.0.status().await
-        }
-        async fn run_pod_sandbox(&self, c: &PodSandboxConfig) -> Result<String> {
-            self.0.run_pod_sandbox(c).await
-        }
-        async fn stop_pod_sandbox(&self, id: &str) -> Result<()> {
-            self.0.stop_pod_sandbox(id).await
-        }
-        async fn remove_pod_sandbox(&self, id: &str) -> Result<()> {
-            self.0.remove_pod_sandbox(id).await
-        }
-        async fn pod_sandbox_status(&self, id: &str) -> Result<PodSandboxStatus> {
-            self.0.pod_sandbox_status(id).await
-        }
-        async fn list_pod_sandboxes(&self, f: &SandboxFilter) -> Result<Vec<PodSandbox>> {
-            self.0.list_pod_sandboxes(f).await
-        }
-        async fn create_container(
-            &self,
-            s: &str,
-            c: &ContainerConfig,
-            sc: &PodSandboxConfig,
-        ) -> Result<String> {
-            self.0.create_container(s, c, sc).await
-        }
-        async fn start_container(&self, id: &str) -> Result<()> {
-            self.0.start_container(id).await
-        }
-        async fn stop_container(&self, id: &str, t: Duration) -> Result<()> {
-            tokio::time::sleep(t + Duration::from_secs(1)).await;
-            self.0.stop_container(id, t).await
-        }
-        async fn remove_container(&self, id: &str) -> Result<()> {
-            self.0.remove_container(id).await
-        }
-        async fn list_containers(&self, _: &ContainerFilter) -> Result<Vec<Container>> {
-            std::future::pending().await
-        }
-        async fn container_status(&self, id: &str) -> Result<ContainerStatus> {
-            self.0.container_status(id).await
-        }
-        async fn exec_sync(&self, id: &str, cmd: &[String], t: Duration) -> Result<ExecResult> {
-            self.0.exec_sync(id, cmd, t).await
-        }
-        async fn image_status(&self, i: &ImageSpec) -> Result<Option<Image>> {
-            self.0.image_status(i).await
-        }
-        async fn pull_image(&self, i: &ImageSpec, c: &PodSandboxConfig) -> Result<String> {
-            tokio::time::sleep(Duration::from_secs(3600)).await;
-            self.0.pull_image(i, c).await
-        }
+    /// A runtime whose listing never answers, whose stops take 11 s and whose pulls an hour.
+    fn slow() -> Arc<dyn ContainerRuntime> {
+        let fake = FakeRuntime::new();
+        fake.set_op_delay(FakeOp::ListContainers, Duration::from_secs(86_400));
+        fake.set_op_delay(FakeOp::StopContainer, Duration::from_secs(11));
+        fake.set_op_delay(FakeOp::PullImage, Duration::from_secs(3600));
+        Arc::new(fake)
     }
 
     #[tokio::test(start_paused = true)]
     async fn deadlines_bound_every_call_and_allow_the_grace_period_of_stops() {
-        let runtime =
-            Deadlines::new(Duration::from_secs(2)).layer(Arc::new(Hanging(FakeRuntime::new())));
+        let runtime = Deadlines::new(Duration::from_secs(2)).layer(slow());
         let err = runtime
             .list_containers(&ContainerFilter::default())
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
         assert!(err.message().contains("list_containers"), "{err}");
-        // A stop taking its 10 s grace plus 1 s is inside request timeout + grace.
+        // A stop taking 11 s with a 10 s grace is inside request timeout + grace.
         let stop = runtime
             .stop_container("missing", Duration::from_secs(10))
             .await;
@@ -532,7 +478,7 @@ mod tests {
         assert!(pull.is_err(), "the pull was cut short: {pull:?}");
         let bounded = Deadlines::new(Duration::from_secs(2))
             .image_pull_timeout(Some(Duration::from_secs(5)))
-            .layer(Arc::new(Hanging(FakeRuntime::new())));
+            .layer(slow());
         let err = bounded
             .pull_image(&ImageSpec::default(), &PodSandboxConfig::default())
             .await

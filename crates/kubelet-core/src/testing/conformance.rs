@@ -629,27 +629,16 @@ impl Suite<'_> {
                     .map(|_| ()),
             ),
         ] {
-            match r {
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                other => {
-                    return fail(format!(
-                        "{what} of an unknown ID gave {other:?}, want NotFound"
-                    ));
-                }
-            }
+            not_found(&format!("{what} of an unknown ID"), r)?;
         }
         let sandbox = self.new_sandbox(check).await?;
         let id = self.start(&sandbox, "quick", "exit 0").await?;
         self.wait_state(&id, ContainerState::Exited).await?;
         call("remove_container", self.runtime.remove_container(&id).await)?;
-        match self.runtime.container_status(&id).await {
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            other => {
-                return fail(format!(
-                    "status of a removed container gave {other:?}, want NotFound"
-                ));
-            }
-        }
+        not_found(
+            "status of a removed container",
+            self.runtime.container_status(&id).await,
+        )?;
         call(
             "remove_container again",
             self.runtime.remove_container(&id).await,
@@ -686,26 +675,26 @@ impl Suite<'_> {
             "remove_pod_sandbox",
             self.runtime.remove_pod_sandbox(&sandbox.0).await,
         )?;
-        match self.runtime.pod_sandbox_status(&sandbox.0).await {
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            other => {
-                return fail(format!(
-                    "status of a removed sandbox gave {other:?}, want NotFound"
-                ));
-            }
-        }
-        match self.runtime.container_status(&id).await {
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
-            other => {
-                return fail(format!(
-                    "a removed sandbox's container gave {other:?}, want NotFound"
-                ));
-            }
-        }
+        not_found(
+            "status of a removed sandbox",
+            self.runtime.pod_sandbox_status(&sandbox.0).await,
+        )?;
+        not_found(
+            "a removed sandbox's container",
+            self.runtime.container_status(&id).await,
+        )?;
         call(
             "remove_pod_sandbox again",
             self.runtime.remove_pod_sandbox(&sandbox.0).await,
         )
+    }
+}
+
+/// `r` is a `NotFound` error.
+fn not_found<T: std::fmt::Debug>(what: &str, r: Result<T, Error>) -> CheckResult {
+    match r {
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        other => fail(format!("{what} gave {other:?}, want NotFound")),
     }
 }
 
