@@ -34,6 +34,7 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
     }
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .init();
     let manifests = std::env::args()
         .nth(1)

@@ -1,9 +1,10 @@
 //! A custom node agent that joins a real cluster: the built-in process runtime, liveness,
 //! readiness and startup probes, node-pressure eviction (with its pressure conditions on the
-//! Node), and every metric on the read-only port's `/metrics`.
+//! Node), and every metric on the read-only port's `/metrics` (when `readOnlyPort` is set).
 //!
-//! Run: `cargo run -p kubelet --all-features --example cluster_agent -- KUBECONFIG NODE ROOT_DIR [READ_ONLY_PORT]`
-//! (the kubeconfig holds the node's credentials); Ctrl-C stops it and leaves pods running.
+//! Run: `cargo run -p kubelet --all-features --example cluster_agent -- KUBECONFIG NODE ROOT_DIR [CONFIGURATION_JSON]`
+//! (the kubeconfig holds the node's credentials; the optional file is a `KubeletConfiguration`
+//! as JSON, e.g. `{"readOnlyPort": 10255}`); Ctrl-C stops it and leaves pods running.
 
 use kubelet::prelude::*;
 
@@ -13,17 +14,18 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         return Ok(code);
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new("info"))
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [kubeconfig, node, root, ..] = args.as_slice() else {
-        anyhow::bail!("usage: cluster_agent KUBECONFIG NODE ROOT_DIR [READ_ONLY_PORT]");
+        anyhow::bail!("usage: cluster_agent KUBECONFIG NODE ROOT_DIR [CONFIGURATION_JSON]");
     };
-    let mut configuration = KubeletConfiguration::default();
-    configuration.pod_logs_dir = format!("{root}/logs");
-    configuration.read_only_port = args.get(3).map_or(Ok(10255), |p| p.parse())?;
-    configuration.healthz_port = 0;
+    // The kubelet's configuration (its field names and defaults), from a file when given.
+    let configuration: KubeletConfiguration = match args.get(3) {
+        Some(path) => serde_json::from_slice(&std::fs::read(path)?)?,
+        None => KubeletConfiguration::default(),
+    };
     tokio::runtime::Runtime::new()?.block_on(async {
         let agent = AgentBuilder::new(node.as_str())
             .configuration(configuration)

@@ -418,6 +418,7 @@ impl ContainerRuntime for ToyRuntime {
 fn main() -> anyhow::Result<std::process::ExitCode> {
     tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr)
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     tokio::runtime::Runtime::new()?.block_on(async {

@@ -31,15 +31,21 @@ fn example_binary() -> PathBuf {
     bin
 }
 
-/// The agent process; killed with the containers carrying `token` on drop.
+/// The agent process; killed with the containers carrying `token` on drop, its log printed
+/// when the test fails.
 struct Agent {
     child: Child,
     token: String,
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
 }
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+            println!("--- cluster_agent log ---\n{log}--- end of log ---");
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         let _ = Command::new("pkill")
@@ -91,11 +97,24 @@ async fn cluster_agent_joins_the_cluster_with_probes_eviction_and_metrics() {
     let token = format!("cluster-agent-{}", std::process::id());
     let port = free_port();
     let log = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    // The kubelet's configuration as a file: the read-only port for /metrics, no healthz port
+    // (tests run side by side), and hard eviction thresholds the test machine's disk, which may
+    // be fuller than the kubelet's defaults allow, does not meet.
+    let configuration = dir.path().join("config.json");
+    let json = serde_json::json!({
+        "kind": "KubeletConfiguration",
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "readOnlyPort": port,
+        "healthzPort": 0,
+        "podLogsDir": dir.path().join("logs"),
+        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+    });
+    std::fs::write(&configuration, json.to_string()).unwrap();
     let child = Command::new(example_binary())
         .arg(env.node_kubeconfig())
         .arg(&node)
         .arg(dir.path().join("root"))
-        .arg(port.to_string())
+        .arg(&configuration)
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
@@ -103,7 +122,7 @@ async fn cluster_agent_joins_the_cluster_with_probes_eviction_and_metrics() {
     let _agent = Agent {
         child,
         token: token.clone(),
-        _dir: dir,
+        dir,
     };
 
     let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();

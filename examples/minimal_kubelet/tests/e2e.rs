@@ -138,6 +138,7 @@ impl Env {
             .args(["--healthz-bind-address", "127.0.0.1"])
             .args(["--node-name", NODE])
             .args(["--file-check-frequency", "60s"])
+            .args(["--eviction-hard", common::LOW_EVICTION_HARD])
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")

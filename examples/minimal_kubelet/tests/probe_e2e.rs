@@ -89,6 +89,7 @@ impl Env {
             .args(["--read-only-port", &port.to_string()])
             .args(["--address", "127.0.0.1"])
             .args(["--healthz-port", "0"])
+            .args(["--eviction-hard", common::LOW_EVICTION_HARD])
             .args(["--node-name", NODE])
             .args(["--file-check-frequency", "60s"])
             .env("RUST_LOG", "info")

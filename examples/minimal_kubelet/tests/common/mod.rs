@@ -227,3 +227,9 @@ pub(crate) fn teardown(
     }
     kill_token_processes(tokens);
 }
+
+/// `--eviction-hard` thresholds a test machine does not meet (its disk may be fuller than the
+/// kubelet's defaults, 10 % nodefs and 15 % imagefs, allow), so no test pod is rejected or
+/// evicted for the machine's own state.
+pub(crate) const LOW_EVICTION_HARD: &str =
+    "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%";
