@@ -178,7 +178,9 @@ pub struct AgentBuilder {
     shim: kubelet_process::ShimCommand,
     pod_infra_container_image: Option<String>,
     #[cfg(feature = "apiserver")]
-    cluster: Option<(PathBuf, kubelet_apiserver::ApiServerConfig)>,
+    /// The kubeconfig, and API-server settings when given explicitly (else derived from the
+    /// configuration at build, whatever order the builder's methods were called in).
+    cluster: Option<(PathBuf, Option<kubelet_apiserver::ApiServerConfig>)>,
     default_server: bool,
 }
 
@@ -315,11 +317,11 @@ impl AgentBuilder {
     }
 
     /// Join the cluster of the kubeconfig at `path` (`--kubeconfig`) with the API-server
-    /// settings of the configuration.
+    /// settings of the configuration (read at build).
     #[cfg(feature = "apiserver")]
-    pub fn kubeconfig(self, path: impl Into<PathBuf>) -> Self {
-        let config = kubelet_apiserver::ApiServerConfig::from_configuration(&self.configuration);
-        self.cluster(path, config)
+    pub fn kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
+        self.cluster = Some((path.into(), None));
+        self
     }
 
     /// Join the cluster of the kubeconfig at `path` with `config` (node labels, node IP, …;
@@ -330,7 +332,7 @@ impl AgentBuilder {
         path: impl Into<PathBuf>,
         config: kubelet_apiserver::ApiServerConfig,
     ) -> Self {
-        self.cluster = Some((path.into(), config));
+        self.cluster = Some((path.into(), Some(config)));
         self
     }
 
@@ -468,6 +470,8 @@ impl AgentBuilder {
         }
         #[cfg(feature = "apiserver")]
         if let Some((path, config)) = cluster {
+            let config = config
+                .unwrap_or_else(|| kubelet_apiserver::ApiServerConfig::from_configuration(&c));
             let api = kubelet_apiserver::ApiServer::from_kubeconfig(
                 &path,
                 node_name.clone(),
