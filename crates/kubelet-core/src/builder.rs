@@ -326,6 +326,7 @@ impl KubeletBuilder {
             metrics,
             cmd_tx,
             cmd_rx,
+            sync_loop: Default::default(),
         }))
     }
 }
@@ -362,6 +363,7 @@ pub struct KubeletHandle {
     pub(crate) pleg: Arc<dyn PodLifecycleEventGenerator>,
     pub(crate) plugins: PluginStates,
     pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
+    pub(crate) sync_loop: crate::kubelet::SyncLoopMonitor,
 }
 
 impl std::fmt::Debug for KubeletHandle {
@@ -384,6 +386,18 @@ impl KubeletHandle {
     /// Health of the PLEG ("PLEG is not healthy" makes a node NotReady).
     pub fn pleg_health(&self) -> PlegHealth {
         self.pleg.healthy()
+    }
+
+    /// Health of the sync loop (the kubelet's `SyncLoopHealthCheck`): an error when the loop
+    /// entered its last iteration longer ago than `threshold` (the kubelet uses
+    /// max(2 × `syncFrequency`, 5 min)); healthy before the loop first runs.
+    pub fn sync_loop_health(&self, threshold: std::time::Duration) -> Result<(), String> {
+        match self.sync_loop.last() {
+            Some(t) if t.elapsed() > threshold => {
+                Err("sync Loop took longer than expected".to_string())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Each plugin's name and state, in registration order.

@@ -105,8 +105,30 @@ pub struct KubeletConfiguration {
     pub static_pod_url_header: BTreeMap<String, Vec<String>>,
     /// `address` (`0.0.0.0`): the address the kubelet's ports bind to.
     pub address: String,
-    /// `port` (10250): the kubelet API's port.
+    /// `enableServer` (true): serve the kubelet API on [`port`](Self::port).
+    pub enable_server: bool,
+    /// `port` (10250): the kubelet API's port (HTTPS, authenticated and authorized).
     pub port: u16,
+    /// `tlsCertFile`: the serving certificate (PEM, chain after the leaf); with
+    /// [`tls_private_key_file`](Self::tls_private_key_file). Empty: a self-signed pair in the
+    /// certificate directory (`kubelet.crt`, `kubelet.key`), generated once and reused.
+    pub tls_cert_file: String,
+    /// `tlsPrivateKeyFile`: the serving certificate's key (PEM).
+    pub tls_private_key_file: String,
+    /// `tlsCipherSuites`: the TLS 1.2 cipher suites allowed, by their IANA names as the kubelet
+    /// takes them (`TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256`); empty for the defaults.
+    pub tls_cipher_suites: Vec<String>,
+    /// `tlsMinVersion`: `VersionTLS12` or `VersionTLS13`; empty for TLS 1.2.
+    pub tls_min_version: String,
+    /// `authentication`: how requests to [`port`](Self::port) are authenticated.
+    pub authentication: KubeletAuthentication,
+    /// `authorization`: how authenticated requests are authorized.
+    pub authorization: KubeletAuthorization,
+    /// `enableDebuggingHandlers` (true): serve `/containerLogs`, `/runningpods`, `/logs` (and the
+    /// streaming endpoints) on [`port`](Self::port).
+    pub enable_debugging_handlers: bool,
+    /// `enableSystemLogHandler` (true): serve the node's `/var/log` under `/logs/`.
+    pub enable_system_log_handler: bool,
     /// `readOnlyPort` (0 = off): the unauthenticated read-only port.
     pub read_only_port: u16,
     /// `healthzPort` (10248; 0 = off).
@@ -144,8 +166,116 @@ pub struct KubeletConfiguration {
     /// `mergeDefaultEvictionSettings` (false): keep the default hard thresholds not set in
     /// `evictionHard`.
     pub merge_default_eviction_settings: bool,
-    /// `featureGates`: `EventedPLEG` is the one the SDK reads today.
+    /// `featureGates`: the SDK reads those in [`KNOWN_FEATURE_GATES`].
     pub feature_gates: BTreeMap<String, bool>,
+}
+
+/// `authentication` of the kubelet's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletAuthentication {
+    /// `x509`: client certificates.
+    pub x509: KubeletX509Authentication,
+    /// `webhook`: bearer tokens checked with a `TokenReview`.
+    pub webhook: KubeletWebhookAuthentication,
+    /// `anonymous`: requests without credentials.
+    pub anonymous: KubeletAnonymousAuthentication,
+}
+
+impl Default for KubeletAuthentication {
+    fn default() -> Self {
+        Self {
+            x509: KubeletX509Authentication::default(),
+            webhook: KubeletWebhookAuthentication {
+                enabled: true,
+                cache_ttl: GoDuration::from_secs(120),
+            },
+            anonymous: KubeletAnonymousAuthentication { enabled: false },
+        }
+    }
+}
+
+/// `authentication.x509`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletX509Authentication {
+    /// `clientCAFile`: CA bundle (PEM) that client certificates must chain to; the user is the
+    /// certificate's CN, its groups the O values. Empty: no client certificates.
+    #[serde(rename = "clientCAFile")]
+    pub client_ca_file: String,
+}
+
+/// `authentication.webhook`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletWebhookAuthentication {
+    /// `enabled` (true in a configuration file): check bearer tokens with a `TokenReview`.
+    pub enabled: bool,
+    /// `cacheTTL` (2 m): how long review results are cached.
+    #[serde(rename = "cacheTTL")]
+    pub cache_ttl: GoDuration,
+}
+
+impl Default for KubeletWebhookAuthentication {
+    fn default() -> Self {
+        KubeletAuthentication::default().webhook
+    }
+}
+
+/// `authentication.anonymous`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletAnonymousAuthentication {
+    /// `enabled` (false in a configuration file): requests without credentials are
+    /// `system:anonymous` in `system:unauthenticated` instead of answered 401.
+    pub enabled: bool,
+}
+
+/// `authorization` of the kubelet's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletAuthorization {
+    /// `mode`: `Webhook` (the default in a configuration file: a `SubjectAccessReview` per
+    /// request) or `AlwaysAllow`.
+    pub mode: String,
+    /// `webhook`: the review caches.
+    pub webhook: KubeletWebhookAuthorization,
+}
+
+impl Default for KubeletAuthorization {
+    fn default() -> Self {
+        Self {
+            mode: "Webhook".to_string(),
+            webhook: KubeletWebhookAuthorization::default(),
+        }
+    }
+}
+
+/// `authorization.webhook`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct KubeletWebhookAuthorization {
+    /// `cacheAuthorizedTTL` (5 m).
+    #[serde(rename = "cacheAuthorizedTTL")]
+    pub cache_authorized_ttl: GoDuration,
+    /// `cacheUnauthorizedTTL` (30 s).
+    #[serde(rename = "cacheUnauthorizedTTL")]
+    pub cache_unauthorized_ttl: GoDuration,
+}
+
+impl Default for KubeletWebhookAuthorization {
+    fn default() -> Self {
+        Self {
+            cache_authorized_ttl: GoDuration::from_secs(300),
+            cache_unauthorized_ttl: GoDuration::from_secs(30),
+        }
+    }
 }
 
 impl Default for KubeletConfiguration {
@@ -160,7 +290,16 @@ impl Default for KubeletConfiguration {
             static_pod_url: String::new(),
             static_pod_url_header: BTreeMap::new(),
             address: "0.0.0.0".to_string(),
+            enable_server: true,
             port: 10250,
+            tls_cert_file: String::new(),
+            tls_private_key_file: String::new(),
+            tls_cipher_suites: Vec::new(),
+            tls_min_version: String::new(),
+            authentication: KubeletAuthentication::default(),
+            authorization: KubeletAuthorization::default(),
+            enable_debugging_handlers: true,
+            enable_system_log_handler: true,
             read_only_port: 0,
             healthz_port: 10248,
             healthz_bind_address: "127.0.0.1".to_string(),
@@ -184,12 +323,19 @@ impl Default for KubeletConfiguration {
 }
 
 /// Feature gates the SDK reads; others are accepted and have no effect.
-pub const KNOWN_FEATURE_GATES: &[&str] = &["EventedPLEG"];
+pub const KNOWN_FEATURE_GATES: &[&str] = &["EventedPLEG", "KubeletFineGrainedAuthz"];
+
+/// The known gates that are on unless set (as in the kubelet release the SDK follows).
+pub const DEFAULT_ON_FEATURE_GATES: &[&str] = &["KubeletFineGrainedAuthz"];
 
 impl KubeletConfiguration {
-    /// Whether feature gate `name` is on (off when absent: the SDK's gates all default off).
+    /// Whether feature gate `name` is on: as set, else its default ([`DEFAULT_ON_FEATURE_GATES`];
+    /// every other gate defaults off).
     pub fn feature_gate(&self, name: &str) -> bool {
-        self.feature_gates.get(name).copied().unwrap_or(false)
+        self.feature_gates
+            .get(name)
+            .copied()
+            .unwrap_or_else(|| DEFAULT_ON_FEATURE_GATES.contains(&name))
     }
 
     /// The gates set that the SDK does not know (worth a warning: they change nothing).

@@ -59,6 +59,22 @@ pub(crate) struct Parts {
     pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
     pub(crate) cmd_tx: mpsc::Sender<Command>,
     pub(crate) cmd_rx: mpsc::Receiver<Command>,
+    pub(crate) sync_loop: SyncLoopMonitor,
+}
+
+/// When the sync loop last entered an iteration (the kubelet's `syncLoopMonitor`), for the
+/// `/healthz/syncloop` check.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SyncLoopMonitor(Arc<Mutex<Option<Instant>>>);
+
+impl SyncLoopMonitor {
+    fn enter(&self) {
+        *self.0.lock() = Some(Instant::now());
+    }
+
+    pub(crate) fn last(&self) -> Option<Instant> {
+        *self.0.lock()
+    }
 }
 
 /// A built node agent. Call [`Kubelet::run`] with a shutdown token; the future does nothing
@@ -112,6 +128,7 @@ impl Kubelet {
             pleg: self.parts.pleg.clone(),
             plugins: self.parts.plugin_states.clone(),
             metrics: self.parts.metrics.clone(),
+            sync_loop: self.parts.sync_loop.clone(),
         }
     }
 
@@ -149,6 +166,7 @@ impl Kubelet {
             metrics,
             cmd_tx: _,
             mut cmd_rx,
+            sync_loop: monitor,
         } = self.parts;
         let inner = shutdown.child_token();
         let mut tasks = JoinSet::new();
@@ -238,6 +256,7 @@ impl Kubelet {
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
         loop {
+            monitor.enter();
             tokio::select! {
                 biased;
                 _ = inner.cancelled() => break,

@@ -1,43 +1,80 @@
-//! `kubelet-server`: the kubelet's HTTP endpoints for an SDK agent, as an
-//! `AgentPlugin` ([`kubelet_core::AgentPlugin`]).
+//! `kubelet-server`: the kubelet's HTTP API for an SDK agent, as an agent plugin
+//! ([`kubelet_core::AgentPlugin`]).
 //!
-//! Today it serves the two unauthenticated ports of the kubelet:
+//! Three listeners, as the kubelet's (`pkg/kubelet/server`):
 //!
-//! * the **healthz port** (`healthzPort`, default 10248 on `healthzBindAddress` 127.0.0.1):
-//!   `GET /healthz` (`ok`, or 500 with the PLEG's health message);
-//! * the **read-only port** (`readOnlyPort`, off by default as in the kubelet, on `address`):
-//!   `GET /healthz`, `GET /pods` (the agent's pods with their statuses, a `PodList`) and
-//!   `GET /metrics` (every metric the agent registered, OpenMetrics text).
+//! * the **kubelet API** (`port`, default 10250 on `address` 0.0.0.0; `enableServer`) over
+//!   HTTPS: every request is authenticated (x509 client certificates against `clientCAFile`,
+//!   bearer tokens through a [`TokenAuthenticator`], anonymous when allowed) and authorized (an
+//!   [`Authorizer`]: `AlwaysAllow` or a webhook such as the API server's
+//!   `SubjectAccessReview`), see [`auth`]. It serves `/healthz` (`/healthz/ping`, `/log`,
+//!   `/syncloop`), `/pods`, `/metrics`, `/metrics/probes`, `/configz`, and with
+//!   `enableDebuggingHandlers` (default true) `/containerLogs/{ns}/{pod}/{container}` (see
+//!   [`logs`]), `/runningpods/` and `/logs/` (the node's `/var/log`, `enableSystemLogHandler`);
+//! * the **read-only port** (`readOnlyPort`, off by default): the same `/healthz`, `/pods`,
+//!   `/metrics` without TLS or authentication; the debugging paths answer 405;
+//! * the **healthz port** (`healthzPort`, default 10248 on 127.0.0.1): `/healthz`.
 //!
-//! Listeners are bound by [`KubeletServer::bind`], so a port in use is an error before the agent
-//! starts; the plugin's loop serves them with the agent's handle and metrics until shutdown.
+//! The serving certificate is `tlsCertFile`/`tlsPrivateKeyFile`, else a self-signed pair
+//! generated once into the certificate directory (see [`tls`]). Every listener goes through a
+//! bounded acceptor (see [`listener`]). Listeners are bound by [`KubeletServer::bind`], so a
+//! port in use or a bad certificate is an error before the agent starts; the plugin serves
+//! them until the agent's shutdown.
+//!
+//! Port 0 turns a listener off (the kubelet rejects `port: 0`; `enableServer: false` is the
+//! kubelet's way, and works too).
+//!
+//! An embedder with its own authentication (an mTLS-only edge node, no API server):
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_server::{KubeletServer, ServerConfig};
+//! use kubelet_core::KubeletConfiguration;
+//! use kubelet_server::{KubeletServer, ServerConfig, auth::AlwaysAllow};
 //!
 //! # async fn demo(builder: kubelet_core::KubeletBuilder) -> Result<(), Box<dyn std::error::Error>> {
-//! let server = KubeletServer::bind(ServerConfig::default().read_only_port(10255)).await?;
+//! let mut c = KubeletConfiguration::default();
+//! c.authentication.x509.client_ca_file = "/etc/node/clients-ca.pem".into();
+//! c.authentication.webhook.enabled = false;
+//! c.authorization.mode = "AlwaysAllow".into();
+//! let server = KubeletServer::bind(ServerConfig::from_configuration(&c)).await?
+//!     .with_authorizer(Arc::new(AlwaysAllow));
 //! let kubelet = builder.plugin(Arc::new(server)).build()?;
 //! # let _ = kubelet; Ok(()) }
 //! ```
+//!
+//! With an API server, `kubelet-apiserver` provides the `TokenReview` authenticator and the
+//! `SubjectAccessReview` authorizer (the facade crate wires them from the configuration).
 #![forbid(unsafe_code)]
 
-use std::convert::Infallible;
-use std::net::SocketAddr;
+pub mod auth;
+pub mod listener;
+pub mod logs;
+mod routes;
+pub mod tls;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use kubelet_core::configuration::KubeletConfiguration;
-use kubelet_core::prometheus_client;
-use kubelet_core::prometheus_client::registry::Registry;
-use kubelet_core::{AgentPlugin, KubeletHandle, PlegHealth, PluginContext};
+use kubelet_core::{AgentPlugin, PluginContext};
 use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+pub use auth::{
+    AlwaysAllow, AlwaysDeny, Attributes, AuthError, Authorizer, Decision, TokenAuthenticator,
+    UserInfo,
+};
+pub use listener::AcceptorConfig;
+pub use routes::Body;
+pub use tls::TlsSettings;
 
 /// Errors of the server.
 #[derive(Debug, thiserror::Error)]
@@ -60,20 +97,71 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS settings or files are not usable.
+    #[error("TLS: {0}")]
+    Tls(String),
+    /// An authentication or authorization setting is not usable.
+    #[error("authentication/authorization: {0}")]
+    Auth(String),
 }
 
-/// Where the server listens; the kubelet's defaults.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `authorization.mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AuthorizationMode {
+    /// Every authenticated request is allowed.
+    AlwaysAllow,
+    /// Each request is checked by the [`Authorizer`] given with
+    /// [`KubeletServer::with_authorizer`] (the API server's `SubjectAccessReview`), its
+    /// decisions cached.
+    Webhook,
+}
+
+/// The server's settings; [`from_configuration`](Self::from_configuration) reads them from the
+/// kubelet's configuration.
+#[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct ServerConfig {
-    /// `address` (`0.0.0.0`): the read-only port's address.
+    /// `address` (`0.0.0.0`): the kubelet API's and the read-only port's address.
     pub address: String,
+    /// `port` (10250; 0 or `enableServer: false` = off).
+    pub port: u16,
     /// `readOnlyPort` (0 = off).
     pub read_only_port: u16,
     /// `healthzBindAddress` (`127.0.0.1`).
     pub healthz_bind_address: String,
     /// `healthzPort` (10248; 0 = off).
     pub healthz_port: u16,
+    /// TLS of the kubelet API.
+    pub tls: TlsSettings,
+    /// `authentication.anonymous.enabled`.
+    pub anonymous: bool,
+    /// `authentication.webhook.enabled`: bearer tokens are checked by the
+    /// [`TokenAuthenticator`] given with [`KubeletServer::with_token_authenticator`].
+    pub token_webhook: bool,
+    /// `authentication.webhook.cacheTTL` (2 m).
+    pub token_cache_ttl: Duration,
+    /// `authorization.mode`.
+    pub authorization_mode: AuthorizationMode,
+    /// `authorization.webhook.cacheAuthorizedTTL` (5 m).
+    pub authorized_ttl: Duration,
+    /// `authorization.webhook.cacheUnauthorizedTTL` (30 s).
+    pub unauthorized_ttl: Duration,
+    /// Gate `KubeletFineGrainedAuthz` (on): `/pods`, `/healthz`, `/configz` are checked
+    /// against their own subresource before `proxy`.
+    pub fine_grained_authz: bool,
+    /// `enableDebuggingHandlers` (true).
+    pub enable_debugging_handlers: bool,
+    /// `enableSystemLogHandler` (true).
+    pub enable_system_log_handler: bool,
+    /// The directory `/logs/` serves (`/var/log`).
+    pub system_log_dir: PathBuf,
+    /// `syncFrequency`: the sync loop health threshold is max(2 × this, 5 min).
+    pub sync_frequency: Duration,
+    /// What `/configz` shows (the effective configuration); `None` for a 404.
+    pub configz: Option<serde_json::Value>,
+    /// Limits of every listener.
+    pub acceptor: AcceptorConfig,
 }
 
 impl Default for ServerConfig {
@@ -82,16 +170,59 @@ impl Default for ServerConfig {
     }
 }
 
+/// The machine's host name, lower-cased (the kubelet's `nodeutil.GetHostname`).
+fn os_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_lowercase())
+        .unwrap_or_else(|_| "localhost".to_string())
+}
+
 impl ServerConfig {
-    /// The listeners of the kubelet's configuration (`address`, `readOnlyPort`,
-    /// `healthzBindAddress`, `healthzPort`).
+    /// The server settings of the kubelet's configuration. The certificate directory is
+    /// `/var/lib/kubelet/pki` (`--cert-dir`); set [`cert_dir`](Self::cert_dir) for another
+    /// root directory.
     pub fn from_configuration(c: &KubeletConfiguration) -> Self {
+        let mode = if c.authorization.mode == "AlwaysAllow" {
+            AuthorizationMode::AlwaysAllow
+        } else {
+            AuthorizationMode::Webhook
+        };
         Self {
             address: c.address.clone(),
+            port: if c.enable_server { c.port } else { 0 },
             read_only_port: c.read_only_port,
             healthz_bind_address: c.healthz_bind_address.clone(),
             healthz_port: c.healthz_port,
+            tls: TlsSettings {
+                cert_file: c.tls_cert_file.clone().into(),
+                key_file: c.tls_private_key_file.clone().into(),
+                cert_dir: PathBuf::from("/var/lib/kubelet/pki"),
+                hostname: os_hostname(),
+                addresses: Vec::new(),
+                min_version: c.tls_min_version.clone(),
+                cipher_suites: c.tls_cipher_suites.clone(),
+                client_ca_file: c.authentication.x509.client_ca_file.clone().into(),
+            },
+            anonymous: c.authentication.anonymous.enabled,
+            token_webhook: c.authentication.webhook.enabled,
+            token_cache_ttl: c.authentication.webhook.cache_ttl.as_duration(),
+            authorization_mode: mode,
+            authorized_ttl: c.authorization.webhook.cache_authorized_ttl.as_duration(),
+            unauthorized_ttl: c.authorization.webhook.cache_unauthorized_ttl.as_duration(),
+            fine_grained_authz: c.feature_gate("KubeletFineGrainedAuthz"),
+            enable_debugging_handlers: c.enable_debugging_handlers,
+            enable_system_log_handler: c.enable_system_log_handler,
+            system_log_dir: PathBuf::from("/var/log"),
+            sync_frequency: c.sync_frequency.as_duration(),
+            configz: serde_json::to_value(c).ok(),
+            acceptor: AcceptorConfig::default(),
         }
+    }
+
+    /// Sets [`port`](Self::port).
+    pub fn port(mut self, port: u16) -> Self {
+        self.port = port;
+        self
     }
 
     /// Sets [`read_only_port`](Self::read_only_port).
@@ -105,36 +236,95 @@ impl ServerConfig {
         self.healthz_port = port;
         self
     }
+
+    /// Sets the certificate directory (`--cert-dir`).
+    pub fn cert_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.tls.cert_dir = dir.into();
+        self
+    }
+
+    /// Sets the host name of the self-signed certificate (`--hostname-override`).
+    pub fn hostname(mut self, hostname: impl Into<String>) -> Self {
+        self.tls.hostname = hostname.into();
+        self
+    }
+
+    /// Adds node addresses to the self-signed certificate's SANs.
+    pub fn addresses(mut self, addresses: impl IntoIterator<Item = IpAddr>) -> Self {
+        self.tls.addresses.extend(addresses);
+        self
+    }
+
+    /// Sets the directory `/logs/` serves.
+    pub fn system_log_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.system_log_dir = dir.into();
+        self
+    }
 }
 
 /// A bound listener and what it serves.
-struct Listener {
+struct Bound {
     listener: TcpListener,
-    read_only: bool,
+    port: routes::Port,
 }
 
 /// The server plugin (`server`): bound listeners, served while the agent runs.
 pub struct KubeletServer {
-    listeners: Mutex<Vec<Listener>>,
-    addrs: Vec<(SocketAddr, bool)>,
+    config: ServerConfig,
+    listeners: Mutex<Vec<Bound>>,
+    addrs: Vec<(SocketAddr, routes::Port)>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    tokens: Option<Arc<dyn TokenAuthenticator>>,
+    authorizer: Option<Arc<dyn Authorizer>>,
 }
 
 impl std::fmt::Debug for KubeletServer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KubeletServer")
             .field("addrs", &self.addrs)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
+fn socket_addr(address: &str, port: u16) -> Result<SocketAddr, ServerError> {
+    let ip: IpAddr = address
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| ServerError::InvalidAddress {
+            address: address.to_string(),
+            port,
+        })?;
+    Ok(SocketAddr::new(ip, port))
+}
+
 impl KubeletServer {
-    /// Bind the configured ports (those not 0).
+    /// Prepare TLS (reading or generating the serving certificate) and bind the configured
+    /// ports (those not 0).
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
+        let tls = if config.port != 0 {
+            let settings = config.tls.clone();
+            let built = tokio::task::spawn_blocking(move || tls::server_config(&settings))
+                .await
+                .map_err(|e| ServerError::Tls(e.to_string()))??;
+            Some(built)
+        } else {
+            None
+        };
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
-        for (address, port, read_only) in [
-            (&config.address, config.read_only_port, true),
-            (&config.healthz_bind_address, config.healthz_port, false),
+        for (address, port, kind) in [
+            (&config.address, config.port, routes::Port::Main),
+            (
+                &config.address,
+                config.read_only_port,
+                routes::Port::ReadOnly,
+            ),
+            (
+                &config.healthz_bind_address,
+                config.healthz_port,
+                routes::Port::Healthz,
+            ),
         ] {
             if port == 0 {
                 continue;
@@ -144,39 +334,113 @@ impl KubeletServer {
                 .await
                 .map_err(|source| ServerError::Bind { addr, source })?;
             let bound = listener.local_addr().unwrap_or(addr);
-            addrs.push((bound, read_only));
-            listeners.push(Listener {
+            addrs.push((bound, kind));
+            listeners.push(Bound {
                 listener,
-                read_only,
+                port: kind,
             });
         }
         Ok(Self {
+            config,
             listeners: Mutex::new(listeners),
             addrs,
+            tls,
+            tokens: None,
+            authorizer: None,
         })
+    }
+
+    /// Check bearer tokens with `authenticator` (when `authentication.webhook.enabled`); its
+    /// answers are cached for `cacheTTL`.
+    pub fn with_token_authenticator(mut self, authenticator: Arc<dyn TokenAuthenticator>) -> Self {
+        self.tokens = Some(authenticator);
+        self
+    }
+
+    /// Authorize requests with `authorizer` (`authorization.mode: Webhook`); its decisions are
+    /// cached for the configured TTLs. Without one, a `Webhook` server denies every request
+    /// (403) and says why in its log.
+    pub fn with_authorizer(mut self, authorizer: Arc<dyn Authorizer>) -> Self {
+        self.authorizer = Some(authorizer);
+        self
+    }
+
+    /// The bound kubelet API address, if any.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.find(routes::Port::Main)
     }
 
     /// The bound read-only port's address, if any.
     pub fn read_only_addr(&self) -> Option<SocketAddr> {
-        self.addrs.iter().find(|(_, ro)| *ro).map(|(a, _)| *a)
+        self.find(routes::Port::ReadOnly)
     }
 
     /// The bound healthz port's address, if any.
     pub fn healthz_addr(&self) -> Option<SocketAddr> {
-        self.addrs.iter().find(|(_, ro)| !*ro).map(|(a, _)| *a)
+        self.find(routes::Port::Healthz)
+    }
+
+    fn find(&self, port: routes::Port) -> Option<SocketAddr> {
+        self.addrs.iter().find(|(_, p)| *p == port).map(|(a, _)| *a)
+    }
+
+    fn security(&self) -> Security {
+        let c = &self.config;
+        let tokens = match (&self.tokens, c.token_webhook) {
+            (Some(t), true) => Some(Arc::new(auth::CachedTokenAuthenticator::new(
+                t.clone(),
+                c.token_cache_ttl,
+            )) as Arc<dyn TokenAuthenticator>),
+            (None, true) if c.port != 0 => {
+                tracing::warn!(
+                    "token authentication (authentication.webhook.enabled) needs an API server; bearer tokens will be rejected"
+                );
+                None
+            }
+            _ => None,
+        };
+        let authorizer: Arc<dyn Authorizer> = match (c.authorization_mode, &self.authorizer) {
+            (AuthorizationMode::AlwaysAllow, _) => Arc::new(AlwaysAllow),
+            (AuthorizationMode::Webhook, Some(a)) => Arc::new(auth::CachedAuthorizer::new(
+                a.clone(),
+                c.authorized_ttl,
+                c.unauthorized_ttl,
+            )),
+            (AuthorizationMode::Webhook, None) => {
+                if c.port != 0 {
+                    tracing::warn!(
+                        "authorization mode Webhook needs an API server; every request to the kubelet API will be denied (set authorization.mode AlwaysAllow with client certificates for a node without one)"
+                    );
+                }
+                Arc::new(AlwaysDeny(
+                    "authorization mode Webhook without an API server".to_string(),
+                ))
+            }
+        };
+        Security {
+            tokens,
+            token_webhook: c.token_webhook,
+            anonymous: c.anonymous,
+            authorizer,
+            fine_grained: c.fine_grained_authz,
+        }
     }
 }
 
-fn socket_addr(address: &str, port: u16) -> Result<SocketAddr, ServerError> {
-    let ip: std::net::IpAddr = address
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse()
-        .map_err(|_| ServerError::InvalidAddress {
-            address: address.to_string(),
-            port,
-        })?;
-    Ok(SocketAddr::new(ip, port))
+/// How the kubelet API authenticates and authorizes.
+struct Security {
+    tokens: Option<Arc<dyn TokenAuthenticator>>,
+    token_webhook: bool,
+    anonymous: bool,
+    authorizer: Arc<dyn Authorizer>,
+    fine_grained: bool,
+}
+
+struct Shared {
+    ctx: routes::Context,
+    security: Security,
+    node_name: String,
+    acceptor: AcceptorConfig,
 }
 
 #[async_trait]
@@ -191,12 +455,33 @@ impl AgentPlugin for KubeletServer {
         shutdown: CancellationToken,
     ) -> kubelet_core::Result<()> {
         let listeners = std::mem::take(&mut *self.listeners.lock());
+        let shared = Arc::new(Shared {
+            ctx: routes::Context {
+                handle: ctx.handle(),
+                runtime: ctx.runtime(),
+                debugging: self.config.enable_debugging_handlers,
+                system_logs: self.config.enable_system_log_handler,
+                system_log_dir: self.config.system_log_dir.clone(),
+                configz: self.config.configz.clone(),
+                sync_loop_threshold: (self.config.sync_frequency * 2)
+                    .max(routes::MIN_SYNC_LOOP_THRESHOLD),
+            },
+            security: self.security(),
+            node_name: ctx.node_name().to_string(),
+            acceptor: self.config.acceptor,
+        });
         let mut serving = tokio::task::JoinSet::new();
-        for l in listeners {
-            serving.spawn(serve(
-                l.listener,
-                ctx.handle(),
-                l.read_only,
+        for b in listeners {
+            let tls = match b.port {
+                routes::Port::Main => self.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+                _ => None,
+            };
+            tracing::info!(addr = %b.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), port = ?b.port, "serving");
+            serving.spawn(serve_listener(
+                b.listener,
+                b.port,
+                tls,
+                shared.clone(),
                 shutdown.clone(),
             ));
         }
@@ -205,101 +490,159 @@ impl AgentPlugin for KubeletServer {
     }
 }
 
-/// Serve `listener` until `shutdown`; `read_only` adds `/pods` and `/metrics`.
-pub async fn serve(
+async fn serve_listener(
     listener: TcpListener,
-    handle: KubeletHandle,
-    read_only: bool,
+    port: routes::Port,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    continue;
+    let acceptor = shared.acceptor;
+    listener::accept_loop(listener, acceptor, shutdown, move |stream, stop| {
+        let shared = shared.clone();
+        let tls = tls.clone();
+        async move {
+            let _ = stream.set_nodelay(true);
+            match tls {
+                Some(tls) => {
+                    let handshake =
+                        tokio::time::timeout(acceptor.handshake_timeout, tls.accept(stream));
+                    let stream = match handshake.await {
+                        Ok(Ok(s)) => s,
+                        Ok(Err(e)) => {
+                            tracing::debug!(error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!("TLS handshake timed out");
+                            return;
+                        }
+                    };
+                    let peer = stream
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(|c| tls::certificate_user(c));
+                    serve_connection(stream, port, peer, shared, stop).await;
                 }
-            },
-        };
-        let handle = handle.clone();
-        tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| {
-                let handle = handle.clone();
-                async move { Ok::<_, Infallible>(respond(&handle, read_only, req)) }
-            });
-            if let Err(e) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), svc)
-                .await
-            {
+                None => serve_connection(stream, port, None, shared, stop).await,
+            }
+        }
+    })
+    .await;
+}
+
+async fn serve_connection<S>(
+    io: S,
+    port: routes::Port,
+    peer: Option<UserInfo>,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let header_timeout = shared.acceptor.header_read_timeout;
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let shared = shared.clone();
+        let peer = peer.clone();
+        async move { Ok::<_, std::convert::Infallible>(handle(&shared, port, peer, req).await) }
+    });
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .max_buf_size(1024 * 1024)
+        .serve_connection(TokioIo::new(io), service);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => {
+            if let Err(e) = r {
                 tracing::debug!(error = %e, "HTTP connection ended with an error");
             }
-        });
-    }
-}
-
-fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(body.into()));
-    *r.status_mut() = status;
-    r
-}
-
-fn with_content_type(mut r: Response<Full<Bytes>>, value: &'static str) -> Response<Full<Bytes>> {
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(value),
-    );
-    r
-}
-
-fn respond(
-    handle: &KubeletHandle,
-    read_only: bool,
-    req: Request<Incoming>,
-) -> Response<Full<Bytes>> {
-    if req.method() != Method::GET {
-        return text(StatusCode::METHOD_NOT_ALLOWED, "method not allowed\n");
-    }
-    match req.uri().path() {
-        "/healthz" => match handle.pleg_health() {
-            PlegHealth::Healthy => text(StatusCode::OK, "ok"),
-            PlegHealth::Unhealthy(msg) => text(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                format!("[-]pleg failed: {msg}\nhealthz check failed\n"),
-            ),
-        },
-        "/metrics" if read_only => metrics(&handle.metrics()),
-        "/pods" | "/pods/" if read_only => {
-            let items: Vec<serde_json::Value> = handle
-                .statuses()
-                .list()
-                .into_iter()
-                .map(|p| {
-                    let mut pod = (*p.pod).clone();
-                    pod.status = Some((*p.status).clone());
-                    serde_json::to_value(&pod).unwrap_or(serde_json::Value::Null)
-                })
-                .collect();
-            let list = serde_json::json!({
-                "kind": "PodList",
-                "apiVersion": "v1",
-                "metadata": {},
-                "items": items,
-            });
-            with_content_type(text(StatusCode::OK, list.to_string()), "application/json")
         }
-        _ => text(StatusCode::NOT_FOUND, "404 page not found\n"),
+        _ = stop.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 
-fn metrics(registry: &Registry) -> Response<Full<Bytes>> {
-    let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, registry) {
-        Ok(()) => with_content_type(
-            text(StatusCode::OK, body),
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        ),
-        Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n")),
+/// Authenticate (kubelet API only), authorize, then route.
+async fn handle(
+    shared: &Shared,
+    port: routes::Port,
+    peer: Option<UserInfo>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    if port == routes::Port::Main {
+        let user = match authenticate(&shared.security, peer, &req).await {
+            Some(u) => u,
+            None => return routes::plain(StatusCode::UNAUTHORIZED, "Unauthorized\n"),
+        };
+        let attrs = auth::request_attributes(
+            &user,
+            req.method(),
+            req.uri().path(),
+            &shared.node_name,
+            shared.security.fine_grained,
+        );
+        match auth::authorize_all(shared.security.authorizer.as_ref(), &attrs).await {
+            auth::Verdict::Allowed => {}
+            auth::Verdict::Forbidden(body) => {
+                return routes::plain(StatusCode::FORBIDDEN, body);
+            }
+            auth::Verdict::Error(body) => {
+                return routes::plain(StatusCode::INTERNAL_SERVER_ERROR, body);
+            }
+        }
     }
+    routes::route(&shared.ctx, port, &req).await
+}
+
+/// The request's user: a verified client certificate, else a bearer token, else anonymous
+/// (when allowed); `None` for 401.
+async fn authenticate<B>(
+    security: &Security,
+    peer: Option<UserInfo>,
+    req: &Request<B>,
+) -> Option<UserInfo> {
+    let with_authenticated = |mut u: UserInfo| {
+        if !u.groups.iter().any(|g| g == "system:authenticated") {
+            u.groups.push("system:authenticated".to_string());
+        }
+        u
+    };
+    if let Some(user) = peer {
+        return Some(with_authenticated(user));
+    }
+    let bearer = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme
+                .eq_ignore_ascii_case("bearer")
+                .then(|| token.trim().to_string())
+        })
+        .filter(|t| !t.is_empty());
+    if let Some(token) = bearer {
+        if !security.token_webhook {
+            return if security.anonymous {
+                Some(UserInfo::anonymous())
+            } else {
+                None
+            };
+        }
+        let tokens = security.tokens.as_ref()?;
+        return match tokens.authenticate_token(&token).await {
+            Ok(Some(user)) => Some(with_authenticated(user)),
+            Ok(None) => None,
+            Err(e) => {
+                tracing::warn!(error = %e, "checking a bearer token failed");
+                None
+            }
+        };
+    }
+    security.anonymous.then(UserInfo::anonymous)
 }

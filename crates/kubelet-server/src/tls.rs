@@ -1,0 +1,501 @@
+//! TLS for the kubelet API port: the serving certificate (configured files, else a self-signed
+//! pair generated into the certificate directory and reused), reloaded when its files change,
+//! `tlsMinVersion`, `tlsCipherSuites` with the kubelet's names, and client certificates checked
+//! against `clientCAFile` (requested, not required: token and anonymous requests still work).
+//!
+//! Differences from the kubelet, all from rustls: TLS 1.0 and 1.1 do not exist (a
+//! `tlsMinVersion` of `VersionTLS10`/`VersionTLS11` serves TLS 1.2 and later), only AEAD cipher
+//! suites with forward secrecy exist (naming another suite is an error), and the generated key
+//! is ECDSA P-256 where the kubelet generates RSA 2048.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use parking_lot::Mutex;
+use rustls::crypto::CryptoProvider;
+use rustls::crypto::ring::cipher_suite as suites;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{RootCertStore, SupportedCipherSuite};
+
+use crate::ServerError;
+
+/// How often, at most, the certificate files are checked for changes (on a handshake).
+const RELOAD_CHECK: Duration = Duration::from_secs(1);
+
+/// The TLS settings of the kubelet API port.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TlsSettings {
+    /// `tlsCertFile`; empty for the self-signed pair in [`cert_dir`](Self::cert_dir).
+    pub cert_file: PathBuf,
+    /// `tlsPrivateKeyFile`.
+    pub key_file: PathBuf,
+    /// `--cert-dir`: where the self-signed pair is kept.
+    pub cert_dir: PathBuf,
+    /// The host name the self-signed certificate is issued for (`--hostname-override` or the
+    /// machine's host name, lower-cased).
+    pub hostname: String,
+    /// Node addresses added to the self-signed certificate's SANs.
+    pub addresses: Vec<IpAddr>,
+    /// `tlsMinVersion`.
+    pub min_version: String,
+    /// `tlsCipherSuites`.
+    pub cipher_suites: Vec<String>,
+    /// `authentication.x509.clientCAFile`; empty for no client certificates.
+    pub client_ca_file: PathBuf,
+}
+
+/// The cipher suites by the names the kubelet accepts (Go's `tls.CipherSuiteName`s).
+fn suite_by_name(name: &str) -> Option<SupportedCipherSuite> {
+    Some(match name {
+        "TLS_AES_128_GCM_SHA256" => suites::TLS13_AES_128_GCM_SHA256,
+        "TLS_AES_256_GCM_SHA384" => suites::TLS13_AES_256_GCM_SHA384,
+        "TLS_CHACHA20_POLY1305_SHA256" => suites::TLS13_CHACHA20_POLY1305_SHA256,
+        "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256" => {
+            suites::TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256
+        }
+        "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384" => {
+            suites::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384
+        }
+        "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305"
+        | "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            suites::TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256" => suites::TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256,
+        "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384" => suites::TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384,
+        "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305" | "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256" => {
+            suites::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256
+        }
+        _ => return None,
+    })
+}
+
+fn tls_err(message: impl Into<String>) -> ServerError {
+    ServerError::Tls(message.into())
+}
+
+/// The crypto provider with the configured cipher suites. As in Go, the TLS 1.3 suites are
+/// always enabled when TLS 1.3 is; the list chooses among the TLS 1.2 suites.
+fn provider(settings: &TlsSettings) -> Result<CryptoProvider, ServerError> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if !settings.cipher_suites.is_empty() {
+        let mut chosen: Vec<SupportedCipherSuite> = provider
+            .cipher_suites
+            .iter()
+            .filter(|s| s.tls13().is_some())
+            .copied()
+            .collect();
+        for name in &settings.cipher_suites {
+            let suite = suite_by_name(name.trim()).ok_or_else(|| {
+                tls_err(format!(
+                    "tlsCipherSuites: {name:?} is not supported (only ECDHE AEAD suites and the TLS 1.3 suites are)"
+                ))
+            })?;
+            if !chosen.contains(&suite) {
+                chosen.push(suite);
+            }
+        }
+        provider.cipher_suites = chosen;
+    }
+    Ok(provider)
+}
+
+fn versions(min: &str) -> Result<Vec<&'static rustls::SupportedProtocolVersion>, ServerError> {
+    match min {
+        "" | "VersionTLS10" | "VersionTLS11" | "VersionTLS12" => {
+            Ok(vec![&rustls::version::TLS13, &rustls::version::TLS12])
+        }
+        "VersionTLS13" => Ok(vec![&rustls::version::TLS13]),
+        other => Err(tls_err(format!(
+            "tlsMinVersion: unknown version {other:?} (VersionTLS12 or VersionTLS13)"
+        ))),
+    }
+}
+
+/// Build the server's TLS configuration: errors name the file or setting at fault.
+pub(crate) fn server_config(
+    settings: &TlsSettings,
+) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    let provider = Arc::new(provider(settings)?);
+    let (cert, key) = serving_pair(settings)?;
+    let resolver = ReloadingCert::load(cert, key, provider.clone())?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&versions(&settings.min_version)?)
+        .map_err(|e| tls_err(format!("tlsCipherSuites/tlsMinVersion: {e}")))?;
+    let builder = if settings.client_ca_file.as_os_str().is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let roots = client_roots(&settings.client_ca_file)?;
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| {
+                tls_err(format!(
+                    "clientCAFile {}: {e}",
+                    settings.client_ca_file.display()
+                ))
+            })?;
+        builder.with_client_cert_verifier(verifier)
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+fn client_roots(path: &Path) -> Result<RootCertStore, ServerError> {
+    let mut roots = RootCertStore::empty();
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| tls_err(format!("clientCAFile {}: {e}", path.display())))?;
+    if certs.is_empty() {
+        return Err(tls_err(format!(
+            "clientCAFile {}: no certificates",
+            path.display()
+        )));
+    }
+    for c in certs {
+        roots
+            .add(c)
+            .map_err(|e| tls_err(format!("clientCAFile {}: {e}", path.display())))?;
+    }
+    Ok(roots)
+}
+
+/// The certificate and key files to serve: the configured pair, else the self-signed pair in
+/// the certificate directory, generated when missing or unreadable.
+fn serving_pair(settings: &TlsSettings) -> Result<(PathBuf, PathBuf), ServerError> {
+    let cert_set = !settings.cert_file.as_os_str().is_empty();
+    let key_set = !settings.key_file.as_os_str().is_empty();
+    match (cert_set, key_set) {
+        (true, true) => return Ok((settings.cert_file.clone(), settings.key_file.clone())),
+        (true, false) | (false, true) => {
+            return Err(tls_err(
+                "tlsCertFile and tlsPrivateKeyFile must be set together",
+            ));
+        }
+        (false, false) => {}
+    }
+    let cert = settings.cert_dir.join("kubelet.crt");
+    let key = settings.cert_dir.join("kubelet.key");
+    let provider = rustls::crypto::ring::default_provider();
+    if load_pair(&cert, &key, &provider).is_ok() {
+        return Ok((cert, key));
+    }
+    let (cert_pem, key_pem) = self_signed(&settings.hostname, &settings.addresses)?;
+    std::fs::create_dir_all(&settings.cert_dir).map_err(|e| {
+        tls_err(format!(
+            "creating the certificate directory {}: {e}",
+            settings.cert_dir.display()
+        ))
+    })?;
+    write_file(&cert, cert_pem.as_bytes(), 0o644)?;
+    write_file(&key, key_pem.as_bytes(), 0o600)?;
+    tracing::info!(cert = %cert.display(), key = %key.display(), host = %settings.hostname, "generated a self-signed serving certificate");
+    Ok((cert, key))
+}
+
+fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), ServerError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    };
+    write().map_err(|e| tls_err(format!("writing {}: {e}", path.display())))
+}
+
+/// A throw-away CA and a serving certificate it signs, as the kubelet's
+/// `GenerateSelfSignedCertKey`: CA `<host>-ca@<unix seconds>`, leaf `<host>@<unix seconds>`,
+/// valid from an hour ago for a year; SANs: the host (DNS or IP) and `addresses`. Returns the
+/// certificate file (leaf then CA) and the key, PEM.
+pub fn self_signed(host: &str, addresses: &[IpAddr]) -> Result<(String, String), ServerError> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+        KeyUsagePurpose, SanType,
+    };
+    let gen_err = |e: rcgen::Error| tls_err(format!("generating a self-signed certificate: {e}"));
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let not_before = time::OffsetDateTime::now_utc() - time::Duration::hours(1);
+    let not_after = not_before + time::Duration::days(365);
+
+    let ca_key = KeyPair::generate().map_err(gen_err)?;
+    let mut ca = CertificateParams::new(Vec::<String>::new()).map_err(gen_err)?;
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{host}-ca@{now}"));
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    ca.not_before = not_before;
+    ca.not_after = not_after;
+    let ca_cert = ca.self_signed(&ca_key).map_err(gen_err)?;
+
+    let key = KeyPair::generate().map_err(gen_err)?;
+    let mut leaf = CertificateParams::new(vec![host.to_string()]).map_err(gen_err)?;
+    for ip in addresses {
+        if !leaf
+            .subject_alt_names
+            .iter()
+            .any(|s| matches!(s, SanType::IpAddress(a) if a == ip))
+        {
+            leaf.subject_alt_names.push(SanType::IpAddress(*ip));
+        }
+    }
+    leaf.distinguished_name
+        .push(DnType::CommonName, format!("{host}@{now}"));
+    leaf.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.not_before = not_before;
+    leaf.not_after = not_after;
+    let leaf_cert = leaf.signed_by(&key, &ca_cert, &ca_key).map_err(gen_err)?;
+    Ok((
+        format!("{}{}", leaf_cert.pem(), ca_cert.pem()),
+        key.serialize_pem(),
+    ))
+}
+
+fn load_pair(
+    cert: &Path,
+    key: &Path,
+    provider: &CryptoProvider,
+) -> Result<CertifiedKey, ServerError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| tls_err(format!("tlsCertFile {}: {e}", cert.display())))?;
+    if chain.is_empty() {
+        return Err(tls_err(format!(
+            "tlsCertFile {}: no certificates",
+            cert.display()
+        )));
+    }
+    let key_der = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| tls_err(format!("tlsPrivateKeyFile {}: {e}", key.display())))?;
+    CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
+        tls_err(format!(
+            "{} and {} do not form a usable pair: {e}",
+            cert.display(),
+            key.display()
+        ))
+    })
+}
+
+/// What identifies a file's version (modification time, size, inode).
+type Stamp = Option<(SystemTime, u64, u64)>;
+
+fn stamp(path: &Path) -> Stamp {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.modified().ok()?, m.len(), m.ino()))
+}
+
+struct ReloadState {
+    current: Arc<CertifiedKey>,
+    stamps: (Stamp, Stamp),
+    checked: std::time::Instant,
+}
+
+/// Serves the pair from two files and re-reads them when they change (checked on a handshake,
+/// at most once a second); established connections keep the certificate they started with.
+struct ReloadingCert {
+    cert: PathBuf,
+    key: PathBuf,
+    provider: Arc<CryptoProvider>,
+    state: Mutex<ReloadState>,
+}
+
+impl std::fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReloadingCert")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReloadingCert {
+    fn load(
+        cert: PathBuf,
+        key: PathBuf,
+        provider: Arc<CryptoProvider>,
+    ) -> Result<Self, ServerError> {
+        let stamps = (stamp(&cert), stamp(&key));
+        let current = Arc::new(load_pair(&cert, &key, &provider)?);
+        Ok(Self {
+            cert,
+            key,
+            provider,
+            state: Mutex::new(ReloadState {
+                current,
+                stamps,
+                checked: std::time::Instant::now(),
+            }),
+        })
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let mut state = self.state.lock();
+        if state.checked.elapsed() >= RELOAD_CHECK {
+            state.checked = std::time::Instant::now();
+            let stamps = (stamp(&self.cert), stamp(&self.key));
+            if stamps != state.stamps {
+                state.stamps = stamps;
+                match load_pair(&self.cert, &self.key, &self.provider) {
+                    Ok(pair) => {
+                        tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
+                        state.current = Arc::new(pair);
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the serving certificate changed but cannot be loaded; serving the previous one");
+                    }
+                }
+            }
+        }
+        Some(state.current.clone())
+    }
+}
+
+/// The user of a verified client certificate: CN as the name, O values as groups.
+pub(crate) fn certificate_user(der: &[u8]) -> Option<crate::auth::UserInfo> {
+    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
+    let subject = cert.subject();
+    let name = subject
+        .iter_common_name()
+        .next()
+        .and_then(|cn| cn.as_str().ok())?
+        .to_string();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_string))
+        .collect();
+    Some(crate::auth::UserInfo::new(name, groups))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn self_signed_pairs_are_generated_once_and_reused() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = TlsSettings {
+            cert_dir: dir.path().join("pki"),
+            hostname: "node-a".into(),
+            addresses: vec!["10.1.2.3".parse().unwrap()],
+            ..Default::default()
+        };
+        let (cert, key) = serving_pair(&settings).unwrap();
+        assert_eq!(cert, dir.path().join("pki/kubelet.crt"));
+        let first = std::fs::read(&cert).unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&key).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600);
+        }
+        // Leaf then CA; SANs hold the host and the address.
+        let chain: Vec<_> = CertificateDer::pem_file_iter(&cert)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(chain.len(), 2);
+        let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
+        let cn = leaf.subject().iter_common_name().next().unwrap();
+        assert!(cn.as_str().unwrap().starts_with("node-a@"));
+        let san = format!(
+            "{:?}",
+            leaf.subject_alternative_name().unwrap().unwrap().value
+        );
+        assert!(
+            san.contains("\"node-a\"") && san.contains("[10, 1, 2, 3]"),
+            "{san}"
+        );
+        // A restart reuses the pair.
+        serving_pair(&settings).unwrap();
+        assert_eq!(std::fs::read(&cert).unwrap(), first);
+        // A broken pair is replaced.
+        std::fs::write(&key, "garbage").unwrap();
+        serving_pair(&settings).unwrap();
+        assert_ne!(std::fs::read(&cert).unwrap(), first);
+        server_config(&settings).unwrap();
+    }
+
+    #[test]
+    fn bad_settings_are_errors_that_name_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = TlsSettings {
+            cert_dir: dir.path().to_path_buf(),
+            hostname: "n".into(),
+            ..Default::default()
+        };
+        let err = |s: TlsSettings| server_config(&s).unwrap_err().to_string();
+        assert!(
+            err(TlsSettings {
+                min_version: "VersionTLS99".into(),
+                ..base.clone()
+            })
+            .contains("tlsMinVersion")
+        );
+        assert!(
+            err(TlsSettings {
+                cipher_suites: vec!["TLS_RSA_WITH_RC4_128_SHA".into()],
+                ..base.clone()
+            })
+            .contains("TLS_RSA_WITH_RC4_128_SHA")
+        );
+        assert!(
+            err(TlsSettings {
+                cert_file: dir.path().join("missing.crt"),
+                ..base.clone()
+            })
+            .contains("together")
+        );
+        assert!(
+            err(TlsSettings {
+                cert_file: dir.path().join("missing.crt"),
+                key_file: dir.path().join("missing.key"),
+                ..base.clone()
+            })
+            .contains("missing.crt")
+        );
+        assert!(
+            err(TlsSettings {
+                client_ca_file: dir.path().join("ca.pem"),
+                ..base.clone()
+            })
+            .contains("clientCAFile")
+        );
+        // The kubelet's names of the supported suites are accepted.
+        server_config(&TlsSettings {
+            cipher_suites: vec![
+                "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256".into(),
+                "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305".into(),
+            ],
+            min_version: "VersionTLS13".into(),
+            ..base
+        })
+        .unwrap();
+    }
+}
