@@ -12,9 +12,15 @@
 #   apiserver-test-env.sh stop-apiserver ENVDIR   stop the API server only (etcd keeps the data)
 #   apiserver-test-env.sh start-apiserver ENVDIR  start it again, same port, same etcd
 #   apiserver-test-env.sh stop ENVDIR          stop both and remove ENVDIR
+#   apiserver-test-env.sh kubectl              print the path of Debian's kubectl (package
+#                                              kubernetes-client), unpacked once into the cache
+#                                              without installing the package (root + apt-get)
 #
 # `start` prints KEY=VALUE lines (also written to ENVDIR/env): APISERVER_URL, ADMIN_KUBECONFIG,
 # NODE_KUBECONFIG, NODE_NAME, APISERVER_PID, ETCD_PID, ETCD_URL, CA_FILE, ADMIN_TOKEN, AUDIT_LOG.
+# The API server reaches kubelets at their InternalIP (then Hostname) with a client certificate
+# for kube-apiserver-kubelet-client (no groups; bind it to system:kubelet-api-admin to let it in),
+# issued by CA_FILE, and does not verify the kubelets' serving certificates.
 # The node credentials are an x509 client certificate for system:node:NODE (group system:nodes),
 # so the Node authorizer and NodeRestriction apply as in a real cluster; NODE defaults to $NODE_NAME
 # or kubelet-sdk-node. The admin credentials are in system:masters.
@@ -390,6 +396,7 @@ cmd_start() {
     issue "$pki" apiserver "/CN=kube-apiserver" server
     issue "$pki" admin "/O=system:masters/CN=admin" client
     issue "$pki" node "/O=system:nodes/CN=system:node:$node" client
+    issue "$pki" kubelet-client "/CN=kube-apiserver-kubelet-client" client
     new_key "$pki/sa.key"
     openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
     echo "$(openssl rand -hex 16),admin,admin,\"system:masters\"" >"$env/tokens.csv"
@@ -425,6 +432,9 @@ EOF
 --service-account-signing-key-file=$pki/sa.key
 --api-audiences=https://kubernetes.default.svc
 --allow-privileged=true
+--kubelet-client-certificate=$pki/kubelet-client.crt
+--kubelet-client-key=$pki/kubelet-client.key
+--kubelet-preferred-address-types=InternalIP,Hostname
 --audit-policy-file=$env/audit-policy.yaml
 --audit-log-path=$env/audit.log
 --profiling=false
@@ -462,6 +472,43 @@ cmd_start_apiserver() {
     cat "$env/env"
 }
 
+# Debian's kubectl, unpacked from its .deb into the cache (never installed over another
+# package's /usr/bin/kubectl).
+KUBECTL_DIR="${KUBECTL_DIR:-/var/cache/kubelet-sdk/kubernetes-client}"
+cmd_kubectl() {
+    local bin="$KUBECTL_DIR/usr/bin/kubectl"
+    if [ -x "$bin" ] && "$bin" version --client >/dev/null 2>&1; then
+        echo "$bin"
+        return 0
+    fi
+    if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        die "no Debian kubectl at $bin and cannot unpack one (needs root and apt-get)"
+    fi
+    mkdir -p "$(dirname "$KUBECTL_DIR")"
+    exec 8>"$KUBECTL_DIR.lock"
+    flock 8
+    if ! { [ -x "$bin" ] && "$bin" version --client >/dev/null 2>&1; }; then
+        local work
+        work=$(mktemp -d "${TMPDIR:-/tmp}/kubelet-sdk-kubectl.XXXXXX")
+        exec 9>"${TMPDIR:-/tmp}/kubelet-sdk-apt.lock"
+        flock 9
+        if ! (cd "$work" && apt-get download -qq kubernetes-client >/dev/null 2>&1); then
+            apt-get -o DPkg::Lock::Timeout=600 update -qq >/dev/null
+            (cd "$work" && apt-get download -qq kubernetes-client >/dev/null) || { rm -rf "$work"; die "apt-get download kubernetes-client failed"; }
+        fi
+        flock -u 9
+        exec 9>&-
+        rm -rf "$KUBECTL_DIR.tmp"
+        dpkg-deb -x "$work"/kubernetes-client_*.deb "$KUBECTL_DIR.tmp" || { rm -rf "$work"; die "unpacking kubernetes-client failed"; }
+        rm -rf "$work" "$KUBECTL_DIR"
+        mv "$KUBECTL_DIR.tmp" "$KUBECTL_DIR"
+    fi
+    flock -u 8
+    exec 8>&-
+    "$bin" version --client >/dev/null 2>&1 || die "the unpacked $bin does not run"
+    echo "$bin"
+}
+
 cmd_stop() {
     local env=${1:?usage: stop ENVDIR}
     [ -d "$env" ] || return 0
@@ -481,9 +528,10 @@ install) cmd_install ;;
 start) cmd_start "${2:-}" "${3:-}" ;;
 stop) cmd_stop "${2:-}" ;;
 stop-apiserver) cmd_stop_apiserver "${2:-}" ;;
+kubectl) cmd_kubectl ;;
 start-apiserver) cmd_start_apiserver "${2:-}" ;;
 *)
-    sed -n '2,26p' "$0" >&2
+    sed -n '2,32p' "$0" >&2
     exit 2
     ;;
 esac

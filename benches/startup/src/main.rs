@@ -570,7 +570,14 @@ impl AgentGuard {
             .arg("--pod-log-dir")
             .arg(logs)
             .args(["--read-only-port", &port.to_string()])
-            .args(["--address", "127.0.0.1", "--healthz-port", "0"])
+            .args([
+                "--address",
+                "127.0.0.1",
+                "--healthz-port",
+                "0",
+                "--port",
+                "0",
+            ])
             .args(["--node-name", NODE, "--file-check-frequency", "60s"])
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())

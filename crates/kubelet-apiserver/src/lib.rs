@@ -16,7 +16,11 @@
 //!   rate limits ([`events`]), and mirror pods for static pods ([`mirror`]);
 //! * **ConfigMaps and Secrets** ([`objects`]): [`ApiObjects`], the agent's
 //!   [`ObjectProvider`](kubelet_core::ObjectProvider) for env references and `configMap` /
-//!   `secret` volumes (GETs with the node's credentials and a TTL cache).
+//!   `secret` volumes (GETs with the node's credentials and a TTL cache);
+//! * **the kubelet API's webhook authentication and authorization** ([`review`]):
+//!   `TokenReview` and `SubjectAccessReview` implementations of `kubelet-server`'s
+//!   [`TokenAuthenticator`](kubelet_server::TokenAuthenticator) and
+//!   [`Authorizer`](kubelet_server::Authorizer).
 //!
 //! Start with [`ApiServer`]: build it from a kubeconfig and add it to the agent as a plugin
 //! ([`KubeletBuilder::plugin`](kubelet_core::KubeletBuilder::plugin)); it contributes the pod
@@ -63,6 +67,7 @@ pub mod node;
 pub mod objects;
 pub mod patch;
 mod plugin;
+pub mod review;
 pub mod sink;
 pub mod source;
 
@@ -71,6 +76,7 @@ pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
 pub use error::ApiServerError;
 pub use node::{NodeConditionSource, NodeStatusInputs};
 pub use objects::ApiObjects;
+pub use review::{SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 pub use sink::ApiStatusSink;
 pub use source::ApiPodSource;
 

@@ -59,7 +59,8 @@ impl NodeConditionSource for NodeConditionReader {
 
 impl ApiServerConfig {
     /// The settings of the kubelet's configuration: `registerNode`,
-    /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency` and `maxPods`; the rest keep
+    /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency`, `maxPods` and the served
+    /// `port` (advertised as `daemonEndpoints.kubeletEndpoint.Port`); the rest keep
     /// their defaults (`root_dir` is a flag: set it).
     pub fn from_configuration(c: &KubeletConfiguration) -> Self {
         let mut config = ApiServerConfig::default()
@@ -69,6 +70,9 @@ impl ApiServerConfig {
                 c.node_status_report_frequency.as_duration(),
             );
         config.max_pods = i64::from(c.max_pods);
+        if c.enable_server && c.port != 0 {
+            config.kubelet_port = Some(i32::from(c.port));
+        }
         config
     }
 }

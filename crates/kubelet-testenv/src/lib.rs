@@ -62,6 +62,40 @@ pub fn required() -> bool {
     std::env::var("KUBELET_SDK_REQUIRE_ROOT").is_ok_and(|v| v == "1")
 }
 
+/// Debian's `kubectl` (package `kubernetes-client`, 1.20), unpacked into the cache by the
+/// script's `kubectl` (without installing the package, so a newer `kubectl` on the PATH stays).
+/// `None` (after a `SKIP` line) when this machine cannot provide it; a panic instead under
+/// `KUBELET_SDK_REQUIRE_ROOT=1`.
+pub fn debian_kubectl(test: &str) -> Option<PathBuf> {
+    static KUBECTL: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let found = KUBECTL
+        .get_or_init(|| {
+            let out = Command::new("bash")
+                .arg(script())
+                .arg("kubectl")
+                .output()
+                .map_err(|e| format!("running apiserver-test-env.sh kubectl: {e}"))?;
+            if out.status.success() {
+                Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            }
+        })
+        .clone();
+    match found {
+        Ok(p) => Some(p),
+        Err(why) if required() => {
+            panic!(
+                "{test}: no Debian kubectl: {why} (KUBELET_SDK_REQUIRE_ROOT=1 makes this a failure)"
+            )
+        }
+        Err(why) => {
+            eprintln!("SKIP {test}: no Debian kubectl: {why}");
+            None
+        }
+    }
+}
+
 /// Runs the script's `install` once per process; every caller gets its outcome.
 fn install_once() -> Result<(), String> {
     static INSTALL: OnceLock<Result<(), String>> = OnceLock::new();
@@ -228,6 +262,15 @@ impl ApiServerEnv {
         (
             self.dir.join("pki/admin.crt"),
             self.dir.join("pki/admin.key"),
+        )
+    }
+
+    /// The client certificate and key (PEM files) the API server presents to kubelets
+    /// (`kube-apiserver-kubelet-client`, no groups, issued by [`ca_file`](Self::ca_file)).
+    pub fn kubelet_client_cert_and_key(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.join("pki/kubelet-client.crt"),
+            self.dir.join("pki/kubelet-client.key"),
         )
     }
 

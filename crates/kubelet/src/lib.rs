@@ -182,6 +182,7 @@ pub struct AgentBuilder {
     /// configuration at build, whatever order the builder's methods were called in).
     cluster: Option<(PathBuf, Option<kubelet_apiserver::ApiServerConfig>)>,
     default_server: bool,
+    cert_dir: Option<PathBuf>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -218,7 +219,15 @@ impl AgentBuilder {
             #[cfg(feature = "apiserver")]
             cluster: None,
             default_server: true,
+            cert_dir: None,
         }
+    }
+
+    /// `--cert-dir`: where the kubelet API's self-signed serving certificate is kept when
+    /// `tlsCertFile` is not set (default `<root-dir>/pki`).
+    pub fn cert_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cert_dir = Some(dir.into());
+        self
     }
 
     /// The kubelet's configuration.
@@ -382,6 +391,7 @@ impl AgentBuilder {
             #[cfg(feature = "apiserver")]
             cluster,
             default_server,
+            cert_dir,
         } = self;
         for unknown in c.unknown_feature_gates() {
             tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
@@ -468,20 +478,27 @@ impl AgentBuilder {
                 kubelet_podconfig::HttpSource::new(&c.static_pod_url, node_name.clone(), config)?;
             builder = builder.pod_source(Arc::new(source));
         }
+        #[allow(unused_mut)]
+        let mut reviews = None;
         #[cfg(feature = "apiserver")]
         if let Some((path, config)) = cluster {
-            let config = config
+            let mut config = config
                 .unwrap_or_else(|| kubelet_apiserver::ApiServerConfig::from_configuration(&c));
+            if !default_server {
+                config.kubelet_port = None;
+            }
             let api = kubelet_apiserver::ApiServer::from_kubeconfig(
                 &path,
                 node_name.clone(),
                 config.root_dir(&root_dir),
             )
             .await?;
+            reviews = Some(api.client());
             builder = builder.plugin(Arc::new(api));
         }
         if default_server {
-            builder = with_server(builder, &c).await?;
+            let cert_dir = cert_dir.unwrap_or_else(|| root_dir.join("pki"));
+            builder = with_server(builder, &c, cert_dir, reviews).await?;
         }
         Ok(builder.build()?)
     }
@@ -520,14 +537,34 @@ fn with_eviction(
     Ok(builder)
 }
 
+/// The API server client the kubelet API's webhook authentication and authorization use.
+#[cfg(feature = "apiserver")]
+type Reviews = Option<kubelet_apiserver::kube::Client>;
+#[cfg(not(feature = "apiserver"))]
+type Reviews = Option<std::convert::Infallible>;
+
 #[cfg(feature = "server")]
 async fn with_server(
     builder: KubeletBuilder,
     c: &KubeletConfiguration,
+    cert_dir: PathBuf,
+    reviews: Reviews,
 ) -> Result<KubeletBuilder, AgentError> {
-    let server =
-        kubelet_server::KubeletServer::bind(kubelet_server::ServerConfig::from_configuration(c))
-            .await?;
+    let config = kubelet_server::ServerConfig::from_configuration(c).cert_dir(cert_dir);
+    #[allow(unused_mut)]
+    let mut server = kubelet_server::KubeletServer::bind(config).await?;
+    #[cfg(feature = "apiserver")]
+    if let Some(client) = reviews {
+        server = server
+            .with_token_authenticator(Arc::new(kubelet_apiserver::TokenReviewAuthenticator::new(
+                client.clone(),
+            )))
+            .with_authorizer(Arc::new(
+                kubelet_apiserver::SubjectAccessReviewAuthorizer::new(client),
+            ));
+    }
+    #[cfg(not(feature = "apiserver"))]
+    let _ = reviews;
     Ok(builder.plugin(Arc::new(server)))
 }
 
@@ -535,6 +572,8 @@ async fn with_server(
 async fn with_server(
     builder: KubeletBuilder,
     _: &KubeletConfiguration,
+    _: PathBuf,
+    _: Reviews,
 ) -> Result<KubeletBuilder, AgentError> {
     Ok(builder)
 }

@@ -106,6 +106,7 @@ async fn cluster_agent_joins_the_cluster_with_probes_eviction_and_metrics() {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "readOnlyPort": port,
         "healthzPort": 0,
+        "port": 0,
         "podLogsDir": dir.path().join("logs"),
         "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
     });

@@ -42,18 +42,14 @@ pub(crate) fn configure(flags: &ClusterFlags, c: &mut KubeletConfiguration) {
 /// The kubeconfig and API server settings from the flags, or `None` without `--kubeconfig`.
 pub(crate) fn api_server_config(
     flags: &ClusterFlags,
+    configuration: &KubeletConfiguration,
     root_dir: &Path,
 ) -> anyhow::Result<Option<(PathBuf, ApiServerConfig)>> {
     let Some(path) = &flags.kubeconfig else {
         return Ok(None);
     };
-    let mut config = ApiServerConfig::default()
-        .register_node(flags.register_node)
+    let mut config = ApiServerConfig::from_configuration(configuration)
         .node_labels(parse_node_labels(&flags.node_labels).context("--node-labels")?)
-        .node_status_frequencies(
-            flags.node_status_update_frequency,
-            flags.node_status_report_frequency,
-        )
         .root_dir(root_dir);
     if let Some(ip) = &flags.node_ip {
         config = config.node_ip(ip);

@@ -2,8 +2,10 @@
 //!
 //! Static pods from `--pod-manifest-path` run on the built-in process runtime (each container a
 //! supervised host process), or with `--container-runtime-endpoint unix:///…` on a CRI runtime
-//! such as containerd (`kubelet-cri`); `--read-only-port` serves `GET /healthz` and `GET /pods` like the
-//! kubelet's read-only port. With `--kubeconfig` it joins a cluster (`kubelet-apiserver`):
+//! such as containerd (`kubelet-cri`). `--port` (10250) serves the kubelet API over HTTPS
+//! (`kubelet-server`: `/containerLogs` for `kubectl logs`, `/pods`, `/healthz`, `/metrics`,
+//! authenticated and authorized), `--read-only-port` the unauthenticated read-only port.
+//! With `--kubeconfig` it joins a cluster (`kubelet-apiserver`):
 //! registers the Node, renews its Lease, runs the pods bound to it (with their ConfigMaps and
 //! Secrets, as env and volumes) and reports their status.
 //! Ctrl-C stops the agent and leaves pods running; the next start
@@ -22,6 +24,7 @@ use kubelet::podconfig::{PushSource, PushSourceConfig};
 use tokio_util::sync::CancellationToken;
 
 mod cluster;
+mod server;
 
 /// Flags, named like the kubelet's.
 #[derive(Debug, Parser)]
@@ -86,7 +89,7 @@ struct Flags {
     /// Port of the read-only API (`/healthz`, `/pods`); 0 disables it (the kubelet's default).
     #[arg(long = "read-only-port", default_value_t = 0)]
     read_only_port: u16,
-    /// Address the read-only port binds to.
+    /// Address the kubelet API and the read-only port bind to.
     #[arg(long = "address", default_value = "0.0.0.0")]
     address: String,
     /// Port of the localhost healthz endpoint; 0 disables it.
@@ -129,6 +132,9 @@ struct Flags {
     /// `--kubeconfig` and the node's API server flags.
     #[command(flatten)]
     cluster: cluster::ClusterFlags,
+    /// The kubelet API's flags (`--port`, TLS, authentication, authorization).
+    #[command(flatten)]
+    server: server::ServerFlags,
     /// Log verbosity (kubelet-style); `RUST_LOG` takes precedence.
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
@@ -198,6 +204,7 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
         .context("--eviction-max-pod-grace-period")?;
     c.feature_gates = flags.feature_gates.clone();
     cluster::configure(&flags.cluster, &mut c);
+    server::configure(&flags.server, &mut c);
     Ok(c)
 }
 
@@ -255,6 +262,7 @@ fn main() -> ExitCode {
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
     let configuration = configuration(&flags)?;
+    let cluster = cluster::api_server_config(&flags.cluster, &configuration, &flags.root_dir)?;
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
         .root_dir(&flags.root_dir)
@@ -266,8 +274,11 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if let Some(ca) = &flags.manifest_url_ca_file {
         agent = agent.static_pod_url_ca_file(ca);
     }
-    if let Some(config) = cluster::api_server_config(&flags.cluster, &flags.root_dir)? {
+    if let Some(config) = cluster {
         agent = agent.cluster(&config.0, config.1);
+    }
+    if let Some(dir) = &flags.server.cert_dir {
+        agent = agent.cert_dir(dir);
     }
     if let Some(address) = flags.pod_push_address {
         let mut config = PushSourceConfig::default().address(address);

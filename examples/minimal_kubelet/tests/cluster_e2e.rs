@@ -89,7 +89,7 @@ async fn kubeconfig_joins_the_cluster_and_runs_pods_bound_to_the_node() {
         .arg(dir.path().join("root"))
         .arg("--pod-log-dir")
         .arg(dir.path().join("logs"))
-        .args(["--healthz-port", "0"])
+        .args(["--healthz-port", "0", "--port", "0"])
         // The test machine's disk may be fuller than the kubelet's default thresholds allow.
         .args([
             "--eviction-hard",

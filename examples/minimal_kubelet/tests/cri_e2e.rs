@@ -114,6 +114,7 @@ impl Env {
             .arg("127.0.0.1")
             .arg("--healthz-port")
             .arg("0")
+            .args(["--port", "0"])
             .args(["--eviction-hard", common::LOW_EVICTION_HARD])
             .args(&self.extra_args)
             .env("RUST_LOG", "info")

@@ -50,6 +50,8 @@ struct Env {
     port: u16,
     /// `--healthz-port` (0: disabled).
     healthz_port: u16,
+    /// `--port`, the kubelet API (0: disabled).
+    api_port: u16,
     /// Pass `--root-dir`, `--pod-log-dir` and `--pod-manifest-path` relative to the agent's
     /// working directory (the temp dir) instead of absolute.
     relative_dirs: bool,
@@ -90,6 +92,7 @@ impl Env {
             work,
             port: 0,
             healthz_port: 0,
+            api_port: 0,
             relative_dirs: false,
             extra_args: Vec::new(),
             agent: None,
@@ -135,6 +138,7 @@ impl Env {
             .args(["--read-only-port", &self.port.to_string()])
             .args(["--address", "127.0.0.1"])
             .args(["--healthz-port", &self.healthz_port.to_string()])
+            .args(["--port", &self.api_port.to_string()])
             .args(["--healthz-bind-address", "127.0.0.1"])
             .args(["--node-name", NODE])
             .args(["--file-check-frequency", "60s"])

@@ -88,7 +88,7 @@ impl Env {
             .arg(&manifests)
             .args(["--read-only-port", &port.to_string()])
             .args(["--address", "127.0.0.1"])
-            .args(["--healthz-port", "0"])
+            .args(["--healthz-port", "0", "--port", "0"])
             .args(["--eviction-hard", common::LOW_EVICTION_HARD])
             .args(["--node-name", NODE])
             .args(["--file-check-frequency", "60s"])

@@ -1,0 +1,512 @@
+//! The kubelet API of `minimal_kubelet` (port 10250-style HTTPS, `kubelet-server`) against a
+//! real kube-apiserver 1.20 (`kubelet-testenv`) and real `kubectl`s: Debian's 1.20 client
+//! (unpacked into the cache) and, when the PATH has another one, that one too.
+//!
+//! * `kubectl logs` with `-f`, `--previous`, `--tail`, `--since`, `--since-time`,
+//!   `--timestamps`, `--limit-bytes`, through the API server, which reaches the agent at its
+//!   InternalIP with its kubelet client certificate; the agent checks it against
+//!   `--client-ca-file` and authorizes it with a SubjectAccessReview that RBAC answers
+//!   (the certificate's user is bound to `system:kubelet-api-admin`);
+//! * the node advertises the port in `daemonEndpoints.kubeletEndpoint.Port`;
+//! * direct requests: 401 anonymous and for a bad token, 403 for a service account RBAC denies,
+//!   200 for one bound to `system:kubelet-api-admin`, for an x509 client certificate and for a
+//!   static token; with the API server stopped, an unknown token is 401 and an unreviewed user
+//!   500, both without hanging.
+//!
+//! Skips without the API server environment (fails under `KUBELET_SDK_REQUIRE_ROOT=1`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kubelet_testenv::ApiServerEnv;
+
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
+
+/// The agent process and the token its containers carry; killed (with them) on drop.
+struct Agent {
+    child: Child,
+    token: String,
+    log: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if cmdline
+                .split(|b| *b == 0)
+                .any(|a| a == self.token.as_bytes())
+            {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "--- agent log ---\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+        }
+    }
+}
+
+struct Out {
+    ok: bool,
+    stdout: String,
+    stderr: String,
+}
+
+fn run(cmd: &mut Command) -> Out {
+    let out = cmd.output().expect("run a command");
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> Out {
+    run(Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "30s"])
+        .args(args))
+}
+
+fn kubectl_ok(bin: &Path, kubeconfig: &Path, args: &[&str]) -> String {
+    let o = kubectl(bin, kubeconfig, args);
+    assert!(o.ok, "kubectl {args:?} failed: {}", o.stderr);
+    o.stdout
+}
+
+fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `curl` to the agent's API: (HTTP code, body, seconds taken).
+fn curl(port: u16, path: &str, extra: &[&str]) -> (u16, String, f64) {
+    let start = Instant::now();
+    let o = run(Command::new("curl")
+        .args(["-sk", "--max-time", "60", "-w", "\n%{http_code}"])
+        .args(extra)
+        .arg(format!("https://127.0.0.1:{port}{path}")));
+    let (body, code) = o.stdout.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        code.trim().parse().unwrap_or(0),
+        body.to_string(),
+        start.elapsed().as_secs_f64(),
+    )
+}
+
+fn pod_json(name: &str, restart: &str, script: &str, token: &str, node: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": name },
+        "spec": {
+            "nodeName": node, "hostNetwork": true, "terminationGracePeriodSeconds": 2,
+            "restartPolicy": restart,
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "command": ["/bin/sh", "-c", script, token],
+            }],
+        },
+    })
+    .to_string()
+}
+
+fn apply(bin: &Path, kubeconfig: &Path, manifest: &str) {
+    let mut child = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(manifest.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A service account token from the TokenRequest API (works with any kubectl version).
+fn service_account_token(env: &ApiServerEnv, kubectl_bin: &Path, name: &str) -> String {
+    kubectl_ok(
+        kubectl_bin,
+        env.admin_kubeconfig(),
+        &["create", "serviceaccount", name],
+    );
+    let (cert, key) = env.admin_cert_and_key();
+    let o = run(Command::new("curl")
+        .args(["-sf", "--cacert"])
+        .arg(env.ca_file())
+        .arg("--cert")
+        .arg(cert)
+        .arg("--key")
+        .arg(key)
+        .args(["-X", "POST", "-H", "Content-Type: application/json", "-d"])
+        .arg(r#"{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}"#)
+        .arg(format!(
+            "{}/api/v1/namespaces/default/serviceaccounts/{name}/token",
+            env.url()
+        )));
+    assert!(o.ok, "TokenRequest for {name}: {}", o.stderr);
+    let v: serde_json::Value = serde_json::from_str(&o.stdout).unwrap();
+    v["status"]["token"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn kubectl_logs_and_the_kubelet_apis_authentication_through_a_real_api_server() {
+    let test = "kubectl_logs_and_the_kubelet_apis_authentication_through_a_real_api_server";
+    let Some(debian_kubectl) = kubelet_testenv::debian_kubectl(test) else {
+        return;
+    };
+    let Some(env) = ApiServerEnv::start_for_node(test, "mk-server") else {
+        return;
+    };
+    let mut kubectls = vec![debian_kubectl.clone()];
+    if let Ok(path) = which_kubectl() {
+        let version = |b: &Path| run(Command::new(b).args(["version", "--client"])).stdout;
+        if version(&path) != version(&debian_kubectl) {
+            kubectls.push(path);
+        }
+    }
+    let admin = env.admin_kubeconfig().to_path_buf();
+    let k = &debian_kubectl;
+    kubectl_ok(
+        k,
+        &admin,
+        &[
+            "create",
+            "clusterrolebinding",
+            "apiserver-kubelet-api",
+            "--clusterrole=system:kubelet-api-admin",
+            "--user=kube-apiserver-kubelet-client",
+        ],
+    );
+
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let token = format!("mk-server-{}", std::process::id());
+    let log = dir.path().join("agent.log");
+    let child = Command::new(BIN)
+        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+        .args(["--node-name", &node, "--node-ip", "127.0.0.1"])
+        .args(["--address", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--client-ca-file")
+        .arg(env.ca_file())
+        .arg("--cert-dir")
+        .arg(dir.path().join("pki"))
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.path().join("logs"))
+        .args(["--healthz-port", "0"])
+        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .expect("start minimal_kubelet");
+    let _agent = Agent {
+        child,
+        token: token.clone(),
+        log,
+    };
+
+    // The node advertises the port.
+    eventually(
+        "the node to advertise its port",
+        Duration::from_secs(60),
+        || {
+            let o = kubectl(
+                k,
+                &admin,
+                &[
+                    "get",
+                    "node",
+                    &node,
+                    "-o",
+                    "jsonpath={.status.daemonEndpoints.kubeletEndpoint.Port}",
+                ],
+            );
+            (o.ok && o.stdout.trim() == port.to_string()).then_some(())
+        },
+    );
+
+    // counter: five lines then waits; crasher: one line per run, exits 1 (restarted);
+    // finisher: a line, a pause, a line, exits.
+    apply(
+        k,
+        &admin,
+        &pod_json(
+            "counter",
+            "Always",
+            "for i in 1 2 3 4 5; do echo line-$i; done; trap 'exit 0' TERM; while true; do sleep 0.2; done",
+            &token,
+            &node,
+        ),
+    );
+    apply(
+        k,
+        &admin,
+        &pod_json(
+            "crasher",
+            "Always",
+            "echo run-$$; sleep 0.5; exit 1",
+            &token,
+            &node,
+        ),
+    );
+    let wait_running = |name: &str| {
+        eventually(&format!("{name} Running"), Duration::from_secs(60), || {
+            let o = kubectl(
+                k,
+                &admin,
+                &["get", "pod", name, "-o", "jsonpath={.status.phase}"],
+            );
+            (o.stdout.trim() == "Running").then_some(())
+        })
+    };
+    wait_running("counter");
+
+    for kc in &kubectls {
+        let logs = |args: &[&str]| {
+            let mut all = vec!["logs"];
+            all.extend_from_slice(args);
+            kubectl_ok(kc, &admin, &all)
+        };
+        let all = eventually("five lines", Duration::from_secs(20), || {
+            let o = kubectl(kc, &admin, &["logs", "counter"]);
+            (o.ok && o.stdout.contains("line-5")).then_some(o.stdout)
+        });
+        assert_eq!(all, "line-1\nline-2\nline-3\nline-4\nline-5\n", "{kc:?}");
+        assert_eq!(logs(&["counter", "--tail=2"]), "line-4\nline-5\n", "{kc:?}");
+        assert_eq!(
+            logs(&["counter", "-c", "app", "--limit-bytes=8"]),
+            "line-1\nl",
+            "{kc:?}"
+        );
+        assert_eq!(logs(&["counter", "--since=1h"]), all, "{kc:?}");
+        assert_eq!(
+            logs(&["counter", "--since-time=2999-01-01T00:00:00Z"]),
+            "",
+            "{kc:?}"
+        );
+        let stamped = logs(&["counter", "--timestamps", "--tail=1"]);
+        let (ts, line) = stamped.trim_end().split_once(' ').unwrap();
+        assert_eq!(line, "line-5");
+        assert_eq!(
+            ts.len(),
+            "2024-01-01T00:00:00.000000000Z".len(),
+            "{stamped}"
+        );
+        // An unknown container: the API server passes the kubelet's answer on.
+        let o = kubectl(kc, &admin, &["logs", "counter", "-c", "nope"]);
+        assert!(!o.ok);
+    }
+
+    // --previous: the crasher's last terminated run.
+    eventually("crasher restarted", Duration::from_secs(60), || {
+        let o = kubectl(
+            k,
+            &admin,
+            &[
+                "get",
+                "pod",
+                "crasher",
+                "-o",
+                "jsonpath={.status.containerStatuses[0].restartCount}",
+            ],
+        );
+        (o.stdout.trim().parse::<u32>().unwrap_or(0) >= 1).then_some(())
+    });
+    for kc in &kubectls {
+        let prev = eventually("previous logs", Duration::from_secs(30), || {
+            let o = kubectl(kc, &admin, &["logs", "crasher", "--previous"]);
+            (o.ok && o.stdout.starts_with("run-")).then_some(o.stdout)
+        });
+        assert_eq!(prev.lines().count(), 1, "{prev}");
+    }
+
+    // -f: follows until the container exits, then kubectl exits by itself.
+    for (i, kc) in kubectls.iter().enumerate() {
+        let name = format!("finisher-{i}");
+        apply(
+            k,
+            &admin,
+            &pod_json(
+                &name,
+                "Never",
+                "echo first; sleep 3; echo second",
+                &token,
+                &node,
+            ),
+        );
+        eventually(&format!("{name} started"), Duration::from_secs(60), || {
+            let o = kubectl(
+                k,
+                &admin,
+                &[
+                    "get",
+                    "pod",
+                    &name,
+                    "-o",
+                    "jsonpath={.status.containerStatuses[0].state.running}",
+                ],
+            );
+            (!o.stdout.trim().is_empty()).then_some(())
+        });
+        let start = Instant::now();
+        let followed = kubectl(kc, &admin, &["logs", "-f", &name]);
+        assert!(followed.ok, "{}", followed.stderr);
+        assert_eq!(followed.stdout, "first\nsecond\n", "{kc:?}");
+        assert!(start.elapsed() < Duration::from_secs(30));
+    }
+
+    // Direct requests to the kubelet API.
+    let (code, body, _) = curl(port, "/pods", &[]);
+    assert_eq!((code, body.as_str()), (401, "Unauthorized\n"));
+    let (code, _, _) = curl(port, "/pods", &["-H", "Authorization: Bearer not-a-token"]);
+    assert_eq!(code, 401);
+    let viewer = service_account_token(&env, k, "viewer");
+    let (code, body, _) = curl(
+        port,
+        "/pods",
+        &["-H", &format!("Authorization: Bearer {viewer}")],
+    );
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        body,
+        "Forbidden (user=system:serviceaccount:default:viewer, verb=get, resource=nodes, subresource(s)=[pods proxy])\n"
+    );
+    let reader = service_account_token(&env, k, "reader");
+    kubectl_ok(
+        k,
+        &admin,
+        &[
+            "create",
+            "clusterrolebinding",
+            "reader-kubelet-api",
+            "--clusterrole=system:kubelet-api-admin",
+            "--serviceaccount=default:reader",
+        ],
+    );
+    let bearer = format!("Authorization: Bearer {reader}");
+    let (code, body, _) = curl(port, "/pods", &["-H", &bearer]);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"counter\""));
+    let (code, body, _) = curl(
+        port,
+        "/containerLogs/default/counter/app?tailLines=1",
+        &["-H", &bearer],
+    );
+    assert_eq!((code, body.as_str()), (200, "line-5\n"));
+    let (code, body, _) = curl(
+        port,
+        "/containerLogs/default/counter/app?tailLines=-1",
+        &["-H", &bearer],
+    );
+    assert_eq!(code, 422, "{body}");
+    assert!(body.contains("tailLines"), "{body}");
+    let (code, _, _) = curl(port, "/containerLogs/default/ghost/app", &["-H", &bearer]);
+    assert_eq!(code, 404);
+    let (code, _, _) = curl(
+        port,
+        "/pods",
+        &[
+            "-H",
+            &format!("Authorization: Bearer {}", env.admin_token()),
+        ],
+    );
+    assert_eq!(code, 200);
+    let (cert, key) = env.admin_cert_and_key();
+    let x509 = [
+        "--cert",
+        cert.to_str().unwrap(),
+        "--key",
+        key.to_str().unwrap(),
+    ];
+    let (code, body, _) = curl(port, "/configz", &x509);
+    assert_eq!(code, 200, "{body}");
+    assert!(body.contains("\"kubeletconfig\""));
+
+    // The API server goes away: nothing hangs.
+    let unused = service_account_token(&env, k, "late");
+    env.stop_apiserver();
+    let (code, _, took) = curl(
+        port,
+        "/pods",
+        &["-H", &format!("Authorization: Bearer {unused}")],
+    );
+    assert_eq!(code, 401);
+    assert!(took < 30.0, "{took}s");
+    let (node_cert, node_key) = env.node_cert_and_key();
+    let (code, body, took) = curl(
+        port,
+        "/healthz",
+        &[
+            "--cert",
+            node_cert.to_str().unwrap(),
+            "--key",
+            node_key.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 500, "{body}");
+    assert!(
+        body.starts_with("Authorization error (user=system:node:mk-server"),
+        "{body}"
+    );
+    assert!(took < 30.0, "{took}s");
+    // Cached decisions still serve.
+    let (code, _, _) = curl(port, "/pods", &["-H", &bearer]);
+    assert_eq!(code, 200);
+}
+
+fn which_kubectl() -> Result<PathBuf, ()> {
+    let path = std::env::var_os("PATH").ok_or(())?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("kubectl"))
+        .find(|p| p.is_file())
+        .ok_or(())
+}
