@@ -138,7 +138,14 @@ struct Agent {
 }
 
 async fn start(pki: &Pki) -> Agent {
-    let tmp = tempfile::tempdir().unwrap();
+    start_with(pki, tempfile::tempdir().unwrap(), |c| c).await
+}
+
+async fn start_with(
+    pki: &Pki,
+    tmp: tempfile::TempDir,
+    adjust: impl FnOnce(ServerConfig) -> ServerConfig,
+) -> Agent {
     let ca_file = tmp.path().join("client-ca.pem");
     std::fs::write(&ca_file, pki.ca.pem()).unwrap();
     let mut c = KubeletConfiguration::default();
@@ -155,6 +162,7 @@ async fn start(pki: &Pki) -> Agent {
         .addresses(["127.0.0.1".parse().unwrap()]);
     config.acceptor.handshake_timeout = Duration::from_millis(500);
     config.acceptor.header_read_timeout = Duration::from_millis(500);
+    let config = adjust(config);
     let policy = Arc::new(Policy::default());
     let server = KubeletServer::bind(config)
         .await
@@ -634,7 +642,27 @@ async fn slow_and_vanishing_clients_leave_nothing_behind() {
         .expect("a client that never finishes its headers is disconnected")
         .ok();
 
-    // Everything the followers held is released.
+    // 1,000 clients that connect and say nothing: the server keeps answering others, and
+    // cuts them all after the handshake timeout.
+    let mut idle = Vec::new();
+    for _ in 0..1000 {
+        idle.push(TcpStream::connect(agent.api).await.unwrap());
+    }
+    assert_eq!(
+        https(&agent, "/pods", Some("admin-token"), None).await.code,
+        200
+    );
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut b))
+            .await
+            .expect("an idle client is disconnected")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+    }
+    drop(idle);
+
+    // Everything the followers and idle clients held is released.
     let mut settled = false;
     for _ in 0..100 {
         if metrics.num_alive_tasks() <= tasks_before + 2 && open_fds() <= fds_before + 4 {
@@ -657,4 +685,144 @@ async fn slow_and_vanishing_clients_leave_nothing_behind() {
 
     agent.shutdown.cancel();
     agent.task.await.unwrap();
+}
+
+/// Writes a self-signed pair for `localhost` to `cert`/`key` (by rename); returns its leaf.
+fn write_pair(cert: &Path, key: &Path) -> CertificateDer<'static> {
+    let (cert_pem, key_pem) = kubelet_server::tls::self_signed("localhost", &[]).unwrap();
+    std::fs::write(cert.with_extension("crt.new"), &cert_pem).unwrap();
+    std::fs::write(key.with_extension("key.new"), &key_pem).unwrap();
+    std::fs::rename(key.with_extension("key.new"), key).unwrap();
+    std::fs::rename(cert.with_extension("crt.new"), cert).unwrap();
+    CertificateDer::pem_slice_iter(cert_pem.as_bytes())
+        .next()
+        .unwrap()
+        .unwrap()
+}
+
+/// Reads one `/healthz` answer (`ok`, with a Content-Length) from a kept-alive connection.
+async fn healthz_on<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S) -> String {
+    s.write_all(
+        b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer admin-token\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&raw).ends_with("\r\n\r\nok") {
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        assert!(
+            n > 0,
+            "connection closed: {:?}",
+            String::from_utf8_lossy(&raw)
+        );
+        raw.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_certificate_is_served_to_new_connections_and_old_ones_keep_working() {
+    let pki = Pki::new();
+    let tmp = tempfile::tempdir().unwrap();
+    let (cert, key) = (tmp.path().join("tls.crt"), tmp.path().join("tls.key"));
+    let first = write_pair(&cert, &key);
+    let (c, k) = (cert.clone(), key.clone());
+    let agent = start_with(&pki, tmp, move |mut config| {
+        config.tls.cert_file = c;
+        config.tls.key_file = k;
+        // Keep idle connections open across the waits below.
+        config.acceptor.header_read_timeout = Duration::from_secs(10);
+        config
+    })
+    .await;
+    // Trust any certificate: this test compares what is served.
+    let connect = || async {
+        let tcp = TcpStream::connect(agent.api).await.unwrap();
+        tokio_rustls::TlsConnector::from(Arc::new(
+            rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AcceptAny))
+            .with_no_client_auth(),
+        ))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap()
+    };
+    let mut old = connect().await;
+    assert_eq!(old.get_ref().1.peer_certificates().unwrap()[0], first);
+    assert!(healthz_on(&mut old).await.starts_with("HTTP/1.1 200"));
+
+    let second = write_pair(&cert, &key);
+    assert_ne!(first, second);
+    // The files are checked at most once a second.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut new = connect().await;
+    assert_eq!(new.get_ref().1.peer_certificates().unwrap()[0], second);
+    assert!(healthz_on(&mut new).await.starts_with("HTTP/1.1 200"));
+    // The connection made before the change still works.
+    assert!(healthz_on(&mut old).await.starts_with("HTTP/1.1 200"));
+
+    // A broken replacement is not served; the last good pair stays.
+    std::fs::write(&cert, "not a certificate").unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let again = connect().await;
+    assert_eq!(again.get_ref().1.peer_certificates().unwrap()[0], second);
+
+    agent.shutdown.cancel();
+    agent.task.await.unwrap();
+}
+
+#[derive(Debug)]
+struct AcceptAny;
+
+impl rustls::client::danger::ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &rustls::crypto::ring::default_provider().signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }

@@ -29,6 +29,8 @@ struct Env {
     dir: PathBuf,
     vars: BTreeMap<String, String>,
     port: u16,
+    /// `--port`, the kubelet API (0: off).
+    api_port: u16,
     /// More flags for the agent (e.g. `--feature-gates`).
     extra_args: Vec<String>,
     agent: Option<Child>,
@@ -67,6 +69,7 @@ impl Env {
                 .local_addr()
                 .unwrap()
                 .port(),
+            api_port: 0,
             extra_args: Vec::new(),
             agent: None,
             dir,
@@ -114,7 +117,9 @@ impl Env {
             .arg("127.0.0.1")
             .arg("--healthz-port")
             .arg("0")
-            .args(["--port", "0"])
+            .args(["--port", &self.api_port.to_string()])
+            .arg("--cert-dir")
+            .arg(self.dir.join("pki"))
             .args(["--eviction-hard", common::LOW_EVICTION_HARD])
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
@@ -392,5 +397,99 @@ fn evented_pleg_on_containerd_reports_a_failed_exit_and_restarts_a_crashed_conta
     wait_until("containerd has no containers left", || {
         env.runtime_containers().is_empty().then_some(())
     });
+    env.stop_agent();
+}
+
+/// `curl` to the agent's kubelet API (anonymous): (HTTP code, body).
+fn api_get(port: u16, path: &str) -> (u16, String) {
+    let out = Command::new("curl")
+        .args(["-sk", "--max-time", "60", "-w", "\n%{http_code}"])
+        .arg(format!("https://127.0.0.1:{port}{path}"))
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+#[test]
+fn container_logs_on_containerd_across_restarts_and_followed_to_the_end() {
+    let Some(mut env) =
+        Env::start("container_logs_on_containerd_across_restarts_and_followed_to_the_end")
+    else {
+        return;
+    };
+    env.api_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    // A node without an API server: anonymous requests, every one allowed.
+    env.extra_args = [
+        "--anonymous-auth=true",
+        "--authorization-mode",
+        "AlwaysAllow",
+    ]
+    .map(String::from)
+    .to_vec();
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    write_manifest(
+        &env.manifests(),
+        "talk",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: talk\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 1\n  hostNetwork: true\n  containers:\n  - name: app\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"echo run; for i in 1 2 3; do echo line-$i; done; sleep 0.3; echo oops >&2; sleep 1; exit 3\"]\n"
+        ),
+    );
+    env.start_agent();
+    let port = env.api_port;
+    let pod = "talk-cri-node";
+    wait_until("talk restarted", || {
+        env.pod("talk").filter(|p| {
+            p["status"]["containerStatuses"][0]["restartCount"]
+                .as_u64()
+                .unwrap_or(0)
+                >= 1
+        })
+    });
+    let expected = "run\nline-1\nline-2\nline-3\noops\n";
+    let (code, body) = api_get(
+        port,
+        &format!("/containerLogs/default/{pod}/app?previous=true"),
+    );
+    assert_eq!((code, body.as_str()), (200, expected));
+    let (code, body) = api_get(
+        port,
+        &format!("/containerLogs/default/{pod}/app?previous=true&tailLines=2"),
+    );
+    assert_eq!((code, body.as_str()), (200, "line-3\noops\n"));
+    let (code, body) = api_get(
+        port,
+        &format!("/containerLogs/default/{pod}/app?previous=true&timestamps=true&limitBytes=35"),
+    );
+    assert_eq!(code, 200);
+    assert!(body.ends_with(" run\n"), "{body:?}");
+    // The current instance (running or just exited) wrote the same lines into its own file.
+    let (code, body) = wait_until("the current instance's lines", || {
+        let (c, b) = api_get(port, &format!("/containerLogs/default/{pod}/app"));
+        b.contains("line-3").then_some((c, b))
+    });
+    assert_eq!(code, 200);
+    assert!(body.starts_with("run\n"), "{body:?}");
+
+    // follow ends when the container exits.
+    write_manifest(
+        &env.manifests(),
+        "once",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: once\n  namespace: default\nspec:\n  restartPolicy: Never\n  hostNetwork: true\n  containers:\n  - name: app\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"echo first; sleep 3; echo second\"]\n"
+        ),
+    );
+    wait_until("once Running", || env.pod("once").filter(running));
+    let start = Instant::now();
+    let (code, body) = api_get(port, "/containerLogs/default/once-cri-node/app?follow=true");
+    assert_eq!((code, body.as_str()), (200, "first\nsecond\n"));
+    assert!(start.elapsed() < Duration::from_secs(30));
     env.stop_agent();
 }
