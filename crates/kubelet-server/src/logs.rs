@@ -31,7 +31,7 @@ pub const FOLLOW_POLL: Duration = Duration::from_millis(200);
 /// `logForceCheckPeriod`).
 pub const FOLLOW_STATUS_CHECK: Duration = Duration::from_secs(1);
 /// Most file bytes read per batch (a batch is one chunk of the response at most).
-const BATCH: usize = 64 * 1024;
+const BATCH: usize = 128 * 1024;
 
 /// The options of a `/containerLogs` request (`PodLogOptions`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -250,14 +250,14 @@ struct CriLine<'a> {
 }
 
 fn parse_cri(line: &[u8]) -> Option<CriLine<'_>> {
-    let sp = line.iter().position(|b| *b == b' ')?;
+    let sp = memchr::memchr(b' ', line)?;
     let (timestamp, rest) = (&line[..sp], &line[sp + 1..]);
-    let sp = rest.iter().position(|b| *b == b' ')?;
+    let sp = memchr::memchr(b' ', rest)?;
     let (stream, rest) = (&rest[..sp], &rest[sp + 1..]);
     if stream != b"stdout" && stream != b"stderr" {
         return None;
     }
-    let sp = rest.iter().position(|b| *b == b' ')?;
+    let sp = memchr::memchr(b' ', rest)?;
     let (tag, content) = (&rest[..sp], &rest[sp + 1..]);
     let partial = tag.split(|b| *b == b':').next() == Some(b"P");
     let content = if partial {
@@ -354,40 +354,54 @@ impl LogCursor {
     /// reached. Without `follow`, an incomplete last line is sent at the end; with it, it
     /// waits for its end unless `flush` is set.
     pub fn read_batch(&mut self, flush: bool) -> std::io::Result<(Vec<u8>, bool)> {
-        let mut out = Vec::new();
         if self.done {
-            return Ok((out, true));
+            return Ok((Vec::new(), true));
         }
-        let start = self.pending.len();
-        self.pending.resize(start + BATCH, 0);
+        // The read buffer lives only for this batch: an idle follower holds no more than its
+        // incomplete last line.
+        let mut buf = vec![0u8; BATCH];
         let n = loop {
-            match self.file.read(&mut self.pending[start..]) {
+            match self.file.read(&mut buf) {
                 Ok(n) => break n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    self.pending.truncate(start);
-                    return Err(e);
-                }
+                Err(e) => return Err(e),
             }
         };
-        self.pending.truncate(start + n);
         self.pos += n as u64;
         let eof = n == 0;
-        let mut consumed = 0;
-        while let Some(nl) = self.pending[consumed..].iter().position(|b| *b == b'\n') {
-            let end = consumed + nl + 1;
-            let line = std::mem::take(&mut self.pending);
-            self.emit(&line[consumed..end], &mut out);
-            self.pending = line;
-            consumed = end;
-            if self.done {
-                break;
+        let data = &buf[..n];
+        let mut out = Vec::with_capacity(n);
+        let mut start = 0;
+        if !self.pending.is_empty() {
+            match memchr::memchr(b'\n', data) {
+                Some(nl) => {
+                    let mut line = std::mem::take(&mut self.pending);
+                    line.extend_from_slice(&data[..=nl]);
+                    self.emit(&line, &mut out);
+                    start = nl + 1;
+                }
+                None => {
+                    self.pending.extend_from_slice(data);
+                    start = n;
+                }
             }
         }
-        self.pending.drain(..consumed);
+        while !self.done {
+            let Some(nl) = memchr::memchr(b'\n', &data[start..]) else {
+                break;
+            };
+            self.emit(&data[start..start + nl + 1], &mut out);
+            start += nl + 1;
+        }
+        if !self.done && start < n {
+            self.pending.extend_from_slice(&data[start..]);
+        }
         if eof && !self.done && !self.pending.is_empty() && (flush || !self.options.follow) {
             let line = std::mem::take(&mut self.pending);
             self.emit(&line, &mut out);
+        }
+        if self.pending.is_empty() {
+            self.pending = Vec::new();
         }
         Ok((out, eof || self.done))
     }
