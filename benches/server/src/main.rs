@@ -341,7 +341,11 @@ fn generate_log(path: &Path, mib: u64) -> anyhow::Result<()> {
             "2024-01-01T00:00:{:02}.{:09}Z {} F line {i} {filler}\n",
             (i / 1_000_000) % 60,
             i % 1_000_000_000,
-            if i.is_multiple_of(7) { "stderr" } else { "stdout" },
+            if i.is_multiple_of(7) {
+                "stderr"
+            } else {
+                "stdout"
+            },
         );
         f.write_all(line.as_bytes())?;
         written += line.len() as u64;

@@ -240,26 +240,40 @@ fn healthz(ctx: &Context, only: Option<&str>, query: &str) -> Response<Body> {
     }
 }
 
+/// A `v1` `PodList`, serialised straight from the pods.
+#[derive(serde::Serialize)]
+struct PodList<'a> {
+    kind: &'static str,
+    #[serde(rename = "apiVersion")]
+    api_version: &'static str,
+    metadata: serde_json::Map<String, serde_json::Value>,
+    items: &'a [Pod],
+}
+
 fn pods(handle: &KubeletHandle) -> Response<Body> {
-    let items: Vec<serde_json::Value> = handle
+    let items: Vec<Pod> = handle
         .statuses()
         .list()
         .into_iter()
         .map(|p| {
             let mut pod = (*p.pod).clone();
             pod.status = Some((*p.status).clone());
-            serde_json::to_value(&pod).unwrap_or(serde_json::Value::Null)
+            pod
         })
         .collect();
-    json(
-        StatusCode::OK,
-        &serde_json::json!({
-            "kind": "PodList",
-            "apiVersion": "v1",
-            "metadata": {},
-            "items": items,
-        }),
-    )
+    let list = PodList {
+        kind: "PodList",
+        api_version: "v1",
+        metadata: serde_json::Map::new(),
+        items: &items,
+    };
+    match serde_json::to_vec(&list) {
+        Ok(body) => with_type(full(StatusCode::OK, body), "application/json"),
+        Err(e) => plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Internal Error: {e}\n"),
+        ),
+    }
 }
 
 async fn running_pods(ctx: &Context) -> Response<Body> {
