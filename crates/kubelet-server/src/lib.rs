@@ -100,9 +100,6 @@ pub enum ServerError {
     /// The TLS settings or files are not usable.
     #[error("TLS: {0}")]
     Tls(String),
-    /// An authentication or authorization setting is not usable.
-    #[error("authentication/authorization: {0}")]
-    Auth(String),
 }
 
 /// `authorization.mode`.

@@ -826,3 +826,62 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
             .supported_schemes()
     }
 }
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_does_not_read_holds_the_server_to_a_bounded_buffer() {
+    let pki = Pki::new();
+    let agent = start(&pki).await;
+    let log = app_log(&agent);
+    // 64 MiB of log.
+    {
+        let mut f = std::io::BufWriter::new(std::fs::File::create(&log).unwrap());
+        let line = format!("2024-01-01T00:00:01Z stdout F {}\n", "y".repeat(200));
+        let mut written = 0;
+        while written < 64 << 20 {
+            f.write_all(line.as_bytes()).unwrap();
+            written += line.len();
+        }
+    }
+    let before = rss_kib();
+    let tcp = TcpStream::connect(agent.api).await.unwrap();
+    let mut s = tls_client(&agent.server_ca, None)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    s.write_all(request("/containerLogs/default/p1/app", Some("admin-token")).as_bytes())
+        .await
+        .unwrap();
+    // The client reads nothing for a while: the server stops at its channel and the socket
+    // buffers instead of reading the file into memory.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let grown = rss_kib().saturating_sub(before);
+    assert!(
+        grown < 16 * 1024,
+        "RSS grew by {grown} KiB for a stalled reader of 64 MiB"
+    );
+    // Reading then gets the whole log.
+    let mut total = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(30), s.read(&mut buf))
+            .await
+            .expect("the log arrives")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        total += n;
+    }
+    assert!(total > 55_000_000, "{total} bytes");
+    agent.shutdown.cancel();
+    agent.task.await.unwrap();
+}
