@@ -480,6 +480,8 @@ impl AgentBuilder {
         }
         #[allow(unused_mut)]
         let mut reviews = None;
+        #[allow(unused_mut)]
+        let mut node_addresses: Vec<std::net::IpAddr> = Vec::new();
         #[cfg(feature = "apiserver")]
         if let Some((path, config)) = cluster {
             let mut config = config
@@ -487,6 +489,12 @@ impl AgentBuilder {
             if !default_server {
                 config.kubelet_port = None;
             }
+            node_addresses.extend(
+                config
+                    .node_ip
+                    .as_deref()
+                    .and_then(|ip| ip.parse::<std::net::IpAddr>().ok()),
+            );
             let api = kubelet_apiserver::ApiServer::from_kubeconfig(
                 &path,
                 node_name.clone(),
@@ -498,7 +506,7 @@ impl AgentBuilder {
         }
         if default_server {
             let cert_dir = cert_dir.unwrap_or_else(|| root_dir.join("pki"));
-            builder = with_server(builder, &c, cert_dir, reviews).await?;
+            builder = with_server(builder, &c, cert_dir, node_addresses, reviews).await?;
         }
         Ok(builder.build()?)
     }
@@ -548,9 +556,13 @@ async fn with_server(
     builder: KubeletBuilder,
     c: &KubeletConfiguration,
     cert_dir: PathBuf,
+    node_addresses: Vec<std::net::IpAddr>,
     reviews: Reviews,
 ) -> Result<KubeletBuilder, AgentError> {
-    let config = kubelet_server::ServerConfig::from_configuration(c).cert_dir(cert_dir);
+    // The node's addresses join the host name in a generated certificate's SANs.
+    let config = kubelet_server::ServerConfig::from_configuration(c)
+        .cert_dir(cert_dir)
+        .addresses(node_addresses);
     #[allow(unused_mut)]
     let mut server = kubelet_server::KubeletServer::bind(config).await?;
     #[cfg(feature = "apiserver")]
@@ -573,6 +585,7 @@ async fn with_server(
     builder: KubeletBuilder,
     _: &KubeletConfiguration,
     _: PathBuf,
+    _: Vec<std::net::IpAddr>,
     _: Reviews,
 ) -> Result<KubeletBuilder, AgentError> {
     Ok(builder)

@@ -274,6 +274,17 @@ fn kubectl_logs_and_the_kubelet_apis_authentication_through_a_real_api_server() 
         },
     );
 
+    // The generated serving certificate names the host and the node's InternalIP.
+    let text = run(Command::new("openssl")
+        .args(["x509", "-noout", "-text", "-in"])
+        .arg(dir.path().join("pki/kubelet.crt")));
+    assert!(text.ok, "{}", text.stderr);
+    assert!(
+        text.stdout.contains("IP Address:127.0.0.1"),
+        "{}",
+        text.stdout
+    );
+
     // counter: five lines then waits; crasher: one line per run, exits 1 (restarted);
     // finisher: a line, a pause, a line, exits.
     apply(
