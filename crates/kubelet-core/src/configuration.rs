@@ -325,8 +325,10 @@ impl Default for KubeletConfiguration {
 /// Feature gates the SDK reads; others are accepted and have no effect.
 pub const KNOWN_FEATURE_GATES: &[&str] = &["EventedPLEG", "KubeletFineGrainedAuthz"];
 
-/// The known gates that are on unless set (as in the kubelet release the SDK follows).
-pub const DEFAULT_ON_FEATURE_GATES: &[&str] = &["KubeletFineGrainedAuthz"];
+/// The known gates that are on unless set: `KubeletFineGrainedAuthz` as in the kubelet release
+/// the SDK follows, and `EventedPLEG`, which the SDK turns on by default (a deliberate
+/// difference: the kubelet's is off; runtimes without events fall back to the relist).
+pub const DEFAULT_ON_FEATURE_GATES: &[&str] = &["EventedPLEG", "KubeletFineGrainedAuthz"];
 
 impl KubeletConfiguration {
     /// Whether feature gate `name` is on: as set, else its default ([`DEFAULT_ON_FEATURE_GATES`];

@@ -234,6 +234,9 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
             .intercept(c, self.inner.container_events())
             .await
     }
+    fn pulls_images(&self) -> bool {
+        self.inner.pulls_images()
+    }
     fn register_metrics(&self, registry: &mut Registry) {
         self.interceptor.register_metrics(registry);
         self.inner.register_metrics(registry);
@@ -415,6 +418,16 @@ impl RuntimeLayer for OperationMetrics {
 mod tests {
     use super::*;
     use crate::testing::{FakeOp, FakeRuntime};
+
+    #[test]
+    fn layers_pass_on_whether_the_runtime_pulls_images() {
+        let fake = Arc::new(FakeRuntime::new());
+        fake.set_pulls_images(false);
+        let inner: Arc<dyn ContainerRuntime> = fake;
+        let layered =
+            OperationMetrics::new().layer(Deadlines::new(Duration::from_secs(1)).layer(inner));
+        assert!(!layered.pulls_images());
+    }
 
     #[tokio::test]
     async fn operation_metrics_count_calls_and_errors_by_kubelet_operation_type() {

@@ -622,6 +622,14 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Err(crate::Error::unsupported("container_events"))
     }
 
+    /// Whether the runtime has images to pull. A runtime that runs programs of the host (the
+    /// process runtime) has none: the engine then skips [`image_status`](Self::image_status)
+    /// and [`pull_image`](Self::pull_image) and records no `Pulling`/`Pulled` events for it.
+    /// The default is true; wrappers must pass the inner runtime's answer on.
+    fn pulls_images(&self) -> bool {
+        true
+    }
+
     /// Register the runtime's own metrics (the CRI runtime's `kubelet_runtime_operations_*`)
     /// in the agent's registry; called once by
     /// [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers nothing.

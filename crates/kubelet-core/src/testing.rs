@@ -154,6 +154,7 @@ struct State {
     containers: BTreeMap<String, FakeContainer>,
     images: HashMap<String, bool>,
     images_present_by_default: bool,
+    pulls_images: bool,
     calls: Vec<String>,
     fail_next: HashMap<FakeOp, VecDeque<Error>>,
     fail_always: HashMap<FakeOp, (ErrorKind, String)>,
@@ -338,6 +339,7 @@ impl FakeRuntime {
                 containers: BTreeMap::new(),
                 images: HashMap::new(),
                 images_present_by_default: true,
+                pulls_images: true,
                 calls: Vec::new(),
                 fail_next: HashMap::new(),
                 fail_always: HashMap::new(),
@@ -451,8 +453,14 @@ impl FakeRuntime {
         self.state.lock().images.insert(image.to_string(), present);
     }
 
+    /// What [`ContainerRuntime::pulls_images`] answers (true unless set): false makes a
+    /// runtime without images, as the process runtime.
+    pub fn set_pulls_images(&self, pulls: bool) {
+        self.state.lock().pulls_images = pulls;
+    }
+
     /// Whether images not named in [`set_image_present`](Self::set_image_present) are present
-    /// (default true).
+    /// (true unless set).
     pub fn set_images_present_by_default(&self, present: bool) {
         self.state.lock().images_present_by_default = present;
     }
@@ -582,6 +590,10 @@ fn filter_keys(
 
 #[async_trait]
 impl ContainerRuntime for FakeRuntime {
+    fn pulls_images(&self) -> bool {
+        self.state.lock().pulls_images
+    }
+
     async fn version(&self) -> Result<RuntimeVersion> {
         self.enter(FakeOp::Version, "", &[]).await?;
         Ok(RuntimeVersion {
@@ -709,7 +721,7 @@ impl ContainerRuntime for FakeRuntime {
             .cloned()
             .unwrap_or_else(|| sandbox.status.metadata.uid.clone());
         let log_dir = sandbox.config.log_directory.clone();
-        if !st.image_present(&config.image) {
+        if st.pulls_images && !st.image_present(&config.image) {
             return Err(Error::not_found(format!(
                 "image {:?} not found: pull it first",
                 config.image

@@ -528,6 +528,40 @@ async fn pod_removed_and_added_again_runs_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_runtime_without_images_is_never_asked_to_pull_and_records_no_image_events() {
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_pulls_images(false);
+    // Were it asked, nothing would be present and every pull would fail.
+    rt.set_images_present_by_default(false);
+    rt.fail_always(
+        kubelet_core::testing::FakeOp::PullImage,
+        kubelet_core::ErrorKind::Unavailable,
+        "no registry",
+    );
+    let mut c = container("app");
+    c.image_pull_policy = Some("Always".into());
+    let h = Harness::start_with(rt, Some(vec![pod("u1", "Always", vec![], vec![c])]));
+    h.wait_status("u1", "running", |s| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    })
+    .await;
+    assert!(calls_matching(&h.rt, "pull_image").is_empty());
+    assert!(calls_matching(&h.rt, "image_status").is_empty());
+    let image_events: Vec<String> = h
+        .sink
+        .events()
+        .into_iter()
+        .filter(|e| e.reason.starts_with("Pull") || e.reason.contains("Image"))
+        .map(|e| e.reason)
+        .collect();
+    assert!(image_events.is_empty(), "{image_events:?}");
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn failing_image_pulls_back_off_with_image_pull_backoff() {
     let rt = Arc::new(FakeRuntime::new());
     rt.set_images_present_by_default(false);

@@ -12,16 +12,19 @@ use crate::generic::{GenericPleg, GenericPlegConfig};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum PlegKind {
-    /// The relist PLEG ([`GenericPleg`], every 1 s): the kubelet's default.
-    #[default]
+    /// The relist PLEG ([`GenericPleg`], every 1 s): the kubelet's default, here with
+    /// `EventedPLEG=false`.
     Relist,
     /// The evented PLEG ([`EventedPleg`]): runtime events, the 300 s relist as the safety net,
-    /// the 1 s relist for runtimes without events. The kubelet's `EventedPLEG` feature gate.
+    /// the 1 s relist for runtimes without events. The kubelet's `EventedPLEG` feature gate,
+    /// on by default in the SDK.
+    #[default]
     Evented,
 }
 
 impl PlegKind {
-    /// The PLEG the configuration's feature gates ask for (`EventedPLEG`).
+    /// The PLEG the configuration's feature gates ask for (`EventedPLEG`, on unless set to
+    /// false).
     pub fn from_configuration(configuration: &KubeletConfiguration) -> Self {
         if configuration.feature_gate("EventedPLEG") {
             PlegKind::Evented
@@ -53,9 +56,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_evented_pleg_gate_selects_the_evented_pleg() {
+    fn the_evented_pleg_is_the_default_and_the_gate_turns_it_off() {
         let mut c = KubeletConfiguration::default();
-        assert_eq!(PlegKind::from_configuration(&c), PlegKind::Relist);
+        assert_eq!(
+            PlegKind::from_configuration(&c),
+            PlegKind::Evented,
+            "on by default"
+        );
         c.feature_gates.insert("EventedPLEG".into(), true);
         assert_eq!(PlegKind::from_configuration(&c), PlegKind::Evented);
         c.feature_gates.insert("EventedPLEG".into(), false);

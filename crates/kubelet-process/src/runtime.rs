@@ -1183,6 +1183,11 @@ impl ContainerRuntime for ProcessRuntime {
         Ok(self.exec(container_id, cmd, timeout).await?)
     }
 
+    /// Containers are host programs: there is nothing to pull, and no image events.
+    fn pulls_images(&self) -> bool {
+        false
+    }
+
     async fn image_status(&self, image: &ImageSpec) -> kubelet_core::Result<Option<Image>> {
         Ok(Some(Image {
             id: image.image.clone(),

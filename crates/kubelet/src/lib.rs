@@ -8,7 +8,8 @@
 //! * the **runtime**: a CRI runtime when `containerRuntimeEndpoint` is set (feature `cri`),
 //!   else the built-in process runtime (feature `process`), wrapped in the
 //!   [deadline and metrics layers](kubelet_core::layer) (the CRI runtime has its own);
-//! * the **PLEG** from that runtime (relist, or evented with the `EventedPLEG` gate);
+//! * the **PLEG** from that runtime (evented by default, the relist as its safety net and for
+//!   runtimes without events; the relist alone with `EventedPLEG=false`);
 //! * the **prober** (feature `probe`) and **node-pressure eviction** (feature `eviction`);
 //! * the **pod sources** `staticPodPath` and `staticPodURL`, and with a kubeconfig the API
 //!   server's pods, status and ConfigMaps/Secrets (feature `apiserver`);

@@ -126,7 +126,8 @@ struct Flags {
     /// probe that keeps erroring never restarts anything.
     #[arg(long = "probe-errors-as-failures", default_value_t = false)]
     probe_errors_as_failures: bool,
-    /// Feature gates, `Key=bool,…`; `EventedPLEG=true` turns on the evented PLEG (default off).
+    /// Feature gates, `Key=bool,…`; `EventedPLEG=false` turns the evented PLEG off (relist every
+    /// 1 s, the kubelet's default); it is on by default.
     #[arg(long = "feature-gates", default_value = "", value_parser = kubelet::core::configuration::parse_feature_gates)]
     feature_gates: std::collections::BTreeMap<String, bool>,
     /// `--kubeconfig` and the node's API server flags.

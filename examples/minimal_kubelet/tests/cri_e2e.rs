@@ -341,7 +341,7 @@ fn evented_pleg_on_containerd_reports_a_failed_exit_and_restarts_a_crashed_conta
     ) else {
         return;
     };
-    env.extra_args = vec!["--feature-gates".into(), "EventedPLEG=true".into()];
+    // No flag: the evented PLEG is the default.
     env.start_agent();
     // containerd's event stream is up and the start-up relist is done: the exits below are seen
     // through events.

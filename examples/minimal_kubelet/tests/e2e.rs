@@ -451,7 +451,7 @@ fn manifest_dropped_in_directory_becomes_running_ready_pod_with_host_process() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 1b. --feature-gates=EventedPLEG=true: exits come from runtime events, not the relist
+// 1b. The evented PLEG (the default): exits come from runtime events, not the relist
 // ---------------------------------------------------------------------------------------------
 
 /// `GET /metrics` of the agent.
@@ -462,9 +462,28 @@ fn metrics(env: &Env) -> String {
 }
 
 #[test]
+fn the_evented_pleg_gate_set_to_false_runs_the_relist_pleg() {
+    let mut env = Env::new("relist");
+    env.extra_args = vec!["--feature-gates".into(), "EventedPLEG=false".into()];
+    env.start();
+    let m = wait_until("a relist counted", || {
+        let m = metrics(&env);
+        common::metric(&m, common::RELISTS)
+            .filter(|v| *v >= 1.0)
+            .map(|_| m)
+    });
+    // The series exist for both PLEGs (as in the kubelet); only the evented one subscribes.
+    assert_eq!(
+        common::metric(&m, "kubelet_evented_pleg_connection_success_count_total").unwrap_or(0.0),
+        0.0,
+        "the evented PLEG runs although the gate is off:\n{m}"
+    );
+}
+
+#[test]
 fn evented_pleg_reports_a_failed_exit_and_restarts_a_crashed_container_without_relisting() {
+    // No flag: the evented PLEG is the default.
     let mut env = Env::new("evented");
-    env.extra_args = vec!["--feature-gates".into(), "EventedPLEG=true".into()];
     env.start();
     // The event stream is up and the start-up relist is done: what is detected below comes
     // from events.

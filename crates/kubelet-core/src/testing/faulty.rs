@@ -117,6 +117,9 @@ impl FaultyRuntime {
 
 #[async_trait]
 impl ContainerRuntime for FaultyRuntime {
+    fn pulls_images(&self) -> bool {
+        self.inner.pulls_images()
+    }
     async fn version(&self) -> Result<RuntimeVersion> {
         self.inner.version().await
     }

@@ -99,7 +99,7 @@ pub(crate) fn assert_seen_through_events(metrics: &str, relists: f64) {
     );
 }
 
-const RELISTS: &str = "kubelet_pleg_relist_duration_seconds_count";
+pub(crate) const RELISTS: &str = "kubelet_pleg_relist_duration_seconds_count";
 
 /// Processes having `token` as one whole command-line argument: `(pid, ppid)`.
 pub(crate) fn procs_with_arg(token: &str) -> Vec<(i32, i32)> {
