@@ -139,6 +139,10 @@ struct Flags {
     /// Log verbosity (kubelet-style); `RUST_LOG` takes precedence.
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
+    /// Log format: `text` (colours only when stderr is a terminal) or `json` (one object per
+    /// line: `timestamp`, `level`, `fields` with `message` and the event's keys, `target`).
+    #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
+    log_format: String,
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
@@ -209,8 +213,8 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
     Ok(c)
 }
 
-/// Logs to stderr, with colours only when stderr is a terminal.
-fn init_logging(verbosity: u8) {
+/// Logs to stderr: text with colours only when stderr is a terminal, or JSON lines.
+fn init_logging(verbosity: u8, format: &str) {
     use std::io::IsTerminal;
     let default = match verbosity {
         0..=3 => "info",
@@ -219,11 +223,14 @@ fn init_logging(verbosity: u8) {
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().with_ansi(false).init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
 }
 
 fn hostname() -> String {
@@ -238,7 +245,7 @@ fn main() -> ExitCode {
         return code;
     }
     let flags = Flags::parse();
-    init_logging(flags.verbosity);
+    init_logging(flags.verbosity, &flags.log_format);
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -264,6 +271,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
     let configuration = configuration(&flags)?;
     let cluster = cluster::api_server_config(&flags.cluster, &configuration, &flags.root_dir)?;
+    let summary = startup_summary(&flags, &configuration);
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
         .root_dir(&flags.root_dir)
@@ -320,9 +328,80 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             shutdown.cancel();
         });
     }
-    tracing::info!(node = %node_name, "minimal_kubelet running");
+    tracing::info!(
+        node = %node_name,
+        runtime = %summary.runtime,
+        pleg = summary.pleg,
+        listening = %summary.listening,
+        "minimal_kubelet running"
+    );
     kubelet.run(shutdown).await;
     Ok(())
+}
+
+/// What the start-up line states: the runtime, the PLEG and every listening address.
+struct Summary {
+    runtime: String,
+    pleg: &'static str,
+    listening: String,
+}
+
+fn startup_summary(flags: &Flags, c: &KubeletConfiguration) -> Summary {
+    let runtime = if c.container_runtime_endpoint.is_empty() {
+        "process (built in)".to_string()
+    } else {
+        format!("CRI at {}", c.container_runtime_endpoint)
+    };
+    let pleg = match kubelet::pleg::PlegKind::from_configuration(c) {
+        kubelet::pleg::PlegKind::Relist => "relist (1s)",
+        _ => "evented (relist every 300s as the safety net; 1s without runtime events)",
+    };
+    let host = |a: &str| {
+        if a.contains(':') {
+            format!("[{a}]")
+        } else {
+            a.to_string()
+        }
+    };
+    let mut listening = Vec::new();
+    if c.enable_server && c.port != 0 {
+        listening.push(format!(
+            "kubelet API https://{}:{}",
+            host(&c.address),
+            c.port
+        ));
+    }
+    if c.read_only_port != 0 {
+        listening.push(format!(
+            "read-only http://{}:{}",
+            host(&c.address),
+            c.read_only_port
+        ));
+    }
+    if c.healthz_port != 0 {
+        listening.push(format!(
+            "healthz http://{}:{}",
+            host(&c.healthz_bind_address),
+            c.healthz_port
+        ));
+    }
+    if let Some(a) = flags.pod_push_address {
+        let scheme = if flags.pod_push_tls_cert_file.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        listening.push(format!("pod push {scheme}://{a}"));
+    }
+    Summary {
+        runtime,
+        pleg,
+        listening: if listening.is_empty() {
+            "nothing".to_string()
+        } else {
+            listening.join(", ")
+        },
+    }
 }
 
 async fn wait_for_signal() {

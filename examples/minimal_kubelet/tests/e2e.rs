@@ -1235,6 +1235,59 @@ fn manifest_of_20_mib_is_reported_and_other_pods_keep_running() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+fn json_logs_are_one_object_per_line_and_the_startup_line_names_runtime_pleg_and_listeners() {
+    let mut env = Env::new("jsonlog");
+    env.healthz_port = free_port();
+    env.api_port = free_port();
+    env.extra_args = vec!["--log-format".into(), "json".into()];
+    env.start();
+    let line = wait_until("the start-up line", || {
+        env.stderr()
+            .lines()
+            .find(|l| l.contains("minimal_kubelet running"))
+            .map(str::to_string)
+    });
+    let stderr = env.stderr();
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "colour codes in the log:\n{stderr}"
+    );
+    for l in stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}"));
+        assert!(v["level"].is_string() && v["timestamp"].is_string(), "{l}");
+    }
+    let v: Value = serde_json::from_str(&line).expect("JSON");
+    let f = &v["fields"];
+    assert_eq!(f["runtime"], "process (built in)", "{line}");
+    assert!(
+        f["pleg"].as_str().unwrap_or("").starts_with("evented"),
+        "{line}"
+    );
+    let listening = f["listening"].as_str().unwrap_or("");
+    for want in [
+        format!("kubelet API https://127.0.0.1:{}", env.api_port),
+        format!("read-only http://127.0.0.1:{}", env.port),
+        format!("healthz http://127.0.0.1:{}", env.healthz_port),
+    ] {
+        assert!(listening.contains(&want), "{want} missing: {line}");
+    }
+}
+
+#[test]
+fn an_unknown_log_format_is_a_startup_error_naming_the_accepted_values() {
+    let out = Command::new(BIN)
+        .args(["--log-format", "xml", "--port", "0", "--healthz-port", "0"])
+        .output()
+        .expect("run minimal_kubelet");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("xml") && err.contains("text") && err.contains("json"),
+        "{err}"
+    );
+}
+
+#[test]
 fn healthz_returns_200_ok_on_the_read_only_and_healthz_ports() {
     let mut env = Env::new("healthz");
     let healthz_port = free_port();
