@@ -91,6 +91,7 @@ pub mod error;
 pub mod event;
 pub mod kubelet;
 pub mod layer;
+pub mod listener;
 pub mod merge;
 pub mod object_volumes;
 pub mod objects;

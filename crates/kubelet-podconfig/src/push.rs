@@ -47,11 +47,11 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+use kubelet_core::listener::AcceptorConfig;
 use kubelet_core::{PodSource, SourceSender};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex as AsyncMutex;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::PodConfigError;
@@ -80,6 +80,9 @@ pub struct PushSourceConfig {
     pub tls_key_file: Option<PathBuf>,
     /// How pushed pods are validated (default: static pods without API references).
     pub validation: ValidationOptions,
+    /// Limits of the listener (the SDK's bounded acceptor: connection cap, handshake and
+    /// header timeouts).
+    pub acceptor: AcceptorConfig,
 }
 
 impl Default for PushSourceConfig {
@@ -91,6 +94,7 @@ impl Default for PushSourceConfig {
             tls_cert_file: None,
             tls_key_file: None,
             validation: ValidationOptions::static_pod(),
+            acceptor: AcceptorConfig::default(),
         }
     }
 }
@@ -261,42 +265,40 @@ impl PodSource for PushSource {
             return;
         }
         tracing::info!(address = %self.local_addr, tls = self.tls.is_some(), "pod push endpoint listening");
-        let mut connections = JoinSet::new();
-        loop {
-            let (tcp, peer) = tokio::select! {
-                _ = shutdown.cancelled() => break,
-                Some(_) = connections.join_next(), if !connections.is_empty() => continue,
-                accepted = listener.accept() => match accepted {
-                    Ok(c) => c,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "accepting a pod push connection failed");
-                        continue;
-                    }
-                },
-            };
+        let limits = self.config.acceptor;
+        let tls = self.tls.clone();
+        kubelet_core::listener::accept_loop(listener, limits, shutdown, move |tcp, stop| {
             let handler = handler.clone();
-            let tls = self.tls.clone();
-            let token = shutdown.clone();
-            connections.spawn(async move {
+            let tls = tls.clone();
+            async move {
+                let peer = match tcp.peer_addr() {
+                    Ok(p) => p,
+                    Err(_) => return,
+                };
                 match tls {
-                    Some(acceptor) => match acceptor.accept(tcp).await {
-                        Ok(stream) => {
-                            let client_cert = stream
-                                .get_ref()
-                                .1
-                                .peer_certificates()
-                                .is_some_and(|c| !c.is_empty());
-                            serve(stream, handler, client_cert, peer, token).await
+                    Some(acceptor) => {
+                        let handshake =
+                            tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
+                        match handshake.await {
+                            Ok(Ok(stream)) => {
+                                let client_cert = stream
+                                    .get_ref()
+                                    .1
+                                    .peer_certificates()
+                                    .is_some_and(|c| !c.is_empty());
+                                serve(stream, handler, client_cert, peer, limits, stop).await
+                            }
+                            Ok(Err(e)) => {
+                                tracing::debug!(%peer, error = %e, "pod push TLS handshake failed")
+                            }
+                            Err(_) => tracing::debug!(%peer, "pod push TLS handshake timed out"),
                         }
-                        Err(e) => {
-                            tracing::debug!(%peer, error = %e, "pod push TLS handshake failed")
-                        }
-                    },
-                    None => serve(tcp, handler, false, peer, token).await,
+                    }
+                    None => serve(tcp, handler, false, peer, limits, stop).await,
                 }
-            });
-        }
-        connections.shutdown().await;
+            }
+        })
+        .await;
     }
 }
 
@@ -305,6 +307,7 @@ async fn serve<S>(
     handler: Arc<Handler>,
     client_cert: bool,
     peer: SocketAddr,
+    limits: AcceptorConfig,
     shutdown: CancellationToken,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -313,8 +316,10 @@ async fn serve<S>(
         let handler = handler.clone();
         async move { Ok::<_, Infallible>(handler.handle(req, client_cert, peer).await) }
     });
-    let conn =
-        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {
@@ -322,7 +327,10 @@ async fn serve<S>(
                 tracing::debug!(%peer, error = %e, "pod push connection ended with an error");
             }
         }
-        _ = shutdown.cancelled() => conn.as_mut().graceful_shutdown(),
+        _ = shutdown.cancelled() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
     }
 }
 
@@ -544,6 +552,9 @@ fn submitted_key(pod: &Pod, ns: Option<&str>) -> (String, String) {
     (namespace, pod.metadata.name.clone().unwrap_or_default())
 }
 
+/// How long a request body may take to arrive.
+const BODY_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Read and decode the body of a request as one Pod.
 async fn read_pod(req: Request<Incoming>) -> Result<Pod, Box<Resp>> {
     if let Some(ct) = req.headers().get(CONTENT_TYPE) {
@@ -563,9 +574,41 @@ async fn read_pod(req: Request<Incoming>) -> Result<Pod, Box<Resp>> {
             )));
         }
     }
-    let body = Limited::new(req.into_body(), MAX_MANIFEST_SIZE as usize)
-        .collect()
-        .await
+    // A body announced larger than the limit is refused before any of it is read.
+    let announced = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if let Some(len) = announced
+        && len > MAX_MANIFEST_SIZE
+    {
+        return Err(Box::new(status_response(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "RequestEntityTooLarge",
+            format!(
+                "request entity too large: {len} bytes announced, the limit is {MAX_MANIFEST_SIZE} bytes"
+            ),
+            None,
+        )));
+    }
+    let collected = tokio::time::timeout(
+        BODY_READ_TIMEOUT,
+        Limited::new(req.into_body(), MAX_MANIFEST_SIZE as usize).collect(),
+    )
+    .await
+    .map_err(|_| {
+        Box::new(status_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "Timeout",
+            format!(
+                "the request body did not arrive within {}s",
+                BODY_READ_TIMEOUT.as_secs()
+            ),
+            None,
+        ))
+    })?;
+    let body = collected
         .map_err(|e| {
             Box::new(if e.is::<http_body_util::LengthLimitError>() {
                 status_response(

@@ -468,3 +468,46 @@ async fn a_client_certificate_from_the_client_ca_is_accepted_over_https() {
     assert_eq!(u.op, PodOp::Add);
     h.stop().await;
 }
+
+/// Raw HTTP/1.1 exchange: write `head`, read what comes back within `wait`.
+async fn raw_exchange(addr: SocketAddr, head: &str, wait: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = TcpStream::connect(addr).await.expect("connect");
+    tcp.write_all(head.as_bytes()).await.expect("write");
+    let mut raw = Vec::new();
+    let _ = tokio::time::timeout(wait, tcp.read_to_end(&mut raw)).await;
+    String::from_utf8_lossy(&raw).into_owned()
+}
+
+#[tokio::test]
+async fn an_oversized_body_is_refused_before_it_is_read() {
+    let (source, _dir) = token_source().await;
+    let mut h = Harness::start(source).await;
+    // 99,999,999,999 bytes announced, none sent: 413 at once, not a wait for the body.
+    let started = std::time::Instant::now();
+    let reply = raw_exchange(
+        h.addr,
+        &format!(
+            "POST /pods HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: 99999999999\r\n\r\n"
+        ),
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 413"), "{reply}");
+    assert!(reply.contains("RequestEntityTooLarge"), "{reply}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    h.assert_quiet().await;
+    // A pod still goes through afterwards.
+    let ok = http(
+        h.addr,
+        "POST",
+        "/pods",
+        Some(&format!("Bearer {TOKEN}")),
+        &pod_json("after", "busybox"),
+    )
+    .await;
+    assert_eq!(ok.status, 201);
+    let u = h.next().await;
+    assert_eq!(u.pods.len(), 1);
+    h.stop().await;
+}

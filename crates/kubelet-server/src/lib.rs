@@ -47,7 +47,6 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
-pub mod listener;
 pub mod logs;
 mod routes;
 pub mod tls;
@@ -72,7 +71,7 @@ pub use auth::{
     AlwaysAllow, AlwaysDeny, Attributes, AuthError, Authorizer, Decision, TokenAuthenticator,
     UserInfo,
 };
-pub use listener::AcceptorConfig;
+pub use kubelet_core::listener::{self, AcceptorConfig};
 pub use routes::Body;
 pub use tls::TlsSettings;
 

@@ -246,6 +246,7 @@ fn main() -> ExitCode {
     }
     let flags = Flags::parse();
     init_logging(flags.verbosity, &flags.log_format);
+    raise_open_files_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -337,6 +338,21 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     );
     kubelet.run(shutdown).await;
     Ok(())
+}
+
+/// Raise the soft limit on open files to the hard limit (the binary's business, not the
+/// libraries'): the listeners' connection caps are derived from it, and a flood of connections
+/// must not starve the agent of descriptors.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file limit"),
+            Err(e) => tracing::warn!(error = %e, soft, hard, "could not raise the open-file limit"),
+        },
+        Ok(_) => {}
+        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+    }
 }
 
 /// What the start-up line states: the runtime, the PLEG and every listening address.

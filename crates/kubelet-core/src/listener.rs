@@ -1,8 +1,15 @@
-//! The bounded acceptor every listener of the server goes through: a connection cap (beyond it
-//! the listener stops accepting and the kernel's backlog holds the rest), a TLS handshake
-//! timeout, a header read timeout (which also closes idle keep-alive connections), backoff on
-//! accept errors such as `EMFILE` with a rate-limited log line, and a bounded drain at
-//! shutdown.
+//! The bounded acceptor every listener of the SDK goes through (the kubelet API, read-only and
+//! healthz ports of `kubelet-server`, the pod push endpoint of `kubelet-podconfig`, and an
+//! embedder's own): a connection cap (beyond it the listener stops accepting and the kernel's
+//! backlog holds the rest), backoff on accept errors such as `EMFILE` with a rate-limited log
+//! line, and a bounded drain at shutdown. [`AcceptorConfig`] also carries the per-connection
+//! limits the HTTP servers apply: the TLS handshake timeout and the header read timeout (which
+//! also closes idle keep-alive connections).
+//!
+//! The default cap is an eighth of the process's open-file limit (at least 16, at most 1,024), so
+//! that four listeners flooded at once hold at most half the descriptors and the sync loop, the
+//! PLEG and the sources keep the rest. A host raises its soft limit before building the agent
+//! (`minimal_kubelet` raises it to the hard limit).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AcceptorConfig {
-    /// Most connections open at once (1024).
+    /// Most connections open at once (an eighth of the open-file limit, 16 to 1,024).
     pub max_connections: usize,
     /// Time allowed for a TLS handshake (10 s).
     pub handshake_timeout: Duration,
@@ -27,10 +34,22 @@ pub struct AcceptorConfig {
     pub shutdown_grace: Duration,
 }
 
+/// The soft limit on open files (`RLIMIT_NOFILE`), from `/proc/self/limits`.
+pub fn open_files_limit() -> Option<u64> {
+    let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// The default connection cap: an eighth of `open_files` (at least 16, at most 1,024).
+pub fn default_max_connections(open_files: Option<u64>) -> usize {
+    open_files.map_or(1024, |l| (l / 8).clamp(16, 1024) as usize)
+}
+
 impl Default for AcceptorConfig {
     fn default() -> Self {
         Self {
-            max_connections: 1024,
+            max_connections: default_max_connections(open_files_limit()),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(1),
@@ -118,6 +137,15 @@ pub async fn accept_loop<F, Fut>(
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn the_default_cap_leaves_most_descriptors_to_the_agent() {
+        assert_eq!(default_max_connections(Some(20_000)), 1024);
+        assert_eq!(default_max_connections(Some(1024)), 128);
+        assert_eq!(default_max_connections(Some(64)), 16);
+        assert_eq!(default_max_connections(None), 1024);
+        assert!(open_files_limit().is_some_and(|l| l > 0));
+    }
 
     #[tokio::test]
     async fn connections_beyond_the_cap_wait_and_shutdown_cuts_the_rest() {
