@@ -510,6 +510,7 @@ fn validate_container(
         errs.push(required(&format!("{path}.image")));
     }
     validate_ports(c.ports.as_deref().unwrap_or_default(), path, errs);
+    validate_resources(c, path, errs);
     validate_env(
         c.env.as_deref().unwrap_or_default(),
         c.env_from.as_deref().unwrap_or_default(),
@@ -522,6 +523,49 @@ fn validate_container(
         volumes,
         errs,
     );
+}
+
+/// The API server's `ValidateResourceRequirements`: quantities parse and are not negative, and
+/// no request exceeds its limit.
+fn validate_resources(c: &Container, path: &str, errs: &mut Vec<String>) {
+    let Some(resources) = c.resources.as_ref() else {
+        return;
+    };
+    let mut parsed = |kind: &str,
+                      map: &Option<
+        std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
+    >|
+     -> Vec<(String, String, i128)> {
+        let mut out = Vec::new();
+        for (name, q) in map.iter().flatten() {
+            let field = format!("{path}.resources.{kind}[{name}]");
+            match kubelet_core::quantity::parse_nanos(&q.0) {
+                None => errs.push(invalid(
+                    &field,
+                    &q.0,
+                    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'",
+                )),
+                Some(n) if n < 0 => {
+                    errs.push(invalid(&field, &q.0, "must be greater than or equal to 0"))
+                }
+                Some(n) => out.push((name.clone(), q.0.clone(), n)),
+            }
+        }
+        out
+    };
+    let limits = parsed("limits", &resources.limits);
+    let requests = parsed("requests", &resources.requests);
+    for (name, value, n) in &requests {
+        if let Some((_, limit, l)) = limits.iter().find(|(ln, _, _)| ln == name)
+            && n > l
+        {
+            errs.push(invalid(
+                &format!("{path}.resources.requests[{name}]"),
+                value,
+                &format!("must be less than or equal to {name} limit of {limit}"),
+            ));
+        }
+    }
 }
 
 fn validate_ports(ports: &[ContainerPort], path: &str, errs: &mut Vec<String>) {
@@ -897,6 +941,50 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    #[test]
+    fn negative_or_unparsable_quantities_and_requests_over_limits_are_rejected() {
+        use k8s_openapi::api::core::v1::ResourceRequirements;
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let with = |limits: &[(&str, &str)], requests: &[(&str, &str)]| {
+            let mut c = container("app", "busybox");
+            let map = |kv: &[(&str, &str)]| {
+                Some(
+                    kv.iter()
+                        .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                        .collect(),
+                )
+            };
+            c.resources = Some(ResourceRequirements {
+                limits: map(limits),
+                requests: map(requests),
+                ..Default::default()
+            });
+            validate_pod(&pod(vec![c]))
+        };
+        assert_eq!(
+            with(&[("cpu", "-1")], &[]),
+            vec![
+                "spec.containers[0].resources.limits[cpu]: Invalid value: \"-1\": must be greater than or equal to 0"
+                    .to_string()
+            ]
+        );
+        assert!(with(&[], &[("memory", "lots")])[0].contains("quantities must match"));
+        assert_eq!(
+            with(&[("memory", "64Mi")], &[("memory", "128Mi")]),
+            vec![
+                "spec.containers[0].resources.requests[memory]: Invalid value: \"128Mi\": must be less than or equal to memory limit of 64Mi"
+                    .to_string()
+            ]
+        );
+        assert!(
+            with(
+                &[("cpu", "500m"), ("memory", "64Mi")],
+                &[("cpu", "0.5"), ("memory", "0")]
+            )
+            .is_empty()
+        );
     }
 
     #[test]
