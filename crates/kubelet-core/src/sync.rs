@@ -80,6 +80,8 @@ struct RuntimeSync {
     failed: bool,
     /// Something was changed in the runtime (sandbox created, containers killed or started).
     acted: bool,
+    /// Containers started by this sync.
+    started: Vec<String>,
 }
 
 impl RuntimeSync {
@@ -336,7 +338,17 @@ impl Engine {
             old.as_ref() != Some(&result.waiting)
         };
         if changed {
-            let api = self.generate_status(p, &rt, &result.waiting, false);
+            // `rt` predates this sync: a container it started still shows its exited
+            // instance there. Until the next sync sees the new one, keep what the status said
+            // about it (CrashLoopBackOff), as the kubelet's status does between a back-off's
+            // expiry and the restart, rather than a stale Terminated.
+            let mut shown = result.waiting.clone();
+            for name in &result.started {
+                if let Some(w) = waiting.get(name) {
+                    shown.entry(name.clone()).or_insert_with(|| w.clone());
+                }
+            }
+            let api = self.generate_status(p, &rt, &shown, false);
             self.status.set_pod_status(p, api);
         }
         if let Some(w) = result.backoff_wait {
@@ -618,9 +630,13 @@ impl Engine {
         let involved = InvolvedObject::container(p, &c.name);
         let previous = rt.find_container(&c.name);
         let pod_desc = format!("{}_{}({})", pod::name(p), pod::namespace(p), pod::uid(p));
-        // CrashLoopBackOff, keyed like the kubelet's GetStableKey.
-        if let Some(prev) = previous
-            && prev.state == ContainerState::Exited
+        // CrashLoopBackOff, keyed like the kubelet's GetStableKey, from the newest *exited*
+        // instance (the kubelet's doBackOff): when this sync kills a running instance to
+        // restart it (liveness, spec change), that instance is not the one to count from.
+        if let Some(prev) = rt
+            .container_instances(&c.name)
+            .filter(|i| i.state == ContainerState::Exited)
+            .max_by_key(|i| (i.created_at, i.metadata.attempt))
         {
             let key = format!(
                 "{}/{}_{}_{:x}",
@@ -735,6 +751,7 @@ impl Engine {
         self.recorder
             .normal(involved, "Started", format!("Started container {}", c.name));
         out.acted = true;
+        out.started.push(c.name.clone());
         true
     }
 

@@ -344,3 +344,80 @@ async fn a_startup_probe_holds_liveness_back_until_it_succeeds() {
     drop(listener);
     agent.stop().await;
 }
+
+/// The app's state in a status, for the sequence check below.
+fn app_state(s: &PodStatus) -> &'static str {
+    let Some(st) = app_status(s).and_then(|c| c.state.as_ref()) else {
+        return "none";
+    };
+    if st.running.is_some() {
+        "running"
+    } else if st.terminated.is_some() {
+        "terminated"
+    } else if st
+        .waiting
+        .as_ref()
+        .is_some_and(|w| w.reason.as_deref() == Some("CrashLoopBackOff"))
+    {
+        "backoff"
+    } else {
+        "waiting"
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_its_liveness_probe_keeps_killing_backs_off_like_a_crashing_one() {
+    let mut c = app();
+    c.liveness_probe = Some(Probe {
+        exec: Some(k8s_openapi::api::core::v1::ExecAction {
+            command: Some(vec!["check".into()]),
+        }),
+        period_seconds: Some(1),
+        failure_threshold: Some(1),
+        ..Default::default()
+    });
+    let agent = Agent::start(pod("live-2", c));
+    // Every liveness check fails.
+    agent.rt.set_exec_handler(|_, _| {
+        Ok(kubelet_core::runtime::ExecResult {
+            exit_code: 1,
+            ..Default::default()
+        })
+    });
+    let started = || {
+        agent
+            .rt
+            .calls()
+            .iter()
+            .filter(|c| c.starts_with("start_container"))
+            .count()
+    };
+    let begin = tokio::time::Instant::now();
+    while begin.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Kills at ~1 s after each start; the first restart is immediate, then 10 s and 20 s
+    // back-offs from the previous exit (the kubelet's doBackOff on the newest exited instance).
+    // Without back-off a start every ~2 s would give about 30.
+    let n = started();
+    assert!(
+        (3..=6).contains(&n),
+        "{n} starts in 60 s: {:#?}",
+        agent.rt.calls()
+    );
+    let statuses = agent.sink.statuses("live-2");
+    assert!(
+        statuses.iter().any(|s| app_state(s) == "backoff"),
+        "never in CrashLoopBackOff"
+    );
+    // Between a back-off's end and the new instance running, the status does not go back to
+    // the old instance's Terminated.
+    let states: Vec<&str> = statuses.iter().map(app_state).collect();
+    for w in states.windows(2) {
+        assert!(
+            !(w[0] == "backoff" && w[1] == "terminated"),
+            "a stale Terminated after CrashLoopBackOff: {states:?}"
+        );
+    }
+    agent.stop().await;
+}
