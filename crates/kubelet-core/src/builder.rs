@@ -31,6 +31,10 @@ pub struct KubeletConfig {
     pub root_dir: PathBuf,
     /// `--pod-log-dir`: container logs live under `<pod_log_dir>/<ns>_<name>_<uid>/`.
     pub pod_log_dir: PathBuf,
+    /// Where the kubelet's log links go, `<pod>_<ns>_<container>-<id>.log` → the container's
+    /// log, what log shippers tail (`/var/log/containers`; with another pod log directory,
+    /// `containers` next to it: see [`container_log_dir_for`]).
+    pub container_log_dir: PathBuf,
     /// `syncFrequency`: resync period of a running pod (1 m, with 0.5 jitter).
     pub sync_frequency: Duration,
     /// `housekeepingPeriod` (2 s): orphan cleanup.
@@ -41,11 +45,25 @@ pub struct KubeletConfig {
     pub node_ip: Option<String>,
 }
 
+/// The log link directory that goes with a pod log directory: `/var/log/containers` for the
+/// kubelet's `/var/log/pods`, else `containers` next to the pod log directory (so that an agent
+/// with its logs elsewhere keeps its links there too).
+pub fn container_log_dir_for(pod_log_dir: &std::path::Path) -> PathBuf {
+    if pod_log_dir == std::path::Path::new("/var/log/pods") {
+        return PathBuf::from("/var/log/containers");
+    }
+    match pod_log_dir.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.join("containers"),
+        _ => pod_log_dir.join("containers"),
+    }
+}
+
 impl Default for KubeletConfig {
     fn default() -> Self {
         Self {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             pod_log_dir: PathBuf::from("/var/log/pods"),
+            container_log_dir: PathBuf::from("/var/log/containers"),
             sync_frequency: Duration::from_secs(60),
             housekeeping_period: Duration::from_secs(2),
             runtime_request_timeout: Duration::from_secs(120),
@@ -64,6 +82,9 @@ impl KubeletConfig {
         Self {
             root_dir: root_dir.into(),
             pod_log_dir: PathBuf::from(&configuration.pod_logs_dir),
+            container_log_dir: container_log_dir_for(std::path::Path::new(
+                &configuration.pod_logs_dir,
+            )),
             sync_frequency: configuration.sync_frequency.as_duration(),
             runtime_request_timeout: configuration.runtime_request_timeout.as_duration(),
             ..Self::default()
@@ -72,9 +93,11 @@ impl KubeletConfig {
 
     /// Defaults with `root_dir` and `pod_log_dir` replaced.
     pub fn with_dirs(root_dir: impl Into<PathBuf>, pod_log_dir: impl Into<PathBuf>) -> Self {
+        let pod_log_dir = pod_log_dir.into();
         Self {
             root_dir: root_dir.into(),
-            pod_log_dir: pod_log_dir.into(),
+            container_log_dir: container_log_dir_for(&pod_log_dir),
+            pod_log_dir,
             ..Self::default()
         }
     }
@@ -287,7 +310,11 @@ impl KubeletBuilder {
         // Paths reach runtimes and their helper processes, whose working directory differs from
         // ours: make them absolute once.
         let mut config = self.config;
-        for dir in [&mut config.root_dir, &mut config.pod_log_dir] {
+        for dir in [
+            &mut config.root_dir,
+            &mut config.pod_log_dir,
+            &mut config.container_log_dir,
+        ] {
             *dir = std::path::absolute(&*dir).map_err(|source| KubeletError::ResolveDir {
                 path: dir.clone(),
                 source,

@@ -750,6 +750,8 @@ impl Engine {
         }
         self.recorder
             .normal(involved, "Started", format!("Started container {}", c.name));
+        self.create_log_link(p, &c.name, &id, &self.log_dir(p).join(&config.log_path))
+            .await;
         out.acted = true;
         out.started.push(c.name.clone());
         true
@@ -1030,6 +1032,49 @@ impl Engine {
             tracing::warn!(container_id = %id, error = %e, "removing container failed");
         }
         self.exits.lock().remove(id);
+        self.remove_log_link(id).await;
+    }
+
+    /// The kubelet's legacy log link of a container (`logSymlink`):
+    /// `<container_log_dir>/<pod>_<ns>_<container>-<id>.log`, cut to 255 bytes.
+    fn log_link(&self, p: &Pod, container: &str, id: &str) -> PathBuf {
+        let mut name = format!("{}_{}_{container}-{id}", pod::name(p), pod::namespace(p));
+        let max = 255 - ".log".len();
+        if name.len() > max {
+            let mut cut = max;
+            while !name.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            name.truncate(cut);
+        }
+        self.config.container_log_dir.join(format!("{name}.log"))
+    }
+
+    /// Link the started container's log into the container log directory (log shippers tail
+    /// it). Failures are logged; they never fail the start.
+    async fn create_log_link(&self, p: &Pod, container: &str, id: &str, log: &std::path::Path) {
+        if tokio::fs::metadata(log).await.is_err() {
+            return;
+        }
+        let link = self.log_link(p, container, id);
+        let _ = tokio::fs::create_dir_all(&self.config.container_log_dir).await;
+        let _ = tokio::fs::remove_file(&link).await;
+        if let Err(e) = tokio::fs::symlink(log, &link).await {
+            tracing::warn!(link = %link.display(), error = %e, "creating the container log link failed");
+        }
+    }
+
+    /// Remove the log link of container `id` (found by its `-<id>.log` suffix).
+    async fn remove_log_link(&self, id: &str) {
+        let suffix = format!("-{id}.log");
+        let Ok(mut dir) = tokio::fs::read_dir(&self.config.container_log_dir).await else {
+            return;
+        };
+        while let Ok(Some(entry)) = dir.next_entry().await {
+            if entry.file_name().to_string_lossy().ends_with(&suffix) {
+                let _ = tokio::fs::remove_file(entry.path()).await;
+            }
+        }
     }
 
     async fn purge_init_containers(&self, p: &Pod, rt: &PodRuntimeStatus) {

@@ -491,5 +491,32 @@ fn container_logs_on_containerd_across_restarts_and_followed_to_the_end() {
     let (code, body) = api_get(port, "/containerLogs/default/once-cri-node/app?follow=true");
     assert_eq!((code, body.as_str()), (200, "first\nsecond\n"));
     assert!(start.elapsed() < Duration::from_secs(30));
+
+    // The log link of the (exited) container points at its log and goes with the pod.
+    let once = env.pod("once").unwrap();
+    let id = once["status"]["containerStatuses"][0]["containerID"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("containerd://")
+        .to_string();
+    let link = env
+        .dir
+        .join("containers")
+        .join(format!("once-cri-node_default_app-{id}.log"));
+    let target = std::fs::read_link(&link).expect("the log link");
+    assert!(
+        target.starts_with(env.dir.join("logs")),
+        "{}",
+        target.display()
+    );
+    assert!(
+        std::fs::read_to_string(&link)
+            .unwrap()
+            .contains(" F second")
+    );
+    std::fs::remove_file(env.manifests().join("once.yaml")).unwrap();
+    wait_until("the log link gone", || {
+        std::fs::symlink_metadata(&link).is_err().then_some(())
+    });
     env.stop_agent();
 }

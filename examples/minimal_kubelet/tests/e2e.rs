@@ -1235,6 +1235,57 @@ fn manifest_of_20_mib_is_reported_and_other_pods_keep_running() {
 // ---------------------------------------------------------------------------------------------
 
 #[test]
+fn log_links_point_at_each_containers_current_log_and_go_with_the_pod() {
+    let mut env = Env::new("loglinks");
+    env.start();
+    let token = env.token("link");
+    env.write_pod(
+        "linked.json",
+        &pod(
+            "linked",
+            json!({
+                "restartPolicy": "Always",
+                "terminationGracePeriodSeconds": 2,
+                "containers": [sh("app", &format!("echo hi; {}", looping("exit 0", false)), &token)],
+            }),
+        ),
+    );
+    let name = static_name("linked");
+    let p = env.wait_running_ready(&name);
+    let id = main_status(&p, "app")["containerID"]
+        .as_str()
+        .expect("containerID")
+        .split("://")
+        .nth(1)
+        .expect("scheme")
+        .to_string();
+    // --pod-log-dir is <tmp>/logs, so the links live in <tmp>/containers.
+    let links = env.logs.parent().expect("parent").join("containers");
+    let link = links.join(format!("{name}_default_app-{id}.log"));
+    let target = wait_until(&format!("{} to exist", link.display()), || {
+        std::fs::read_link(&link).ok()
+    });
+    let uid = p["metadata"]["uid"].as_str().expect("uid");
+    assert_eq!(
+        target,
+        env.logs
+            .join(format!("default_{name}_{uid}"))
+            .join("app")
+            .join("0.log")
+    );
+    assert!(
+        std::fs::read_to_string(&link)
+            .unwrap_or_default()
+            .contains(" F hi"),
+        "the link reads the container's log"
+    );
+    env.remove_manifest("linked.json");
+    wait_until("the link to go with the pod", || {
+        (!link.exists() && std::fs::symlink_metadata(&link).is_err()).then_some(())
+    });
+}
+
+#[test]
 fn json_logs_are_one_object_per_line_and_the_startup_line_names_runtime_pleg_and_listeners() {
     let mut env = Env::new("jsonlog");
     env.healthz_port = free_port();
