@@ -43,6 +43,12 @@ pub struct KubeletConfig {
     pub runtime_request_timeout: Duration,
     /// The node's IP, reported as `hostIP`; `None` reports the pod IP of host-network pods.
     pub node_ip: Option<String>,
+    /// `clusterDNS`.
+    pub cluster_dns: Vec<String>,
+    /// `clusterDomain`.
+    pub cluster_domain: String,
+    /// `resolvConf` (`/etc/resolv.conf`); empty for none.
+    pub resolv_conf: PathBuf,
 }
 
 /// The log link directory that goes with a pod log directory: `/var/log/containers` for the
@@ -68,6 +74,9 @@ impl Default for KubeletConfig {
             housekeeping_period: Duration::from_secs(2),
             runtime_request_timeout: Duration::from_secs(120),
             node_ip: None,
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: PathBuf::from("/etc/resolv.conf"),
         }
     }
 }
@@ -87,6 +96,9 @@ impl KubeletConfig {
             )),
             sync_frequency: configuration.sync_frequency.as_duration(),
             runtime_request_timeout: configuration.runtime_request_timeout.as_duration(),
+            cluster_dns: configuration.cluster_dns.clone(),
+            cluster_domain: configuration.cluster_domain.clone(),
+            resolv_conf: PathBuf::from(&configuration.resolv_conf),
             ..Self::default()
         }
     }

@@ -148,6 +148,16 @@ pub struct KubeletConfiguration {
     pub container_runtime_endpoint: String,
     /// `podLogsDir` (`/var/log/pods`): where container logs are written.
     pub pod_logs_dir: String,
+    /// `clusterDNS`: the cluster DNS servers pods with `ClusterFirst` use; empty: those pods
+    /// fall back to the host's resolver (`MissingClusterDNS`).
+    #[serde(rename = "clusterDNS")]
+    pub cluster_dns: Vec<String>,
+    /// `clusterDomain`: the cluster's domain (`cluster.local` in most clusters); empty: no
+    /// cluster search path.
+    pub cluster_domain: String,
+    /// `resolvConf` (`/etc/resolv.conf`): the host resolver configuration pods inherit; empty:
+    /// none (host-policy pods get 127.0.0.1).
+    pub resolv_conf: String,
     /// `maxPods` (110): reported as the node's `pods` capacity.
     pub max_pods: i32,
     /// `evictionHard`; `None` (absent) for the kubelet's defaults.
@@ -309,6 +319,9 @@ impl Default for KubeletConfiguration {
             runtime_request_timeout: GoDuration::from_secs(120),
             container_runtime_endpoint: String::new(),
             pod_logs_dir: "/var/log/pods".to_string(),
+            cluster_dns: Vec::new(),
+            cluster_domain: String::new(),
+            resolv_conf: "/etc/resolv.conf".to_string(),
             max_pods: 110,
             eviction_hard: None,
             eviction_soft: BTreeMap::new(),

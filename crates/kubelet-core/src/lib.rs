@@ -86,6 +86,7 @@ pub mod cache;
 pub mod config;
 pub mod configuration;
 pub mod container;
+pub mod dns;
 pub mod duration;
 pub mod error;
 pub mod event;

@@ -425,6 +425,26 @@ impl Engine {
         }
     }
 
+    /// The node's DNS settings, with the host's resolver read now (it may change).
+    fn dns_settings(&self) -> crate::dns::DnsSettings {
+        let host = if self.config.resolv_conf.as_os_str().is_empty() {
+            None
+        } else {
+            match std::fs::read_to_string(&self.config.resolv_conf) {
+                Ok(text) => Some(crate::dns::parse_resolv_conf(&text)),
+                Err(e) => {
+                    tracing::warn!(path = %self.config.resolv_conf.display(), error = %e, "reading resolvConf failed; pods get no host resolver settings");
+                    Some(DnsConfig::default())
+                }
+            }
+        };
+        let mut s = crate::dns::DnsSettings::default();
+        s.cluster_dns = self.config.cluster_dns.clone();
+        s.cluster_domain = self.config.cluster_domain.clone();
+        s.host = host;
+        s
+    }
+
     fn sandbox_config(&self, p: &Pod, attempt: u32) -> PodSandboxConfig {
         let spec = p.spec.as_ref();
         let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
@@ -434,19 +454,8 @@ impl Engine {
             spec.and_then(|s| s.hostname.clone())
                 .unwrap_or_else(|| pod::name(p).to_string())
         };
-        let dns_config = spec.and_then(|s| s.dns_config.as_ref()).map(|d| DnsConfig {
-            servers: d.nameservers.clone().unwrap_or_default(),
-            searches: d.searches.clone().unwrap_or_default(),
-            options: d
-                .options
-                .iter()
-                .flatten()
-                .map(|o| match &o.value {
-                    Some(v) => format!("{}:{v}", o.name.clone().unwrap_or_default()),
-                    None => o.name.clone().unwrap_or_default(),
-                })
-                .collect(),
-        });
+        let (dns, _) = crate::dns::pod_dns(&self.dns_settings(), p);
+        let dns_config = Some(dns);
         let port_mappings = pod::containers(p)
             .iter()
             .flat_map(|c| c.ports.iter().flatten())
@@ -521,6 +530,16 @@ impl Engine {
         let sandbox_config;
         if changes.create_sandbox {
             sandbox_config = self.sandbox_config(p, changes.attempt);
+            // What forming the DNS settings had to report, once per sandbox.
+            for (warning, reason, message) in crate::dns::pod_dns(&self.dns_settings(), p).1 {
+                if warning {
+                    self.recorder
+                        .warning(InvolvedObject::pod(p), reason, message);
+                } else {
+                    self.recorder
+                        .normal(InvolvedObject::pod(p), reason, message);
+                }
+            }
             if let Err(e) = tokio::fs::create_dir_all(&sandbox_config.log_directory).await {
                 self.recorder.warning(
                     InvolvedObject::pod(p),

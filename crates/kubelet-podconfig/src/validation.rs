@@ -317,6 +317,7 @@ fn validate_spec(spec: &PodSpec, errs: &mut Vec<String>) {
     {
         errs.push(unsupported("spec.dnsPolicy", policy, &DNS_POLICIES));
     }
+    validate_dns(spec, errs);
     if let Some(grace) = spec.termination_grace_period_seconds
         && grace < 0
     {
@@ -523,6 +524,68 @@ fn validate_container(
         volumes,
         errs,
     );
+}
+
+/// The API server's `validateDNSPolicy`/`validatePodDNSConfig`.
+fn validate_dns(spec: &PodSpec, errs: &mut Vec<String>) {
+    let policy = spec.dns_policy.as_deref().unwrap_or("ClusterFirst");
+    let Some(dns) = spec.dns_config.as_ref() else {
+        if policy == "None" {
+            errs.push(format!(
+                "{}: must provide `dnsConfig` when `dnsPolicy` is None",
+                required("spec.dnsConfig")
+            ));
+        }
+        return;
+    };
+    let servers = dns.nameservers.as_deref().unwrap_or_default();
+    if policy == "None" && servers.is_empty() {
+        errs.push(format!(
+            "{}: must provide at least one DNS nameserver when `dnsPolicy` is None",
+            required("spec.dnsConfig.nameservers")
+        ));
+    }
+    if servers.len() > kubelet_core::dns::MAX_NAMESERVERS {
+        errs.push(format!(
+            "spec.dnsConfig.nameservers: Invalid value: {servers:?}: must not have more than {} nameservers",
+            kubelet_core::dns::MAX_NAMESERVERS
+        ));
+    }
+    for (i, ns) in servers.iter().enumerate() {
+        if ns.parse::<std::net::IpAddr>().is_err() {
+            errs.push(invalid(
+                &format!("spec.dnsConfig.nameservers[{i}]"),
+                ns,
+                "must be a valid IP address",
+            ));
+        }
+    }
+    let searches = dns.searches.as_deref().unwrap_or_default();
+    if searches.len() > kubelet_core::dns::MAX_SEARCH_PATHS {
+        errs.push(format!(
+            "spec.dnsConfig.searches: Invalid value: {searches:?}: must not have more than {} search paths",
+            kubelet_core::dns::MAX_SEARCH_PATHS
+        ));
+    }
+    let chars = searches.join(" ").len();
+    if chars > kubelet_core::dns::MAX_SEARCH_CHARS {
+        errs.push(format!(
+            "spec.dnsConfig.searches: Invalid value: {searches:?}: must not have more than {} characters (including spaces) in the search list",
+            kubelet_core::dns::MAX_SEARCH_CHARS
+        ));
+    }
+    for (i, s) in searches.iter().enumerate() {
+        // A trailing dot is allowed (a fully qualified name).
+        let name = s.strip_suffix('.').unwrap_or(s);
+        for msg in is_dns1123_subdomain(name) {
+            errs.push(invalid(&format!("spec.dnsConfig.searches[{i}]"), s, &msg));
+        }
+    }
+    for (i, o) in dns.options.iter().flatten().enumerate() {
+        if o.name.as_deref().is_none_or(str::is_empty) {
+            errs.push(required(&format!("spec.dnsConfig.options[{i}].name")));
+        }
+    }
 }
 
 /// The API server's `ValidateResourceRequirements`: quantities parse and are not negative, and
@@ -941,6 +1004,54 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    #[test]
+    fn dns_settings_are_validated_as_the_api_server_does() {
+        use k8s_openapi::api::core::v1::PodDNSConfig;
+        let with = |policy: Option<&str>, dns: Option<PodDNSConfig>| {
+            let mut p = pod(vec![container("app", "busybox")]);
+            let spec = p.spec.as_mut().unwrap();
+            spec.dns_policy = policy.map(str::to_string);
+            spec.dns_config = dns;
+            validate_pod(&p)
+        };
+        assert!(
+            with(Some("None"), None)[0]
+                .contains("must provide `dnsConfig` when `dnsPolicy` is None")
+        );
+        let many = PodDNSConfig {
+            nameservers: Some(vec![
+                "1.1.1.1".into(),
+                "2.2.2.2".into(),
+                "3.3.3.3".into(),
+                "4.4.4.4".into(),
+            ]),
+            ..Default::default()
+        };
+        assert!(with(None, Some(many))[0].contains("must not have more than 3 nameservers"));
+        let bad = PodDNSConfig {
+            nameservers: Some(vec!["not-an-ip".into()]),
+            searches: Some(vec!["Bad_Domain".into()]),
+            ..Default::default()
+        };
+        let errs = with(None, Some(bad));
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("spec.dnsConfig.nameservers[0]")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("spec.dnsConfig.searches[0]")),
+            "{errs:?}"
+        );
+        let good = PodDNSConfig {
+            nameservers: Some(vec!["10.0.0.10".into()]),
+            searches: Some(vec!["svc.cluster.local".into(), "example.org.".into()]),
+            ..Default::default()
+        };
+        assert!(with(Some("None"), Some(good)).is_empty());
     }
 
     #[test]

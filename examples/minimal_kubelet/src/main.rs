@@ -98,6 +98,17 @@ struct Flags {
     /// Address of the healthz endpoint.
     #[arg(long = "healthz-bind-address", default_value = "127.0.0.1")]
     healthz_bind_address: String,
+    /// Cluster DNS server addresses, comma-separated: pods with `dnsPolicy: ClusterFirst` on
+    /// the pod network resolve through them.
+    #[arg(long = "cluster-dns", value_delimiter = ',')]
+    cluster_dns: Vec<String>,
+    /// The cluster's domain (e.g. `cluster.local`): pods search `<ns>.svc.<domain>`,
+    /// `svc.<domain>` and `<domain>`.
+    #[arg(long = "cluster-domain", default_value = "")]
+    cluster_domain: String,
+    /// The host resolver configuration pods inherit; empty for none.
+    #[arg(long = "resolv-conf", default_value = "/etc/resolv.conf")]
+    resolv_conf: String,
     /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
     /// Unset: the kubelet's defaults.
     #[arg(long = "eviction-hard")]
@@ -179,6 +190,18 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
         c.container_runtime_endpoint = endpoint.clone();
     }
     c.runtime_request_timeout = flags.runtime_request_timeout.into();
+    c.cluster_dns = flags
+        .cluster_dns
+        .iter()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect();
+    for ip in &c.cluster_dns {
+        ip.parse::<std::net::IpAddr>()
+            .map_err(|_| anyhow::anyhow!("--cluster-dns: {ip:?} is not an IP address"))?;
+    }
+    c.cluster_domain = flags.cluster_domain.clone();
+    c.resolv_conf = flags.resolv_conf.clone();
     c.read_only_port = flags.read_only_port;
     c.address = flags.address.clone();
     c.healthz_port = flags.healthz_port;

@@ -520,3 +520,78 @@ fn container_logs_on_containerd_across_restarts_and_followed_to_the_end() {
     });
     env.stop_agent();
 }
+
+#[test]
+fn pods_on_containerd_get_the_kubelets_dns_settings_for_each_policy() {
+    let Some(mut env) =
+        Env::start("pods_on_containerd_get_the_kubelets_dns_settings_for_each_policy")
+    else {
+        return;
+    };
+    env.api_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    env.extra_args = [
+        "--anonymous-auth=true",
+        "--authorization-mode",
+        "AlwaysAllow",
+        "--cluster-dns",
+        "10.0.0.10",
+        "--cluster-domain",
+        "cluster.local",
+    ]
+    .map(String::from)
+    .to_vec();
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    let manifest = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: app\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"cat /etc/resolv.conf; exec sleep 100000\"]\n"
+        )
+    };
+    write_manifest(&env.manifests(), "dnsa", &manifest("dnsa", ""));
+    write_manifest(
+        &env.manifests(),
+        "dnsb",
+        &manifest(
+            "dnsb",
+            "  hostNetwork: true\n  dnsPolicy: ClusterFirstWithHostNet\n",
+        ),
+    );
+    write_manifest(
+        &env.manifests(),
+        "dnsc",
+        &manifest(
+            "dnsc",
+            "  dnsPolicy: None\n  dnsConfig:\n    nameservers: [10.9.9.9]\n    searches: [example.test]\n    options:\n    - name: ndots\n      value: \"1\"\n",
+        ),
+    );
+    env.start_agent();
+    let port = env.api_port;
+    let resolv = |name: &str| {
+        wait_until(&format!("{name}'s resolv.conf"), || {
+            env.pod(name).filter(running)?;
+            let (code, body) =
+                api_get(port, &format!("/containerLogs/default/{name}-cri-node/app"));
+            (code == 200 && body.contains("nameserver")).then_some(body)
+        })
+    };
+    let cluster_search = "search default.svc.cluster.local svc.cluster.local cluster.local";
+    for name in ["dnsa", "dnsb"] {
+        let r = resolv(name);
+        assert!(r.contains("nameserver 10.0.0.10"), "{name}: {r}");
+        assert!(r.contains(cluster_search), "{name}: {r}");
+        assert!(r.contains("options ndots:5"), "{name}: {r}");
+    }
+    let r = resolv("dnsc");
+    assert!(r.contains("nameserver 10.9.9.9"), "{r}");
+    assert!(r.contains("search example.test"), "{r}");
+    assert!(r.contains("options ndots:1"), "{r}");
+    assert!(
+        !r.contains("10.0.0.10") && !r.contains("cluster.local"),
+        "{r}"
+    );
+    env.stop_agent();
+}
