@@ -438,11 +438,11 @@ impl Engine {
                 }
             }
         };
-        let mut s = crate::dns::DnsSettings::default();
-        s.cluster_dns = self.config.cluster_dns.clone();
-        s.cluster_domain = self.config.cluster_domain.clone();
-        s.host = host;
-        s
+        crate::dns::DnsSettings {
+            cluster_dns: self.config.cluster_dns.clone(),
+            cluster_domain: self.config.cluster_domain.clone(),
+            host,
+        }
     }
 
     fn sandbox_config(&self, p: &Pod, attempt: u32) -> PodSandboxConfig {
