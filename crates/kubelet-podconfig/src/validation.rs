@@ -1011,7 +1011,7 @@ mod tests {
         use k8s_openapi::api::core::v1::PodDNSConfig;
         let with = |policy: Option<&str>, dns: Option<PodDNSConfig>| {
             let mut p = pod(vec![container("app", "busybox")]);
-            let spec = p.spec.as_mut().unwrap();
+            let spec = p.spec.as_mut().expect("spec");
             spec.dns_policy = policy.map(str::to_string);
             spec.dns_config = dns;
             validate_pod(&p)
