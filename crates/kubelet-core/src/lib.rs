@@ -90,6 +90,7 @@ pub mod dns;
 pub mod duration;
 pub mod error;
 pub mod event;
+pub mod hosts;
 pub mod kubelet;
 pub mod layer;
 pub mod listener;

@@ -622,10 +622,12 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Err(crate::Error::unsupported("container_events"))
     }
 
-    /// Whether the runtime has images to pull. A runtime that runs programs of the host (the
-    /// process runtime) has none: the engine then skips [`image_status`](Self::image_status)
-    /// and [`pull_image`](Self::pull_image) and records no `Pulling`/`Pulled` events for it.
-    /// The default is true; wrappers must pass the inner runtime's answer on.
+    /// Whether the runtime has images to pull, and so containers with a root filesystem of
+    /// their own. A runtime that runs programs of the host (the process runtime) has neither:
+    /// the engine then skips [`image_status`](Self::image_status) and
+    /// [`pull_image`](Self::pull_image), records no `Pulling`/`Pulled` events, and mounts no
+    /// kubelet-managed `/etc/hosts`. The default is true; wrappers must pass the inner runtime's
+    /// answer on.
     fn pulls_images(&self) -> bool {
         true
     }

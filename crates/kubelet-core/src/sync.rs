@@ -451,8 +451,7 @@ impl Engine {
         let hostname = if host_network {
             String::new()
         } else {
-            spec.and_then(|s| s.hostname.clone())
-                .unwrap_or_else(|| pod::name(p).to_string())
+            crate::hosts::sandbox_hostname(p, &self.config.cluster_domain)
         };
         let (dns, _) = crate::dns::pod_dns(&self.dns_settings(), p);
         let dns_config = Some(dns);
@@ -725,7 +724,12 @@ impl Engine {
             container_type: kind,
         };
         let config = match container::generate_container_config(p, c, &ctx) {
-            Ok(cfg) => cfg,
+            Ok(mut cfg) => {
+                if let Some(m) = self.hosts_mount(p, c, pod_ips).await {
+                    cfg.mounts.push(m);
+                }
+                cfg
+            }
             Err(e) => {
                 self.recorder
                     .warning(involved, "Failed", format!("Error: {e}"));
@@ -1067,6 +1071,58 @@ impl Engine {
             name.truncate(cut);
         }
         self.config.container_log_dir.join(format!("{name}.log"))
+    }
+
+    /// The kubelet-managed `/etc/hosts` for a container (the kubelet's `makeHostsMount`):
+    /// written to `<pod dir>/etc-hosts` and mounted unless the container mounts its own, the
+    /// IPs of a pod on the pod network are not known yet, or the runtime's containers are host
+    /// programs.
+    async fn hosts_mount(
+        &self,
+        p: &Pod,
+        c: &Container,
+        pod_ips: &[String],
+    ) -> Option<crate::runtime::Mount> {
+        let host_network = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        if !self.runtime.pulls_images() || (pod_ips.is_empty() && !host_network) {
+            return None;
+        }
+        let own = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path.trim_end_matches('/') == "/etc/hosts");
+        if own {
+            return None;
+        }
+        let spec = p.spec.as_ref();
+        let aliases = spec
+            .and_then(|s| s.host_aliases.clone())
+            .unwrap_or_default();
+        let content = if host_network {
+            let node = tokio::fs::read_to_string("/etc/hosts")
+                .await
+                .unwrap_or_default();
+            crate::hosts::host_network_hosts(&node, &aliases)
+        } else {
+            let (hostname, domain) =
+                crate::hosts::hostname_and_domain(p, &self.config.cluster_domain);
+            crate::hosts::managed_hosts(pod_ips, &hostname, domain.as_deref(), &aliases)
+        };
+        let path = self.pod_dir(p).join("etc-hosts");
+        if let Err(e) = tokio::fs::write(&path, content).await {
+            tracing::warn!(path = %path.display(), error = %e, "writing the pod's hosts file failed; the container keeps the runtime's");
+            return None;
+        }
+        Some(crate::runtime::Mount {
+            container_path: PathBuf::from("/etc/hosts"),
+            host_path: path,
+            readonly: false,
+        })
     }
 
     /// Link the started container's log into the container log directory (log shippers tail

@@ -595,3 +595,80 @@ fn pods_on_containerd_get_the_kubelets_dns_settings_for_each_policy() {
     );
     env.stop_agent();
 }
+
+#[test]
+fn pods_on_containerd_get_a_managed_hosts_file_and_their_hostname() {
+    let Some(mut env) =
+        Env::start("pods_on_containerd_get_a_managed_hosts_file_and_their_hostname")
+    else {
+        return;
+    };
+    env.api_port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    env.extra_args = [
+        "--anonymous-auth=true",
+        "--authorization-mode",
+        "AlwaysAllow",
+        "--cluster-domain",
+        "cluster.local",
+    ]
+    .map(String::from)
+    .to_vec();
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    let manifest = |name: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 1\n  hostAliases:\n  - ip: 10.1.2.3\n    hostnames: [foo.local, bar.local]\n{extra}  containers:\n  - name: app\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"cat /etc/hosts; echo host=$(hostname); exec sleep 100000\"]\n"
+        )
+    };
+    write_manifest(
+        &env.manifests(),
+        "hosta",
+        &manifest("hosta", "  hostname: front\n  subdomain: sub\n"),
+    );
+    write_manifest(
+        &env.manifests(),
+        "hostb",
+        &manifest("hostb", "  hostNetwork: true\n"),
+    );
+    env.start_agent();
+    let port = env.api_port;
+    let output = |name: &str| {
+        wait_until(&format!("{name}'s /etc/hosts"), || {
+            let p = env.pod(name).filter(running)?;
+            let (code, body) =
+                api_get(port, &format!("/containerLogs/default/{name}-cri-node/app"));
+            (code == 200 && body.contains("host=")).then_some((p, body))
+        })
+    };
+    let (p, hosts) = output("hosta");
+    let ip = p["status"]["podIP"].as_str().unwrap().to_string();
+    assert!(
+        hosts.starts_with("# Kubernetes-managed hosts file.\n"),
+        "{hosts}"
+    );
+    assert!(
+        hosts.contains(&format!(
+            "{ip}\tfront.sub.default.svc.cluster.local\tfront\n"
+        )),
+        "{hosts}"
+    );
+    assert!(
+        hosts.contains("10.1.2.3\tfoo.local\tbar.local\n"),
+        "{hosts}"
+    );
+    assert!(hosts.contains("host=front\n"), "{hosts}");
+    let (_, hosts) = output("hostb");
+    assert!(
+        hosts.starts_with("# Kubernetes-managed hosts file (host network).\n"),
+        "{hosts}"
+    );
+    assert!(
+        hosts.contains("10.1.2.3\tfoo.local\tbar.local\n"),
+        "{hosts}"
+    );
+    env.stop_agent();
+}
