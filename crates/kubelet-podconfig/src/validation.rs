@@ -318,6 +318,34 @@ fn validate_spec(spec: &PodSpec, errs: &mut Vec<String>) {
         errs.push(unsupported("spec.dnsPolicy", policy, &DNS_POLICIES));
     }
     validate_dns(spec, errs);
+    for (i, alias) in spec.host_aliases.iter().flatten().enumerate() {
+        if alias.ip.parse::<std::net::IpAddr>().is_err() {
+            errs.push(invalid(
+                &format!("spec.hostAliases[{i}].ip"),
+                &alias.ip,
+                "must be a valid IP address, (e.g. 10.9.8.7 or 2001:db8::ffff)",
+            ));
+        }
+        for (j, h) in alias.hostnames.iter().flatten().enumerate() {
+            for msg in is_dns1123_subdomain(h) {
+                errs.push(invalid(
+                    &format!("spec.hostAliases[{i}].hostnames[{j}]"),
+                    h,
+                    &msg,
+                ));
+            }
+        }
+    }
+    for (field, value) in [
+        ("spec.hostname", &spec.hostname),
+        ("spec.subdomain", &spec.subdomain),
+    ] {
+        if let Some(v) = value.as_deref().filter(|v| !v.is_empty()) {
+            for msg in is_dns1123_label(v) {
+                errs.push(invalid(field, v, &msg));
+            }
+        }
+    }
     if let Some(grace) = spec.termination_grace_period_seconds
         && grace < 0
     {
@@ -1004,6 +1032,34 @@ mod tests {
             ..Default::default()
         });
         p
+    }
+
+    #[test]
+    fn host_aliases_and_hostnames_are_validated() {
+        use k8s_openapi::api::core::v1::HostAlias;
+        let mut p = pod(vec![container("app", "busybox")]);
+        let spec = p.spec.as_mut().expect("spec");
+        spec.host_aliases = Some(vec![HostAlias {
+            ip: "10.1.2.300".into(),
+            hostnames: Some(vec!["ok.local".into(), "Not_OK".into()]),
+        }]);
+        spec.hostname = Some("Front".into());
+        let errs = validate_pod(&p);
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("spec.hostAliases[0].ip: Invalid value: \"10.1.2.300\"")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.starts_with("spec.hostAliases[0].hostnames[1]")),
+            "{errs:?}"
+        );
+        assert!(
+            errs.iter().any(|e| e.starts_with("spec.hostname")),
+            "{errs:?}"
+        );
+        assert_eq!(errs.len(), 3, "{errs:?}");
     }
 
     #[test]
