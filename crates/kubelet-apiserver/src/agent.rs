@@ -37,6 +37,8 @@ pub(crate) struct Shared {
     pub(crate) events: EventPoster,
     /// Pod status fields the API server rejected as unknown (it is older than our types).
     pub(crate) unknown_status_fields: RwLock<std::collections::HashSet<String>>,
+    /// Every Service, for the pods' service environment variables.
+    pub(crate) services: crate::services::ServiceCache,
 }
 
 /// One node's connection to the API server. Cheap to clone.
@@ -87,6 +89,7 @@ impl ApiServer {
                 recorder: RwLock::new(None),
                 mirrors: MirrorPods::default(),
                 unknown_status_fields: RwLock::new(std::collections::HashSet::new()),
+                services: crate::services::ServiceCache::default(),
                 client,
                 node_name,
                 config,
@@ -161,6 +164,9 @@ impl ApiServer {
             self.node_status_loop(inputs, node.status, &shutdown),
             self.lease_loop(&shutdown),
             self.extra_loops(&shutdown),
+            self.shared
+                .services
+                .run(self.shared.client.clone(), shutdown.clone()),
         );
     }
 

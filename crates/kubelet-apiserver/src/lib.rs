@@ -68,6 +68,7 @@ pub mod objects;
 pub mod patch;
 mod plugin;
 pub mod review;
+pub mod services;
 pub mod sink;
 pub mod source;
 
@@ -77,6 +78,7 @@ pub use error::ApiServerError;
 pub use node::{NodeConditionSource, NodeStatusInputs};
 pub use objects::ApiObjects;
 pub use review::{SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
+pub use services::ServiceCache;
 pub use sink::ApiStatusSink;
 pub use source::ApiPodSource;
 

@@ -93,6 +93,7 @@ pub struct ApiObjects {
     client: Client,
     ttl: Duration,
     state: std::sync::Arc<Mutex<State>>,
+    services: Option<crate::services::ServiceCache>,
 }
 
 impl std::fmt::Debug for ApiObjects {
@@ -110,7 +111,16 @@ impl ApiObjects {
             client,
             ttl: DEFAULT_OBJECT_TTL,
             state: Default::default(),
+            services: None,
         }
+    }
+
+    /// Answer [`ObjectProvider::services`] from `cache` (which the agent keeps filled, see
+    /// [`ServiceCache::run`](crate::services::ServiceCache::run)); without one, pods get no
+    /// service variables.
+    pub fn with_services(mut self, cache: crate::services::ServiceCache) -> Self {
+        self.services = Some(cache);
+        self
     }
 
     /// Serve fetched objects from the cache for `ttl` (zero: every lookup is a GET).
@@ -161,6 +171,19 @@ fn api_error(kind: &str, namespace: &str, name: &str, e: kube::Error) -> Error {
 
 #[async_trait]
 impl ObjectProvider for ApiObjects {
+    fn services(
+        &self,
+    ) -> kubelet_core::Result<Option<Vec<std::sync::Arc<k8s_openapi::api::core::v1::Service>>>>
+    {
+        match &self.services {
+            None => Ok(None),
+            Some(cache) => cache
+                .services()
+                .map(Some)
+                .map_err(|m| kubelet_core::Error::new(kubelet_core::ErrorKind::Unavailable, m)),
+        }
+    }
+
     async fn config_map(
         &self,
         namespace: &str,

@@ -34,7 +34,9 @@ impl AgentPlugin for ApiServer {
     }
 
     fn object_provider(&self) -> Option<Arc<dyn ObjectProvider>> {
-        Some(Arc::new(ApiObjects::new(self.client())))
+        Some(Arc::new(
+            ApiObjects::new(self.client()).with_services(self.shared.services.clone()),
+        ))
     }
 
     async fn run(

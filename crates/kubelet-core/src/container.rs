@@ -232,6 +232,11 @@ pub fn make_environment(
     let mut out: Vec<EnvVar> = Vec::new();
     let mut values: HashMap<String, String> = HashMap::new();
     let objects = ctx.objects;
+    let services = objects
+        .service_env()
+        .map_err(|e| ContainerConfigError::ObjectUnavailable {
+            message: e.to_string(),
+        })?;
     for from in c.env_from.as_deref().unwrap_or(&[]) {
         let prefix = from.prefix.as_deref().unwrap_or("");
         let (kind, name, pairs): (&str, &str, Vec<(String, String)>) =
@@ -303,7 +308,9 @@ pub fn make_environment(
     for e in c.env.as_deref().unwrap_or(&[]) {
         let literal = e.value.as_deref().unwrap_or("");
         let value = if !literal.is_empty() || e.value_from.is_none() {
-            expand(literal, &|n| values.get(n).cloned())
+            expand(literal, &|n| {
+                values.get(n).cloned().or_else(|| services.get(n).cloned())
+            })
         } else if let Some(from) = &e.value_from {
             if let Some(f) = &from.field_ref {
                 field_ref(pod, &f.field_path, ctx).ok_or_else(|| {
@@ -376,6 +383,15 @@ pub fn make_environment(
             String::new()
         };
         set_var(&mut out, &mut values, &e.name, value);
+    }
+    // Then the service variables the container does not set itself.
+    for (k, v) in services {
+        if !values.contains_key(k) {
+            out.push(EnvVar {
+                name: k.clone(),
+                value: v.clone(),
+            });
+        }
     }
     Ok(out)
 }
@@ -756,6 +772,41 @@ mod tests {
         }
 
         #[test]
+        fn service_variables_come_after_the_containers_and_feed_expansion() {
+            let services: BTreeMap<String, String> = [
+                ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                ("WEB_SERVICE_HOST", "10.0.0.2"),
+                ("WEB_SERVICE_PORT", "80"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+            let objects = EnvObjects::from_objects([], []).with_service_env(services);
+            let env = vec![
+                KEnv {
+                    name: "URL".into(),
+                    value: Some("http://$(WEB_SERVICE_HOST):$(WEB_SERVICE_PORT)/".into()),
+                    ..Default::default()
+                },
+                KEnv {
+                    name: "WEB_SERVICE_PORT".into(),
+                    value: Some("8080".into()),
+                    ..Default::default()
+                },
+            ];
+            let (r, _) = run(vec![], env, &objects);
+            assert_eq!(
+                r.expect("environment"),
+                pairs(&[
+                    ("URL", "http://10.0.0.2:80/"),
+                    ("WEB_SERVICE_PORT", "8080"),
+                    ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+                    ("WEB_SERVICE_HOST", "10.0.0.2"),
+                ])
+            );
+        }
+
+        #[test]
         fn env_from_and_value_from_follow_the_kubelet() {
             let objects = EnvObjects::from_objects(
                 [
@@ -903,7 +954,9 @@ mod tests {
                 ]),
                 ..Default::default()
             };
-            let objects = EnvObjects::fetch(&provider, "ns", &c).await;
+            let mut owner = Pod::default();
+            owner.metadata.namespace = Some("ns".into());
+            let objects = EnvObjects::fetch(&provider, &owner, &c).await;
             assert_eq!(provider.0.load(Ordering::SeqCst), 1);
             assert!(matches!(objects.config_map("a"), Lookup::Found(_)));
             let (got, _) = run(

@@ -103,6 +103,7 @@ pub mod pod;
 pub mod probe;
 pub mod quantity;
 pub mod runtime;
+pub mod services;
 pub mod sink;
 pub mod status_gen;
 pub mod status_manager;

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
 use parking_lot::RwLock;
 
 use crate::error::Result;
@@ -38,6 +38,14 @@ pub trait ObjectProvider: Send + Sync + 'static {
     /// `pod` is gone: objects only it referenced need no tracking any more.
     fn unregister_pod(&self, pod: &Pod) {
         let _ = pod;
+    }
+    /// Every Service of the cluster, for the pods' service environment variables
+    /// ([`crate::services`]); called for every container start, so it must be a cheap read
+    /// (a watch cache). `Ok(None)`, the default: this provider knows no Services (no variables,
+    /// as a kubelet without an API server). An error (the cache has not been filled yet) fails
+    /// the start with `CreateContainerConfigError`, retried.
+    fn services(&self) -> Result<Option<Vec<std::sync::Arc<Service>>>> {
+        Ok(None)
     }
 }
 
@@ -140,19 +148,44 @@ pub enum Lookup<T> {
 ///
 /// `EnvObjects::default()` stands for "no provider configured": every reference then fails
 /// with the kubelet's "no kubeClient defined" error.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct EnvObjects {
     provider_configured: bool,
     config_maps: HashMap<String, Lookup<ConfigMap>>,
     secrets: HashMap<String, Lookup<Secret>>,
+    service_env: Result<BTreeMap<String, String>, String>,
+}
+
+impl Default for EnvObjects {
+    fn default() -> Self {
+        Self {
+            provider_configured: false,
+            config_maps: HashMap::new(),
+            secrets: HashMap::new(),
+            service_env: Ok(BTreeMap::new()),
+        }
+    }
 }
 
 impl EnvObjects {
-    /// Fetch every object `c`'s environment references from `provider`, each once.
-    pub async fn fetch(provider: &dyn ObjectProvider, namespace: &str, c: &Container) -> Self {
+    /// Fetch every object `c` of `pod` references from `provider`, each once, and the service
+    /// environment variables of the pod's namespace.
+    pub async fn fetch(provider: &dyn ObjectProvider, pod: &Pod, c: &Container) -> Self {
+        let namespace = pod::namespace(pod);
         let (cms, secrets) = container_refs(c);
+        let links = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.enable_service_links)
+            .unwrap_or(true);
+        let service_env = match provider.services() {
+            Ok(Some(all)) => Ok(crate::services::service_env(&all, namespace, links)),
+            Ok(None) => Ok(BTreeMap::new()),
+            Err(e) => Err(e.to_string()),
+        };
         let mut out = Self {
             provider_configured: true,
+            service_env,
             ..Self::default()
         };
         for name in cms {
@@ -206,7 +239,19 @@ impl EnvObjects {
                     )
                 })
                 .collect(),
+            service_env: Ok(BTreeMap::new()),
         }
+    }
+
+    /// The service environment variables, or why they could not be made.
+    pub fn service_env(&self) -> Result<&BTreeMap<String, String>, &str> {
+        self.service_env.as_ref().map_err(String::as_str)
+    }
+
+    /// Objects given directly with these service variables (for tests).
+    pub fn with_service_env(mut self, env: BTreeMap<String, String>) -> Self {
+        self.service_env = Ok(env);
+        self
     }
 
     /// True when a provider was configured.

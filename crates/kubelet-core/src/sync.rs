@@ -710,7 +710,7 @@ impl Engine {
             })
             .unwrap_or(0);
         let objects = match &self.objects {
-            Some(provider) => EnvObjects::fetch(provider.as_ref(), pod::namespace(p), c).await,
+            Some(provider) => EnvObjects::fetch(provider.as_ref(), p, c).await,
             None => EnvObjects::default(),
         };
         let ctx = ConfigContext {

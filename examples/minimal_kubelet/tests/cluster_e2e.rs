@@ -176,3 +176,107 @@ async fn kubeconfig_joins_the_cluster_and_runs_pods_bound_to_the_node() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_get_the_service_environment_variables_of_their_namespace() {
+    let test = "pods_get_the_service_environment_variables_of_their_namespace";
+    let Some(env) = ApiServerEnv::start_for_node(test, "mk-svcenv") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let token = format!("mk-svcenv-{}", std::process::id());
+    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let admin = Client::try_from(cfg).unwrap();
+    // A Service in the pod's namespace, one in another, and a headless one.
+    let services: Api<kubelet::k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(admin.clone(), "default");
+    for (name, headless) in [("my-web", false), ("nobody", true)] {
+        let svc: kubelet::k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "v1", "kind": "Service",
+                "metadata": { "name": name },
+                "spec": {
+                    "clusterIP": if headless { "None" } else { "" },
+                    "ports": [{ "name": "http", "port": 8080 }, { "name": "dns", "port": 53, "protocol": "UDP" }],
+                },
+            }))
+            .unwrap();
+        services.create(&PostParams::default(), &svc).await.unwrap();
+    }
+    let web = services.get("my-web").await.unwrap();
+    let web_ip = web.spec.unwrap().cluster_ip.unwrap();
+    let stderr = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+    let child = Command::new(BIN)
+        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+        .args(["--node-name", &node])
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.path().join("logs"))
+        .args(["--healthz-port", "0", "--port", "0"])
+        .args([
+            "--eviction-hard",
+            "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
+        ])
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start minimal_kubelet");
+    let logs = dir.path().join("logs");
+    let _agent = Agent {
+        child,
+        token: token.clone(),
+        _dir: dir,
+    };
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "envy" },
+        "spec": {
+            "nodeName": node, "hostNetwork": true, "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "env": [{ "name": "TARGET", "value": "$(MY_WEB_SERVICE_HOST):$(MY_WEB_SERVICE_PORT)" }],
+                "command": ["/bin/sh", "-c", "env | sort; exec sleep 100000", &token],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let p = eventually("envy Running", Duration::from_secs(60), || async {
+        let p = pods.get("envy").await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    let uid = p.metadata.uid.unwrap();
+    let log = logs.join(format!("default_envy_{uid}/app/0.log"));
+    let out = eventually(
+        "the environment in the log",
+        Duration::from_secs(20),
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            text.contains("TARGET=").then_some(text)
+        },
+    )
+    .await;
+    let has = |line: &str| out.contains(&format!(" {line}\n"));
+    assert!(has("KUBERNETES_SERVICE_HOST=10.0.0.1"), "{out}");
+    assert!(has("KUBERNETES_SERVICE_PORT=443"), "{out}");
+    assert!(has(&format!("MY_WEB_SERVICE_HOST={web_ip}")), "{out}");
+    assert!(has("MY_WEB_SERVICE_PORT=8080"), "{out}");
+    assert!(has("MY_WEB_SERVICE_PORT_DNS=53"), "{out}");
+    assert!(has(&format!("MY_WEB_PORT=tcp://{web_ip}:8080")), "{out}");
+    assert!(has(&format!("MY_WEB_PORT_53_UDP_ADDR={web_ip}")), "{out}");
+    assert!(
+        has(&format!("TARGET={web_ip}:8080")),
+        "$(VAR) sees them: {out}"
+    );
+    assert!(
+        !out.contains("NOBODY_"),
+        "a headless Service has none: {out}"
+    );
+}
