@@ -157,17 +157,22 @@ impl ApiServer {
     /// manage mirror pods, until `shutdown` is cancelled. API errors are logged and retried with
     /// backoff; this future never fails.
     pub async fn run(&self, inputs: NodeStatusInputs, shutdown: CancellationToken) {
-        let Some(node) = self.register_until_done(&shutdown).await else {
-            return;
+        // Services are watched from the start: pods wait for their first list.
+        let services = self
+            .shared
+            .services
+            .run(self.shared.client.clone(), shutdown.clone());
+        let node = async {
+            let Some(node) = self.register_until_done(&shutdown).await else {
+                return;
+            };
+            tokio::join!(
+                self.node_status_loop(inputs, node.status, &shutdown),
+                self.lease_loop(&shutdown),
+                self.extra_loops(&shutdown),
+            );
         };
-        tokio::join!(
-            self.node_status_loop(inputs, node.status, &shutdown),
-            self.lease_loop(&shutdown),
-            self.extra_loops(&shutdown),
-            self.shared
-                .services
-                .run(self.shared.client.clone(), shutdown.clone()),
-        );
+        tokio::join!(services, node);
     }
 
     fn nodes(&self) -> Api<Node> {

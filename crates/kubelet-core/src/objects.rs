@@ -43,7 +43,8 @@ pub trait ObjectProvider: Send + Sync + 'static {
     /// ([`crate::services`]); called for every container start, so it must be a cheap read
     /// (a watch cache). `Ok(None)`, the default: this provider knows no Services (no variables,
     /// as a kubelet without an API server). An error (the cache has not been filled yet) fails
-    /// the start with `CreateContainerConfigError`, retried.
+    /// the start of an API pod with `CreateContainerConfigError`, retried; static pods start
+    /// without the variables.
     fn services(&self) -> Result<Option<Vec<std::sync::Arc<Service>>>> {
         Ok(None)
     }
@@ -181,6 +182,9 @@ impl EnvObjects {
         let service_env = match provider.services() {
             Ok(Some(all)) => Ok(crate::services::service_env(&all, namespace, links)),
             Ok(None) => Ok(BTreeMap::new()),
+            // A static pod does not wait for the API server (it may be the API server): it
+            // starts without service variables, as the kubelet's.
+            Err(_) if pod::is_static(pod) => Ok(BTreeMap::new()),
             Err(e) => Err(e.to_string()),
         };
         let mut out = Self {
@@ -362,6 +366,53 @@ mod tests {
         ConfigMapEnvSource, ConfigMapVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
         LocalObjectReference, PodSpec, SecretKeySelector, SecretVolumeSource, Volume,
     };
+
+    /// A provider whose Service list has not arrived yet.
+    struct Unsynced;
+
+    #[async_trait]
+    impl ObjectProvider for Unsynced {
+        async fn config_map(&self, _: &str, _: &str) -> Result<Option<ConfigMap>> {
+            Ok(None)
+        }
+        async fn secret(&self, _: &str, _: &str) -> Result<Option<Secret>> {
+            Ok(None)
+        }
+        fn services(&self) -> Result<Option<Vec<std::sync::Arc<Service>>>> {
+            Err(crate::Error::new(
+                crate::ErrorKind::Unavailable,
+                "services have not yet been read at least once, cannot construct envvars",
+            ))
+        }
+    }
+
+    #[tokio::test]
+    async fn api_pods_wait_for_the_service_list_and_static_pods_do_not() {
+        let c = Container::default();
+        let mut api = Pod::default();
+        api.metadata.annotations = Some(
+            [(
+                crate::config::annotations::CONFIG_SOURCE.to_string(),
+                "api".to_string(),
+            )]
+            .into(),
+        );
+        let e = EnvObjects::fetch(&Unsynced, &api, &c).await;
+        assert!(
+            e.service_env()
+                .is_err_and(|m| m.contains("have not yet been read"))
+        );
+        let mut file = Pod::default();
+        file.metadata.annotations = Some(
+            [(
+                crate::config::annotations::CONFIG_SOURCE.to_string(),
+                "file".to_string(),
+            )]
+            .into(),
+        );
+        let e = EnvObjects::fetch(&Unsynced, &file, &c).await;
+        assert!(e.service_env().is_ok_and(|m| m.is_empty()));
+    }
 
     #[test]
     fn referenced_objects_cover_volumes_env_and_pull_secrets() {
