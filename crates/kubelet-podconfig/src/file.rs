@@ -403,6 +403,8 @@ struct State {
     recorder: EventRecorder,
     pods: BTreeMap<PathBuf, Pod>,
     reported: HashMap<PathBuf, String>,
+    /// Which file each pod full name (`name_namespace`) belongs to.
+    owners: HashMap<String, PathBuf>,
 }
 
 impl State {
@@ -412,7 +414,53 @@ impl State {
             recorder,
             pods: BTreeMap::new(),
             reported: HashMap::new(),
+            owners: HashMap::new(),
         }
+    }
+
+    /// Two files naming the same pod: the file that already had the name keeps it, else the
+    /// first in lexical order; the other is left out with a warning that names both files (so a
+    /// new file can never replace a running pod by reusing its name).
+    fn resolve_duplicates(&mut self, pods: &mut BTreeMap<PathBuf, Pod>) {
+        let mut owners: HashMap<String, PathBuf> = HashMap::new();
+        for (file, pod) in pods.iter() {
+            let name = kubelet_core::pod::full_name(pod);
+            if self.owners.get(&name) == Some(file) {
+                owners.insert(name, file.clone());
+            }
+        }
+        for (file, pod) in pods.iter() {
+            owners
+                .entry(kubelet_core::pod::full_name(pod))
+                .or_insert_with(|| file.clone());
+        }
+        let mut losers = Vec::new();
+        for (file, pod) in pods.iter() {
+            let name = kubelet_core::pod::full_name(pod);
+            if let Some(owner) = owners.get(&name).filter(|o| *o != file) {
+                losers.push((file.clone(), owner.clone(), pod.clone()));
+            }
+        }
+        for (file, owner, pod) in losers {
+            pods.remove(&file);
+            let message = format!(
+                "static pod {:?} of {} is ignored: {} already defines a pod of that name in namespace {:?}",
+                kubelet_core::pod::name(&pod),
+                file.display(),
+                owner.display(),
+                kubelet_core::pod::namespace(&pod)
+            );
+            if self.reported.get(&file) != Some(&message) {
+                tracing::warn!(path = %file.display(), owner = %owner.display(), "duplicate static pod name; ignoring the file");
+                self.recorder.warning(
+                    InvolvedObject::file(&file),
+                    REASON_FAILED_VALIDATION,
+                    message.clone(),
+                );
+                self.reported.insert(file, message);
+            }
+        }
+        self.owners = owners;
     }
 
     /// Fold a listing into the state; returns the snapshot to send, or `None` when the listing
@@ -465,6 +513,7 @@ impl State {
         }
         self.reported
             .retain(|path, _| present.contains(path) || *path == self.root);
+        self.resolve_duplicates(&mut pods);
         self.pods = pods;
         Some(self.pods.values().cloned().collect())
     }

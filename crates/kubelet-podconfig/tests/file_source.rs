@@ -571,3 +571,43 @@ async fn editor_backups_autosaves_and_vim_saves_never_duplicate_or_miss_a_pod() 
     // A periodic re-list sees the same set: nothing more.
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_new_file_reusing_a_running_pods_name_is_ignored_with_a_warning_naming_both_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut h = Harness::start(dir.path(), Duration::from_secs(60));
+    assert_eq!(h.next().await.pods.len(), 0);
+    write(&dir.path().join("web.yaml"), &manifest("web", "nginx:1"));
+    let add = h.next().await;
+    assert_eq!((add.op, add.pods.len()), (PodOp::Add, 1));
+    let running = uids(&add);
+    // A file that sorts first and names the same pod: the running pod stays.
+    write(&dir.path().join("0-copy.yaml"), &manifest("web", "nginx:2"));
+    let ev = h.next_event().await;
+    assert_eq!(ev.reason, "FailedValidation");
+    assert!(
+        ev.message.contains("0-copy.yaml") && ev.message.contains("web.yaml"),
+        "{}",
+        ev.message
+    );
+    let after = h.drain().await;
+    assert!(
+        after
+            .iter()
+            .all(|u| u.op != PodOp::Remove && u.op != PodOp::Delete),
+        "{:?}",
+        summary(&after)
+    );
+    // Once the owner's file goes, the other file's pod takes the name.
+    std::fs::remove_file(dir.path().join("web.yaml")).expect("remove");
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|u: &PodUpdate| u.op == PodOp::Add && !u.pods.is_empty())
+    {
+        seen.push(h.next().await);
+    }
+    let added = seen.iter().find(|u| u.op == PodOp::Add).expect("an add");
+    assert_ne!(uids(added), running);
+    h.stop().await;
+}
