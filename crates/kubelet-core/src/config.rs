@@ -74,6 +74,28 @@ pub struct SourceSender {
     source: String,
     tx: mpsc::Sender<SourceSnapshot>,
     recorder: EventRecorder,
+    names: NameIndex,
+}
+
+/// Which source holds each pod full name (`name_namespace`), as of the last merge.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct NameIndex(
+    std::sync::Arc<parking_lot::RwLock<std::collections::HashMap<String, String>>>,
+);
+
+impl NameIndex {
+    /// `source` now holds exactly `names`.
+    pub(crate) fn set(&self, source: &str, names: Vec<String>) {
+        let mut map = self.0.write();
+        map.retain(|_, s| s != source);
+        for n in names {
+            map.entry(n).or_insert_with(|| source.to_string());
+        }
+    }
+
+    fn owner(&self, full_name: &str) -> Option<String> {
+        self.0.read().get(full_name).cloned()
+    }
 }
 
 /// The receiver of a [`SourceSender`] is gone: the agent is shutting down.
@@ -92,7 +114,20 @@ impl SourceSender {
             source: source.into(),
             tx,
             recorder,
+            names: NameIndex::default(),
         }
+    }
+
+    pub(crate) fn with_names(mut self, names: NameIndex) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// The other source that holds a pod of this full name (`name_namespace`) as of the last
+    /// merge, if any: a source that accepts pods from clients (the push endpoint) refuses such
+    /// a name up front rather than accept a pod that would clash.
+    pub fn other_owner(&self, full_name: &str) -> Option<String> {
+        self.names.owner(full_name).filter(|s| *s != self.source)
     }
 
     /// Deliver a full snapshot. An empty snapshot is meaningful: it marks the source as seen.

@@ -77,6 +77,14 @@ pub struct PodStorage {
 }
 
 impl PodStorage {
+    /// The full names (`name_namespace`) of the pods `source` holds.
+    pub fn full_names(&self, source: &str) -> Vec<String> {
+        self.pods
+            .get(source)
+            .map(|s| s.by_uid.values().map(pod::full_name).collect())
+            .unwrap_or_default()
+    }
+
     /// Storage expecting snapshots from `sources`. [`seen_all_sources`](Self::seen_all_sources)
     /// is true once each of them has delivered a snapshot.
     pub fn new(sources: impl IntoIterator<Item = impl Into<String>>) -> Self {
@@ -469,12 +477,14 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
     } = config;
     let mut storage = PodStorage::new(sources.iter().map(|s| s.name().to_string()));
     seen.set(&storage);
+    let names = crate::config::NameIndex::default();
     let (tx, mut rx) = mpsc::channel::<SourceSnapshot>(UPDATE_CHANNEL_CAPACITY);
     // Sources stop when shutdown is cancelled or when this future ends for another reason.
     let sources_token = shutdown.child_token();
     let mut tasks = JoinSet::new();
     for source in sources {
-        let sender = SourceSender::new(source.name(), tx.clone(), recorder.clone());
+        let sender = SourceSender::new(source.name(), tx.clone(), recorder.clone())
+            .with_names(names.clone());
         let token = sources_token.clone();
         tasks.spawn(async move {
             let name = source.name().to_string();
@@ -506,6 +516,7 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
                 let n = snapshot.pods.len();
                 let updates = storage.merge(snapshot, &recorder);
                 seen.set(&storage);
+                names.set(&source, storage.full_names(&source));
                 tracing::debug!(source = %source, pods = n, updates = updates.len(), "merged pod source snapshot");
                 for update in updates {
                     tokio::select! {

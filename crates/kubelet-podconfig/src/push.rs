@@ -11,7 +11,7 @@
 //! | Request | Effect | Success |
 //! |---|---|---|
 //! | `GET /pods` | list the pushed pods (as defaulted) | 200, a `v1` `PodList` |
-//! | `POST /pods` | add a pod; 409 `AlreadyExists` if its namespace/name is taken | 201, the pod |
+//! | `POST /pods` | add a pod; 409 `AlreadyExists` if its namespace/name is taken, here or by another source | 201, the pod |
 //! | `PUT /pods/{namespace}/{name}` | add or replace that pod | 201 (added) or 200 (replaced) |
 //! | `DELETE /pods/{namespace}/{name}` | remove it; 404 `NotFound` if absent | 200, a `Success` `Status` |
 //!
@@ -450,6 +450,9 @@ impl Handler {
             Ok(pod) => pod,
             Err(resp) => return *resp,
         };
+        if let Some(resp) = self.owned_elsewhere(&pod) {
+            return resp;
+        }
         pods.insert(key, pod.clone());
         self.send(&pods).await;
         json_response(StatusCode::CREATED, &pod)
@@ -479,6 +482,9 @@ impl Handler {
             Ok(pod) => pod,
             Err(resp) => return *resp,
         };
+        if let Some(resp) = self.owned_elsewhere(&pod) {
+            return resp;
+        }
         let mut pods = self.pods.lock().await;
         let created = pods.insert(key, pod.clone()).is_none();
         self.send(&pods).await;
@@ -508,6 +514,23 @@ impl Handler {
             ..Default::default()
         };
         json_response(StatusCode::OK, &status_json(&status))
+    }
+
+    /// 409 when another source (a manifest file, the URL, the API server) already holds a pod
+    /// of this name: the merge would keep both names apart by UID, and a clash is refused here
+    /// with a reason instead.
+    fn owned_elsewhere(&self, pod: &Pod) -> Option<Resp> {
+        let owner = self.out.other_owner(&kubelet_core::pod::full_name(pod))?;
+        let name = kubelet_core::pod::name(pod);
+        Some(status_response(
+            StatusCode::CONFLICT,
+            "AlreadyExists",
+            format!(
+                "pod {name:?} in namespace {:?} is already defined by the {owner:?} source; pushed pods may not reuse its name",
+                kubelet_core::pod::namespace(pod)
+            ),
+            Some(details(name, None)),
+        ))
     }
 
     fn default_and_validate(&self, mut pod: Pod, key: &(String, String)) -> Result<Pod, Box<Resp>> {

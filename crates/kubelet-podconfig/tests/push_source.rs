@@ -511,3 +511,69 @@ async fn an_oversized_body_is_refused_before_it_is_read() {
     assert_eq!(u.pods.len(), 1);
     h.stop().await;
 }
+
+#[tokio::test]
+async fn a_pushed_pod_whose_name_a_file_pod_holds_gets_a_409_naming_the_source() {
+    let manifests = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        manifests.path().join("web.yaml"),
+        pod_yaml("web", "nginx:1"),
+    )
+    .expect("write");
+    let (push, _dir) = token_source().await;
+    let addr = push.local_addr();
+    let mut config = PodConfig::new(EventRecorder::log_only());
+    config.add_source(Arc::new(push)).expect("push");
+    config
+        .add_source(Arc::new(kubelet_podconfig::FileSource::new(
+            manifests.path(),
+            NODE,
+        )))
+        .expect("file");
+    let shutdown = CancellationToken::new();
+    let (mut updates, run) = config.start(shutdown.clone());
+    let task = tokio::spawn(run);
+    // Wait until the file pod has been merged.
+    loop {
+        let u = tokio::time::timeout(ARRIVAL, updates.recv())
+            .await
+            .expect("an update")
+            .expect("open");
+        if u.source == "file" && !u.pods.is_empty() {
+            break;
+        }
+    }
+    let reply = http(
+        addr,
+        "POST",
+        "/pods",
+        Some(BEARER),
+        &pod_json("web", "nginx:2"),
+    )
+    .await;
+    assert_eq!(reply.status, 409, "{}", reply.body);
+    assert_eq!(reply.body["reason"], "AlreadyExists");
+    let message = reply.body["message"].as_str().unwrap_or_default();
+    assert!(message.contains("\"file\""), "{message}");
+    let reply = http(
+        addr,
+        "PUT",
+        "/pods/default/web",
+        Some(BEARER),
+        &pod_json("web", "nginx:2"),
+    )
+    .await;
+    assert_eq!(reply.status, 409);
+    // Another name goes through.
+    let ok = http(
+        addr,
+        "POST",
+        "/pods",
+        Some(BEARER),
+        &pod_json("api", "nginx:2"),
+    )
+    .await;
+    assert_eq!(ok.status, 201);
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
