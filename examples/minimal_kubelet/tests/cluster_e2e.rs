@@ -16,6 +16,8 @@ use kubelet::k8s_openapi::api::coordination::v1::Lease;
 use kubelet::k8s_openapi::api::core::v1::{Node, Pod};
 use kubelet_testenv::ApiServerEnv;
 
+mod common;
+
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
 
 /// The agent process and the token its containers carry; killed (with them) on drop.
@@ -31,21 +33,7 @@ impl Drop for Agent {
         let _ = self.child.wait();
         // Containers outlive the agent by design: kill the ones this test started, found by the
         // token that is a whole argument of their command line.
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if cmdline
-                .split(|b| *b == 0)
-                .any(|a| a == self.token.as_bytes())
-            {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
+        common::kill_token_processes(std::slice::from_ref(&self.token));
     }
 }
 

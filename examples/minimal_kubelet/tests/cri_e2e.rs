@@ -84,6 +84,25 @@ impl Env {
         Some(env)
     }
 
+    /// Serve the kubelet API on a free port, open to anonymous requests (a node without an API
+    /// server: `AlwaysAllow`), with `extra` flags.
+    fn open_api(&mut self, extra: &[&str]) {
+        self.api_port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        self.extra_args = [
+            "--anonymous-auth=true",
+            "--authorization-mode",
+            "AlwaysAllow",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect();
+    }
+
     fn var(&self, k: &str) -> &str {
         self.vars.get(k).map(String::as_str).unwrap_or("")
     }
@@ -419,19 +438,7 @@ fn container_logs_on_containerd_across_restarts_and_followed_to_the_end() {
     else {
         return;
     };
-    env.api_port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    // A node without an API server: anonymous requests, every one allowed.
-    env.extra_args = [
-        "--anonymous-auth=true",
-        "--authorization-mode",
-        "AlwaysAllow",
-    ]
-    .map(String::from)
-    .to_vec();
+    env.open_api(&[]);
     let image = env.var("BUSYBOX_IMAGE").to_string();
     write_manifest(
         &env.manifests(),
@@ -528,22 +535,12 @@ fn pods_on_containerd_get_the_kubelets_dns_settings_for_each_policy() {
     else {
         return;
     };
-    env.api_port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    env.extra_args = [
-        "--anonymous-auth=true",
-        "--authorization-mode",
-        "AlwaysAllow",
+    env.open_api(&[
         "--cluster-dns",
         "10.0.0.10",
         "--cluster-domain",
         "cluster.local",
-    ]
-    .map(String::from)
-    .to_vec();
+    ]);
     let image = env.var("BUSYBOX_IMAGE").to_string();
     let manifest = |name: &str, extra: &str| {
         format!(
@@ -603,20 +600,7 @@ fn pods_on_containerd_get_a_managed_hosts_file_and_their_hostname() {
     else {
         return;
     };
-    env.api_port = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    env.extra_args = [
-        "--anonymous-auth=true",
-        "--authorization-mode",
-        "AlwaysAllow",
-        "--cluster-domain",
-        "cluster.local",
-    ]
-    .map(String::from)
-    .to_vec();
+    env.open_api(&["--cluster-domain", "cluster.local"]);
     let image = env.var("BUSYBOX_IMAGE").to_string();
     let manifest = |name: &str, extra: &str| {
         format!(

@@ -38,21 +38,8 @@ impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if cmdline
-                .split(|b| *b == 0)
-                .any(|a| a == self.token.as_bytes())
-            {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
+        // Containers outlive the agent by design.
+        common::kill_token_processes(std::slice::from_ref(&self.token));
         if std::thread::panicking() {
             eprintln!(
                 "--- agent log ---\n{}",
