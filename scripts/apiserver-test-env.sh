@@ -336,9 +336,13 @@ launch_apiserver() {
     local pid=$!
     echo "$pid" >"$env/apiserver.pid"
     local i pki="$env/pki"
+    # Ready, and the bootstrap controller has created the default namespace (/readyz can pass
+    # a moment before it exists, and tests create objects there at once).
     for i in $(seq 1 1200); do
         if curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
-            "$url/readyz" >/dev/null 2>&1; then
+            "$url/readyz" >/dev/null 2>&1 &&
+            curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+                "$url/api/v1/namespaces/default" >/dev/null 2>&1; then
             return 0
         fi
         kill -0 "$pid" 2>/dev/null || { tail -30 "$env/apiserver.log" >&2; die "kube-apiserver exited during start"; }
