@@ -446,6 +446,16 @@ impl Engine {
     }
 
     fn sandbox_config(&self, p: &Pod, attempt: u32) -> PodSandboxConfig {
+        self.sandbox_config_and_dns_events(p, attempt).0
+    }
+
+    /// The sandbox config and what forming its DNS settings had to report (the host's
+    /// resolver is read once).
+    fn sandbox_config_and_dns_events(
+        &self,
+        p: &Pod,
+        attempt: u32,
+    ) -> (PodSandboxConfig, Vec<crate::dns::DnsEvent>) {
         let spec = p.spec.as_ref();
         let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
         let hostname = if host_network {
@@ -453,7 +463,7 @@ impl Engine {
         } else {
             crate::hosts::sandbox_hostname(p, &self.config.cluster_domain)
         };
-        let (dns, _) = crate::dns::pod_dns(&self.dns_settings(), p);
+        let (dns, dns_events) = crate::dns::pod_dns(&self.dns_settings(), p);
         let dns_config = Some(dns);
         let port_mappings = pod::containers(p)
             .iter()
@@ -465,7 +475,7 @@ impl Engine {
                 host_ip: port.host_ip.clone().unwrap_or_default(),
             })
             .collect();
-        PodSandboxConfig {
+        let config = PodSandboxConfig {
             metadata: PodSandboxMetadata {
                 name: pod::name(p).into(),
                 namespace: pod::namespace(p).into(),
@@ -481,7 +491,8 @@ impl Engine {
             host_network,
             cgroup_parent: String::new(),
             privileged: pod::has_privileged_container(p),
-        }
+        };
+        (config, dns_events)
     }
 
     /// The runtime part of the sync (`kuberuntime SyncPod`).
@@ -528,9 +539,10 @@ impl Engine {
         let sandbox_id;
         let sandbox_config;
         if changes.create_sandbox {
-            sandbox_config = self.sandbox_config(p, changes.attempt);
+            let dns_events;
+            (sandbox_config, dns_events) = self.sandbox_config_and_dns_events(p, changes.attempt);
             // What forming the DNS settings had to report, once per sandbox.
-            for (warning, reason, message) in crate::dns::pod_dns(&self.dns_settings(), p).1 {
+            for (warning, reason, message) in dns_events {
                 if warning {
                     self.recorder
                         .warning(InvolvedObject::pod(p), reason, message);
