@@ -37,6 +37,49 @@ impl Drop for Agent {
     }
 }
 
+impl Agent {
+    /// Start `minimal_kubelet` joined to `env` as its node, with `extra` flags; the containers
+    /// it starts carry `token`.
+    fn start(env: &ApiServerEnv, token: &str, extra: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let stderr = std::fs::File::create(dir.path().join("agent.log")).unwrap();
+        let child = Command::new(BIN)
+            .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+            .args(["--node-name", env.node_name()])
+            .arg("--root-dir")
+            .arg(dir.path().join("root"))
+            .arg("--pod-log-dir")
+            .arg(dir.path().join("logs"))
+            .args(["--healthz-port", "0", "--port", "0"])
+            // The test machine's disk may be fuller than the kubelet's default thresholds allow.
+            .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start minimal_kubelet");
+        Self {
+            child,
+            token: token.to_string(),
+            _dir: dir,
+        }
+    }
+
+    /// The agent's pod log directory.
+    fn logs(&self) -> std::path::PathBuf {
+        self._dir.path().join("logs")
+    }
+}
+
+/// A client with the environment's admin credentials.
+async fn admin_client(env: &ApiServerEnv) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
 async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
@@ -62,42 +105,10 @@ async fn kubeconfig_joins_the_cluster_and_runs_pods_bound_to_the_node() {
         return;
     };
     let node = env.node_name().to_string();
-    let dir = tempfile::tempdir().unwrap();
     let token = format!("mk-cluster-{}", std::process::id());
-    let stderr = std::fs::File::create(dir.path().join("agent.log")).unwrap();
-    let child = Command::new(BIN)
-        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
-        .args([
-            "--node-name",
-            &node,
-            "--node-labels",
-            "example.com/zone=lab",
-        ])
-        .arg("--root-dir")
-        .arg(dir.path().join("root"))
-        .arg("--pod-log-dir")
-        .arg(dir.path().join("logs"))
-        .args(["--healthz-port", "0", "--port", "0"])
-        // The test machine's disk may be fuller than the kubelet's default thresholds allow.
-        .args([
-            "--eviction-hard",
-            "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
-        ])
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("start minimal_kubelet");
-    let _agent = Agent {
-        child,
-        token: token.clone(),
-        _dir: dir,
-    };
+    let _agent = Agent::start(&env, &token, &["--node-labels", "example.com/zone=lab"]);
 
-    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let admin = Client::try_from(cfg).unwrap();
+    let admin = admin_client(&env).await;
     let nodes: Api<Node> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let leases: Api<Lease> = Api::namespaced(admin, "kube-node-lease");
@@ -172,14 +183,9 @@ async fn pods_get_the_service_environment_variables_of_their_namespace() {
         return;
     };
     let node = env.node_name().to_string();
-    let dir = tempfile::tempdir().unwrap();
     let token = format!("mk-svcenv-{}", std::process::id());
-    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();
-    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .unwrap();
-    let admin = Client::try_from(cfg).unwrap();
-    // A Service in the pod's namespace, one in another, and a headless one.
+    let admin = admin_client(&env).await;
+    // A Service in the pod's namespace and a headless one.
     let services: Api<kubelet::k8s_openapi::api::core::v1::Service> =
         Api::namespaced(admin.clone(), "default");
     for (name, headless) in [("my-web", false), ("nobody", true)] {
@@ -197,29 +203,8 @@ async fn pods_get_the_service_environment_variables_of_their_namespace() {
     }
     let web = services.get("my-web").await.unwrap();
     let web_ip = web.spec.unwrap().cluster_ip.unwrap();
-    let stderr = std::fs::File::create(dir.path().join("agent.log")).unwrap();
-    let child = Command::new(BIN)
-        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
-        .args(["--node-name", &node])
-        .arg("--root-dir")
-        .arg(dir.path().join("root"))
-        .arg("--pod-log-dir")
-        .arg(dir.path().join("logs"))
-        .args(["--healthz-port", "0", "--port", "0"])
-        .args([
-            "--eviction-hard",
-            "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
-        ])
-        .stdout(Stdio::null())
-        .stderr(stderr)
-        .spawn()
-        .expect("start minimal_kubelet");
-    let logs = dir.path().join("logs");
-    let _agent = Agent {
-        child,
-        token: token.clone(),
-        _dir: dir,
-    };
+    let agent = Agent::start(&env, &token, &[]);
+    let logs = agent.logs();
     let pods: Api<Pod> = Api::namespaced(admin, "default");
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "apiVersion": "v1", "kind": "Pod",
