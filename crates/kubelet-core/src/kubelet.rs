@@ -27,8 +27,9 @@ use crate::pod;
 use crate::probe::{ProbeContext, ProbeManager, ProbeUpdate};
 use crate::runtime::{ContainerRuntime, labels};
 use crate::status_manager::{StatusManager, StatusReader};
-use crate::sync::{Engine, SyncOutcome};
+use crate::sync::Engine;
 use crate::volume::VolumePlugin;
+use crate::worker::{WorkerState, worker_loop};
 
 pub(crate) enum Command {
     KillPod {
@@ -89,24 +90,6 @@ impl std::fmt::Debug for Kubelet {
             .field("node_name", &self.parts.node_name)
             .finish_non_exhaustive()
     }
-}
-
-/// Why a worker is asked to act.
-#[derive(Debug, Clone)]
-struct WorkerState {
-    pod: Arc<Pod>,
-    /// A kill was requested (removal from config, eviction, orphan).
-    kill: Option<KillPodOptions>,
-    /// Callers waiting for termination.
-    kill_waiters: Vec<Arc<Mutex<Option<oneshot::Sender<()>>>>>,
-    /// The pod left every source: clean up once terminated.
-    removed: bool,
-    /// The pod is a runtime pod unknown to every source.
-    orphan: bool,
-    terminated: bool,
-    /// The pod was added again while being torn down: run it again once cleanup is done
-    /// (the kubelet's `restartRequested`).
-    restart_requested: bool,
 }
 
 struct Worker {
@@ -378,10 +361,10 @@ impl SyncLoop {
             Command::KillPod { uid, options, done } => match self.workers.get(&uid) {
                 Some(w) => {
                     let mut st = w.state.lock();
-                    if st.terminated {
+                    if st.terminated() {
                         let _ = done.send(());
                     } else {
-                        st.kill_waiters.push(Arc::new(Mutex::new(Some(done))));
+                        st.kill_waiters.push(done);
                         st.kill = Some(merge_kill(st.kill.take(), options));
                         drop(st);
                         w.notify.notify_one();
@@ -400,7 +383,7 @@ impl SyncLoop {
             .filter(|w| !w.done.load(std::sync::atomic::Ordering::Relaxed))
             .filter_map(|w| {
                 let st = w.state.lock();
-                (!st.terminated && !st.orphan).then(|| (*st.pod).clone())
+                (!st.terminated() && !st.orphan).then(|| (*st.pod).clone())
             })
             .collect()
     }
@@ -509,15 +492,7 @@ impl SyncLoop {
                 return;
             }
         }
-        let state = Arc::new(Mutex::new(WorkerState {
-            pod: Arc::new(p),
-            kill: orphan.then(KillPodOptions::default),
-            kill_waiters: Vec::new(),
-            removed: orphan,
-            orphan,
-            terminated: false,
-            restart_requested: false,
-        }));
+        let state = Arc::new(Mutex::new(WorkerState::new(p, orphan)));
         let notify = Arc::new(Notify::new());
         let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
         notify.notify_one();
@@ -608,126 +583,6 @@ fn merge_kill(old: Option<KillPodOptions>, new: KillPodOptions) -> KillPodOption
                 o.condition = new.condition;
             }
             o
-        }
-    }
-}
-
-async fn worker_loop(
-    engine: Arc<Engine>,
-    state: Arc<Mutex<WorkerState>>,
-    notify: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let uid = pod_uid_of(&state);
-    let mut last_sync: Option<Instant> = None;
-    let mut requeue_at: Option<Instant> = None;
-    let mut terminating = false;
-    loop {
-        let wake = async {
-            match requeue_at {
-                Some(t) => tokio::time::sleep_until(t).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = notify.notified() => {}
-            _ = wake => {}
-        }
-        requeue_at = None;
-        let (pod, kill, removed, orphan) = {
-            let st = state.lock();
-            (st.pod.clone(), st.kill.clone(), st.removed, st.orphan)
-        };
-
-        if !terminating {
-            if kill.is_some() || pod::is_deleted(&pod) {
-                terminating = true;
-            } else {
-                // Static pods with the same full name run one at a time.
-                if let Some(wait) = engine.wait_for_static_predecessor(&pod) {
-                    requeue_at = Some(Instant::now() + wait);
-                    continue;
-                }
-                let since = last_sync.unwrap_or_else(|| engine.started_at());
-                let entry = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    e = engine.cache().get_newer_than(&uid, since) => e,
-                };
-                let outcome = engine.sync_pod(&pod, entry).await;
-                // As the kubelet: the next sync waits for a runtime view observed after this
-                // sync finished, so it sees what this sync created.
-                last_sync = Some(Instant::now());
-                match outcome {
-                    SyncOutcome::Requeue(d) => {
-                        requeue_at = Some(Instant::now() + d);
-                        continue;
-                    }
-                    SyncOutcome::Changed(d) => {
-                        // As the kubelet's post-sync relist request: an inspection that starts
-                        // now is newer than `last_sync`, so the next sync (woken by the PLEG
-                        // event of the change) need not wait for a relist or, with the evented
-                        // PLEG, for the global timestamp (2 to 4 s away).
-                        engine.request_reinspect(&pod);
-                        requeue_at = Some(Instant::now() + d);
-                        continue;
-                    }
-                    SyncOutcome::Terminal => terminating = true,
-                }
-            }
-        }
-
-        let already_terminated = state.lock().terminated;
-        if terminating && !already_terminated {
-            let opts = kill.clone().unwrap_or_default();
-            match engine.sync_terminating_pod(&pod, &opts, orphan).await {
-                Ok(()) => {
-                    engine.sync_terminated_pod(&pod, &opts, orphan).await;
-                    let waiters = {
-                        let mut st = state.lock();
-                        st.terminated = true;
-                        std::mem::take(&mut st.kill_waiters)
-                    };
-                    for w in waiters {
-                        if let Some(tx) = w.lock().take() {
-                            let _ = tx.send(());
-                        }
-                    }
-                }
-                Err(wait) => {
-                    requeue_at = Some(Instant::now() + wait);
-                    continue;
-                }
-            }
-        }
-        // Terminated: wait until the pod leaves every source, then clean up and finish.
-        let (removed_now, terminated) = {
-            let st = state.lock();
-            (st.removed || removed, st.terminated)
-        };
-        if terminated && removed_now {
-            let pod = state.lock().pod.clone();
-            engine.cleanup_pod(&pod, orphan).await;
-            let restart = {
-                let mut st = state.lock();
-                if st.restart_requested {
-                    st.restart_requested = false;
-                    st.removed = false;
-                    st.terminated = false;
-                    st.kill = None;
-                    true
-                } else {
-                    false
-                }
-            };
-            if !restart {
-                return;
-            }
-            tracing::info!(pod_uid = %uid, "pod added again while terminating; starting it again");
-            terminating = false;
-            // Wait for a relist that saw the cleanup before deciding anything.
-            last_sync = Some(Instant::now());
-            requeue_at = Some(Instant::now());
         }
     }
 }

@@ -91,6 +91,7 @@ pub mod duration;
 pub mod error;
 pub mod event;
 pub mod hosts;
+pub mod http;
 pub mod kubelet;
 pub mod layer;
 pub mod listener;
@@ -111,6 +112,7 @@ mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod volume;
+mod worker;
 
 pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
 pub use builder::{KubeletBuilder, KubeletConfig, KubeletHandle, NotRunning};

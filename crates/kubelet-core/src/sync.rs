@@ -19,6 +19,7 @@ use crate::builder::KubeletConfig;
 use crate::cache::{CacheEntry, PodCache};
 use crate::container::{self, ConfigContext};
 use crate::event::{EventRecorder, InvolvedObject};
+use crate::http::{HttpClient, HttpError, HttpGetSpec, Scheme, host_port};
 use crate::objects::{EnvObjects, ObjectProvider};
 use crate::pleg::PodLifecycleEventGenerator;
 use crate::pod;
@@ -70,7 +71,13 @@ pub(crate) struct Engine {
     static_names: Mutex<HashMap<String, String>>,
     /// Volumes set up successfully at least once, per pod UID.
     mounted: Mutex<HashMap<String, HashMap<String, PathBuf>>>,
+    /// The client of `httpGet` lifecycle hooks.
+    hook_http: HttpClient,
 }
+
+/// `User-Agent` of `httpGet` lifecycle hooks: `kube-lifecycle/<major>.<minor>` of the Kubernetes
+/// API version the SDK follows.
+pub(crate) const LIFECYCLE_USER_AGENT: &str = "kube-lifecycle/1.33";
 
 /// Result of the runtime part of a sync.
 #[derive(Default)]
@@ -118,6 +125,7 @@ impl Engine {
             pleg: None,
             started_at,
             backoff: Mutex::new(Backoff::crash_loop()),
+            hook_http: HttpClient::insecure(LIFECYCLE_USER_AGENT),
             waiting: Mutex::new(HashMap::new()),
             exits: Mutex::new(HashMap::new()),
             static_names: Mutex::new(HashMap::new()),
@@ -788,6 +796,12 @@ impl Engine {
         self.create_log_link(p, &c.name, &id, &self.log_dir(p).join(&config.log_path))
             .await;
         out.acted = true;
+        if let Err(message) = self.run_post_start(p, c, &id).await {
+            out.waiting
+                .insert(c.name.clone(), ("PostStartHookError".into(), message));
+            out.failed = true;
+            return false;
+        }
         out.started.push(c.name.clone());
         true
     }
@@ -947,23 +961,105 @@ impl Engine {
             return Ok(());
         }
         if let Some(get) = &h.http_get {
-            let host = get
-                .host
-                .clone()
-                .or_else(|| self.status.get(pod::uid(p)).and_then(|s| s.pod_ip.clone()))
-                .unwrap_or_else(|| "127.0.0.1".into());
-            let port = match &get.port {
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(n) => *n,
-                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(name) => spec
-                    .and_then(|c| c.ports.as_ref())
-                    .and_then(|ports| ports.iter().find(|pt| pt.name.as_deref() == Some(name)))
-                    .map(|pt| pt.container_port)
-                    .ok_or_else(|| format!("named port {name:?} not found"))?,
-            };
-            let path = get.path.clone().unwrap_or_else(|| "/".into());
-            return http_get(&host, port, &path).await;
+            return self.run_http_handler(p, spec, get).await;
         }
         Err("handler has no exec, httpGet or sleep action".into())
+    }
+
+    /// An `httpGet` hook as the kubelet's `runHTTPHandler`: the request of
+    /// [`HttpGetSpec::from_action`] to the action's host or the pod IP, through the SDK's HTTP
+    /// client (certificates not verified); only a transport error fails it, whatever the
+    /// status code. An `HTTPS` target that answers in plain HTTP is asked again over HTTP
+    /// without the `Authorization` header, with a `LifecycleHTTPFallback` warning event when
+    /// that works.
+    async fn run_http_handler(
+        &self,
+        p: &Pod,
+        spec: Option<&Container>,
+        get: &k8s_openapi::api::core::v1::HTTPGetAction,
+    ) -> Result<(), String> {
+        let fallback = Container::default();
+        let mut request =
+            HttpGetSpec::from_action(get, spec.unwrap_or(&fallback)).map_err(|e| e.to_string())?;
+        let host = match &request.host {
+            Some(h) => h.clone(),
+            None => self
+                .status
+                .get(pod::uid(p))
+                .and_then(|s| s.pod_ip.clone())
+                .unwrap_or_else(|| "127.0.0.1".into()),
+        };
+        match self.hook_http.get(&request, &host).await {
+            Ok(_) => Ok(()),
+            Err(HttpError::HttpResponseToHttps { url }) => {
+                tracing::debug!(pod = %pod::full_name(p), %url, "HTTPS request to lifecycle hook got HTTP response, retrying with HTTP");
+                request.scheme = Scheme::Http;
+                request
+                    .headers
+                    .retain(|(n, _)| !n.eq_ignore_ascii_case("authorization"));
+                self.hook_http
+                    .get(&request, &host)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let target = host_port(&host, request.port);
+                self.recorder.warning(
+                    InvolvedObject::pod(p),
+                    "LifecycleHTTPFallback",
+                    format!(
+                        "request to HTTPS lifecycle hook {target} got HTTP response, retry with HTTP succeeded"
+                    ),
+                );
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// The postStart hook of a started container, as the kubelet's `startContainer` step 4: on
+    /// failure a `FailedPostStartHook` warning, the container killed (its preStop hook first)
+    /// and the `PostStartHookError` message returned. The kubelet does not bound the hook; here
+    /// it is bounded by `runtimeRequestTimeout` so that a hanging hook cannot hold the pod's
+    /// worker forever.
+    async fn run_post_start(&self, p: &Pod, c: &Container, id: &str) -> Result<(), String> {
+        let Some(handler) = c.lifecycle.as_ref().and_then(|l| l.post_start.as_ref()) else {
+            return Ok(());
+        };
+        let budget = self.config.runtime_request_timeout;
+        let run = self.run_handler(p, Some(c), id, handler, budget);
+        let failed = match tokio::time::timeout(budget, run).await {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => e,
+            Err(_) => format!("timed out after {}", crate::duration::format_go(budget)),
+        };
+        let kind = if handler.http_get.is_some() {
+            "HTTP"
+        } else if handler.sleep.is_some() {
+            "Sleep"
+        } else {
+            "Exec"
+        };
+        let message = format!(
+            "{kind} lifecycle hook for Container {:?} in Pod {:?} failed - error: {failed}",
+            c.name,
+            pod::full_name(p)
+        );
+        tracing::warn!(pod = %pod::full_name(p), container = %c.name, error = %failed, "PostStartHook failed");
+        self.recorder.warning(
+            InvolvedObject::container(p, &c.name),
+            "FailedPostStartHook",
+            message.clone(),
+        );
+        let grace = effective_grace(p, None);
+        self.kill_container(
+            p,
+            Some(c),
+            id,
+            &c.name,
+            grace,
+            Some("FailedPostStartHook".to_string()),
+        )
+        .await;
+        Err(message)
     }
 
     async fn stop_container(
@@ -1379,34 +1475,6 @@ fn kill_grace(
 fn jitter(d: Duration) -> Duration {
     let f: f64 = rand::rng().random_range(0.0..0.5);
     d + d.mul_f64(f)
-}
-
-/// A minimal HTTP/1.1 GET for lifecycle hooks: success on 2xx and 3xx.
-async fn http_get(host: &str, port: i32, path: &str) -> Result<(), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let addr = format!("{host}:{port}");
-    let mut s = tokio::net::TcpStream::connect(&addr)
-        .await
-        .map_err(|e| format!("connecting to {addr}: {e}"))?;
-    let req = format!(
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nUser-Agent: kube-lifecycle/1.33\r\nConnection: close\r\n\r\n"
-    );
-    s.write_all(req.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut buf = vec![0u8; 1024];
-    let n = s.read(&mut buf).await.map_err(|e| e.to_string())?;
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let code: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| "malformed HTTP response".to_string())?;
-    if (200..400).contains(&code) {
-        Ok(())
-    } else {
-        Err(format!("HTTP lifecycle hook returned status {code}"))
-    }
 }
 
 #[cfg(test)]

@@ -335,63 +335,69 @@ impl PodLifecycleEventGenerator for EventedPleg {
             d = self.core.done_rx.lock() => d,
         };
         self.set_mode(PlegMode::Events);
-        let mut stream: Option<ContainerEventStream> = None;
-        let mut connected_at: Option<Instant> = None;
+        let mut link = Link::Due(Instant::now());
         let mut failures: u32 = 0;
-        let mut next_subscribe = Some(Instant::now());
         let mut next_relist = Instant::now();
         let mut listing: Option<BoxFuture<'static, Listing>> = None;
         let mut tick = tokio::time::interval(self.config.global_cache_update_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut prev_tick: Option<Instant> = None;
-        let far = Duration::from_secs(86400 * 365);
 
         loop {
             let now = Instant::now();
             if listing.is_none() && now >= next_relist {
                 listing = Some(Box::pin(self.core.list()));
             }
-            if stream.is_none() && next_subscribe.is_some_and(|t| now >= t) {
-                match self.subscribe().await {
-                    Ok(s) => {
+            if let Link::Due(at) = link
+                && now >= at
+            {
+                let (event, up) = match self.subscribe().await {
+                    Ok(stream) => {
                         self.core.metrics.evented_connection_successes.inc();
                         tracing::debug!("PLEG: subscribed to container events");
-                        stream = Some(s);
-                        connected_at = Some(Instant::now());
-                        next_subscribe = None;
-                        if self.mode() != PlegMode::Events {
-                            failures = 0;
-                            self.set_mode(PlegMode::Events);
-                            prev_tick = None;
-                        }
-                        // Whatever happened while unsubscribed is found by a relist now.
-                        if listing.is_none() {
-                            next_relist = Instant::now();
-                            continue;
-                        }
+                        (LinkEvent::Subscribed, Some(stream))
                     }
                     Err(e) if e.kind() == ErrorKind::Unimplemented => {
                         tracing::info!(error = %e, "PLEG: the runtime has no container events; relisting only");
-                        next_subscribe = None;
-                        self.set_mode(PlegMode::RelistOnly);
-                        next_relist = next_relist.min(Instant::now() + self.relist_period());
+                        (LinkEvent::Unsupported, None)
                     }
                     Err(e) => {
                         self.core.metrics.evented_connection_errors.inc();
-                        failures += 1;
-                        tracing::warn!(error = %e, failures, "PLEG: subscribing to container events failed");
-                        next_subscribe = Some(self.after_failure(failures, &mut next_relist));
+                        tracing::warn!(error = %e, failures = failures + 1, "PLEG: subscribing to container events failed");
+                        (LinkEvent::Failed, None)
                     }
+                };
+                let d = self.apply_link_event(&mut failures, event);
+                if self.mode() != PlegMode::Events {
+                    prev_tick = None;
+                }
+                link = match (up, d.retry_after) {
+                    (Some(stream), _) => Link::Up {
+                        stream,
+                        since: Instant::now(),
+                    },
+                    (None, Some(after)) => Link::Due(Instant::now() + after),
+                    (None, None) => Link::Unsupported,
+                };
+                if d.relist_now {
+                    next_relist = Instant::now();
+                    // Whatever happened while unsubscribed is found by a relist now.
+                    if listing.is_none() {
+                        continue;
+                    }
+                } else if event == LinkEvent::Unsupported {
+                    next_relist = next_relist.min(Instant::now() + self.relist_period());
                 }
             }
 
+            let due = link.due_at();
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
                 Some(d) = done.recv() => {
                     self.core.apply(d, &mut RelistReport::default());
                 }
-                listed = async { listing.as_mut().expect("guarded").await }, if listing.is_some() => {
+                Some(listed) = in_flight(&mut listing) => {
                     listing = None;
                     let start = listed.0;
                     let mut report = RelistReport::default();
@@ -402,7 +408,7 @@ impl PodLifecycleEventGenerator for EventedPleg {
                     }
                     next_relist = Instant::now() + self.relist_period();
                 }
-                ev = async { stream.as_mut().expect("guarded").next().await }, if stream.is_some() => {
+                ev = link.next_event() => {
                     match ev {
                         Some(Ok(ev)) => self.handle_event(ev),
                         other => {
@@ -410,38 +416,38 @@ impl PodLifecycleEventGenerator for EventedPleg {
                                 Some(Err(e)) => e.to_string(),
                                 _ => "the stream ended".to_string(),
                             };
-                            stream = None;
-                            connected_at = None;
                             self.core.metrics.evented_connection_errors.inc();
-                            failures += 1;
-                            tracing::warn!(error = %why, failures, "PLEG: container event stream broke");
-                            next_subscribe = Some(self.after_failure(failures, &mut next_relist));
+                            tracing::warn!(error = %why, failures = failures + 1, "PLEG: container event stream broke");
+                            let d = self.apply_link_event(&mut failures, LinkEvent::Failed);
+                            link = Link::Due(Instant::now() + d.retry_after.unwrap_or_default());
+                            next_relist = Instant::now();
                         }
                     }
                 }
                 _ = tick.tick() => {
                     let now = Instant::now();
                     self.core.note_slow();
-                    if stream.is_some() && self.mode() == PlegMode::Events {
-                        // Advance to the previous tick: every event of a change made before it
-                        // has had a whole period to arrive and mark its pod pending.
-                        if let (Some(prev), Some(since)) = (prev_tick, connected_at)
-                            && since <= prev
-                        {
-                            self.core.cache.update_time(prev);
-                            failures = 0;
+                    match (&link, self.mode()) {
+                        (Link::Up { since, .. }, PlegMode::Events) => {
+                            // Advance to the previous tick: every event of a change made before
+                            // it has had a whole period to arrive and mark its pod pending.
+                            if let Some(prev) = prev_tick
+                                && *since <= prev
+                            {
+                                self.core.cache.update_time(prev);
+                                self.apply_link_event(&mut failures, LinkEvent::Steady);
+                            }
+                            prev_tick = Some(now);
+                            self.core.refresh_failed();
                         }
-                        prev_tick = Some(now);
-                        self.core.refresh_failed();
-                    } else {
-                        prev_tick = None;
+                        _ => prev_tick = None,
                     }
                 }
                 _ = self.relist_now.notified() => {
                     next_relist = Instant::now();
                 }
                 _ = tokio::time::sleep_until(next_relist), if listing.is_none() => {}
-                _ = tokio::time::sleep_until(next_subscribe.unwrap_or(now + far)), if stream.is_none() && next_subscribe.is_some() => {}
+                _ = sleep_until_some(due) => {}
             }
         }
         tracing::debug!("PLEG: evented loop stopped");
@@ -449,23 +455,145 @@ impl PodLifecycleEventGenerator for EventedPleg {
 }
 
 impl EventedPleg {
-    /// After a stream failure: force a relist, fall back when failures reach the limit, and
-    /// return when to subscribe again.
-    fn after_failure(&self, failures: u32, next_relist: &mut Instant) -> Instant {
-        *next_relist = Instant::now();
-        if failures >= self.config.max_stream_retries.max(1) {
-            if self.mode() != PlegMode::Fallback {
-                tracing::warn!(
-                    failures,
-                    period = ?self.config.fallback_relist_period,
-                    "PLEG: container events keep failing; falling back to relisting"
-                );
-                self.set_mode(PlegMode::Fallback);
-            }
-            Instant::now() + self.config.stream_recovery_period
-        } else {
-            Instant::now() + self.config.stream_retry_delay
+    /// Take a subscription event through [`link_step`]: count failures, switch the mode (with a
+    /// log line when falling back) and return the decision.
+    fn apply_link_event(&self, failures: &mut u32, event: LinkEvent) -> LinkDecision {
+        let d = link_step(self.mode(), *failures, event, &self.config);
+        if d.mode == PlegMode::Fallback && self.mode() != PlegMode::Fallback {
+            tracing::warn!(
+                failures = d.failures,
+                period = ?self.config.fallback_relist_period,
+                "PLEG: container events keep failing; falling back to relisting"
+            );
         }
+        *failures = d.failures;
+        self.set_mode(d.mode);
+        d
+    }
+}
+
+/// The evented PLEG's link to the runtime's event stream.
+enum Link {
+    /// Subscribe at this instant.
+    Due(Instant),
+    /// Subscribed since `since`.
+    Up {
+        stream: ContainerEventStream,
+        since: Instant,
+    },
+    /// The runtime has no event stream: relisting only.
+    Unsupported,
+}
+
+impl Link {
+    /// The next event of the stream; never ready without one.
+    async fn next_event(&mut self) -> Option<kubelet_core::Result<ContainerEvent>> {
+        match self {
+            Link::Up { stream, .. } => stream.next().await,
+            Link::Due(_) | Link::Unsupported => std::future::pending().await,
+        }
+    }
+
+    /// When a subscription is due, if one is.
+    fn due_at(&self) -> Option<Instant> {
+        match self {
+            Link::Due(at) => Some(*at),
+            Link::Up { .. } | Link::Unsupported => None,
+        }
+    }
+}
+
+/// Ready at `at`; never without it.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The listing in flight, when there is one; never ready otherwise.
+async fn in_flight<F: std::future::Future + Unpin>(f: &mut Option<F>) -> Option<F::Output> {
+    match f {
+        Some(f) => Some(f.await),
+        None => std::future::pending().await,
+    }
+}
+
+/// What happened to the event subscription.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkEvent {
+    /// A subscription succeeded.
+    Subscribed,
+    /// The runtime answered that it has no events.
+    Unsupported,
+    /// Subscribing failed, or the stream broke or ended.
+    Failed,
+    /// A cache tick passed with the stream up since before the previous tick.
+    Steady,
+}
+
+/// What the evented PLEG does after a [`LinkEvent`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LinkDecision {
+    mode: PlegMode,
+    /// Consecutive failures.
+    failures: u32,
+    /// Relist now (whatever happened while unsubscribed, or what a broken stream lost).
+    relist_now: bool,
+    /// Subscribe again after this long; `None`: no subscription is due.
+    retry_after: Option<Duration>,
+}
+
+/// The subscription's decisions (pure): a success returns to [`PlegMode::Events`] and forces a
+/// relist; a failure forces a relist and retries after `stream_retry_delay`, or, from the
+/// `max_stream_retries`th failure in a row, falls back to relisting and retries after
+/// `stream_recovery_period`; a runtime without events relists only; a steady tick clears the
+/// failure count.
+fn link_step(
+    mode: PlegMode,
+    failures: u32,
+    event: LinkEvent,
+    config: &EventedPlegConfig,
+) -> LinkDecision {
+    match event {
+        LinkEvent::Subscribed => LinkDecision {
+            mode: PlegMode::Events,
+            // Failures count on while events were already flowing (a flapping stream); a
+            // return from the fallback starts afresh.
+            failures: if mode == PlegMode::Events {
+                failures
+            } else {
+                0
+            },
+            relist_now: true,
+            retry_after: None,
+        },
+        LinkEvent::Unsupported => LinkDecision {
+            mode: PlegMode::RelistOnly,
+            failures,
+            relist_now: false,
+            retry_after: None,
+        },
+        LinkEvent::Failed => {
+            let failures = failures.saturating_add(1);
+            let fall_back = failures >= config.max_stream_retries.max(1);
+            LinkDecision {
+                mode: if fall_back { PlegMode::Fallback } else { mode },
+                failures,
+                relist_now: true,
+                retry_after: Some(if fall_back {
+                    config.stream_recovery_period
+                } else {
+                    config.stream_retry_delay
+                }),
+            }
+        }
+        LinkEvent::Steady => LinkDecision {
+            mode,
+            failures: 0,
+            relist_now: false,
+            retry_after: None,
+        },
     }
 }
 
@@ -560,6 +688,48 @@ mod tests {
 
     // Real time: the inspection must start strictly after the request, which paused time (one
     // instant for both) cannot show.
+    #[test]
+    fn the_subscription_retries_falls_back_and_recovers_by_its_table() {
+        let cfg = EventedPlegConfig::default()
+            .with_max_stream_retries(3)
+            .with_stream_retry_delay(Duration::from_secs(1))
+            .with_stream_recovery_period(Duration::from_secs(30));
+        let d = |mode, failures, relist_now, retry: Option<u64>| LinkDecision {
+            mode,
+            failures,
+            relist_now,
+            retry_after: retry.map(Duration::from_secs),
+        };
+        use LinkEvent::*;
+        use PlegMode::*;
+        let table = [
+            // A failure relists at once and retries soon, until the third in a row falls back.
+            (Events, 0, Failed, d(Events, 1, true, Some(1))),
+            (Events, 1, Failed, d(Events, 2, true, Some(1))),
+            (Events, 2, Failed, d(Fallback, 3, true, Some(30))),
+            (Fallback, 3, Failed, d(Fallback, 4, true, Some(30))),
+            // Back to events from the fallback: the count starts afresh and a relist finds what
+            // was missed.
+            (Fallback, 4, Subscribed, d(Events, 0, true, None)),
+            // A flapping stream keeps its count until a steady tick clears it.
+            (Events, 2, Subscribed, d(Events, 2, true, None)),
+            (Events, 2, Steady, d(Events, 0, false, None)),
+            // No events at all: relisting only, no retries.
+            (Events, 0, Unsupported, d(RelistOnly, 0, false, None)),
+            (Starting, 0, Subscribed, d(Events, 0, true, None)),
+        ];
+        for (mode, failures, event, want) in table {
+            assert_eq!(
+                link_step(mode, failures, event, &cfg),
+                want,
+                "{mode:?} after {failures} failures, {event:?}"
+            );
+        }
+        // A limit of 0 behaves as 1: the first failure falls back.
+        let zero = EventedPlegConfig::default().with_max_stream_retries(0);
+        assert_eq!(link_step(Events, 0, Failed, &zero).mode, Fallback);
+    }
+
     #[tokio::test]
     async fn a_requested_reinspection_stores_a_status_newer_than_the_request_and_sends_its_events()
     {

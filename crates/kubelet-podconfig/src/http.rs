@@ -22,16 +22,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Limited};
 use hyper::Uri;
-use hyper::header::{HOST, HeaderName, HeaderValue};
-use hyper_util::rt::TokioIo;
+use hyper::header::{HeaderName, HeaderValue};
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_core::config::sources;
+use kubelet_core::http::{HttpClient, HttpGetSpec, Scheme};
 use kubelet_core::merge::REASON_FAILED_VALIDATION;
 use kubelet_core::{InvolvedObject, PodSource, SourceSender};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::PodConfigError;
@@ -119,9 +116,13 @@ pub struct HttpSource {
     uri: Uri,
     node_name: String,
     config: HttpSourceConfig,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    tls: Option<tokio_rustls::TlsConnector>,
+    /// The request: path, `Host` and the configured headers.
+    request: HttpGetSpec,
+    client: HttpClient,
 }
+
+/// `User-Agent` of manifest fetches (the kubelet's client sends Go's default).
+const USER_AGENT: &str = "Go-http-client/1.1";
 
 impl std::fmt::Debug for HttpSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -156,27 +157,38 @@ impl HttpSource {
         if uri.host().is_none_or(str::is_empty) {
             return Err(invalid("no host".to_string()));
         }
-        let mut headers = Vec::new();
-        for (name, value) in &config.headers {
-            let n = HeaderName::from_bytes(name.as_bytes())
-                .map_err(|e| invalid(format!("header name {name:?}: {e}")))?;
-            let v = HeaderValue::from_str(value)
-                .map_err(|e| invalid(format!("header value of {name:?}: {e}")))?;
-            headers.push((n, v));
-        }
-        let tls = if https {
-            let config = crate::tls::client_config(config.ca_file.as_deref())?;
-            Some(tokio_rustls::TlsConnector::from(config))
+        let (scheme, default_port) = if https {
+            (Scheme::Https, 443)
         } else {
-            None
+            (Scheme::Http, 80)
         };
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut request = HttpGetSpec::new(scheme, uri.port_u16().unwrap_or(default_port), path)
+            // The URL's authority as written, as Go's client sends it.
+            .header("Host", uri.authority().map_or("", |a| a.as_str()));
+        for (name, value) in &config.headers {
+            HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| invalid(format!("header name {name:?}: {e}")))?;
+            HeaderValue::from_str(value)
+                .map_err(|e| invalid(format!("header value of {name:?}: {e}")))?;
+            request = request.header(name.clone(), value.clone());
+        }
+        let client = if https {
+            HttpClient::with_tls(
+                USER_AGENT,
+                crate::tls::client_config(config.ca_file.as_deref())?,
+            )
+        } else {
+            HttpClient::insecure(USER_AGENT)
+        }
+        .max_body(MAX_MANIFEST_SIZE as usize);
         Ok(Self {
             url,
             uri,
             node_name: node_name.into(),
             config,
-            headers,
-            tls,
+            request,
+            client,
         })
     }
 
@@ -210,77 +222,20 @@ impl HttpSource {
 
     async fn fetch_inner(&self) -> Result<(u16, Bytes), PodConfigError> {
         let host = self.uri.host().unwrap_or_default();
-        let port = self
-            .uri
-            .port_u16()
-            .unwrap_or(if self.tls.is_some() { 443 } else { 80 });
         // IPv6 literals come bracketed in URLs.
         let dial_host = host.trim_start_matches('[').trim_end_matches(']');
-        let tcp = TcpStream::connect((dial_host, port))
-            .await
-            .map_err(|e| self.fetch_err(format!("connect: {e}")))?;
-        match &self.tls {
-            Some(connector) => {
-                let name = rustls::pki_types::ServerName::try_from(dial_host.to_string())
-                    .map_err(|e| self.fetch_err(format!("server name {dial_host:?}: {e}")))?;
-                let stream = connector
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| self.fetch_err(format!("TLS handshake: {e}")))?;
-                self.request(stream).await
-            }
-            None => self.request(tcp).await,
-        }
-    }
-
-    async fn request<S>(&self, stream: S) -> Result<(u16, Bytes), PodConfigError>
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    {
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        let resp = self
+            .client
+            .get(&self.request, dial_host)
             .await
             .map_err(|e| self.fetch_err(e))?;
-        let path = self.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let authority = self.uri.authority().map(|a| a.as_str()).unwrap_or_default();
-        let mut builder = hyper::Request::get(path).header(HOST, authority);
-        for (n, v) in &self.headers {
-            builder = builder.header(n, v);
+        if resp.truncated {
+            return Err(PodConfigError::BodyTooLarge {
+                url: self.url.clone(),
+                limit: MAX_MANIFEST_SIZE,
+            });
         }
-        let req = builder
-            .body(Empty::<Bytes>::new())
-            .map_err(|e| self.fetch_err(e))?;
-        let exchange = async {
-            let resp = sender
-                .send_request(req)
-                .await
-                .map_err(|e| self.fetch_err(e))?;
-            let status = resp.status().as_u16();
-            let body = Limited::new(resp.into_body(), MAX_MANIFEST_SIZE as usize)
-                .collect()
-                .await
-                .map_err(|e| {
-                    if e.is::<http_body_util::LengthLimitError>() {
-                        PodConfigError::BodyTooLarge {
-                            url: self.url.clone(),
-                            limit: MAX_MANIFEST_SIZE,
-                        }
-                    } else {
-                        self.fetch_err(format!("reading body: {e}"))
-                    }
-                })?;
-            Ok::<_, PodConfigError>((status, body.to_bytes()))
-        };
-        tokio::pin!(exchange);
-        tokio::pin!(conn);
-        tokio::select! {
-            biased;
-            r = &mut exchange => r,
-            c = &mut conn => match c {
-                Err(e) => Err(self.fetch_err(e)),
-                // The connection closed; the exchange finishes (or fails) without it.
-                Ok(()) => exchange.await,
-            },
-        }
+        Ok((resp.status, Bytes::from(resp.body)))
     }
 
     /// Decode, default and validate a body.

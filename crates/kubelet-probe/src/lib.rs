@@ -76,7 +76,6 @@
 
 pub mod error;
 pub mod handler;
-mod http1;
 mod metrics;
 pub mod prober;
 pub mod spec;

@@ -7,6 +7,8 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubelet_core::ProbeType;
 
+use kubelet_core::http::SpecError;
+
 use crate::error::ProbeError;
 
 /// `periodSeconds` default.
@@ -54,67 +56,7 @@ impl ProbeTiming {
     }
 }
 
-/// HTTP or HTTPS.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Scheme {
-    /// Plain HTTP.
-    Http,
-    /// HTTPS; the server certificate is not verified (as the kubelet's `InsecureSkipVerify`).
-    Https,
-}
-
-impl Scheme {
-    /// `http` or `https`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Scheme::Http => "http",
-            Scheme::Https => "https",
-        }
-    }
-}
-
-/// An `httpGet` action with its port resolved.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HttpGetSpec {
-    /// Scheme.
-    pub scheme: Scheme,
-    /// Host to connect to; `None` means the pod IP.
-    pub host: Option<String>,
-    /// Port.
-    pub port: u16,
-    /// Path and query, starting with `/`.
-    pub path: String,
-    /// Extra headers in order (`Host` sets the request's host, `User-Agent` and `Accept` replace
-    /// the defaults, an empty `Accept` removes it).
-    pub headers: Vec<(String, String)>,
-}
-
-impl HttpGetSpec {
-    /// `GET http://<pod IP>:<port><path>` with no extra headers.
-    pub fn new(scheme: Scheme, port: u16, path: impl Into<String>) -> Self {
-        let path = path.into();
-        Self {
-            scheme,
-            host: None,
-            port,
-            path: normalize_path(&path),
-            headers: Vec::new(),
-        }
-    }
-
-    /// Set the host to connect to instead of the pod IP.
-    pub fn host(mut self, host: impl Into<String>) -> Self {
-        self.host = Some(host.into());
-        self
-    }
-
-    /// Add a header.
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.headers.push((name.into(), value.into()));
-        self
-    }
-}
+pub use kubelet_core::http::{HttpGetSpec, Scheme};
 
 /// What a probe does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -277,31 +219,9 @@ fn handler_from_k8s(probe: &Probe, container: &Container) -> Result<ProbeHandler
         return Ok(ProbeHandler::Exec { command });
     }
     if let Some(h) = &probe.http_get {
-        let scheme = match h.scheme.as_deref().map(str::to_ascii_lowercase).as_deref() {
-            None | Some("") | Some("http") => Scheme::Http,
-            Some("https") => Scheme::Https,
-            Some(other) => {
-                return Err(ProbeError::InvalidField {
-                    container: container.name.clone(),
-                    field: "scheme",
-                    reason: format!("unsupported scheme {other:?}"),
-                });
-            }
-        };
-        let headers = h
-            .http_headers
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .map(|hh| (hh.name.clone(), hh.value.clone()))
-            .collect();
-        return Ok(ProbeHandler::HttpGet(HttpGetSpec {
-            scheme,
-            host: h.host.clone().filter(|s| !s.is_empty()),
-            port: resolve_port(&h.port, container)?,
-            path: normalize_path(h.path.as_deref().unwrap_or("/")),
-            headers,
-        }));
+        return HttpGetSpec::from_action(h, container)
+            .map(ProbeHandler::HttpGet)
+            .map_err(|e| spec_error(container, e));
     }
     if let Some(t) = &probe.tcp_socket {
         return Ok(ProbeHandler::TcpSocket {
@@ -332,43 +252,21 @@ fn handler_from_k8s(probe: &Probe, container: &Container) -> Result<ProbeHandler
 /// Resolve a probe port: a number, or the name of one of the container's ports (a string that
 /// names no port but parses as a number is taken as that number, as the kubelet does).
 pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, ProbeError> {
-    let invalid = |port: String, reason: String| ProbeError::InvalidPort {
-        container: container.name.clone(),
-        port,
-        reason,
-    };
-    let n: i64 = match port {
-        IntOrString::Int(n) => i64::from(*n),
-        IntOrString::String(name) => {
-            let named = container
-                .ports
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .find(|p| p.name.as_deref() == Some(name.as_str()))
-                .map(|p| i64::from(p.container_port));
-            match named {
-                Some(n) => n,
-                None => name.parse::<i64>().map_err(|_| {
-                    invalid(
-                        name.clone(),
-                        format!("no port named {name:?} in the container"),
-                    )
-                })?,
-            }
-        }
-    };
-    u16::try_from(n)
-        .ok()
-        .filter(|p| *p > 0)
-        .ok_or_else(|| invalid(n.to_string(), "must be in 1..=65535".to_string()))
+    kubelet_core::http::resolve_port(port, container).map_err(|e| spec_error(container, e))
 }
 
-fn normalize_path(path: &str) -> String {
-    if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("/{path}")
+fn spec_error(container: &Container, e: SpecError) -> ProbeError {
+    match e {
+        SpecError::InvalidPort { port, reason } => ProbeError::InvalidPort {
+            container: container.name.clone(),
+            port,
+            reason,
+        },
+        other => ProbeError::InvalidField {
+            container: container.name.clone(),
+            field: "scheme",
+            reason: other.to_string(),
+        },
     }
 }
 

@@ -1,18 +1,17 @@
-//! A small HTTP/1.1 client for probes: one `GET`, one response, no connection reuse.
+//! The wire side of the HTTP/1.1 client: one `GET`, one response, no connection reuse.
 //!
 //! A general client (connection pools, dispatch tasks, header maps, body streams) costs more CPU
 //! and memory per request than the socket work of a probe; at thousands of probes a second that
-//! is most of the prober's user-space time. A probe needs much less: write one request, parse
-//! one response head, read at most [`MAX_BODY`] bytes of its body (`Content-Length`, chunked, or
-//! up to the end of the connection), and close. The response head is parsed with `httparse`.
+//! is most of the prober's user-space time. A probe, a hook or a manifest fetch needs much less:
+//! write one request, parse one response head, read at most a given number of bytes of its body
+//! (`Content-Length`, chunked, or up to the end of the connection), and close. The response head
+//! is parsed with `httparse`.
 //!
-//! Errors before a complete response head are transport errors (the caller turns them into
-//! probe failures, as the kubelet does); errors while reading the body are [`Error::Body`]
-//! (the kubelet returns them as probe errors, which its workers discard).
+//! Errors before a complete response head are transport errors (the kubelet turns them into
+//! probe failures); errors while reading the body are [`Error::Body`] (the kubelet returns them
+//! as probe errors, which its workers discard).
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-
-use crate::handler::MAX_BODY;
 
 /// Largest response head accepted.
 pub(crate) const MAX_HEAD: usize = 64 * 1024;
@@ -22,14 +21,19 @@ const MAX_1XX: usize = 5;
 const FAST_HEADERS: usize = 32;
 const MAX_HEADERS: usize = 1024;
 
-/// A response as a probe needs it.
+/// A response: its status, where it redirects to, and the start of its body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Response {
-    pub(crate) status: u16,
+#[non_exhaustive]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
     /// The first `Location` header.
-    pub(crate) location: Option<String>,
-    /// At most [`MAX_BODY`] bytes of the (de-chunked) body.
-    pub(crate) body: Vec<u8>,
+    pub location: Option<String>,
+    /// At most the client's [`max_body`](super::HttpClient::max_body) bytes of the
+    /// (de-chunked) body.
+    pub body: Vec<u8>,
+    /// The body went on past that limit (the rest was not read).
+    pub truncated: bool,
 }
 
 /// Why an exchange did not produce a response.
@@ -73,8 +77,12 @@ pub(crate) fn request<'a>(
     out
 }
 
-/// Send `request` on `io` and read the response.
-pub(crate) async fn exchange<S>(io: &mut S, request: &[u8]) -> Result<Response, Error>
+/// Send `request` on `io` and read the response, its body up to `max_body` bytes.
+pub(crate) async fn exchange<S>(
+    io: &mut S,
+    request: &[u8],
+    max_body: usize,
+) -> Result<Response, Error>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -118,11 +126,12 @@ where
             }
             continue;
         }
-        let body = read_body(io, buf, head.framing).await?;
+        let (body, truncated) = read_body(io, buf, head.framing, max_body).await?;
         return Ok(Response {
             status: head.status,
             location: head.location,
             body,
+            truncated,
         });
     }
 }
@@ -239,36 +248,42 @@ fn body_error(e: impl std::fmt::Display) -> Error {
     Error::Body(e.to_string())
 }
 
-async fn read_body<S>(io: &mut S, mut buf: Vec<u8>, framing: Framing) -> Result<Vec<u8>, Error>
+/// The body (at most `max_body` bytes) and whether there was more.
+async fn read_body<S>(
+    io: &mut S,
+    mut buf: Vec<u8>,
+    framing: Framing,
+    max_body: usize,
+) -> Result<(Vec<u8>, bool), Error>
 where
     S: AsyncRead + Unpin,
 {
     match framing {
-        Framing::None => Ok(Vec::new()),
+        Framing::None => Ok((Vec::new(), false)),
         Framing::Length(n) => {
-            let want = usize::try_from(n).unwrap_or(usize::MAX).min(MAX_BODY);
+            let full = usize::try_from(n).unwrap_or(usize::MAX);
+            let want = full.min(max_body);
             while buf.len() < want {
                 if read_more(io, &mut buf, want).await.map_err(body_error)? == 0 {
                     return Err(Error::Body("unexpected EOF".to_string()));
                 }
             }
             buf.truncate(want);
-            Ok(buf)
+            Ok((buf, full > max_body))
         }
         Framing::UntilClose => {
-            while buf.len() < MAX_BODY {
-                if read_more(io, &mut buf, MAX_BODY)
-                    .await
-                    .map_err(body_error)?
-                    == 0
-                {
+            // One byte past the cap tells whether the body goes on.
+            let limit = max_body.saturating_add(1);
+            while buf.len() < limit {
+                if read_more(io, &mut buf, limit).await.map_err(body_error)? == 0 {
                     break;
                 }
             }
-            buf.truncate(MAX_BODY);
-            Ok(buf)
+            let truncated = buf.len() > max_body;
+            buf.truncate(max_body);
+            Ok((buf, truncated))
         }
-        Framing::Chunked => read_chunked(io, buf).await,
+        Framing::Chunked => read_chunked(io, buf, max_body).await,
     }
 }
 
@@ -282,8 +297,13 @@ enum Chunk {
     DataEnd,
 }
 
-/// Decode a chunked body until its last chunk or [`MAX_BODY`] bytes (trailers are not read).
-async fn read_chunked<S>(io: &mut S, mut raw: Vec<u8>) -> Result<Vec<u8>, Error>
+/// Decode a chunked body until its last chunk or `max_body` bytes (trailers are not read); the
+/// flag tells whether data went on past the cap.
+async fn read_chunked<S>(
+    io: &mut S,
+    mut raw: Vec<u8>,
+    max_body: usize,
+) -> Result<(Vec<u8>, bool), Error>
 where
     S: AsyncRead + Unpin,
 {
@@ -309,7 +329,7 @@ where
                         .ok_or_else(|| Error::Body("malformed chunked encoding".to_string()))?;
                     pos += nl + 1;
                     if size == 0 {
-                        return Ok(body);
+                        return Ok((body, false));
                     }
                     state = Chunk::Data(size);
                 }
@@ -319,10 +339,10 @@ where
                         break;
                     }
                     let take = usize::try_from(left).unwrap_or(usize::MAX).min(avail);
-                    let room = MAX_BODY - body.len();
+                    let room = max_body - body.len();
                     body.extend_from_slice(&raw[pos..pos + take.min(room)]);
-                    if body.len() >= MAX_BODY {
-                        return Ok(body);
+                    if take > room {
+                        return Ok((body, true));
                     }
                     pos += take;
                     let left = left - take as u64;
@@ -366,6 +386,8 @@ mod tests {
     use super::*;
     use tokio::io::AsyncWriteExt;
 
+    const MAX_BODY: usize = 10 * 1024;
+
     /// Run an exchange against a peer that answers `response` (in pieces of `step` bytes) and
     /// then closes; also returns what the peer received.
     async fn against(response: &[u8], step: usize) -> (Result<Response, Error>, Vec<u8>) {
@@ -391,7 +413,7 @@ mod tests {
             got
         });
         let req = request("/p?q=1", "10.0.0.1:80", [("User-Agent", "kube-probe/1.33")]);
-        let r = exchange(&mut client, &req).await;
+        let r = exchange(&mut client, &req, MAX_BODY).await;
         drop(client);
         (r, peer.await.unwrap())
     }

@@ -1,0 +1,421 @@
+//! One pod worker: a task per pod UID that syncs the pod, terminates it and cleans it up, never
+//! two of those at once (the kubelet's `podWorkerLoop`).
+//!
+//! Its life is the enum [`Lifecycle`] and its decisions the pure function [`step`]: given the
+//! stage and what just happened ([`Input`]), the next stage and what to do next ([`Action`]).
+//! [`worker_loop`] only carries the actions out and feeds their results back. The stages are the
+//! kubelet's `podSyncStatus`: syncing, terminating (containers being stopped), terminated (all
+//! stopped, waiting for the pod to leave its sources) and finished (cleaned up).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::KillPodOptions;
+use crate::pod;
+use crate::sync::{Engine, SyncOutcome};
+
+/// Where a pod worker is in its pod's life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Lifecycle {
+    /// The pod should run: each wake-up syncs it.
+    Syncing,
+    /// Its containers are being stopped (a kill was requested, the pod was deleted, or it
+    /// reached a terminal phase).
+    Terminating,
+    /// Everything is stopped; cleanup waits until the pod has left every source.
+    Terminated,
+    /// Cleaned up; the worker ends.
+    Finished,
+}
+
+/// What the worker learnt: a wake-up with the shared state's view, or an action's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// Woken (an update, a PLEG event, a requeue timer).
+    Woke {
+        /// A kill was requested or the pod is marked deleted.
+        stop: bool,
+        /// The pod left every source (or is an orphan).
+        removed: bool,
+    },
+    /// `sync_pod` ran.
+    Synced(SyncOutcome),
+    /// A static pod of the same full name still runs: try again after this long.
+    PredecessorRunning(Duration),
+    /// Termination is not complete: try again after this long.
+    TerminationPending(Duration),
+    /// Every container is stopped.
+    TerminationDone {
+        /// The pod left every source meanwhile.
+        removed: bool,
+    },
+    /// The pod's resources are cleaned up.
+    CleanedUp {
+        /// The pod was added again while being torn down: run it again.
+        restart: bool,
+    },
+}
+
+/// What the worker does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    /// Sleep until woken, or until `requeue` passes.
+    Wait {
+        /// When to wake up by itself.
+        requeue: Option<Duration>,
+        /// The sync changed the runtime: ask the PLEG to inspect the pod now.
+        reinspect: bool,
+    },
+    /// Sync the pod.
+    Sync,
+    /// Stop its containers.
+    Terminate,
+    /// Clean up its volumes, directories and status.
+    Cleanup,
+    /// End the worker.
+    Finish,
+}
+
+const fn wait(requeue: Option<Duration>) -> Action {
+    Action::Wait {
+        requeue,
+        reinspect: false,
+    }
+}
+
+/// The worker's decision: the next stage and action for an input in a stage.
+pub(crate) fn step(stage: Lifecycle, input: &Input) -> (Lifecycle, Action) {
+    use Lifecycle::*;
+    match (stage, input) {
+        (Finished, _) => (Finished, Action::Finish),
+        (Syncing, Input::Woke { stop: true, .. }) => (Terminating, Action::Terminate),
+        (Syncing, Input::Woke { stop: false, .. }) => (Syncing, Action::Sync),
+        (Syncing, Input::PredecessorRunning(d)) => (Syncing, wait(Some(*d))),
+        (Syncing, Input::Synced(SyncOutcome::Requeue(d))) => (Syncing, wait(Some(*d))),
+        (Syncing, Input::Synced(SyncOutcome::Changed(d))) => (
+            Syncing,
+            Action::Wait {
+                requeue: Some(*d),
+                reinspect: true,
+            },
+        ),
+        (Syncing, Input::Synced(SyncOutcome::Terminal)) => (Terminating, Action::Terminate),
+        (Terminating, Input::Woke { .. }) => (Terminating, Action::Terminate),
+        (Terminating, Input::TerminationPending(d)) => (Terminating, wait(Some(*d))),
+        (Terminating, Input::TerminationDone { removed: true }) => (Terminated, Action::Cleanup),
+        (Terminating, Input::TerminationDone { removed: false }) => (Terminated, wait(None)),
+        (Terminated, Input::Woke { removed: true, .. }) => (Terminated, Action::Cleanup),
+        (Terminated, Input::Woke { removed: false, .. }) => (Terminated, wait(None)),
+        (Terminated, Input::CleanedUp { restart: false }) => (Finished, Action::Finish),
+        // Decide again at once, from a runtime view that saw the cleanup.
+        (Terminated, Input::CleanedUp { restart: true }) => (Syncing, wait(Some(Duration::ZERO))),
+        // An input that does not belong to the stage (a result of an action the stage does not
+        // take) changes nothing: wait for the next wake-up.
+        (stage, _) => (stage, wait(None)),
+    }
+}
+
+/// The worker's state shared with the sync loop, which updates the pod and the requests.
+#[derive(Debug)]
+pub(crate) struct WorkerState {
+    pub(crate) pod: Arc<Pod>,
+    /// A kill was requested (removal from config, eviction, orphan).
+    pub(crate) kill: Option<KillPodOptions>,
+    /// Callers waiting for termination.
+    pub(crate) kill_waiters: Vec<oneshot::Sender<()>>,
+    /// The pod left every source: clean up once terminated.
+    pub(crate) removed: bool,
+    /// The pod is a runtime pod unknown to every source.
+    pub(crate) orphan: bool,
+    /// The worker's stage (set by the worker only).
+    pub(crate) lifecycle: Lifecycle,
+    /// The pod was added again while being torn down: run it again once cleanup is done
+    /// (the kubelet's `restartRequested`).
+    pub(crate) restart_requested: bool,
+}
+
+impl WorkerState {
+    pub(crate) fn new(pod: Pod, orphan: bool) -> Self {
+        Self {
+            pod: Arc::new(pod),
+            kill: orphan.then(KillPodOptions::default),
+            kill_waiters: Vec::new(),
+            removed: orphan,
+            orphan,
+            lifecycle: Lifecycle::Syncing,
+            restart_requested: false,
+        }
+    }
+
+    /// All containers are stopped (or the worker is done).
+    pub(crate) fn terminated(&self) -> bool {
+        matches!(self.lifecycle, Lifecycle::Terminated | Lifecycle::Finished)
+    }
+}
+
+/// Run one pod's worker until it finishes or `shutdown` fires.
+pub(crate) async fn worker_loop(
+    engine: Arc<Engine>,
+    state: Arc<Mutex<WorkerState>>,
+    notify: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let (uid, orphan) = {
+        let st = state.lock();
+        (pod::uid(&st.pod).to_string(), st.orphan)
+    };
+    let mut stage = Lifecycle::Syncing;
+    let mut action = wait(None);
+    // The next sync waits for a runtime view observed after this instant.
+    let mut last_sync: Option<Instant> = None;
+    loop {
+        let input = match action {
+            Action::Finish => return,
+            Action::Wait { requeue, reinspect } => {
+                if reinspect {
+                    // As the kubelet's post-sync relist request: an inspection that starts now
+                    // is newer than `last_sync`, so the next sync (woken by the PLEG event of
+                    // the change) need not wait for a relist or, with the evented PLEG, for the
+                    // global timestamp (2 to 4 s away).
+                    let pod = state.lock().pod.clone();
+                    engine.request_reinspect(&pod);
+                }
+                let wake = async {
+                    match requeue {
+                        Some(d) => tokio::time::sleep(d).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = notify.notified() => {}
+                    _ = wake => {}
+                }
+                let st = state.lock();
+                Input::Woke {
+                    stop: st.kill.is_some() || pod::is_deleted(&st.pod),
+                    removed: st.removed,
+                }
+            }
+            Action::Sync => {
+                let pod = state.lock().pod.clone();
+                // Static pods with the same full name run one at a time.
+                if let Some(wait) = engine.wait_for_static_predecessor(&pod) {
+                    Input::PredecessorRunning(wait)
+                } else {
+                    let since = last_sync.unwrap_or_else(|| engine.started_at());
+                    let entry = tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        e = engine.cache().get_newer_than(&uid, since) => e,
+                    };
+                    let outcome = engine.sync_pod(&pod, entry).await;
+                    // As the kubelet: the next sync waits for a runtime view observed after
+                    // this sync finished, so it sees what this sync created.
+                    last_sync = Some(Instant::now());
+                    Input::Synced(outcome)
+                }
+            }
+            Action::Terminate => {
+                let (pod, opts) = {
+                    let st = state.lock();
+                    (st.pod.clone(), st.kill.clone().unwrap_or_default())
+                };
+                match engine.sync_terminating_pod(&pod, &opts, orphan).await {
+                    Ok(()) => {
+                        engine.sync_terminated_pod(&pod, &opts, orphan).await;
+                        let (waiters, removed) = {
+                            let mut st = state.lock();
+                            st.lifecycle = Lifecycle::Terminated;
+                            (std::mem::take(&mut st.kill_waiters), st.removed)
+                        };
+                        for w in waiters {
+                            let _ = w.send(());
+                        }
+                        Input::TerminationDone { removed }
+                    }
+                    Err(wait) => Input::TerminationPending(wait),
+                }
+            }
+            Action::Cleanup => {
+                let pod = state.lock().pod.clone();
+                engine.cleanup_pod(&pod, orphan).await;
+                let restart = {
+                    let mut st = state.lock();
+                    let restart = std::mem::take(&mut st.restart_requested);
+                    if restart {
+                        st.removed = false;
+                        st.kill = None;
+                        st.lifecycle = Lifecycle::Syncing;
+                    } else {
+                        st.lifecycle = Lifecycle::Finished;
+                    }
+                    restart
+                };
+                if restart {
+                    tracing::info!(pod_uid = %uid, "pod added again while terminating; starting it again");
+                    // Wait for a relist that saw the cleanup before deciding anything.
+                    last_sync = Some(Instant::now());
+                }
+                Input::CleanedUp { restart }
+            }
+        };
+        let (next, act) = step(stage, &input);
+        if next != stage {
+            tracing::debug!(pod_uid = %uid, from = ?stage, to = ?next, "pod worker stage");
+            state.lock().lifecycle = next;
+        }
+        stage = next;
+        action = act;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Lifecycle::*;
+    use super::*;
+
+    const D: Duration = Duration::from_secs(3);
+
+    fn woke(stop: bool, removed: bool) -> Input {
+        Input::Woke { stop, removed }
+    }
+
+    #[test]
+    fn the_worker_steps_through_a_pods_life_as_the_kubelets_pod_workers() {
+        let reinspect = Action::Wait {
+            requeue: Some(D),
+            reinspect: true,
+        };
+        let table: Vec<(Lifecycle, Input, Lifecycle, Action)> = vec![
+            // Syncing: a wake-up syncs, unless a kill or deletion is pending.
+            (Syncing, woke(false, false), Syncing, Action::Sync),
+            (Syncing, woke(true, false), Terminating, Action::Terminate),
+            (Syncing, woke(true, true), Terminating, Action::Terminate),
+            (
+                Syncing,
+                Input::PredecessorRunning(D),
+                Syncing,
+                wait(Some(D)),
+            ),
+            (
+                Syncing,
+                Input::Synced(SyncOutcome::Requeue(D)),
+                Syncing,
+                wait(Some(D)),
+            ),
+            (
+                Syncing,
+                Input::Synced(SyncOutcome::Changed(D)),
+                Syncing,
+                reinspect,
+            ),
+            (
+                Syncing,
+                Input::Synced(SyncOutcome::Terminal),
+                Terminating,
+                Action::Terminate,
+            ),
+            // Terminating: retried on every wake-up and after the wait it asked for.
+            (
+                Terminating,
+                woke(false, false),
+                Terminating,
+                Action::Terminate,
+            ),
+            (
+                Terminating,
+                Input::TerminationPending(D),
+                Terminating,
+                wait(Some(D)),
+            ),
+            (
+                Terminating,
+                Input::TerminationDone { removed: false },
+                Terminated,
+                wait(None),
+            ),
+            (
+                Terminating,
+                Input::TerminationDone { removed: true },
+                Terminated,
+                Action::Cleanup,
+            ),
+            // Terminated: nothing until the pod leaves its sources; never synced again.
+            (Terminated, woke(false, false), Terminated, wait(None)),
+            (Terminated, woke(true, false), Terminated, wait(None)),
+            (Terminated, woke(false, true), Terminated, Action::Cleanup),
+            (
+                Terminated,
+                Input::CleanedUp { restart: false },
+                Finished,
+                Action::Finish,
+            ),
+            (
+                Terminated,
+                Input::CleanedUp { restart: true },
+                Syncing,
+                wait(Some(Duration::ZERO)),
+            ),
+            // Finished stays finished.
+            (Finished, woke(false, false), Finished, Action::Finish),
+            (Finished, woke(true, true), Finished, Action::Finish),
+        ];
+        for (stage, input, want_stage, want_action) in table {
+            assert_eq!(
+                step(stage, &input),
+                (want_stage, want_action),
+                "{stage:?} + {input:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn inputs_foreign_to_a_stage_change_nothing() {
+        let foreign = [
+            (Syncing, Input::TerminationDone { removed: true }),
+            (Syncing, Input::CleanedUp { restart: false }),
+            (Terminating, Input::Synced(SyncOutcome::Terminal)),
+            (Terminated, Input::Synced(SyncOutcome::Requeue(D))),
+            (Terminated, Input::TerminationPending(D)),
+        ];
+        for (stage, input) in foreign {
+            assert_eq!(step(stage, &input), (stage, wait(None)), "{input:?}");
+        }
+    }
+
+    #[test]
+    fn a_killed_pod_never_syncs_again_whatever_comes_next() {
+        // Walk every sequence of up to four inputs from a kill and check that no Sync follows
+        // until a restart (CleanedUp { restart: true }) brings the worker back to Syncing.
+        let inputs = [
+            woke(false, false),
+            woke(true, false),
+            woke(false, true),
+            Input::Synced(SyncOutcome::Requeue(D)),
+            Input::TerminationPending(D),
+            Input::TerminationDone { removed: false },
+            Input::TerminationDone { removed: true },
+            Input::CleanedUp { restart: false },
+        ];
+        let mut frontier = vec![step(Syncing, &woke(true, false)).0];
+        for _ in 0..4 {
+            let mut next = Vec::new();
+            for stage in &frontier {
+                for input in &inputs {
+                    let (s, a) = step(*stage, input);
+                    assert_ne!(a, Action::Sync, "{stage:?} + {input:?}");
+                    assert_ne!(s, Syncing, "{stage:?} + {input:?}");
+                    next.push(s);
+                }
+            }
+            next.dedup();
+            frontier = next;
+        }
+    }
+}
