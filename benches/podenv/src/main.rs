@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::{Container, EnvVar, Pod, Service, ServicePort, ServiceSpec};
+use kubelet_core::EnvObjects;
 use kubelet_core::container::{ConfigContext, make_environment};
-use kubelet_core::objects::EnvObjects;
 
 #[derive(Debug, Parser)]
 #[command(name = "podenv-bench", about)]

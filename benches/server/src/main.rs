@@ -76,11 +76,9 @@ mod serve {
 
     use async_trait::async_trait;
     use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use kubelet_core::configuration::KubeletConfiguration;
     use kubelet_core::testing::FakeRuntime;
-    use kubelet_core::{
-        ContainerRuntime, KubeletBuilder, KubeletConfig, KubeletConfiguration, PodSource,
-        SourceSender,
-    };
+    use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
     use kubelet_server::{KubeletServer, ServerConfig};
     use tokio_util::sync::CancellationToken;
 

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use kubelet_core::config::annotations;
+use kubelet_core::annotations;
 use kubelet_core::pod as podutil;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::Notify;

@@ -22,8 +22,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::{Api, Client};
-use kubelet_core::objects::{ObjectProvider, ReferencedObjects};
 use kubelet_core::{Error, ErrorKind};
+use kubelet_core::{ObjectProvider, ReferencedObjects};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 

@@ -19,8 +19,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kubelet_core::config::sources;
 use kubelet_core::pod as podutil;
+use kubelet_core::sources;
 use kubelet_core::{PodSource, SourceSender};
 use tokio_util::sync::CancellationToken;
 
@@ -158,7 +158,7 @@ mod tests {
         p.metadata.name = Some(uid.into());
         if mirror {
             p.metadata.annotations = Some(BTreeMap::from([(
-                kubelet_core::config::annotations::CONFIG_MIRROR.to_string(),
+                kubelet_core::annotations::CONFIG_MIRROR.to_string(),
                 "h".to_string(),
             )]));
         }

@@ -65,31 +65,51 @@ pub struct PodActions {
     pub containers_to_kill: BTreeMap<String, ContainerToKill>,
 }
 
-/// Whether the pod needs a new sandbox (`podSandboxChanged`): returns `(changed, attempt,
-/// current sandbox id)`.
-pub fn pod_sandbox_changed(pod: &Pod, status: &PodRuntimeStatus) -> (bool, u32, Option<String>) {
+/// What [`pod_sandbox_changed`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxChange {
+    /// A new sandbox is needed (none yet, the newest not ready, several ready, or no IP for a
+    /// pod network pod).
+    pub changed: bool,
+    /// The attempt number of the sandbox to create, or of the current one when unchanged.
+    pub attempt: u32,
+    /// The newest sandbox, if any.
+    pub sandbox_id: Option<String>,
+}
+
+/// Whether the pod needs a new sandbox (`podSandboxChanged`).
+pub fn pod_sandbox_changed(pod: &Pod, status: &PodRuntimeStatus) -> SandboxChange {
     let Some(newest) = status.sandbox_statuses.first() else {
-        return (true, 0, None);
+        return SandboxChange {
+            changed: true,
+            attempt: 0,
+            sandbox_id: None,
+        };
     };
-    let id = Some(newest.id.clone());
+    let sandbox_id = Some(newest.id.clone());
     let ready = status
         .sandbox_statuses
         .iter()
         .filter(|s| s.state == SandboxState::Ready)
         .count();
     let next = newest.metadata.attempt + 1;
-    if ready > 1 || newest.state != SandboxState::Ready {
-        return (true, next, id);
-    }
     let host_network = pod
         .spec
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false);
-    if !host_network && newest.ip.as_deref().unwrap_or("").is_empty() {
-        return (true, next, id);
+    let changed = ready > 1
+        || newest.state != SandboxState::Ready
+        || (!host_network && newest.ip.as_deref().unwrap_or("").is_empty());
+    SandboxChange {
+        changed,
+        attempt: if changed {
+            next
+        } else {
+            newest.metadata.attempt
+        },
+        sandbox_id,
     }
-    (false, newest.metadata.attempt, id)
 }
 
 /// The container's hash as recorded on the runtime instance.
@@ -152,7 +172,11 @@ pub fn compute_pod_actions(
     status: &PodRuntimeStatus,
     probe: &dyn Fn(&str, ProbeType) -> Option<ProbeResult>,
 ) -> PodActions {
-    let (create_sandbox, attempt, sandbox_id) = pod_sandbox_changed(pod, status);
+    let SandboxChange {
+        changed: create_sandbox,
+        attempt,
+        sandbox_id,
+    } = pod_sandbox_changed(pod, status);
     let mut changes = PodActions {
         kill_pod: create_sandbox,
         create_sandbox,

@@ -1,9 +1,4 @@
 //! The admission and eviction seams.
-//!
-//! Admission: every handler sees a pod before it is started; one rejection fails the pod with the
-//! handler's reason and message, as the kubelet's `canAdmitPod`. Eviction: an eviction manager
-//! kills pods through [`KubeletHandle::kill_pod`](crate::KubeletHandle::kill_pod) with
-//! [`KillPodOptions`].
 
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 
@@ -39,6 +34,13 @@ impl AdmitResult {
 }
 
 /// Decides whether a new pod may run on this node.
+///
+/// The admission and eviction seams.
+///
+/// Admission: every handler sees a pod before it is started; one rejection fails the pod with the
+/// handler's reason and message, as the kubelet's `canAdmitPod`. Eviction: an eviction manager
+/// kills pods through [`KubeletHandle::kill_pod`](crate::KubeletHandle::kill_pod) with
+/// [`KillPodOptions`].
 pub trait PodAdmitHandler: Send + Sync + 'static {
     /// Decide for `pod`, given the pods already admitted and not terminated.
     fn admit(&self, pod: &Pod, active_pods: &[Pod]) -> AdmitResult;

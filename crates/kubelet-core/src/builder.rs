@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
+use crate::ContainerRuntime;
 use crate::admission::{KillPodOptions, PodAdmitHandler};
 use crate::config::PodSource;
 use crate::error::KubeletError;
@@ -18,7 +19,6 @@ use crate::objects::ObjectProvider;
 use crate::pleg::{PlegHealth, PodLifecycleEventGenerator};
 use crate::plugin::{AgentPlugin, NodeConditionReader, PluginStates, PluginStatus};
 use crate::probe::ProbeManager;
-use crate::runtime::ContainerRuntime;
 use crate::sink::StatusSink;
 use crate::status_manager::{StatusManager, StatusReader};
 use crate::volume::{EmptyDirPlugin, HostPathPlugin, VolumePlugin};

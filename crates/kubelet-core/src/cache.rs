@@ -1,22 +1,4 @@
 //! The pod status cache shared by the PLEG (writer) and the pod workers (readers).
-//!
-//! Contract, as the kubelet's `pkg/kubelet/container/cache.go`: [`PodCacheWriter::set`] stores a
-//! pod's runtime status with the time the inspection *started*;
-//! [`PodCache::get_newer_than`] waits until the pod's entry, or the global timestamp
-//! ([`PodCacheWriter::update_time`], bumped after every relist), is newer than the given time.
-//! Unlike the kubelet (which accepts equal times), the comparison is strict: under paused test
-//! time an inspection and a sync can share one instant, and only a strictly later observation is
-//! guaranteed to have seen what the sync did. A
-//! worker therefore always syncs from a status observed after its previous sync, and never waits
-//! forever for a pod that did not change.
-//!
-//! One addition to the kubelet's contract: a PLEG marks a pod *pending*
-//! ([`PodCacheWriter::mark_pending`]) when it knows the pod changed but has not inspected it yet
-//! (an inspection still running after its relist finished, a runtime event not yet followed by an
-//! inspection). The global timestamp does not release waiters of a pending pod: they wait for
-//! the pod's own entry (a status or the inspection's error), which the PLEG stores within its
-//! inspection timeout. Without this, a worker could be handed a status from before its own
-//! change (for example without the container it just created) and act on it twice.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -52,6 +34,26 @@ struct Shared {
 }
 
 /// Reader handle of the pod status cache. Cheap to clone.
+///
+/// The pod status cache shared by the PLEG (writer) and the pod workers (readers).
+///
+/// Contract, as the kubelet's `pkg/kubelet/container/cache.go`: [`PodCacheWriter::set`] stores a
+/// pod's runtime status with the time the inspection *started*;
+/// [`PodCache::get_newer_than`] waits until the pod's entry, or the global timestamp
+/// ([`PodCacheWriter::update_time`], bumped after every relist), is newer than the given time.
+/// Unlike the kubelet (which accepts equal times), the comparison is strict: under paused test
+/// time an inspection and a sync can share one instant, and only a strictly later observation is
+/// guaranteed to have seen what the sync did. A
+/// worker therefore always syncs from a status observed after its previous sync, and never waits
+/// forever for a pod that did not change.
+///
+/// One addition to the kubelet's contract: a PLEG marks a pod *pending*
+/// ([`PodCacheWriter::mark_pending`]) when it knows the pod changed but has not inspected it yet
+/// (an inspection still running after its relist finished, a runtime event not yet followed by an
+/// inspection). The global timestamp does not release waiters of a pending pod: they wait for
+/// the pod's own entry (a status or the inspection's error), which the PLEG stores within its
+/// inspection timeout. Without this, a worker could be handed a status from before its own
+/// change (for example without the container it just created) and act on it twice.
 #[derive(Debug, Clone)]
 pub struct PodCache {
     shared: Arc<Shared>,

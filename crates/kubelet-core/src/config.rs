@@ -1,8 +1,4 @@
 //! Pod configuration: the vocabulary of pod sources ([`PodSource`], [`SourceSender`]) and of the
-//! merged update stream ([`PodUpdate`], [`PodOp`]).
-//!
-//! A source delivers full snapshots of its pods; the merge ([`crate::merge`]) turns per-source
-//! snapshots into the kubelet's incremental operations and tracks which sources have been seen.
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
@@ -158,6 +154,12 @@ impl SourceSender {
 /// nothing to report must still send one empty snapshot, because destructive cleanup waits until
 /// every source has been seen. Bad input is reported through the sender's recorder and never ends
 /// the source.
+///
+/// Pod configuration: the vocabulary of pod sources ([`PodSource`], [`SourceSender`]) and of the
+/// merged update stream ([`PodUpdate`], [`PodOp`]).
+///
+/// A source delivers full snapshots of its pods; the merge ([`crate::merge`]) turns per-source
+/// snapshots into the kubelet's incremental operations and tracks which sources have been seen.
 #[async_trait]
 pub trait PodSource: Send + Sync + 'static {
     /// Source name (`file`, `http`, `api` or an embedder's own).

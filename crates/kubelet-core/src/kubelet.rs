@@ -12,6 +12,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::ContainerRuntime;
 use crate::admission::{KillPodOptions, PodAdmitHandler};
 use crate::builder::{KubeletConfig, KubeletHandle};
 use crate::cache::PodCache;
@@ -25,7 +26,7 @@ use crate::plugin::{
 };
 use crate::pod;
 use crate::probe::{ProbeContext, ProbeManager, ProbeUpdate};
-use crate::runtime::{ContainerRuntime, labels};
+use crate::runtime::labels;
 use crate::status_manager::{StatusManager, StatusReader};
 use crate::sync::Engine;
 use crate::volume::VolumePlugin;

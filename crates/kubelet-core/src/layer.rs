@@ -42,11 +42,12 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::ContainerRuntime;
 use crate::error::{Error, ErrorKind, Result};
 use crate::runtime::{
-    Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerRuntime,
-    ContainerStats, ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox,
-    PodSandboxConfig, PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
+    Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
+    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
+    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
 };
 
 /// Turns a runtime into a wrapped one.

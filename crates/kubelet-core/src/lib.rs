@@ -77,65 +77,74 @@
 //! ```
 #![forbid(unsafe_code)]
 
+// Namespaces: items reached by their module path.
 pub mod actions;
-pub mod admission;
 pub mod atomic_writer;
 pub mod backoff;
-pub mod builder;
-pub mod cache;
-pub mod config;
 pub mod configuration;
 pub mod container;
 pub mod dns;
 pub mod duration;
-pub mod error;
-pub mod event;
 pub mod hosts;
 pub mod http;
-pub mod kubelet;
 pub mod layer;
 pub mod listener;
 pub mod merge;
 pub mod object_volumes;
-pub mod objects;
-pub mod pleg;
-pub mod plugin;
 pub mod pod;
-pub mod probe;
 pub mod quantity;
 pub mod runtime;
 pub mod services;
-pub mod sink;
 pub mod status_gen;
-pub mod status_manager;
-mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod volume;
+
+// The engine and the seams: every public item is re-exported below, so each has one path.
+mod admission;
+mod builder;
+mod cache;
+mod config;
+mod container_runtime;
+mod error;
+mod event;
+mod kubelet;
+mod objects;
+mod pleg;
+mod plugin;
+mod probe;
+mod sink;
+mod status_manager;
+mod sync;
+mod volume;
 mod worker;
 
 pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
-pub use builder::{KubeletBuilder, KubeletConfig, KubeletHandle, NotRunning};
-pub use cache::{PodCache, PodCacheWriter, pod_cache};
-pub use config::{PodOp, PodSource, PodUpdate, SourceSender, SourceSnapshot};
-pub use configuration::KubeletConfiguration;
+pub use builder::{
+    KubeletBuilder, KubeletConfig, KubeletHandle, NotRunning, container_log_dir_for,
+};
+pub use cache::{CacheEntry, PodCache, PodCacheWriter, pod_cache};
+pub use config::{
+    PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot, annotations, sources,
+};
+pub use container_runtime::ContainerRuntime;
 pub use error::{Error, ErrorKind, KubeletError, Result};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use kubelet::Kubelet;
-pub use layer::RuntimeLayer;
-pub use merge::{PodConfig, PodStorage};
-pub use objects::{ObjectProvider, StaticObjects};
-pub use pleg::{PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
-pub use plugin::{AgentPlugin, NodeConditionReader, PluginContext, PluginState, PluginStatus};
-pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
-pub use runtime::{
-    ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerRuntime, PodRuntimeStatus,
-    RuntimePod,
+pub use objects::{EnvObjects, Lookup, ObjectProvider, ReferencedObjects, StaticObjects};
+pub use pleg::{
+    PLEG_CHANNEL_CAPACITY, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,
+    PodLifecycleEventType,
 };
+pub use plugin::{
+    AgentPlugin, NodeConditionReader, PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStatus,
+};
+pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 pub use sink::StatusSink;
-pub use status_gen::{StatusInput, generate_pod_status, get_phase};
-pub use status_manager::{StatusManager, StatusReader};
-pub use volume::VolumePlugin;
+pub use status_manager::{
+    MAX_POD_TERMINATION_MESSAGE_LENGTH, PodWithStatus, SYNC_PERIOD, StatusManager, StatusReader,
+    normalize_status,
+};
+pub use volume::{EmptyDirPlugin, HostPathPlugin, VolumePlugin};
 
 /// Re-export of the Kubernetes API types the SDK is built on.
 pub use k8s_openapi;

@@ -1,14 +1,4 @@
 //! The [`ObjectProvider`] seam: where the engine gets the ConfigMaps and Secrets that pods
-//! reference, for environment variables (`envFrom`, `valueFrom`) and for `configMap` / `secret`
-//! volumes. It plays the part of the kubelet's `configmap.Manager` and `secret.Manager`.
-//!
-//! The core has no API client; an implementation backed by a cluster lives in
-//! `kubelet-apiserver`. [`StaticObjects`] is an in-memory implementation for standalone agents
-//! and tests.
-//!
-//! The engine calls [`ObjectProvider::register_pod`] on every sync of a pod and
-//! [`ObjectProvider::unregister_pod`] once the pod is gone, as the kubelet's pod manager does with
-//! its managers, so a caching or watching implementation knows which objects are in use.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,6 +14,18 @@ use crate::pod;
 /// `Ok(None)` means the object does not exist (the engine then reports the kubelet's
 /// `configmap "x" not found` / `secret "x" not found`, or skips it when the reference is
 /// optional); `Err` is any other failure (unreachable API server, forbidden), reported as is.
+///
+/// The [`ObjectProvider`] seam: where the engine gets the ConfigMaps and Secrets that pods
+/// reference, for environment variables (`envFrom`, `valueFrom`) and for `configMap` / `secret`
+/// volumes. It plays the part of the kubelet's `configmap.Manager` and `secret.Manager`.
+///
+/// The core has no API client; an implementation backed by a cluster lives in
+/// `kubelet-apiserver`. [`StaticObjects`] is an in-memory implementation for standalone agents
+/// and tests.
+///
+/// The engine calls [`ObjectProvider::register_pod`] on every sync of a pod and
+/// [`ObjectProvider::unregister_pod`] once the pod is gone, as the kubelet's pod manager does with
+/// its managers, so a caching or watching implementation knows which objects are in use.
 #[async_trait]
 pub trait ObjectProvider: Send + Sync + 'static {
     /// ConfigMap `name` in `namespace`.

@@ -1,32 +1,4 @@
 //! The agent plugin seam: one way for a subsystem to plug into the agent.
-//!
-//! A subsystem that needs the agent (its pod and status readers, the runtime, the event
-//! recorder, the metrics registry, the node name) implements [`AgentPlugin`] and is registered
-//! with [`KubeletBuilder::plugin`](crate::KubeletBuilder::plugin). Every method has a default,
-//! so a plugin implements only what it offers:
-//!
-//! * at [`build`](crate::KubeletBuilder::build), in registration order: its
-//!   [pod sources](AgentPlugin::pod_sources), [status sinks](AgentPlugin::status_sinks),
-//!   [object provider](AgentPlugin::object_provider), [admit handlers](AgentPlugin::admit_handlers)
-//!   and [metrics](AgentPlugin::register_metrics) are collected;
-//! * while the agent runs: its [node conditions](AgentPlugin::node_conditions) are read by
-//!   whoever writes the node status (through [`PluginContext::node_conditions`]), and its
-//!   [`run`](AgentPlugin::run) loop is driven by [`Kubelet::run`](crate::Kubelet::run) with the
-//!   agent's shutdown.
-//!
-//! **Start order** of [`Kubelet::run`](crate::Kubelet::run): the pod config merge and the
-//! sources, the PLEG, the status manager, the prober, then the plugins' `run` loops in
-//! registration order, then the sync loop. Plugins therefore see a live
-//! [`KubeletHandle`] from their first poll, while pods may not have been
-//! synced yet. At shutdown the sync loop stops first; the plugins' loops then get
-//! [`PLUGIN_STOP_GRACE`] to return after their shutdown token is cancelled, and are dropped
-//! after it.
-//!
-//! **Failure policy.** A plugin whose `run` returns an error, or panics, is reported with its
-//! name (an `error` log line and a `PluginFailed` warning event on the node) and stays stopped;
-//! the agent, its pods and the other plugins go on. Its admit handlers and node conditions stay
-//! in place with their last state. [`KubeletHandle::plugins`](crate::KubeletHandle::plugins)
-//! tells each plugin's [`PluginState`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,18 +9,18 @@ use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::ContainerRuntime;
 use crate::admission::PodAdmitHandler;
 use crate::builder::{KubeletConfig, KubeletHandle};
 use crate::config::PodSource;
 use crate::event::EventRecorder;
 use crate::objects::ObjectProvider;
-use crate::runtime::ContainerRuntime;
 use crate::sink::StatusSink;
 
 /// How long plugins' loops get to return after the agent's shutdown before they are dropped.
 pub const PLUGIN_STOP_GRACE: Duration = Duration::from_secs(5);
 
-/// A subsystem plugged into the agent. See the [module docs](self) for when each method is
+/// A subsystem plugged into the agent. See the documentation below for when each method is
 /// called, the start order and the failure policy.
 ///
 /// ```
@@ -73,6 +45,36 @@ pub const PLUGIN_STOP_GRACE: Duration = Duration::from_secs(5);
 ///     }
 /// }
 /// ```
+///
+/// The agent plugin seam: one way for a subsystem to plug into the agent.
+///
+/// A subsystem that needs the agent (its pod and status readers, the runtime, the event
+/// recorder, the metrics registry, the node name) implements [`AgentPlugin`] and is registered
+/// with [`KubeletBuilder::plugin`](crate::KubeletBuilder::plugin). Every method has a default,
+/// so a plugin implements only what it offers:
+///
+/// * at [`build`](crate::KubeletBuilder::build), in registration order: its
+///   [pod sources](AgentPlugin::pod_sources), [status sinks](AgentPlugin::status_sinks),
+///   [object provider](AgentPlugin::object_provider), [admit handlers](AgentPlugin::admit_handlers)
+///   and [metrics](AgentPlugin::register_metrics) are collected;
+/// * while the agent runs: its [node conditions](AgentPlugin::node_conditions) are read by
+///   whoever writes the node status (through [`PluginContext::node_conditions`]), and its
+///   [`run`](AgentPlugin::run) loop is driven by [`Kubelet::run`](crate::Kubelet::run) with the
+///   agent's shutdown.
+///
+/// **Start order** of [`Kubelet::run`](crate::Kubelet::run): the pod config merge and the
+/// sources, the PLEG, the status manager, the prober, then the plugins' `run` loops in
+/// registration order, then the sync loop. Plugins therefore see a live
+/// [`KubeletHandle`] from their first poll, while pods may not have been
+/// synced yet. At shutdown the sync loop stops first; the plugins' loops then get
+/// [`PLUGIN_STOP_GRACE`] to return after their shutdown token is cancelled, and are dropped
+/// after it.
+///
+/// **Failure policy.** A plugin whose `run` returns an error, or panics, is reported with its
+/// name (an `error` log line and a `PluginFailed` warning event on the node) and stays stopped;
+/// the agent, its pods and the other plugins go on. Its admit handlers and node conditions stay
+/// in place with their last state. [`KubeletHandle::plugins`](crate::KubeletHandle::plugins)
+/// tells each plugin's [`PluginState`].
 #[async_trait]
 pub trait AgentPlugin: Send + Sync + 'static {
     /// The plugin's name, used in logs, events and [`PluginStatus`]. Unique per agent.

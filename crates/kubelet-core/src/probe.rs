@@ -1,8 +1,4 @@
 //! The probe seam: how a prober (the `kubelet-probe` crate, or an embedder's own) feeds liveness,
-//! readiness and startup results into the engine.
-//!
-//! Without a prober the engine behaves as the kubelet does for containers without probes: a
-//! running container is started and ready.
 
 use std::sync::Arc;
 
@@ -11,7 +7,7 @@ use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::ContainerRuntime;
+use crate::ContainerRuntime;
 use crate::status_manager::StatusReader;
 
 /// Probe kind.
@@ -69,6 +65,12 @@ impl std::fmt::Debug for ProbeContext {
 }
 
 /// A prober the engine drives: it is told which pods exist and reports result changes.
+///
+/// The probe seam: how a prober (the `kubelet-probe` crate, or an embedder's own) feeds liveness,
+/// readiness and startup results into the engine.
+///
+/// Without a prober the engine behaves as the kubelet does for containers without probes: a
+/// running container is started and ready.
 #[async_trait]
 pub trait ProbeManager: Send + Sync + 'static {
     /// A pod is being synced: start workers for its probes (no-op for known pods).

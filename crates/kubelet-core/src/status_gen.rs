@@ -52,14 +52,84 @@ use crate::pod::{self as podutil, RestartPolicy};
 use crate::probe::{ProbeResult, ProbeType};
 use crate::runtime::{self, PodRuntimeStatus, labels};
 
-/// Pod phase `Pending`.
-pub const PHASE_PENDING: &str = "Pending";
-/// Pod phase `Running`.
-pub const PHASE_RUNNING: &str = "Running";
-/// Pod phase `Succeeded`.
-pub const PHASE_SUCCEEDED: &str = "Succeeded";
-/// Pod phase `Failed`.
-pub const PHASE_FAILED: &str = "Failed";
+/// A pod's phase (`status.phase`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PodPhase {
+    /// Accepted; not every container runs yet.
+    Pending,
+    /// Bound and started; at least one container runs.
+    Running,
+    /// Every container ended with success and none restarts.
+    Succeeded,
+    /// Every container ended and at least one failed.
+    Failed,
+    /// The phase could not be obtained.
+    Unknown,
+}
+
+impl PodPhase {
+    /// The API's spelling: `Pending`, `Running`, `Succeeded`, `Failed`, `Unknown`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            PodPhase::Pending => "Pending",
+            PodPhase::Running => "Running",
+            PodPhase::Succeeded => "Succeeded",
+            PodPhase::Failed => "Failed",
+            PodPhase::Unknown => "Unknown",
+        }
+    }
+
+    /// The phase of an API spelling; `None` for anything else.
+    pub fn parse(phase: &str) -> Option<Self> {
+        Some(match phase {
+            "Pending" => PodPhase::Pending,
+            "Running" => PodPhase::Running,
+            "Succeeded" => PodPhase::Succeeded,
+            "Failed" => PodPhase::Failed,
+            "Unknown" => PodPhase::Unknown,
+            _ => return None,
+        })
+    }
+
+    /// `Succeeded` and `Failed`: a pod never leaves them.
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, PodPhase::Succeeded | PodPhase::Failed)
+    }
+}
+
+impl std::fmt::Display for PodPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A pod's quality-of-service class (`status.qosClass`), from [`qos_class`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QosClass {
+    /// Every container has equal cpu and memory requests and limits.
+    Guaranteed,
+    /// Some requests or limits, not `Guaranteed`.
+    Burstable,
+    /// No cpu or memory requests or limits at all.
+    BestEffort,
+}
+
+impl QosClass {
+    /// The API's spelling: `Guaranteed`, `Burstable`, `BestEffort`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            QosClass::Guaranteed => "Guaranteed",
+            QosClass::Burstable => "Burstable",
+            QosClass::BestEffort => "BestEffort",
+        }
+    }
+}
+
+impl std::fmt::Display for QosClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Condition type `PodReadyToStartContainers`.
 pub const COND_READY_TO_START: &str = "PodReadyToStartContainers";
@@ -103,9 +173,11 @@ pub fn is_shared_condition(type_: &str) -> bool {
     type_ == COND_DISRUPTION_TARGET
 }
 
-/// True for `Succeeded` and `Failed`.
+/// True for `Succeeded` and `Failed` (an API status's phase, as text).
 pub fn is_terminal_phase(phase: Option<&str>) -> bool {
-    matches!(phase, Some(PHASE_SUCCEEDED | PHASE_FAILED))
+    phase
+        .and_then(PodPhase::parse)
+        .is_some_and(PodPhase::is_terminal)
 }
 
 /// Everything a pod status is generated from. See [`generate_pod_status`].
@@ -192,29 +264,31 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
     );
     apply_probe_results(input, init_specs, &mut init_statuses, specs, &mut statuses);
 
+    let terminal_of = |s: Option<&PodStatus>| {
+        s.and_then(|s| s.phase.as_deref())
+            .and_then(PodPhase::parse)
+            .filter(|p| p.is_terminal())
+    };
     let mut phase = get_phase(pod, &init_statuses, &statuses, input.pod_is_terminal);
-    if !is_terminal_phase(Some(phase)) {
-        let old_phase = old.and_then(|o| o.phase.as_deref());
-        let api_phase = api.and_then(|o| o.phase.as_deref());
-        if let Some(p) = old_phase.filter(|p| is_terminal_phase(Some(p))) {
-            tracing::debug!(pod = %podutil::full_name(pod), phase = p, "status manager phase was terminal, keeping it");
-            phase = static_phase(p);
-        } else if let Some(p) = api_phase.filter(|p| is_terminal_phase(Some(p))) {
-            tracing::debug!(pod = %podutil::full_name(pod), phase = p, "API phase was terminal, keeping it");
-            phase = static_phase(p);
+    if !phase.is_terminal() {
+        if let Some(p) = terminal_of(old) {
+            tracing::debug!(pod = %podutil::full_name(pod), phase = %p, "status manager phase was terminal, keeping it");
+            phase = p;
+        } else if let Some(p) = terminal_of(api) {
+            tracing::debug!(pod = %podutil::full_name(pod), phase = %p, "API phase was terminal, keeping it");
+            phase = p;
         }
     }
-    if let Some(api_phase) = api
-        .and_then(|a| a.phase.as_deref())
-        .filter(|p| is_terminal_phase(Some(p)))
+    if let Some(api_phase) = terminal_of(api)
         && phase != api_phase
     {
         tracing::error!(
-            pod = %podutil::full_name(pod), original = api_phase, generated = phase,
+            pod = %podutil::full_name(pod), original = %api_phase, generated = %phase,
             "Pod attempted illegal phase transition"
         );
-        phase = static_phase(api_phase);
+        phase = api_phase;
     }
+    let phase = phase.as_str();
 
     let (mut reason, mut message) = (None, None);
     if old.and_then(|o| o.phase.as_deref()) == Some(phase) {
@@ -268,7 +342,7 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         .or(Some(Time(input.now)));
     let qos_class = api
         .and_then(|a| a.qos_class.clone())
-        .unwrap_or_else(|| qos_class(pod).to_string());
+        .unwrap_or_else(|| qos_class(pod).as_str().to_string());
 
     PodStatus {
         phase: Some(phase.to_string()),
@@ -287,15 +361,6 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         resource_claim_statuses: api.and_then(|a| a.resource_claim_statuses.clone()),
         observed_generation: pod.metadata.generation,
         ..Default::default()
-    }
-}
-
-fn static_phase(p: &str) -> &'static str {
-    match p {
-        PHASE_SUCCEEDED => PHASE_SUCCEEDED,
-        PHASE_FAILED => PHASE_FAILED,
-        PHASE_RUNNING => PHASE_RUNNING,
-        _ => PHASE_PENDING,
     }
 }
 
@@ -628,7 +693,7 @@ pub fn get_phase(
     init_statuses: &[ContainerStatus],
     statuses: &[ContainerStatus],
     pod_is_terminal: bool,
-) -> &'static str {
+) -> PodPhase {
     let policy = podutil::restart_policy(pod);
     let mut pending_init = 0usize;
     let mut failed_init = 0usize;
@@ -704,37 +769,37 @@ pub fn get_phase(
     }
 
     if failed_init > 0 && policy == RestartPolicy::Never {
-        return PHASE_FAILED;
+        return PodPhase::Failed;
     }
     if pending_init > 0 && !has_any_regular_container_started(pod, statuses) {
-        return PHASE_PENDING;
+        return PodPhase::Pending;
     }
     if waiting_n > 0 {
-        return PHASE_PENDING;
+        return PodPhase::Pending;
     }
     if running > 0 && unknown == 0 {
-        return PHASE_RUNNING;
+        return PodPhase::Running;
     }
     if running == 0 && stopped > 0 && unknown == 0 {
         if pod_is_terminal && !podutil::is_static(pod) {
             return if stopped == succeeded {
-                PHASE_SUCCEEDED
+                PodPhase::Succeeded
             } else {
-                PHASE_FAILED
+                PodPhase::Failed
             };
         }
         if policy == RestartPolicy::Always {
-            return PHASE_RUNNING;
+            return PodPhase::Running;
         }
         if stopped == succeeded {
-            return PHASE_SUCCEEDED;
+            return PodPhase::Succeeded;
         }
         if policy == RestartPolicy::Never {
-            return PHASE_FAILED;
+            return PodPhase::Failed;
         }
-        return PHASE_RUNNING;
+        return PodPhase::Running;
     }
-    PHASE_PENDING
+    PodPhase::Pending
 }
 
 fn condition(type_: &str, ok: bool, reason: Option<&str>, message: Option<String>) -> PodCondition {
@@ -775,7 +840,7 @@ pub fn initialized_condition(
             incomplete.push(c.name.as_str());
         }
     }
-    if phase == PHASE_SUCCEEDED && unknown.is_empty() {
+    if phase == PodPhase::Succeeded.as_str() && unknown.is_empty() {
         return condition(COND_INITIALIZED, true, Some("PodCompleted"), None);
     }
     if has_any_regular_container_started(pod, statuses) {
@@ -808,7 +873,7 @@ pub fn initialized_condition(
 
 /// `ContainersReady` for a terminal phase: False with `PodCompleted` / `PodFailed`.
 pub fn terminal_containers_ready_condition(phase: &str) -> PodCondition {
-    let reason = if phase == PHASE_SUCCEEDED {
+    let reason = if phase == PodPhase::Succeeded.as_str() {
         "PodCompleted"
     } else {
         "PodFailed"
@@ -842,7 +907,9 @@ pub fn containers_ready_condition(
             None => unknown.push(c.name.as_str()),
         }
     }
-    if (phase == PHASE_SUCCEEDED && unknown.is_empty()) || phase == PHASE_FAILED {
+    if (phase == PodPhase::Succeeded.as_str() && unknown.is_empty())
+        || phase == PodPhase::Failed.as_str()
+    {
         return terminal_containers_ready_condition(phase);
     }
     let mut msgs = Vec::new();
@@ -996,7 +1063,7 @@ pub(crate) fn lost_container_state() -> ContainerState {
 /// The pod's QoS class (`GetPodQOS`): `Guaranteed`, `Burstable` or `BestEffort`, from the cpu and
 /// memory requests and limits of all containers (init containers included). A missing request
 /// defaults to the limit, as API defaulting does.
-pub fn qos_class(pod: &Pod) -> &'static str {
+pub fn qos_class(pod: &Pod) -> QosClass {
     let mut requests: BTreeMap<&str, i128> = BTreeMap::new();
     let mut limits: BTreeMap<&str, i128> = BTreeMap::new();
     let mut guaranteed = true;
@@ -1024,15 +1091,15 @@ pub fn qos_class(pod: &Pod) -> &'static str {
         }
     }
     if requests.is_empty() && limits.is_empty() {
-        return "BestEffort";
+        return QosClass::BestEffort;
     }
     if guaranteed
         && requests.iter().all(|(k, v)| limits.get(k) == Some(v))
         && requests.len() == limits.len()
     {
-        return "Guaranteed";
+        return QosClass::Guaranteed;
     }
-    "Burstable"
+    QosClass::Burstable
 }
 
 #[cfg(test)]
@@ -1149,7 +1216,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 0)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "always exit 1 restarts",
@@ -1158,7 +1225,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 1)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "onfailure exit 0 succeeds",
@@ -1167,7 +1234,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 0)],
                 false,
-                PHASE_SUCCEEDED,
+                PodPhase::Succeeded.as_str(),
             ),
             c(
                 "onfailure exit 1 restarts",
@@ -1176,7 +1243,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 1)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "never exit 0 succeeds",
@@ -1185,7 +1252,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 0)],
                 false,
-                PHASE_SUCCEEDED,
+                PodPhase::Succeeded.as_str(),
             ),
             c(
                 "never exit 1 fails",
@@ -1194,7 +1261,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 1)],
                 false,
-                PHASE_FAILED,
+                PodPhase::Failed.as_str(),
             ),
             c(
                 "never mixed fails",
@@ -1203,7 +1270,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 0), exited("b", 137)],
                 false,
-                PHASE_FAILED,
+                PodPhase::Failed.as_str(),
             ),
             c(
                 "one running one exited runs",
@@ -1212,7 +1279,7 @@ mod tests {
                 vec![],
                 vec![running("a", true), exited("b", 0)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "terminal always all 0 succeeds",
@@ -1221,7 +1288,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 0)],
                 true,
-                PHASE_SUCCEEDED,
+                PodPhase::Succeeded.as_str(),
             ),
             c(
                 "terminal always 137 fails",
@@ -1230,7 +1297,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 137)],
                 true,
-                PHASE_FAILED,
+                PodPhase::Failed.as_str(),
             ),
             c(
                 "crashloop with last state counts as stopped",
@@ -1239,7 +1306,7 @@ mod tests {
                 vec![],
                 vec![waiting_status("a", Some(1))],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "waiting first time is pending",
@@ -1248,7 +1315,7 @@ mod tests {
                 vec![],
                 vec![waiting_status("a", None)],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
             c(
                 "unknown container is pending",
@@ -1257,7 +1324,7 @@ mod tests {
                 vec![],
                 vec![],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
             c(
                 "init without status is pending",
@@ -1266,7 +1333,7 @@ mod tests {
                 vec![],
                 vec![waiting_status("a", None)],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
             c(
                 "init running is pending",
@@ -1275,7 +1342,7 @@ mod tests {
                 vec![running("i", true)],
                 vec![waiting_status("a", None)],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
             c(
                 "init failed with never fails",
@@ -1284,7 +1351,7 @@ mod tests {
                 vec![exited("i", 1)],
                 vec![waiting_status("a", None)],
                 false,
-                PHASE_FAILED,
+                PodPhase::Failed.as_str(),
             ),
             c(
                 "init failed with onfailure stays pending",
@@ -1293,7 +1360,7 @@ mod tests {
                 vec![waiting_status("i", Some(1))],
                 vec![waiting_status("a", None)],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
             c(
                 "init done main running",
@@ -1302,7 +1369,7 @@ mod tests {
                 vec![exited("i", 0)],
                 vec![running("a", true)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "sidecar running not started is pending",
@@ -1311,7 +1378,7 @@ mod tests {
                 vec![running("s", false)],
                 vec![waiting_status("a", None)],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
             c(
                 "sidecar started main running",
@@ -1320,7 +1387,7 @@ mod tests {
                 vec![running("s", true)],
                 vec![running("a", true)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "sidecar restarting after init keeps running",
@@ -1329,7 +1396,7 @@ mod tests {
                 vec![running("s", false)],
                 vec![running("a", true)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "terminated sidecar ignored for completion",
@@ -1338,7 +1405,7 @@ mod tests {
                 vec![exited("s", 143)],
                 vec![exited("a", 0)],
                 false,
-                PHASE_SUCCEEDED,
+                PodPhase::Succeeded.as_str(),
             ),
             c(
                 "running sidecar with finished main",
@@ -1347,7 +1414,7 @@ mod tests {
                 vec![running("s", true)],
                 vec![exited("a", 0)],
                 false,
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
             ),
             c(
                 "sidecar without status is unknown",
@@ -1356,7 +1423,7 @@ mod tests {
                 vec![],
                 vec![exited("a", 0)],
                 false,
-                PHASE_PENDING,
+                PodPhase::Pending.as_str(),
             ),
         ];
         for case in cases {
@@ -1370,7 +1437,7 @@ mod tests {
                 spec.containers = names.iter().map(|n| container(n)).collect();
             }
             let got = get_phase(&p, &case.init_statuses, &case.statuses, case.terminal);
-            assert_eq!(got, case.want, "case {:?}", case.name);
+            assert_eq!(got.as_str(), case.want, "case {:?}", case.name);
         }
     }
 
@@ -1384,7 +1451,10 @@ mod tests {
             )]
             .into(),
         );
-        assert_eq!(get_phase(&p, &[], &[exited("a", 0)], true), PHASE_RUNNING);
+        assert_eq!(
+            get_phase(&p, &[], &[exited("a", 0)], true),
+            PodPhase::Running
+        );
     }
 
     // --- full generation ------------------------------------------------------------------
@@ -1502,7 +1572,7 @@ mod tests {
             ]),
         );
         let s = g.run();
-        assert_eq!(s.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Running.as_str()));
         let names: Vec<_> = s
             .container_statuses
             .iter()
@@ -1583,7 +1653,7 @@ mod tests {
             waiting_reason(cs(&s, "a").state.as_ref()),
             Some(REASON_CONTAINER_CREATING)
         );
-        assert_eq!(s.phase.as_deref(), Some(PHASE_PENDING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Pending.as_str()));
 
         let p = pod("Always", vec![container("init")], &["a"]);
         let s = Gen::new(&p, rt(vec![rc("init", "idi", Running, 0, 0, 0)])).run();
@@ -1591,7 +1661,7 @@ mod tests {
             waiting_reason(cs(&s, "a").state.as_ref()),
             Some(REASON_POD_INITIALIZING)
         );
-        assert_eq!(s.phase.as_deref(), Some(PHASE_PENDING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Pending.as_str()));
         let init = cond(&s, COND_INITIALIZED);
         assert_eq!(init.status, "False");
         assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
@@ -1627,7 +1697,7 @@ mod tests {
         assert!(cs(&s, "i1").ready);
         assert_eq!(cs(&s, "i1").started, Some(false));
         assert_eq!(cond(&s, COND_INITIALIZED).status, "True");
-        assert_eq!(s.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Running.as_str()));
     }
 
     #[test]
@@ -1706,7 +1776,7 @@ mod tests {
             Some(2)
         );
         assert_eq!(a.restart_count, 3);
-        assert_eq!(s.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Running.as_str()));
     }
 
     #[test]
@@ -1717,7 +1787,7 @@ mod tests {
             .insert("a".into(), ("CrashLoopBackOff".into(), String::new()));
         let s = g.run();
         assert!(state_is_terminated(cs(&s, "a").state.as_ref()));
-        assert_eq!(s.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Failed.as_str()));
         let c = cond(&s, COND_CONTAINERS_READY);
         assert_eq!(c.reason.as_deref(), Some("PodFailed"));
         assert_eq!(cond(&s, COND_READY).reason.as_deref(), Some("PodFailed"));
@@ -1737,7 +1807,7 @@ mod tests {
             Some("ErrImagePull")
         );
         assert!(cs(&s, "a").last_state.is_none());
-        assert_eq!(s.phase.as_deref(), Some(PHASE_PENDING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Pending.as_str()));
     }
 
     #[test]
@@ -1771,7 +1841,7 @@ mod tests {
             ]),
         )
         .run();
-        assert_eq!(s.phase.as_deref(), Some(PHASE_SUCCEEDED));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Succeeded.as_str()));
         let init = cond(&s, COND_INITIALIZED);
         assert_eq!(
             (init.status.as_str(), init.reason.as_deref()),
@@ -1792,7 +1862,7 @@ mod tests {
             .insert(("ids".into(), ProbeType::Startup), ProbeResult::Unknown);
         let s = g.run();
         assert_eq!(cs(&s, "s").started, Some(false));
-        assert_eq!(s.phase.as_deref(), Some(PHASE_PENDING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Pending.as_str()));
         assert_eq!(
             cond(&s, COND_INITIALIZED).message.as_deref(),
             Some("containers with incomplete status: [s]")
@@ -1807,7 +1877,7 @@ mod tests {
         assert!(cs(&s, "s").ready);
         assert_eq!(cond(&s, COND_INITIALIZED).status, "True");
         assert_eq!(cond(&s, COND_CONTAINERS_READY).status, "True");
-        assert_eq!(s.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Running.as_str()));
     }
 
     #[test]
@@ -1887,13 +1957,13 @@ mod tests {
         let p = pod("Always", vec![], &["a"]);
         let mut g = Gen::new(&p, rt(vec![rc("a", "ida", Running, 0, 0, 0)]));
         g.old = Some(PodStatus {
-            phase: Some(PHASE_FAILED.into()),
+            phase: Some(PodPhase::Failed.as_str().into()),
             reason: Some("Evicted".into()),
             message: Some("The node was low on resource: memory.".into()),
             ..Default::default()
         });
         let s = g.run();
-        assert_eq!(s.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(s.phase.as_deref(), Some(PodPhase::Failed.as_str()));
         assert_eq!(s.reason.as_deref(), Some("Evicted"));
         assert_eq!(
             s.message.as_deref(),
@@ -1906,7 +1976,7 @@ mod tests {
         let p = pod("Always", vec![], &["a"]);
         let mut g = Gen::new(&p, rt(vec![rc("a", "ida", Exited, 137, 0, 0)]));
         g.terminal = true;
-        assert_eq!(g.run().phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(g.run().phase.as_deref(), Some(PodPhase::Failed.as_str()));
     }
 
     fn with_resources(mut c: Container, req: &[(&str, &str)], lim: &[(&str, &str)]) -> Container {
@@ -1926,6 +1996,29 @@ mod tests {
     }
 
     #[test]
+    fn phases_read_and_write_the_api_spelling() {
+        for phase in [
+            PodPhase::Pending,
+            PodPhase::Running,
+            PodPhase::Succeeded,
+            PodPhase::Failed,
+            PodPhase::Unknown,
+        ] {
+            assert_eq!(PodPhase::parse(phase.as_str()), Some(phase));
+            assert_eq!(phase.to_string(), phase.as_str());
+            assert_eq!(
+                phase.is_terminal(),
+                is_terminal_phase(Some(phase.as_str())),
+                "{phase}"
+            );
+        }
+        assert_eq!(PodPhase::parse("running"), None);
+        assert!(!is_terminal_phase(Some("Done")));
+        assert!(!is_terminal_phase(None));
+        assert_eq!(QosClass::BestEffort.to_string(), "BestEffort");
+    }
+
+    #[test]
     fn qos_class_follows_requests_and_limits() {
         let mk = |cs: Vec<Container>| Pod {
             spec: Some(PodSpec {
@@ -1934,27 +2027,27 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(qos_class(&mk(vec![container("a")])), "BestEffort");
+        assert_eq!(qos_class(&mk(vec![container("a")])), QosClass::BestEffort);
         let g = with_resources(
             container("a"),
             &[("cpu", "500m"), ("memory", "64Mi")],
             &[("cpu", "0.5"), ("memory", "67108864")],
         );
-        assert_eq!(qos_class(&mk(vec![g.clone()])), "Guaranteed");
+        assert_eq!(qos_class(&mk(vec![g.clone()])), QosClass::Guaranteed);
         let limits_only = with_resources(container("b"), &[], &[("cpu", "1"), ("memory", "1Gi")]);
         assert_eq!(
             qos_class(&mk(vec![g.clone(), limits_only])),
-            "Guaranteed",
+            QosClass::Guaranteed,
             "requests default to limits"
         );
         let burst = with_resources(container("c"), &[("cpu", "100m")], &[]);
-        assert_eq!(qos_class(&mk(vec![g, burst])), "Burstable");
+        assert_eq!(qos_class(&mk(vec![g, burst])), QosClass::Burstable);
         let unequal = with_resources(
             container("d"),
             &[("cpu", "100m"), ("memory", "1Gi")],
             &[("cpu", "200m"), ("memory", "1Gi")],
         );
-        assert_eq!(qos_class(&mk(vec![unequal])), "Burstable");
+        assert_eq!(qos_class(&mk(vec![unequal])), QosClass::Burstable);
     }
 
     #[test]

@@ -1,34 +1,4 @@
 //! The status manager: the agent's versioned cache of API pod statuses, its readers, and the
-//! delivery of every accepted status to the [`StatusSink`]s (the kubelet's
-//! `pkg/kubelet/status/status_manager.go`).
-//!
-//! The engine generates a status after each sync ([`generate_pod_status`](crate::status_gen))
-//! and hands it to [`StatusManager::set_pod_status`], which never awaits. The manager applies the
-//! kubelet's rules (terminal phases are sticky, illegal container transitions are rejected,
-//! `startTime` is set once, a terminal phase is held back while a container still runs,
-//! timestamps are normalized, identical statuses are dropped) and bumps the pod's version.
-//! [`StatusManager::run`] delivers the newest version of each changed pod to every sink
-//! (intermediate versions collapse), concurrently per sink, retrying failures every 10 s.
-//!
-//! ```no_run
-//! use std::sync::Arc;
-//! use kubelet_core::{EventRecorder, StatusManager, StatusSink};
-//! use tokio_util::sync::CancellationToken;
-//!
-//! # async fn example(sink: Arc<dyn StatusSink>) {
-//! let manager = StatusManager::new(vec![sink]);
-//! let (_recorder, events) = EventRecorder::channel(1024);
-//! let shutdown = CancellationToken::new();
-//! let reader = manager.reader(); // for probers and the read-only port
-//! tokio::spawn({
-//!     let manager = manager.clone();
-//!     let shutdown = shutdown.clone();
-//!     async move { manager.run(events, shutdown).await }
-//! });
-//! // ... the engine calls manager.set_pod_status(&pod, status) after each sync ...
-//! # let _ = reader;
-//! # }
-//! ```
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,8 +18,8 @@ use crate::event::Event;
 use crate::pod::{self as podutil, RestartPolicy};
 use crate::sink::StatusSink;
 use crate::status_gen::{
-    self, COND_CONTAINERS_READY, COND_READY, PHASE_FAILED, PHASE_PENDING, is_kubelet_condition,
-    is_shared_condition, is_terminal_phase,
+    self, COND_CONTAINERS_READY, COND_READY, PodPhase, is_kubelet_condition, is_shared_condition,
+    is_terminal_phase,
 };
 
 /// How often failed deliveries are retried and every sink is reconciled (`syncPeriod`).
@@ -167,7 +137,39 @@ struct Shared {
 
 /// The agent's status manager. Cheap to clone; every clone shares the cache.
 ///
-/// See the [module documentation](self) for the rules it applies.
+/// See the documentation below for the rules it applies.
+///
+/// The status manager: the agent's versioned cache of API pod statuses, its readers, and the
+/// delivery of every accepted status to the [`StatusSink`]s (the kubelet's
+/// `pkg/kubelet/status/status_manager.go`).
+///
+/// The engine generates a status after each sync ([`generate_pod_status`](crate::status_gen))
+/// and hands it to [`StatusManager::set_pod_status`], which never awaits. The manager applies the
+/// kubelet's rules (terminal phases are sticky, illegal container transitions are rejected,
+/// `startTime` is set once, a terminal phase is held back while a container still runs,
+/// timestamps are normalized, identical statuses are dropped) and bumps the pod's version.
+/// [`StatusManager::run`] delivers the newest version of each changed pod to every sink
+/// (intermediate versions collapse), concurrently per sink, retrying failures every 10 s.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use kubelet_core::{EventRecorder, StatusManager, StatusSink};
+/// use tokio_util::sync::CancellationToken;
+///
+/// # async fn example(sink: Arc<dyn StatusSink>) {
+/// let manager = StatusManager::new(vec![sink]);
+/// let (_recorder, events) = EventRecorder::channel(1024);
+/// let shutdown = CancellationToken::new();
+/// let reader = manager.reader(); // for probers and the read-only port
+/// tokio::spawn({
+///     let manager = manager.clone();
+///     let shutdown = shutdown.clone();
+///     async move { manager.run(events, shutdown).await }
+/// });
+/// // ... the engine calls manager.set_pod_status(&pod, status) after each sync ...
+/// # let _ = reader;
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct StatusManager {
     shared: Arc<Shared>,
@@ -347,7 +349,7 @@ impl StatusManager {
             .unwrap_or(&default_old);
 
         if let Some((reason, message)) = &entry.forced_failure {
-            status.phase = Some(PHASE_FAILED.to_string());
+            status.phase = Some(PodPhase::Failed.as_str().to_string());
             status.reason = Some(reason.clone()).filter(|r| !r.is_empty());
             status.message = Some(message.clone()).filter(|m| !m.is_empty());
         }
@@ -380,7 +382,7 @@ impl StatusManager {
             status.phase = Some(
                 old.phase
                     .clone()
-                    .unwrap_or_else(|| PHASE_PENDING.to_string()),
+                    .unwrap_or_else(|| PodPhase::Pending.as_str().to_string()),
             );
             status.reason = old.reason.clone();
             status.message = old.message.clone();
@@ -753,7 +755,7 @@ fn terminated_status(pod: &Pod, mut status: PodStatus) -> PodStatus {
     }
     if !podutil::is_static(pod) && !is_terminal_phase(status.phase.as_deref()) {
         tracing::debug!(pod = %podutil::full_name(pod), old_phase = status.phase.as_deref().unwrap_or(""), "marking terminated pod as failed");
-        status.phase = Some(PHASE_FAILED.to_string());
+        status.phase = Some(PodPhase::Failed.as_str().to_string());
     }
     status
 }
@@ -933,7 +935,7 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use crate::event::{EventRecorder, InvolvedObject};
-    use crate::status_gen::{COND_DISRUPTION_TARGET, PHASE_RUNNING, PHASE_SUCCEEDED};
+    use crate::status_gen::COND_DISRUPTION_TARGET;
 
     /// A sink that records calls, and can fail or stall on demand.
     #[derive(Default)]
@@ -1057,7 +1059,7 @@ mod tests {
         PodStatus {
             phase: Some(phase.into()),
             container_statuses: Some(containers),
-            conditions: Some(vec![ready_cond(phase == PHASE_RUNNING)]),
+            conditions: Some(vec![ready_cond(phase == PodPhase::Running.as_str())]),
             start_time: Some(Time(ts(0))),
             ..Default::default()
         }
@@ -1105,11 +1107,17 @@ mod tests {
         let p = pod("u1", "Always");
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), running_cs("b")],
+            ),
         );
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("b"), running_cs("a")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("b"), running_cs("a")],
+            ),
         );
         assert_eq!(
             m.version("u1"),
@@ -1120,7 +1128,10 @@ mod tests {
         eventually("first delivery", || sink.calls().len() == 1).await;
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), running_cs("b")],
+            ),
         );
         settle().await;
         assert_eq!(sink.calls().len(), 1, "no second sink call");
@@ -1132,8 +1143,8 @@ mod tests {
         let sink = Arc::new(TestSink::default());
         let m = manager(&[Arc::clone(&sink)]);
         let p = pod("u1", "Always");
-        m.set_pod_status(&p, status(PHASE_PENDING, vec![]));
-        let mut s = status(PHASE_RUNNING, vec![running_cs("a")]);
+        m.set_pod_status(&p, status(PodPhase::Pending.as_str(), vec![]));
+        let mut s = status(PodPhase::Running.as_str(), vec![running_cs("a")]);
         m.set_pod_status(&p, s.clone());
         s.container_statuses = Some(vec![running_cs("a"), running_cs("b")]);
         m.set_pod_status(&p, s);
@@ -1155,15 +1166,21 @@ mod tests {
     async fn terminal_phase_is_sticky() {
         let m = manager(&[]);
         let p = pod("u1", "Always");
-        let mut failed = status(PHASE_FAILED, vec![exited_cs("a", 1), exited_cs("b", 0)]);
+        let mut failed = status(
+            PodPhase::Failed.as_str(),
+            vec![exited_cs("a", 1), exited_cs("b", 0)],
+        );
         failed.reason = Some("Evicted".into());
         failed.message = Some("low memory".into());
         m.set_pod_status(&p, failed);
-        let mut running = status(PHASE_RUNNING, vec![exited_cs("a", 1), exited_cs("b", 0)]);
+        let mut running = status(
+            PodPhase::Running.as_str(),
+            vec![exited_cs("a", 1), exited_cs("b", 0)],
+        );
         running.reason = None;
         m.set_pod_status(&p, running);
         let got = m.get("u1").expect("cached");
-        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(got.phase.as_deref(), Some(PodPhase::Failed.as_str()));
         assert_eq!(got.reason.as_deref(), Some("Evicted"));
         assert_eq!(got.message.as_deref(), Some("low memory"));
     }
@@ -1172,13 +1189,13 @@ mod tests {
     async fn start_time_is_set_once() {
         let m = manager(&[]);
         let p = pod("u1", "Always");
-        m.set_pod_status(&p, status(PHASE_PENDING, vec![]));
-        let mut later = status(PHASE_RUNNING, vec![running_cs("a")]);
+        m.set_pod_status(&p, status(PodPhase::Pending.as_str(), vec![]));
+        let mut later = status(PodPhase::Running.as_str(), vec![running_cs("a")]);
         later.start_time = Some(Time(ts(500)));
         m.set_pod_status(&p, later);
         assert_eq!(m.get("u1").and_then(|s| s.start_time), Some(Time(ts(0))));
 
-        let mut none = status(PHASE_PENDING, vec![]);
+        let mut none = status(PodPhase::Pending.as_str(), vec![]);
         none.start_time = None;
         m.set_pod_status(&pod("u2", "Always"), none);
         assert!(m.get("u2").and_then(|s| s.start_time).is_some());
@@ -1189,8 +1206,14 @@ mod tests {
         let m = manager(&[]);
         let mut p = pod("u1", "Always");
         p.metadata.deletion_timestamp = Some(Time(ts(10)));
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
         assert_eq!(m.version("u1"), 2);
     }
 
@@ -1200,17 +1223,29 @@ mod tests {
         let p = pod("u1", "Never");
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![exited_cs("a", 0), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![exited_cs("a", 0), running_cs("b")],
+            ),
         );
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), running_cs("b")],
+            ),
         );
         assert_eq!(m.version("u1"), 1);
         // OnFailure may restart a failed container.
         let p = pod("u2", "OnFailure");
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![exited_cs("a", 1)]));
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![exited_cs("a", 1)]),
+        );
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
         assert_eq!(m.version("u2"), 2);
     }
 
@@ -1220,26 +1255,38 @@ mod tests {
         let p = pod("u1", "Never");
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), running_cs("b")],
+            ),
         );
-        let mut s = status(PHASE_FAILED, vec![exited_cs("a", 1), running_cs("b")]);
+        let mut s = status(
+            PodPhase::Failed.as_str(),
+            vec![exited_cs("a", 1), running_cs("b")],
+        );
         s.conditions = Some(vec![ready_cond(true)]);
         m.set_pod_status(&p, s);
         let got = m.get("u1").expect("cached");
-        assert_eq!(got.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(got.phase.as_deref(), Some(PodPhase::Running.as_str()));
         m.set_pod_status(
             &p,
-            status(PHASE_FAILED, vec![exited_cs("a", 1), exited_cs("b", 137)]),
+            status(
+                PodPhase::Failed.as_str(),
+                vec![exited_cs("a", 1), exited_cs("b", 137)],
+            ),
         );
         let got = m.get("u1").expect("cached");
-        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(got.phase.as_deref(), Some(PodPhase::Failed.as_str()));
     }
 
     #[tokio::test]
     async fn ready_is_forced_false_in_terminal_phase() {
         let m = manager(&[]);
         let p = pod("u1", "Never");
-        let mut s = status(PHASE_SUCCEEDED, vec![exited_cs("a", 0), exited_cs("b", 0)]);
+        let mut s = status(
+            PodPhase::Succeeded.as_str(),
+            vec![exited_cs("a", 0), exited_cs("b", 0)],
+        );
         s.conditions = Some(vec![
             ready_cond(true),
             PodCondition {
@@ -1269,7 +1316,7 @@ mod tests {
                     .expect("time"),
             ));
         }
-        let mut s = status(PHASE_RUNNING, vec![running_cs("b"), a]);
+        let mut s = status(PodPhase::Running.as_str(), vec![running_cs("b"), a]);
         s.start_time = Some(Time(
             ts(0)
                 .checked_add(jiff::SignedDuration::from_millis(999))
@@ -1302,11 +1349,14 @@ mod tests {
         let p = pod("u1", "Always");
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), exited_cs("b", 0)]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), exited_cs("b", 0)],
+            ),
         );
         m.terminate_pod(&p);
         let got = m.get("u1").expect("cached");
-        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(got.phase.as_deref(), Some(PodPhase::Failed.as_str()));
         let cs = got.container_statuses.expect("statuses");
         let a = cs[0]
             .state
@@ -1343,11 +1393,14 @@ mod tests {
         );
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), running_cs("b")],
+            ),
         );
         m.terminate_pod(&p);
         let got = m.get("u1").expect("cached");
-        assert_eq!(got.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(got.phase.as_deref(), Some(PodPhase::Running.as_str()));
         assert!(!any_running(&got));
     }
 
@@ -1357,7 +1410,10 @@ mod tests {
         let p = pod("u1", "Always");
         m.set_pod_status(
             &p,
-            status(PHASE_RUNNING, vec![running_cs("a"), running_cs("b")]),
+            status(
+                PodPhase::Running.as_str(),
+                vec![running_cs("a"), running_cs("b")],
+            ),
         );
         m.set_terminal(
             &p,
@@ -1375,7 +1431,7 @@ mod tests {
         let got = m.get("u1").expect("cached");
         assert_eq!(
             got.phase.as_deref(),
-            Some(PHASE_RUNNING),
+            Some(PodPhase::Running.as_str()),
             "containers still run"
         );
         assert!(
@@ -1388,12 +1444,12 @@ mod tests {
         m.set_pod_status(
             &p,
             status(
-                PHASE_RUNNING,
+                PodPhase::Running.as_str(),
                 vec![exited_cs("a", 137), exited_cs("b", 137)],
             ),
         );
         let got = m.get("u1").expect("cached");
-        assert_eq!(got.phase.as_deref(), Some(PHASE_FAILED));
+        assert_eq!(got.phase.as_deref(), Some(PodPhase::Failed.as_str()));
         assert_eq!(got.reason.as_deref(), Some("Evicted"));
         let dt = got
             .conditions
@@ -1413,7 +1469,10 @@ mod tests {
         let m = manager(&[Arc::clone(&failing), Arc::clone(&healthy)]);
         let (token, _) = start(&m);
         let p = pod("u1", "Always");
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
         eventually("healthy delivery", || healthy.calls().len() == 1).await;
         assert_eq!(failing.attempts.load(Ordering::SeqCst), 1);
         // No retry before the tick...
@@ -1423,7 +1482,7 @@ mod tests {
         failing.fail.store(false, Ordering::SeqCst);
         tokio::time::sleep(SYNC_PERIOD).await;
         eventually("retried delivery", || failing.calls().len() == 1).await;
-        assert_eq!(failing.phases(), [PHASE_RUNNING]);
+        assert_eq!(failing.phases(), [PodPhase::Running.as_str()]);
         assert_eq!(
             healthy.calls().len(),
             1,
@@ -1441,10 +1500,16 @@ mod tests {
         let (token, _) = start(&m);
         let p1 = pod("u1", "Always");
         let p2 = pod("u2", "Always");
-        m.set_pod_status(&p1, status(PHASE_PENDING, vec![]));
+        m.set_pod_status(&p1, status(PodPhase::Pending.as_str(), vec![]));
         eventually("first", || healthy.calls().len() == 1).await;
-        m.set_pod_status(&p1, status(PHASE_RUNNING, vec![running_cs("a")]));
-        m.set_pod_status(&p2, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(
+            &p1,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
+        m.set_pod_status(
+            &p2,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
         eventually("others", || healthy.calls().len() == 3).await;
         // The stalled sink has one call in flight for u1 and started u2 independently.
         eventually("stalled attempts", || {
@@ -1460,18 +1525,28 @@ mod tests {
         let m = manager(&[Arc::clone(&sink)]);
         let (token, _) = start(&m);
         let p = pod("u1", "Never");
-        m.set_pod_status(&p, status(PHASE_PENDING, vec![]));
+        m.set_pod_status(&p, status(PodPhase::Pending.as_str(), vec![]));
         eventually("pending", || sink.calls().len() == 1).await;
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
         eventually("running", || sink.calls().len() == 2).await;
         m.set_pod_status(
             &p,
-            status(PHASE_SUCCEEDED, vec![exited_cs("a", 0), exited_cs("b", 0)]),
+            status(
+                PodPhase::Succeeded.as_str(),
+                vec![exited_cs("a", 0), exited_cs("b", 0)],
+            ),
         );
         eventually("succeeded", || sink.calls().len() == 3).await;
         assert_eq!(
             sink.phases(),
-            [PHASE_PENDING, PHASE_RUNNING, PHASE_SUCCEEDED]
+            [
+                PodPhase::Pending.as_str(),
+                PodPhase::Running.as_str(),
+                PodPhase::Succeeded.as_str()
+            ]
         );
         token.cancel();
     }
@@ -1484,7 +1559,10 @@ mod tests {
         let p = pod("u1", "Never");
         m.set_pod_status(
             &p,
-            status(PHASE_SUCCEEDED, vec![exited_cs("a", 0), exited_cs("b", 0)]),
+            status(
+                PodPhase::Succeeded.as_str(),
+                vec![exited_cs("a", 0), exited_cs("b", 0)],
+            ),
         );
         assert!(reader.get("u1").is_some());
         m.remove_pod(&p);
@@ -1494,7 +1572,7 @@ mod tests {
         eventually("removal", || sink.removed.lock().len() == 1).await;
         assert_eq!(
             sink.phases(),
-            [PHASE_SUCCEEDED],
+            [PodPhase::Succeeded.as_str()],
             "the final status comes first"
         );
         eventually("entry dropped", || m.shared.pods.lock().is_empty()).await;
@@ -1522,9 +1600,15 @@ mod tests {
         let m = manager(&[]);
         let reader = m.reader();
         let p = pod("u1", "Always");
-        m.set_pod_status(&p, status(PHASE_RUNNING, vec![running_cs("a")]));
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
         let got = reader.get("u1").expect("reader");
-        assert_eq!(got.status.phase.as_deref(), Some(PHASE_RUNNING));
+        assert_eq!(
+            got.status.phase.as_deref(),
+            Some(PodPhase::Running.as_str())
+        );
         assert_eq!(reader.list().len(), 1);
     }
 }

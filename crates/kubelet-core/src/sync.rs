@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 use rand::Rng;
 use tokio::time::Instant;
 
+use crate::ContainerRuntime;
 use crate::actions::{self, KillReason};
 use crate::admission::KillPodOptions;
 use crate::backoff::Backoff;
@@ -25,8 +26,8 @@ use crate::pleg::PodLifecycleEventGenerator;
 use crate::pod;
 use crate::probe::{ProbeManager, ProbeResult, ProbeType};
 use crate::runtime::{
-    ContainerRuntime, ContainerState, ContainerStatus, DnsConfig, ImageSpec, PodRuntimeStatus,
-    PodSandboxConfig, PodSandboxMetadata, PortMapping, SandboxState, get_pod_status,
+    ContainerState, ContainerStatus, DnsConfig, ImageSpec, PodRuntimeStatus, PodSandboxConfig,
+    PodSandboxMetadata, PortMapping, SandboxState, get_pod_status,
 };
 use crate::status_gen::{self, StatusInput};
 use crate::status_manager::StatusManager;
@@ -269,7 +270,7 @@ impl Engine {
         waiting: &Waiting,
         pod_is_terminal: bool,
     ) -> k8s_openapi::api::core::v1::PodStatus {
-        let (sandbox_changed, _, _) = actions::pod_sandbox_changed(p, rt);
+        let sandbox_changed = actions::pod_sandbox_changed(p, rt).changed;
         let old = self.status.get(pod::uid(p));
         let probe = |id: &str, t: ProbeType| self.probe_result(p, rt, id, t);
         let host_ip = self

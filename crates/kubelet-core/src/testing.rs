@@ -43,13 +43,13 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::ContainerRuntime;
 use crate::error::{Error, ErrorKind, Result};
 use crate::event::Event;
 use crate::runtime::{
-    Container, ContainerConfig, ContainerFilter, ContainerRuntime, ContainerState, ContainerStats,
-    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
-    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels,
-    labels_match,
+    Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStats, ContainerStatus,
+    ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus,
+    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
 use crate::sink::StatusSink;
 

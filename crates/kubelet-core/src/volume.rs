@@ -1,8 +1,4 @@
 //! The [`VolumePlugin`] trait and the two built-in plugins, `emptyDir` and `hostPath`.
-//!
-//! The engine sets up every volume of a pod before any of its containers is created, under the
-//! kubelet's layout `<root-dir>/pods/<uid>/volumes/kubernetes.io~<plugin>/<volume>`, and passes
-//! the resulting host paths to the runtime as [`Mount`](crate::runtime::Mount)s.
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +8,12 @@ use k8s_openapi::api::core::v1::{Pod, Volume};
 use crate::error::{Error, ErrorKind, Result};
 
 /// A volume plugin: makes one kind of volume available on the host for a pod.
+///
+/// The [`VolumePlugin`] trait and the two built-in plugins, `emptyDir` and `hostPath`.
+///
+/// The engine sets up every volume of a pod before any of its containers is created, under the
+/// kubelet's layout `<root-dir>/pods/<uid>/volumes/kubernetes.io~<plugin>/<volume>`, and passes
+/// the resulting host paths to the runtime as [`Mount`](crate::runtime::Mount)s.
 #[async_trait]
 pub trait VolumePlugin: Send + Sync + 'static {
     /// Plugin name as in the kubelet's directory layout, e.g. `kubernetes.io~empty-dir`.

@@ -6,9 +6,10 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
+use kubelet_core::ContainerRuntime;
 use kubelet_core::runtime::{
-    self as core, ContainerRuntime, ContainerState, ExecResult, ImageSpec, PodSandboxConfig,
-    RuntimeStatus, RuntimeVersion, labels,
+    self as core, ContainerState, ExecResult, ImageSpec, PodSandboxConfig, RuntimeStatus,
+    RuntimeVersion, labels,
 };
 use kubelet_core::{Error, ErrorKind, Result};
 use tonic::transport::{Channel, Endpoint, Uri};

@@ -15,8 +15,9 @@ use common::{
     sandbox_config, start_pod,
 };
 use futures::StreamExt;
+use kubelet_core::ContainerRuntime;
 use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{ContainerEventKind, ContainerRuntime, ContainerState};
+use kubelet_core::runtime::{ContainerEventKind, ContainerState};
 use kubelet_cri::{CriConfig, CriRuntime};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

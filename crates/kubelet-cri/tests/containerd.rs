@@ -18,10 +18,11 @@ use k8s_openapi::api::core::v1::{
     SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubelet_core::ContainerRuntime;
 use kubelet_core::ErrorKind;
 use kubelet_core::runtime::{
-    ContainerConfig, ContainerMetadata, ContainerRuntime, ContainerState, ImageSpec, Labels,
-    PodSandboxConfig, PodSandboxMetadata, RuntimeStatus, SandboxState,
+    ContainerConfig, ContainerMetadata, ContainerState, ImageSpec, Labels, PodSandboxConfig,
+    PodSandboxMetadata, RuntimeStatus, SandboxState,
 };
 use tokio::sync::watch;
 

@@ -16,8 +16,9 @@ use common::{
     run_until_events, start_pod,
 };
 use futures::StreamExt;
+use kubelet_core::ContainerRuntime;
 use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{ContainerEventKind, ContainerRuntime, ContainerState};
+use kubelet_core::runtime::{ContainerEventKind, ContainerState};
 use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_cri::events::ContainerEventSource;
 use kubelet_pleg::{EventedPleg, EventedPlegConfig};

@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ContainerdEnv, WITHIN, pod_container, run_until_events, sandbox_config, start_pod};
-use kubelet_core::runtime::{ContainerRuntime, ContainerState};
+use kubelet_core::ContainerRuntime;
+use kubelet_core::runtime::ContainerState;
 use kubelet_core::testing::FaultyRuntime;
 use kubelet_core::{
     PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,

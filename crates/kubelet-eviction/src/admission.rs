@@ -23,7 +23,9 @@ pub fn admit(
         return AdmitResult::admit();
     }
     if conditions.len() == 1 && conditions.contains(&NodeCondition::MemoryPressure) {
-        if kubelet_core::status_gen::qos_class(pod) != "BestEffort" {
+        if kubelet_core::status_gen::qos_class(pod)
+            != kubelet_core::status_gen::QosClass::BestEffort
+        {
             return AdmitResult::admit();
         }
         let tolerations = pod

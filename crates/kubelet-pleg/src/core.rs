@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kubelet_core::runtime::{self, PodRuntimeStatus, RuntimePod, SandboxState, labels};
 use kubelet_core::{
-    ContainerRuntime, PlegHealth, PodCache, PodCacheWriter, PodLifecycleEvent,
-    PodLifecycleEventType, pleg::PLEG_CHANNEL_CAPACITY,
+    ContainerRuntime, PLEG_CHANNEL_CAPACITY, PlegHealth, PodCache, PodCacheWriter,
+    PodLifecycleEvent, PodLifecycleEventType,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{self, error::TrySendError};

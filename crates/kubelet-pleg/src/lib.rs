@@ -63,7 +63,7 @@ pub use generic::{
     GENERIC_PLEG_RELIST_PERIOD, GENERIC_PLEG_RELIST_THRESHOLD, GenericPleg, GenericPlegConfig,
     RelistReport,
 };
-pub use kubelet_core::pleg::PLEG_CHANNEL_CAPACITY;
+pub use kubelet_core::PLEG_CHANNEL_CAPACITY;
 pub use metrics::PlegMetrics;
 pub use select::{PlegKind, new_pleg};
 

@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{sandbox_config, shell_container};
-use kubelet_core::runtime::{ContainerRuntime, ContainerState};
+use kubelet_core::ContainerRuntime;
+use kubelet_core::runtime::ContainerState;
 use kubelet_core::testing::FaultyRuntime;
 use kubelet_core::{
     PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,

@@ -10,9 +10,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kubelet_core::ContainerRuntime;
 use kubelet_core::runtime::{
-    ContainerConfig, ContainerMetadata, ContainerRuntime, ContainerState, PodSandboxConfig,
-    PodSandboxMetadata, labels,
+    ContainerConfig, ContainerMetadata, ContainerState, PodSandboxConfig, PodSandboxMetadata,
+    labels,
 };
 use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};

@@ -3,8 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kubelet_core::ContainerRuntime;
 use kubelet_core::runtime::{
-    ContainerConfig, ContainerMetadata, ContainerRuntime, ContainerState, Labels, PodSandboxConfig,
+    ContainerConfig, ContainerMetadata, ContainerState, Labels, PodSandboxConfig,
     PodSandboxMetadata, labels,
 };
 use kubelet_core::testing::{FakeOp, FakeRuntime};

@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use futures::future::poll_fn;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
-use kubelet_core::event::{EventRecorder, InvolvedObject};
+use kubelet_core::{EventRecorder, InvolvedObject};
 use kubelet_core::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use kubelet_core::ContainerRuntime;
+use kubelet_core::StatusReader;
 use kubelet_core::runtime::ExecResult;
 use kubelet_core::status_gen::strip_container_id;
-use kubelet_core::status_manager::StatusReader;
 use parking_lot::RwLock;
 use tokio::time::Instant;
 

@@ -28,7 +28,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_core::KubeletConfiguration;
+//! use kubelet_core::configuration::KubeletConfiguration;
 //! use kubelet_server::{KubeletServer, ServerConfig, auth::AlwaysAllow};
 //!
 //! # async fn demo(builder: kubelet_core::KubeletBuilder) -> Result<(), Box<dyn std::error::Error>> {

@@ -52,11 +52,12 @@ pub use async_trait::async_trait;
 pub use jiff::Timestamp;
 pub use kubelet_core::configuration::KubeletConfiguration;
 pub use kubelet_core::k8s_openapi;
+pub use kubelet_core::layer::RuntimeLayer;
 pub use kubelet_core::prometheus_client;
 pub use kubelet_core::{
     AgentPlugin, ContainerRuntime, Error, ErrorKind, Kubelet, KubeletBuilder, KubeletConfig,
     KubeletError, KubeletHandle, NodeConditionReader, PluginContext, PluginState, PluginStatus,
-    PodSource, Result, RuntimeLayer, StatusSink, VolumePlugin,
+    PodSource, Result, StatusSink, VolumePlugin,
 };
 pub use tokio_util::sync::CancellationToken;
 

@@ -19,11 +19,11 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::ContainerRuntime;
 use crate::error::{Error, ErrorKind};
 use crate::runtime::{
-    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerRuntime, ContainerState,
-    ContainerStatus, ImageSpec, Labels, PodSandboxConfig, PodSandboxMetadata, SandboxFilter,
-    SandboxState, labels,
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, ContainerStatus,
+    ImageSpec, Labels, PodSandboxConfig, PodSandboxMetadata, SandboxFilter, SandboxState, labels,
 };
 
 /// How to run the suite against a runtime.

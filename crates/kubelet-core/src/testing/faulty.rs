@@ -12,11 +12,12 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::ContainerRuntime;
 use crate::error::{Error, Result};
 use crate::runtime::{
-    Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerRuntime,
-    ContainerStats, ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox,
-    PodSandboxConfig, PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
+    Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
+    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
+    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
 };
 
 /// A [`ContainerRuntime`] passing every call to an inner runtime (a real one: the process
