@@ -60,9 +60,14 @@ pub fn parse_resolv_conf(text: &str) -> DnsConfig {
     c
 }
 
-/// A problem the kubelet reports as an event while forming the settings: (warning?, reason,
-/// message).
-pub type DnsEvent = (bool, &'static str, String);
+/// A problem the kubelet reports as a warning event on the pod while forming the settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsEvent {
+    /// `DNSConfigForming` or `MissingClusterDNS`.
+    pub reason: &'static str,
+    /// The kubelet's message.
+    pub message: String,
+}
 
 fn push_unique(list: &mut Vec<String>, items: impl IntoIterator<Item = String>) {
     for i in items {
@@ -76,8 +81,17 @@ fn option_name(o: &str) -> &str {
     o.split(':').next().unwrap_or(o)
 }
 
+/// What [`pod_dns`] formed: the pod's resolver settings and the events forming them raised.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodDns {
+    /// The settings handed to the runtime (CRI `DNSConfig`).
+    pub config: DnsConfig,
+    /// `DNSConfigForming` and `MissingClusterDNS` events to record.
+    pub events: Vec<DnsEvent>,
+}
+
 /// The DNS settings of `pod` (CRI `DNSConfig`) and the events forming them raised.
-pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> (DnsConfig, Vec<DnsEvent>) {
+pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> PodDns {
     let mut events = Vec::new();
     let spec = pod.spec.as_ref();
     let host_network = spec.and_then(|s| s.host_network).unwrap_or(false);
@@ -97,14 +111,13 @@ pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> (DnsConfig, Vec<DnsEvent>) 
         _ => Kind::Host,
     };
     if kind == Kind::Cluster && settings.cluster_dns.is_empty() {
-        events.push((
-            true,
-            "MissingClusterDNS",
-            format!(
+        events.push(DnsEvent {
+            reason: "MissingClusterDNS",
+            message: format!(
                 "pod: {:?}. kubelet does not have ClusterDNS IP configured and cannot create Pod using {policy:?} policy. Falling back to \"Default\" policy.",
                 crate::pod::full_name(pod)
             ),
-        ));
+        });
         kind = Kind::Host;
     }
     let host = settings.host.clone();
@@ -156,14 +169,13 @@ pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> (DnsConfig, Vec<DnsEvent>) 
     }
     if c.servers.len() > MAX_NAMESERVERS {
         c.servers.truncate(MAX_NAMESERVERS);
-        events.push((
-            true,
-            "DNSConfigForming",
-            format!(
+        events.push(DnsEvent {
+            reason: "DNSConfigForming",
+            message: format!(
                 "Nameserver limits were exceeded, some nameservers have been omitted, the applied nameserver line is: {}",
                 c.servers.join(" ")
             ),
-        ));
+        });
     }
     let mut cut = false;
     if c.searches.len() > MAX_SEARCH_PATHS {
@@ -175,16 +187,15 @@ pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> (DnsConfig, Vec<DnsEvent>) 
         cut = true;
     }
     if cut {
-        events.push((
-            true,
-            "DNSConfigForming",
-            format!(
+        events.push(DnsEvent {
+            reason: "DNSConfigForming",
+            message: format!(
                 "Search Line limits were exceeded, some search paths have been omitted, the applied search line is: {}",
                 c.searches.join(" ")
             ),
-        ));
+        });
     }
-    (c, events)
+    PodDns { config: c, events }
 }
 
 #[cfg(test)]
@@ -251,7 +262,10 @@ mod tests {
             (Some("None"), false, &DnsConfig::default()),
         ];
         for (policy, host_network, want) in table {
-            let (got, events) = pod_dns(&s, &pod(policy, host_network, None));
+            let PodDns {
+                config: got,
+                events,
+            } = pod_dns(&s, &pod(policy, host_network, None));
             assert_eq!(&got, want, "{policy:?} hostNetwork={host_network}");
             assert!(events.is_empty());
         }
@@ -273,14 +287,15 @@ mod tests {
                 },
             ]),
         };
-        let (c, _) = pod_dns(
+        let c = pod_dns(
             &settings(),
             &pod(Some("ClusterFirst"), false, Some(extra.clone())),
-        );
+        )
+        .config;
         assert_eq!(c.servers, ["10.0.0.10", "1.1.1.1"]);
         assert_eq!(c.searches.last().unwrap(), "my.dns.search.suffix");
         assert_eq!(c.options, ["ndots:2", "edns0"]);
-        let (c, _) = pod_dns(&settings(), &pod(Some("None"), false, Some(extra)));
+        let c = pod_dns(&settings(), &pod(Some("None"), false, Some(extra))).config;
         assert_eq!(c.servers, ["1.1.1.1", "10.0.0.10"]);
         assert_eq!(c.searches, ["my.dns.search.suffix"]);
     }
@@ -292,29 +307,29 @@ mod tests {
             searches: Some((0..40).map(|i| format!("s{i}.example")).collect()),
             options: None,
         };
-        let (c, events) = pod_dns(&settings(), &pod(None, false, Some(extra)));
+        let PodDns { config: c, events } = pod_dns(&settings(), &pod(None, false, Some(extra)));
         assert_eq!(c.servers, ["10.0.0.10", "1.1.1.1", "2.2.2.2"]);
         assert_eq!(c.searches.len(), MAX_SEARCH_PATHS);
-        let reasons: Vec<&str> = events.iter().map(|e| e.1).collect();
+        let reasons: Vec<&str> = events.iter().map(|e| e.reason).collect();
         assert_eq!(reasons, ["DNSConfigForming", "DNSConfigForming"]);
         assert!(
-            events[0].2.ends_with("10.0.0.10 1.1.1.1 2.2.2.2"),
+            events[0].message.ends_with("10.0.0.10 1.1.1.1 2.2.2.2"),
             "{}",
-            events[0].2
+            events[0].message
         );
 
         let no_cluster = DnsSettings {
             cluster_dns: vec![],
             ..settings()
         };
-        let (c, events) = pod_dns(&no_cluster, &pod(None, false, None));
+        let PodDns { config: c, events } = pod_dns(&no_cluster, &pod(None, false, None));
         assert_eq!(c, settings().host.unwrap());
-        assert_eq!(events[0].1, "MissingClusterDNS");
+        assert_eq!(events[0].reason, "MissingClusterDNS");
         let no_resolv = DnsSettings {
             host: None,
             ..DnsSettings::default()
         };
-        let (c, _) = pod_dns(&no_resolv, &pod(Some("Default"), false, None));
+        let c = pod_dns(&no_resolv, &pod(Some("Default"), false, None)).config;
         assert_eq!(c.servers, ["127.0.0.1"]);
         assert_eq!(c.searches, ["."]);
     }

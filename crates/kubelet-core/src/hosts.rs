@@ -11,8 +11,17 @@ use k8s_openapi::api::core::v1::{HostAlias, Pod};
 /// Longest hostname (a DNS label).
 pub const HOSTNAME_MAX_LEN: usize = 63;
 
+/// A pod's hostname and domain, from [`hostname_and_domain`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodHostname {
+    /// `spec.hostname`, or the pod name cut to [`HOSTNAME_MAX_LEN`].
+    pub hostname: String,
+    /// `<subdomain>.<namespace>.svc.<cluster domain>` when the pod has a subdomain.
+    pub domain: Option<String>,
+}
+
 /// The pod's hostname and domain (the kubelet's `GeneratePodHostNameAndDomain`).
-pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> (String, Option<String>) {
+pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> PodHostname {
     let spec = pod.spec.as_ref();
     let name = spec
         .and_then(|s| s.hostname.clone())
@@ -33,13 +42,13 @@ pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> (String, Option<S
         .and_then(|s| s.subdomain.as_deref())
         .filter(|s| !s.is_empty())
         .map(|sub| format!("{sub}.{}.svc.{cluster_domain}", crate::pod::namespace(pod)));
-    (hostname, domain)
+    PodHostname { hostname, domain }
 }
 
 /// The hostname the sandbox gets: the FQDN with `setHostnameAsFQDN` and a domain, else the
 /// hostname.
 pub fn sandbox_hostname(pod: &Pod, cluster_domain: &str) -> String {
-    let (hostname, domain) = hostname_and_domain(pod, cluster_domain);
+    let PodHostname { hostname, domain } = hostname_and_domain(pod, cluster_domain);
     let fqdn = pod
         .spec
         .as_ref()
@@ -121,18 +130,24 @@ mod tests {
     fn hostnames_and_domains_as_the_kubelet_makes_them() {
         assert_eq!(
             hostname_and_domain(&pod("web-0", None, None, false), "cluster.local"),
-            ("web-0".into(), None)
+            PodHostname {
+                hostname: "web-0".into(),
+                domain: None
+            }
         );
         assert_eq!(
             hostname_and_domain(
                 &pod("web-0", Some("front"), Some("svc1"), false),
                 "cluster.local"
             ),
-            ("front".into(), Some("svc1.shop.svc.cluster.local".into()))
+            PodHostname {
+                hostname: "front".into(),
+                domain: Some("svc1.shop.svc.cluster.local".into())
+            }
         );
         let long = format!("{}-{}", "a".repeat(62), "bcd");
         assert_eq!(
-            hostname_and_domain(&pod(&long, None, None, false), "").0,
+            hostname_and_domain(&pod(&long, None, None, false), "").hostname,
             "a".repeat(62)
         );
         assert_eq!(

@@ -472,7 +472,10 @@ impl Engine {
         } else {
             crate::hosts::sandbox_hostname(p, &self.config.cluster_domain)
         };
-        let (dns, dns_events) = crate::dns::pod_dns(&self.dns_settings(), p);
+        let crate::dns::PodDns {
+            config: dns,
+            events: dns_events,
+        } = crate::dns::pod_dns(&self.dns_settings(), p);
         let dns_config = Some(dns);
         let port_mappings = pod::containers(p)
             .iter()
@@ -551,14 +554,9 @@ impl Engine {
             let dns_events;
             (sandbox_config, dns_events) = self.sandbox_config_and_dns_events(p, changes.attempt);
             // What forming the DNS settings had to report, once per sandbox.
-            for (warning, reason, message) in dns_events {
-                if warning {
-                    self.recorder
-                        .warning(InvolvedObject::pod(p), reason, message);
-                } else {
-                    self.recorder
-                        .normal(InvolvedObject::pod(p), reason, message);
-                }
+            for e in dns_events {
+                self.recorder
+                    .warning(InvolvedObject::pod(p), e.reason, e.message);
             }
             if let Err(e) = tokio::fs::create_dir_all(&sandbox_config.log_directory).await {
                 self.recorder.warning(
@@ -1218,7 +1216,7 @@ impl Engine {
                 .unwrap_or_default();
             crate::hosts::host_network_hosts(&node, &aliases)
         } else {
-            let (hostname, domain) =
+            let crate::hosts::PodHostname { hostname, domain } =
                 crate::hosts::hostname_and_domain(p, &self.config.cluster_domain);
             crate::hosts::managed_hosts(pod_ips, &hostname, domain.as_deref(), &aliases)
         };

@@ -342,6 +342,9 @@ impl PodLifecycleEventGenerator for EventedPleg {
         let mut tick = tokio::time::interval(self.config.global_cache_update_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut prev_tick: Option<Instant> = None;
+        // A follow-up relist after a resubscription (see `LinkDecision::settle_relist`): when
+        // the subscription succeeded, and when to relist again.
+        let mut settle: Option<(Instant, Instant)> = None;
 
         loop {
             let now = Instant::now();
@@ -379,6 +382,10 @@ impl PodLifecycleEventGenerator for EventedPleg {
                     (None, Some(after)) => Link::Due(Instant::now() + after),
                     (None, None) => Link::Unsupported,
                 };
+                if d.settle_relist {
+                    let now = Instant::now();
+                    settle = Some((now, now + self.config.fallback_relist_period));
+                }
                 if d.relist_now {
                     next_relist = Instant::now();
                     // Whatever happened while unsubscribed is found by a relist now.
@@ -407,6 +414,13 @@ impl PodLifecycleEventGenerator for EventedPleg {
                         self.core.finish_relist(start, &report);
                     }
                     next_relist = Instant::now() + self.relist_period();
+                    if let Some((subscribed, again)) = settle
+                        && start >= subscribed
+                    {
+                        // The relist of the resubscription is done: one more a period later.
+                        next_relist = next_relist.min(again);
+                        settle = None;
+                    }
                 }
                 ev = link.next_event() => {
                     match ev {
@@ -542,6 +556,10 @@ struct LinkDecision {
     relist_now: bool,
     /// Subscribe again after this long; `None`: no subscription is due.
     retry_after: Option<Duration>,
+    /// Relist once more a fallback period later: after an outage the runtime may report what
+    /// happened meanwhile (an exit while it was down) only once it has caught up, after the
+    /// relist at resubscription has run, and no event will tell of it.
+    settle_relist: bool,
 }
 
 /// The subscription's decisions (pure): a success returns to [`PlegMode::Events`] and forces a
@@ -567,12 +585,14 @@ fn link_step(
             },
             relist_now: true,
             retry_after: None,
+            settle_relist: failures > 0 || mode == PlegMode::Fallback,
         },
         LinkEvent::Unsupported => LinkDecision {
             mode: PlegMode::RelistOnly,
             failures,
             relist_now: false,
             retry_after: None,
+            settle_relist: false,
         },
         LinkEvent::Failed => {
             let failures = failures.saturating_add(1);
@@ -586,6 +606,7 @@ fn link_step(
                 } else {
                     config.stream_retry_delay
                 }),
+                settle_relist: false,
             }
         }
         LinkEvent::Steady => LinkDecision {
@@ -593,6 +614,7 @@ fn link_step(
             failures: 0,
             relist_now: false,
             retry_after: None,
+            settle_relist: false,
         },
     }
 }
@@ -699,6 +721,11 @@ mod tests {
             failures,
             relist_now,
             retry_after: retry.map(Duration::from_secs),
+            settle_relist: false,
+        };
+        let settled = |d: LinkDecision| LinkDecision {
+            settle_relist: true,
+            ..d
         };
         use LinkEvent::*;
         use PlegMode::*;
@@ -708,11 +735,12 @@ mod tests {
             (Events, 1, Failed, d(Events, 2, true, Some(1))),
             (Events, 2, Failed, d(Fallback, 3, true, Some(30))),
             (Fallback, 3, Failed, d(Fallback, 4, true, Some(30))),
-            // Back to events from the fallback: the count starts afresh and a relist finds what
-            // was missed.
-            (Fallback, 4, Subscribed, d(Events, 0, true, None)),
+            // Back to events from the fallback: the count starts afresh, a relist finds what
+            // was missed, and it relists once more a period later for what the runtime reports only
+            // once it has caught up.
+            (Fallback, 4, Subscribed, settled(d(Events, 0, true, None))),
             // A flapping stream keeps its count until a steady tick clears it.
-            (Events, 2, Subscribed, d(Events, 2, true, None)),
+            (Events, 2, Subscribed, settled(d(Events, 2, true, None))),
             (Events, 2, Steady, d(Events, 0, false, None)),
             // No events at all: relisting only, no retries.
             (Events, 0, Unsupported, d(RelistOnly, 0, false, None)),
