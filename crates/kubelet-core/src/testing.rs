@@ -973,6 +973,46 @@ struct SinkState {
     fail_next: VecDeque<Error>,
 }
 
+/// A pod source named `file` that the test drives through a `watch` channel: every value sent is
+/// a snapshot of the source's pods; `None` sends nothing, so the source has not been seen yet
+/// (orphan cleanup waits for it).
+#[derive(Debug, Clone)]
+pub struct WatchSource {
+    rx: watch::Receiver<Option<Vec<Pod>>>,
+}
+
+impl WatchSource {
+    /// A source starting with `pods` (`None`: no first snapshot yet) and the sender that
+    /// replaces them.
+    pub fn new(pods: Option<Vec<Pod>>) -> (Self, watch::Sender<Option<Vec<Pod>>>) {
+        let (tx, rx) = watch::channel(pods);
+        (Self { rx }, tx)
+    }
+}
+
+#[async_trait]
+impl crate::PodSource for WatchSource {
+    fn name(&self) -> &str {
+        crate::sources::FILE
+    }
+
+    async fn run(&self, out: crate::SourceSender, shutdown: tokio_util::sync::CancellationToken) {
+        let mut rx = self.rx.clone();
+        loop {
+            let snapshot = rx.borrow_and_update().clone();
+            if let Some(pods) = snapshot
+                && out.snapshot(pods).await.is_err()
+            {
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+        }
+    }
+}
+
 /// A [`StatusSink`] that records everything it receives, for assertions.
 ///
 /// ```

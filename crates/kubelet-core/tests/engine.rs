@@ -5,42 +5,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kubelet_core::testing::{FakeRuntime, RecordingSink};
+use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
 use kubelet_core::{
     ContainerRuntime, Kubelet, KubeletBuilder, KubeletConfig, PlegHealth, PodLifecycleEvent,
-    PodLifecycleEventGenerator, PodSource, SourceSender,
+    PodLifecycleEventGenerator,
 };
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-/// A pod source fed by the test through a watch channel.
-struct TestSource {
-    rx: watch::Receiver<Option<Vec<Pod>>>,
-}
-
-#[async_trait]
-impl PodSource for TestSource {
-    fn name(&self) -> &str {
-        "file"
-    }
-    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.rx.clone();
-        loop {
-            let snapshot = rx.borrow_and_update().clone();
-            if let Some(pods) = snapshot
-                && out.snapshot(pods).await.is_err()
-            {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
-}
 
 fn container(name: &str) -> Container {
     Container {
@@ -77,31 +50,27 @@ struct Harness {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn build(
-    rt: Arc<FakeRuntime>,
-    sink: Arc<RecordingSink>,
-    rx: watch::Receiver<Option<Vec<Pod>>>,
-) -> Kubelet {
+fn build(rt: Arc<FakeRuntime>, sink: Arc<RecordingSink>, source: WatchSource) -> Kubelet {
     let runtime: Arc<dyn ContainerRuntime> = rt;
     let pleg = Arc::new(GenericPleg::new(
         runtime.clone(),
         GenericPlegConfig::default(),
     ));
-    build_with(runtime, pleg, sink, rx)
+    build_with(runtime, pleg, sink, source)
 }
 
 fn build_with(
     runtime: Arc<dyn ContainerRuntime>,
     pleg: Arc<dyn PodLifecycleEventGenerator>,
     sink: Arc<RecordingSink>,
-    rx: watch::Receiver<Option<Vec<Pod>>>,
+    source: WatchSource,
 ) -> Kubelet {
     let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
     KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
         .runtime(runtime)
         .pleg(pleg)
-        .pod_source(Arc::new(TestSource { rx }))
+        .pod_source(Arc::new(source))
         .status_sink(sink)
         .build()
         .expect("build")
@@ -114,8 +83,8 @@ impl Harness {
 
     fn start_with(rt: Arc<FakeRuntime>, pods: Option<Vec<Pod>>) -> Self {
         let sink = Arc::new(RecordingSink::new());
-        let (tx, rx) = watch::channel(pods);
-        let kubelet = build(rt.clone(), sink.clone(), rx);
+        let (source, tx) = WatchSource::new(pods);
+        let kubelet = build(rt.clone(), sink.clone(), source);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(kubelet.run(shutdown.clone()));
         Self {
@@ -658,13 +627,13 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
         requests: parking_lot::Mutex::new(Vec::new()),
     });
     let sink = Arc::new(RecordingSink::new());
-    let (_tx, rx) = watch::channel(Some(vec![pod(
+    let (source, _tx) = WatchSource::new(Some(vec![pod(
         "u1",
         "Always",
         vec![],
         vec![container("app")],
     )]));
-    let kubelet = build_with(runtime, pleg.clone(), sink.clone(), rx);
+    let kubelet = build_with(runtime, pleg.clone(), sink.clone(), source);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(kubelet.run(shutdown.clone()));
 

@@ -6,41 +6,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{
     Container, HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, Pod, PodSpec,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kubelet_core::testing::{FakeRuntime, RecordingSink};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
+use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-struct TestSource(watch::Receiver<Vec<Pod>>);
-
-#[async_trait]
-impl PodSource for TestSource {
-    fn name(&self) -> &str {
-        "file"
-    }
-    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.0.clone();
-        loop {
-            let pods = rx.borrow_and_update().clone();
-            if out.snapshot(pods).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
-}
 
 /// A loopback HTTP server that answers every request with `status` and records request heads.
 async fn hook_server(bind: &str, status: u16) -> (u16, Arc<Mutex<Vec<String>>>) {
@@ -114,7 +91,7 @@ fn pod(uid: &str, lifecycle: Lifecycle) -> Pod {
 struct Agent {
     rt: Arc<FakeRuntime>,
     sink: Arc<RecordingSink>,
-    pods: watch::Sender<Vec<Pod>>,
+    pods: watch::Sender<Option<Vec<Pod>>>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
@@ -129,7 +106,7 @@ impl Agent {
             GenericPlegConfig::default(),
         ));
         let sink = Arc::new(RecordingSink::new());
-        let (tx, rx) = watch::channel(pods);
+        let (source, tx) = WatchSource::new(Some(pods));
         let dir = tempfile::tempdir().expect("tempdir");
         let kubelet = KubeletBuilder::new("node-1")
             .config(KubeletConfig::with_dirs(
@@ -138,7 +115,7 @@ impl Agent {
             ))
             .runtime(runtime)
             .pleg(pleg)
-            .pod_source(Arc::new(TestSource(rx)))
+            .pod_source(Arc::new(source))
             .status_sink(sink.clone())
             .build()
             .expect("build");
@@ -165,6 +142,18 @@ impl Agent {
         }
     }
 
+    /// Wait until pod `uid` is reported Running.
+    async fn running(&self, uid: &str, what: &str) {
+        let found = self
+            .sink
+            .wait_for(
+                |r| r.uid == uid && r.status.phase.as_deref() == Some("Running"),
+                Duration::from_secs(30),
+            )
+            .await;
+        assert!(found.is_some(), "{what}: {:#?}", self.sink.latest(uid));
+    }
+
     async fn stop(self) {
         self.shutdown.cancel();
         let _ = self.task.await;
@@ -180,14 +169,7 @@ async fn post_start_and_pre_stop_http_hooks_reach_an_ipv6_server_with_the_lifecy
         ..Default::default()
     };
     let agent = Agent::start(vec![pod("u1", lifecycle)]);
-    agent
-        .sink
-        .wait_for(
-            |r| r.uid == "u1" && r.status.phase.as_deref() == Some("Running"),
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("Running");
+    agent.running("u1", "Running").await;
     {
         let heads = seen.lock();
         assert_eq!(heads.len(), 1, "{heads:?}");
@@ -200,7 +182,7 @@ async fn post_start_and_pre_stop_http_hooks_reach_an_ipv6_server_with_the_lifecy
         );
         assert!(heads[0].contains("Authorization: Bearer hook-token\r\n"));
     }
-    agent.pods.send_replace(vec![]);
+    agent.pods.send_replace(Some(vec![]));
     agent.event("Killing").await;
     let begin = std::time::Instant::now();
     while seen.lock().len() < 2 {
@@ -284,14 +266,7 @@ async fn a_failing_post_start_hook_kills_the_container_and_reports_post_start_ho
         agent.rt.calls()
     );
     // The pod whose hook got a 500 runs on.
-    agent
-        .sink
-        .wait_for(
-            |r| r.uid == "u2" && r.status.phase.as_deref() == Some("Running"),
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("u2 Running despite the 500");
+    agent.running("u2", "u2 Running despite the 500").await;
     agent.stop().await;
 }
 
@@ -310,14 +285,7 @@ async fn an_https_hook_answered_in_plain_http_is_retried_over_http_without_autho
             "request to HTTPS lifecycle hook 127.0.0.1:{port} got HTTP response, retry with HTTP succeeded"
         )
     );
-    agent
-        .sink
-        .wait_for(
-            |r| r.uid == "u1" && r.status.phase.as_deref() == Some("Running"),
-            Duration::from_secs(30),
-        )
-        .await
-        .expect("Running after the fallback");
+    agent.running("u1", "Running after the fallback").await;
     let heads = seen.lock().clone();
     assert_eq!(
         heads.len(),

@@ -10,41 +10,15 @@ mod cri;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{ExecAction, HTTPGetAction, Pod, PodStatus, Probe};
+use k8s_openapi::api::core::v1::{ExecAction, HTTPGetAction, PodStatus, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kubelet_core::testing::RecordingSink;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::testing::{RecordingSink, WatchSource};
+use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_probe::Prober;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const LONG: Duration = Duration::from_secs(120);
-
-struct Source {
-    rx: watch::Receiver<Vec<Pod>>,
-}
-
-#[async_trait]
-impl PodSource for Source {
-    fn name(&self) -> &str {
-        "file"
-    }
-    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.rx.clone();
-        loop {
-            let pods = rx.borrow_and_update().clone();
-            if out.snapshot(pods).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
-}
 
 fn app(s: &PodStatus) -> Option<&k8s_openapi::api::core::v1::ContainerStatus> {
     s.container_statuses
@@ -107,7 +81,7 @@ async fn http_readiness_on_the_pod_ip_and_exec_liveness_work_on_containerd() {
         ..Default::default()
     });
     let pod = cri::pod("web-1", false, vec![c]);
-    let (tx, rx) = watch::channel(vec![pod]);
+    let (source, tx) = WatchSource::new(Some(vec![pod]));
     let sink = Arc::new(RecordingSink::new());
     let kubelet = KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(
@@ -119,7 +93,7 @@ async fn http_readiness_on_the_pod_ip_and_exec_liveness_work_on_containerd() {
             runtime.clone(),
             GenericPlegConfig::default(),
         )))
-        .pod_source(Arc::new(Source { rx }))
+        .pod_source(Arc::new(source))
         .status_sink(sink.clone())
         .prober(Arc::new(Prober::default()))
         .build()
@@ -179,7 +153,7 @@ async fn http_readiness_on_the_pod_ip_and_exec_liveness_work_on_containerd() {
     );
 
     // Remove the pod, then stop the agent; dropping the environment tears containerd down.
-    tx.send(Vec::new()).unwrap();
+    tx.send(Some(Vec::new())).unwrap();
     let deadline = tokio::time::Instant::now() + LONG;
     while !sink.removed().iter().any(|u| u == "web-1") {
         assert!(tokio::time::Instant::now() < deadline, "pod not removed");

@@ -8,43 +8,18 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, HTTPGetAction, Pod, PodSpec, PodStatus, Probe, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kubelet_core::testing::{FakeRuntime, RecordingSink};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
+use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_probe::Prober;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 const WAIT: Duration = Duration::from_secs(90);
-
-struct TestSource {
-    rx: watch::Receiver<Vec<Pod>>,
-}
-
-#[async_trait]
-impl PodSource for TestSource {
-    fn name(&self) -> &str {
-        "file"
-    }
-    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.rx.clone();
-        loop {
-            let pods = rx.borrow_and_update().clone();
-            if out.snapshot(pods).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
-}
 
 fn http_probe(port: u16, path: &str, failure: i32) -> Probe {
     Probe {
@@ -88,7 +63,7 @@ fn app() -> Container {
 struct Agent {
     rt: Arc<FakeRuntime>,
     sink: Arc<RecordingSink>,
-    _pods: watch::Sender<Vec<Pod>>,
+    _pods: watch::Sender<Option<Vec<Pod>>>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     _dir: tempfile::TempDir,
@@ -104,7 +79,7 @@ impl Agent {
             GenericPlegConfig::default(),
         ));
         let sink = Arc::new(RecordingSink::new());
-        let (tx, rx) = watch::channel(vec![pod]);
+        let (source, tx) = WatchSource::new(Some(vec![pod]));
         let kubelet = KubeletBuilder::new("node-1")
             .config(KubeletConfig::with_dirs(
                 dir.path().join("root"),
@@ -112,7 +87,7 @@ impl Agent {
             ))
             .runtime(runtime)
             .pleg(pleg)
-            .pod_source(Arc::new(TestSource { rx }))
+            .pod_source(Arc::new(source))
             .status_sink(sink.clone())
             .prober(Arc::new(Prober::default()))
             .build()

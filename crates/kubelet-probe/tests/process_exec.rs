@@ -8,15 +8,13 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, ExecAction, Pod, PodSpec, PodStatus, Probe};
 use kubelet_core::runtime::{ContainerConfig, PodSandboxConfig};
-use kubelet_core::testing::RecordingSink;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::testing::{RecordingSink, WatchSource};
+use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_probe::{Outcome, ProbeHandler, Prober, StaticTargets};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
@@ -165,30 +163,6 @@ fn exec_probes_run_in_real_containers(
     }
 }
 
-struct TestSource {
-    rx: watch::Receiver<Vec<Pod>>,
-}
-
-#[async_trait]
-impl PodSource for TestSource {
-    fn name(&self) -> &str {
-        "file"
-    }
-    async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.rx.clone();
-        loop {
-            let pods = rx.borrow_and_update().clone();
-            if out.snapshot(pods).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
-}
-
 fn restarts(s: &PodStatus) -> i32 {
     s.container_statuses
         .iter()
@@ -274,12 +248,12 @@ fn exec_liveness_restarts_through_the_engine(
             GenericPlegConfig::default(),
         ));
         let sink = Arc::new(RecordingSink::new());
-        let (tx, rx) = watch::channel(vec![p]);
+        let (source, tx) = WatchSource::new(Some(vec![p]));
         let kubelet = KubeletBuilder::new("node-1")
             .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
             .runtime(runtime.clone())
             .pleg(pleg)
-            .pod_source(Arc::new(TestSource { rx }))
+            .pod_source(Arc::new(source))
             .status_sink(sink.clone())
             .prober(Arc::new(Prober::default()))
             .build()
@@ -324,7 +298,7 @@ fn exec_liveness_restarts_through_the_engine(
         assert!(restarts(&s) >= 1);
 
         // Remove the pod so that the engine stops its processes, then stop the agent.
-        tx.send(Vec::new()).unwrap();
+        tx.send(Some(Vec::new())).unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
         while !sink.removed().iter().any(|u| u == "exec-1") {
             assert!(tokio::time::Instant::now() < deadline, "pod not removed");
