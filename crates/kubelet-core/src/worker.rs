@@ -229,6 +229,9 @@ pub(crate) async fn worker_loop(
                 match engine.sync_terminating_pod(&pod, &opts, orphan).await {
                     Ok(()) => {
                         engine.sync_terminated_pod(&pod, &opts, orphan).await;
+                        // The stage is set under the same lock that takes the waiters, so a kill
+                        // request arriving now sees the pod terminated instead of queueing a
+                        // waiter nobody would answer (`step` then confirms the stage).
                         let (waiters, removed) = {
                             let mut st = state.lock();
                             st.lifecycle = Lifecycle::Terminated;
