@@ -25,6 +25,9 @@ pub enum ErrorKind {
     Unimplemented,
     /// The backend is in a state that does not allow the operation.
     FailedPrecondition,
+    /// A resource the operation needs is used up: the disk is full (`ENOSPC`), a quota is
+    /// reached. Retrying once some is freed may work.
+    ResourceExhausted,
     /// The backend failed in a way it could not classify further.
     Internal,
 }
@@ -40,6 +43,7 @@ impl fmt::Display for ErrorKind {
             ErrorKind::PermissionDenied => "permission denied",
             ErrorKind::Unimplemented => "unimplemented",
             ErrorKind::FailedPrecondition => "failed precondition",
+            ErrorKind::ResourceExhausted => "resource exhausted",
             ErrorKind::Internal => "internal error",
         };
         f.write_str(s)

@@ -107,6 +107,17 @@ pub enum ProcessError {
         #[source]
         source: std::io::Error,
     },
+    /// The disk holding the runtime's state is full (`ENOSPC`) or over quota (`EDQUOT`).
+    #[error("{op} {path}: no space left on device (ENOSPC): {source}")]
+    NoSpace {
+        /// What was being done.
+        op: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// A state file holds invalid JSON.
     #[error("parsing {path}: {source}")]
     StateParse {
@@ -146,6 +157,7 @@ impl ProcessError {
             ProcessError::StopTimedOut { .. } | ProcessError::ExecTimedOut { .. } => {
                 ErrorKind::DeadlineExceeded
             }
+            ProcessError::NoSpace { .. } => ErrorKind::ResourceExhausted,
             ProcessError::State { source, .. } | ProcessError::Cgroup { source, .. }
                 if source.kind() == std::io::ErrorKind::PermissionDenied =>
             {

@@ -4,32 +4,39 @@
 //! Every record is written to a temporary name and renamed, so a rename into a container's
 //! directory is the event: `config.json` (created), `started.json` (started), `exit.json`
 //! (stopped; the shim writes it when the process exits, also when the agent that started it is
-//! long gone). A shim killed before it could write `exit.json` closes the `shim.log` it holds
-//! open for writing; that close is reported as stopped too when the shim is no longer alive
-//! (the runtime then records the exit itself when the container is next inspected). Sandboxes:
-//! `sandbox.json` renamed in (started, or stopped once it says not ready). Removing a container
-//! or sandbox directory is deleted.
+//! long gone). Every running container's shim is watched through a pidfd: a shim that dies
+//! without writing `exit.json` (killed) is reported as stopped the moment it dies, and the
+//! runtime records the exit itself when the container is next inspected. Where the kernel has
+//! no pidfds, the close of the `shim.log` the shim holds open for writing serves instead.
+//! Sandboxes: `sandbox.json` renamed in (started, or stopped once it says not ready). Removing a
+//! container or sandbox directory is deleted.
 //!
 //! Watches are set on every existing directory when the stream is created, so a new agent
-//! learns the exits of containers whose shim outlived the previous agent.
+//! learns the exits of containers whose shim outlived the previous agent. When the state
+//! directory itself goes (the root directory removed or replaced), the stream fails, so that
+//! the PLEG relists (which lets the runtime restore what it knows) and subscribes again.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::stream::FuturesUnordered;
 use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use jiff::Timestamp;
 use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
 
 use crate::error::ProcessError;
 use crate::record::{
-    CONFIG_FILE, ContainerRecord, EXIT_FILE, SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE,
-    SandboxRecord, StartedRecord, process_alive, read_json, valid_id,
+    CONFIG_FILE, ContainerRecord, EXIT_FILE, EXIT_SLOT_FILE, SANDBOX_FILE, SHIM_LOG_FILE,
+    STARTED_FILE, SandboxRecord, StartedRecord, process_alive, read_exit, read_json, valid_id,
 };
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Kind {
+    /// The state directory itself: its `containers` and `sandboxes` going away.
+    Root,
     Containers,
     Sandboxes,
     Container,
@@ -44,6 +51,11 @@ struct Watcher {
     /// Pod UID of every container and sandbox seen.
     pods: HashMap<String, String>,
     queue: VecDeque<ContainerEvent>,
+    /// One future per watched shim, resolving to its container's ID when the shim exits.
+    shims: FuturesUnordered<BoxFuture<'static, String>>,
+    shim_watched: HashSet<String>,
+    /// Set when a top-level state directory vanished: the stream fails with it.
+    lost: Option<PathBuf>,
 }
 
 fn watch_err(path: &Path, source: std::io::Error) -> ProcessError {
@@ -58,10 +70,22 @@ const OBJECT_MASK: WatchMask = WatchMask::MOVED_TO.union(WatchMask::CLOSE_WRITE)
 const PARENT_MASK: WatchMask = WatchMask::CREATE
     .union(WatchMask::DELETE)
     .union(WatchMask::MOVED_TO)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::ONLYDIR);
+/// A directory's own removal is reported (IN_DELETE_SELF) only once nothing holds it, and a
+/// running container's working directory below it does: its parent's IN_DELETE comes at once.
+const ROOT_MASK: WatchMask = WatchMask::DELETE
+    .union(WatchMask::MOVED_FROM)
+    .union(WatchMask::MOVE_SELF)
+    .union(WatchMask::DELETE_SELF)
     .union(WatchMask::ONLYDIR);
 
 /// The event stream over the runtime's state under `root`.
 pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, ProcessError> {
+    for sub in ["containers", "sandboxes"] {
+        std::fs::create_dir_all(root.join(sub))
+            .map_err(|e| crate::record::state_error("creating", &root.join(sub), e))?;
+    }
     let inotify = Inotify::init().map_err(|e| watch_err(root, e))?;
     let stream = inotify
         .into_event_stream(vec![0u8; 16384])
@@ -72,15 +96,19 @@ pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, Proc
         watches: HashMap::new(),
         pods: HashMap::new(),
         queue: VecDeque::new(),
+        shims: FuturesUnordered::new(),
+        shim_watched: HashSet::new(),
+        lost: None,
     };
-    for (kind, dir) in [
-        (Kind::Containers, root.join("containers")),
-        (Kind::Sandboxes, root.join("sandboxes")),
+    for (kind, dir, mask) in [
+        (Kind::Root, root.to_path_buf(), ROOT_MASK),
+        (Kind::Containers, root.join("containers"), PARENT_MASK),
+        (Kind::Sandboxes, root.join("sandboxes"), PARENT_MASK),
     ] {
         let wd = w
             .stream
             .watches()
-            .add(&dir, PARENT_MASK)
+            .add(&dir, mask)
             .map_err(|e| watch_err(&dir, e))?;
         w.watches.insert(wd, (kind, String::new()));
     }
@@ -96,18 +124,33 @@ pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, Proc
             }
         }
     }
-    Ok(Box::pin(futures::stream::unfold(w, |mut w| async move {
+    Ok(Box::pin(futures::stream::unfold(Some(w), |w| async move {
+        let mut w = w?;
         loop {
             if let Some(ev) = w.queue.pop_front() {
-                return Some((Ok(ev), w));
+                return Some((Ok(ev), Some(w)));
             }
-            match w.stream.next().await {
-                Some(Ok(ev)) => w.handle(ev.wd, ev.mask, ev.name),
-                Some(Err(e)) => {
-                    let err = kubelet_core::Error::from(watch_err(&w.root, e));
-                    return Some((Err(err), w));
-                }
-                None => return None,
+            if let Some(dir) = w.lost.take() {
+                let err = watch_err(
+                    &dir,
+                    std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "the state directory was removed",
+                    ),
+                );
+                // Fail once, then end: the consumer subscribes again.
+                return Some((Err(err.into()), None));
+            }
+            tokio::select! {
+                ev = w.stream.next() => match ev {
+                    Some(Ok(ev)) => w.handle(ev.wd, ev.mask, ev.name),
+                    Some(Err(e)) => {
+                        let err = kubelet_core::Error::from(watch_err(&w.root, e));
+                        return Some((Err(err), Some(w)));
+                    }
+                    None => return None,
+                },
+                Some(id) = w.shims.next(), if !w.shims.is_empty() => w.shim_exited(&id),
             }
         }
     })))
@@ -146,6 +189,7 @@ impl Watcher {
         match kind {
             Kind::Container => {
                 self.learn_container(id);
+                self.watch_shim(id);
                 if catch_up {
                     for file in [CONFIG_FILE, STARTED_FILE, EXIT_FILE] {
                         if dir.join(file).exists() {
@@ -192,7 +236,10 @@ impl Watcher {
                 self.learn_container(id);
                 self.push(id, ContainerEventKind::Created);
             }
-            (Kind::Container, STARTED_FILE) => self.push(id, ContainerEventKind::Started),
+            (Kind::Container, STARTED_FILE) => {
+                self.push(id, ContainerEventKind::Started);
+                self.watch_shim(id);
+            }
             (Kind::Container, EXIT_FILE) => self.push(id, ContainerEventKind::Stopped),
             (Kind::Sandbox, SANDBOX_FILE) => match self.learn_sandbox(id) {
                 Some(rec) if rec.ready => self.push(id, ContainerEventKind::Started),
@@ -200,6 +247,40 @@ impl Watcher {
                 None => {}
             },
             _ => {}
+        }
+    }
+
+    /// Watch the shim of a started container that has not exited, through a pidfd.
+    fn watch_shim(&mut self, id: &str) {
+        if self.shim_watched.contains(id) {
+            return;
+        }
+        let dir = self.dir_of(Kind::Container, id);
+        let Ok(Some(started)) = read_json::<StartedRecord>(&dir.join(STARTED_FILE)) else {
+            return;
+        };
+        if dir.join(EXIT_FILE).exists() {
+            return;
+        }
+        let Some(fd) = crate::pidfd::watch(started.shim_pid, started.shim_start_time) else {
+            return;
+        };
+        self.shim_watched.insert(id.to_string());
+        let id = id.to_string();
+        self.shims.push(Box::pin(async move {
+            // An error from the reactor ends the watch just the same.
+            let _ = fd.readable().await;
+            id
+        }));
+    }
+
+    /// A watched shim exited. With an exit record, its rename has been (or will be) reported;
+    /// without one the shim was killed: report the container stopped now.
+    fn shim_exited(&mut self, id: &str) {
+        self.shim_watched.remove(id);
+        let dir = self.dir_of(Kind::Container, id);
+        if dir.exists() && matches!(read_exit(&dir), Ok(None)) {
+            self.push(id, ContainerEventKind::Stopped);
         }
     }
 
@@ -222,14 +303,33 @@ impl Watcher {
         let Some((kind, id)) = self.watches.get(&wd).cloned() else {
             return;
         };
+        let top = matches!(kind, Kind::Root | Kind::Containers | Kind::Sandboxes);
         if mask.contains(EventMask::IGNORED) {
             self.watches.remove(&wd);
+            if top {
+                self.lost = Some(self.root.clone());
+            }
+            return;
+        }
+        if top && (mask.contains(EventMask::MOVE_SELF) || mask.contains(EventMask::DELETE_SELF)) {
+            self.lost = Some(self.root.clone());
+            return;
+        }
+        if kind == Kind::Root {
+            // `containers` or `sandboxes` removed or moved away.
+            if name
+                .as_ref()
+                .is_some_and(|n| n == "containers" || n == "sandboxes")
+            {
+                self.lost = Some(self.root.clone());
+            }
             return;
         }
         let Some(name) = name.as_ref().and_then(|n| n.to_str()).map(str::to_string) else {
             return;
         };
         match kind {
+            Kind::Root => {}
             Kind::Containers | Kind::Sandboxes => {
                 let object = if kind == Kind::Containers {
                     Kind::Container
@@ -248,11 +348,15 @@ impl Watcher {
             Kind::Container | Kind::Sandbox => {
                 if mask.contains(EventMask::MOVED_TO) {
                     self.file_event(kind, &id, &name);
-                } else if mask.contains(EventMask::CLOSE_WRITE)
-                    && kind == Kind::Container
-                    && name == SHIM_LOG_FILE
-                {
-                    self.shim_closed(&id);
+                } else if mask.contains(EventMask::CLOSE_WRITE) && kind == Kind::Container {
+                    if name == SHIM_LOG_FILE {
+                        self.shim_closed(&id);
+                    } else if name == EXIT_SLOT_FILE
+                        && crate::record::read_exit_slot(&self.dir_of(kind, &id)).is_some()
+                    {
+                        // The disk was full: the shim recorded the exit in place.
+                        self.push(&id, ContainerEventKind::Stopped);
+                    }
                 }
             }
         }

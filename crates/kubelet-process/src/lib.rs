@@ -77,6 +77,7 @@ pub mod config;
 pub mod error;
 mod events;
 mod logfmt;
+mod pidfd;
 mod record;
 pub mod runtime;
 pub mod shim;

@@ -5,9 +5,13 @@
 //!   directory of the pod's containers);
 //! - `containers/<id>/config.json` ([`ContainerRecord`], written at create, read by the shim),
 //!   `started.json` ([`StartedRecord`], written by the shim once the process runs),
-//!   `exit.json` ([`ExitRecord`], written by the shim when the process exits), `shim.log`.
+//!   `exit.json` ([`ExitRecord`], written by the shim when the process exits), `exit.slot`,
+//!   `shim.log`.
 //!
 //! Every file is written to a temporary name and renamed, so readers never see half a record.
+//! The one exception is `exit.slot`: 4 KiB of zeros written when the container is created, so
+//! that a shim whose `exit.json` cannot be written (the disk is full) can still record the exit
+//! in place, in blocks that are already allocated.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -100,6 +104,31 @@ pub(crate) const CONFIG_FILE: &str = "config.json";
 pub(crate) const STARTED_FILE: &str = "started.json";
 pub(crate) const EXIT_FILE: &str = "exit.json";
 pub(crate) const SHIM_LOG_FILE: &str = "shim.log";
+pub(crate) const EXIT_SLOT_FILE: &str = "exit.slot";
+/// Size of `exit.slot`: one page or block.
+const SLOT_SIZE: usize = 4096;
+
+/// Whether an I/O error means the filesystem is full (`ENOSPC`, or `EDQUOT`: over quota).
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT))
+}
+
+/// The error for a failed state operation: [`ProcessError::NoSpace`] when the disk is full.
+pub(crate) fn state_error(op: &'static str, path: &Path, source: std::io::Error) -> ProcessError {
+    if is_no_space(&source) {
+        ProcessError::NoSpace {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    } else {
+        ProcessError::State {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
 
 /// Write `value` as JSON to `path` atomically (temporary file + rename).
 pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), ProcessError> {
@@ -110,16 +139,108 @@ pub(crate) fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), Pro
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(format!(".tmp.{}", std::process::id()));
     let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).map_err(|source| ProcessError::State {
-        op: "writing",
-        path: tmp.clone(),
-        source,
-    })?;
-    std::fs::rename(&tmp, path).map_err(|source| ProcessError::State {
-        op: "renaming into",
-        path: path.to_path_buf(),
-        source,
+    if let Err(source) = std::fs::write(&tmp, bytes) {
+        // A partly written temporary file holds blocks a full disk needs back.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(state_error("writing", &tmp, source));
+    }
+    std::fs::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        state_error("renaming into", path, source)
     })
+}
+
+/// Create `dir/exit.slot`: [`SLOT_SIZE`] zero bytes, flushed to disk.
+pub(crate) fn create_exit_slot(dir: &Path) -> Result<(), ProcessError> {
+    use std::io::Write;
+    let path = dir.join(EXIT_SLOT_FILE);
+    let mut f = std::fs::File::create(&path).map_err(|e| state_error("creating", &path, e))?;
+    f.write_all(&[0u8; SLOT_SIZE])
+        .and_then(|()| f.sync_all())
+        .map_err(|e| state_error("writing", &path, e))
+}
+
+/// Record `rec` in `dir/exit.slot`, in place (no new blocks are needed). A message that does
+/// not fit is cut.
+pub(crate) fn write_exit_slot(dir: &Path, rec: &ExitRecord) -> Result<(), ProcessError> {
+    use std::os::unix::fs::FileExt;
+    let path = dir.join(EXIT_SLOT_FILE);
+    let parse_err = |source| ProcessError::StateParse {
+        path: path.clone(),
+        source,
+    };
+    let mut bytes = serde_json::to_vec(rec).map_err(parse_err)?;
+    if bytes.len() > SLOT_SIZE {
+        let mut short = rec.clone();
+        let room = short
+            .message
+            .len()
+            .saturating_sub(bytes.len() - SLOT_SIZE + 16);
+        let mut cut = room;
+        while !short.message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        short.message.truncate(cut);
+        bytes = serde_json::to_vec(&short).map_err(parse_err)?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .map_err(|e| state_error("opening", &path, e))?;
+    f.write_all_at(&bytes, 0)
+        .and_then(|()| f.sync_data())
+        .map_err(|e| state_error("writing", &path, e))
+}
+
+/// The exit recorded in `dir/exit.slot`, if any.
+pub(crate) fn read_exit_slot(dir: &Path) -> Option<ExitRecord> {
+    let bytes = std::fs::read(dir.join(EXIT_SLOT_FILE)).ok()?;
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    if end == 0 {
+        return None;
+    }
+    serde_json::from_slice(&bytes[..end]).ok()
+}
+
+/// The container's exit: `exit.json`, else what `exit.slot` holds.
+pub(crate) fn read_exit(dir: &Path) -> Result<Option<ExitRecord>, ProcessError> {
+    match read_json::<ExitRecord>(&dir.join(EXIT_FILE))? {
+        Some(e) => Ok(Some(e)),
+        None => Ok(read_exit_slot(dir)),
+    }
+}
+
+/// Record an exit: `exit.json`, or in place in `exit.slot` when the disk is full.
+pub(crate) fn write_exit(dir: &Path, rec: &ExitRecord) -> Result<(), ProcessError> {
+    match write_json(&dir.join(EXIT_FILE), rec) {
+        Err(ProcessError::NoSpace { .. }) if dir.join(EXIT_SLOT_FILE).exists() => {
+            write_exit_slot(dir, rec)
+        }
+        r => r,
+    }
+}
+
+/// When the host booted (`btime` of `/proc/stat`).
+pub(crate) fn boot_time() -> Option<Timestamp> {
+    let text = std::fs::read_to_string("/proc/stat").ok()?;
+    let secs = text
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse::<i64>()
+        .ok()?;
+    Timestamp::from_second(secs).ok()
+}
+
+/// Exit code and signal from a wait status (as `waitpid` reports it): `(code, None)` for a
+/// normal exit, `(128 + n, Some(n))` for a death by signal `n`.
+pub(crate) fn decode_wait_status(status: i32) -> (i32, Option<i32>) {
+    let sig = status & 0x7f;
+    if sig == 0 {
+        ((status >> 8) & 0xff, None)
+    } else {
+        (128 + sig, Some(sig))
+    }
 }
 
 /// Read JSON from `path`; `Ok(None)` when the file does not exist.
@@ -172,6 +293,8 @@ pub(crate) struct ProcStat {
     pub(crate) stime: u64,
     pub(crate) start_time: u64,
     pub(crate) rss_pages: u64,
+    /// Field 52: a zombie's wait status, as `waitpid` would report it (Linux ≥ 3.5).
+    pub(crate) exit_status: Option<i32>,
 }
 
 pub(crate) fn parse_proc_stat(text: &str) -> Option<ProcStat> {
@@ -186,6 +309,7 @@ pub(crate) fn parse_proc_stat(text: &str) -> Option<ProcStat> {
         stime: get(15)?,
         start_time: get(22)?,
         rss_pages: get(24)?,
+        exit_status: get(52).and_then(|v| i32::try_from(v).ok()),
     })
 }
 
@@ -208,6 +332,59 @@ mod tests {
         assert_eq!(s.stime, 3);
         assert_eq!(s.start_time, 98765);
         assert_eq!(s.rss_pages, 250);
+        assert_eq!(s.exit_status, None, "field 52 is absent from this line");
+        let zombie = "99 (sh) Z 1 99 99 0 -1 4194316 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0 \
+                      18446744073709551615 0 0 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 \
+                      1792";
+        let z = parse_proc_stat(zombie).expect("parses");
+        assert_eq!(z.state, 'Z');
+        assert_eq!(z.exit_status, Some(1792));
+        assert_eq!(decode_wait_status(1792), (7, None));
+    }
+
+    #[test]
+    fn wait_statuses_decode_as_the_kubelet_reports_them() {
+        assert_eq!(decode_wait_status(0), (0, None));
+        assert_eq!(decode_wait_status(1 << 8), (1, None));
+        assert_eq!(decode_wait_status(9), (137, Some(9)));
+        assert_eq!(
+            decode_wait_status(15 | 0x80),
+            (143, Some(15)),
+            "core dump bit ignored"
+        );
+    }
+
+    #[test]
+    fn an_exit_fits_in_its_slot_in_place_and_long_messages_are_cut() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(read_exit_slot(dir.path()).is_none(), "no slot yet");
+        create_exit_slot(dir.path()).expect("slot");
+        assert!(
+            read_exit_slot(dir.path()).is_none(),
+            "an empty slot is no exit"
+        );
+        let rec = ExitRecord {
+            exit_code: 3,
+            signal: None,
+            finished_at: Timestamp::UNIX_EPOCH,
+            reason: "Error".into(),
+            message: "é".repeat(5000),
+        };
+        write_exit_slot(dir.path(), &rec).expect("write slot");
+        let back = read_exit(dir.path()).expect("read").expect("an exit");
+        assert_eq!(back.exit_code, 3);
+        assert!(back.message.len() < 4096 && back.message.starts_with('é'));
+        let meta = std::fs::metadata(dir.path().join(EXIT_SLOT_FILE)).expect("stat");
+        assert_eq!(meta.len(), 4096, "written in place");
+        // exit.json, when there is one, wins.
+        let json = ExitRecord {
+            exit_code: 0,
+            reason: "Completed".into(),
+            message: String::new(),
+            ..rec
+        };
+        write_json(&dir.path().join(EXIT_FILE), &json).expect("json");
+        assert_eq!(read_exit(dir.path()).expect("read"), Some(json));
     }
 
     #[test]

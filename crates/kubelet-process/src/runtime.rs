@@ -1,6 +1,6 @@
 //! [`ProcessRuntime`]: the [`ContainerRuntime`] implementation.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -20,13 +20,14 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 
-use crate::cgroup::{CgroupDriver, remove_dirs};
+use crate::cgroup::{CgroupDriver, remove_tree_once};
 use crate::config::ProcessRuntimeConfig;
 use crate::error::ProcessError;
 use crate::record::{
     CONFIG_FILE, ContainerRecord, EXIT_FILE, ExitRecord, MountRecord, ResourcesRecord,
-    SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE, SandboxRecord, StartedRecord, new_id, proc_stat,
-    process_alive, read_json, valid_id, write_json,
+    SANDBOX_FILE, SHIM_LOG_FILE, STARTED_FILE, SandboxRecord, StartedRecord, boot_time,
+    create_exit_slot, decode_wait_status, new_id, proc_stat, process_alive, read_exit, read_json,
+    state_error, valid_id, write_exit, write_json,
 };
 use crate::shim::START_ERROR_CODE;
 
@@ -67,8 +68,27 @@ pub struct ProcessRuntime {
     no_cgroup_reason: &'static str,
     recorder: EventRecorder,
     containers: Mutex<HashMap<String, Arc<ContainerRecord>>>,
+    ledger: Mutex<Ledger>,
     sandbox_lock: Mutex<()>,
+    /// Held while deciding the exit of a container whose shim is gone.
+    exit_lock: Mutex<()>,
     host_ip: String,
+}
+
+/// What the runtime remembers of its containers and sandboxes besides their configuration:
+/// enough to put their records back when the state directory vanishes under it (see
+/// [`ProcessRuntime::restore_lost`]), and what a full disk did not let it write.
+#[derive(Debug, Default)]
+struct Ledger {
+    started: HashMap<String, StartedRecord>,
+    exits: HashMap<String, ExitRecord>,
+    /// Exits known only here: writing them failed (disk full); retried on every look.
+    unsaved_exits: HashSet<String>,
+    sandboxes: HashMap<String, SandboxRecord>,
+    /// Sandboxes stopped whose record still says ready (disk full); retried on every look.
+    unsaved_not_ready: HashSet<String>,
+    /// Containers being removed: never restored.
+    removing: HashSet<String>,
 }
 
 /// What the state files say about a container right now.
@@ -138,7 +158,9 @@ impl ProcessRuntime {
             no_cgroup_reason,
             recorder,
             containers: Mutex::new(HashMap::new()),
+            ledger: Mutex::new(Ledger::default()),
             sandbox_lock: Mutex::new(()),
+            exit_lock: Mutex::new(()),
             host_ip: host_ip(),
         })
     }
@@ -186,11 +208,27 @@ impl ProcessRuntime {
         if !valid_id(id) {
             return Err(ProcessError::InvalidId(id.to_string()));
         }
-        read_json(&self.sandbox_dir(id).join(SANDBOX_FILE))?
-            .ok_or_else(|| ProcessError::SandboxNotFound(id.to_string()))
+        let path = self.sandbox_dir(id).join(SANDBOX_FILE);
+        let mut rec: SandboxRecord = match read_json(&path)? {
+            Some(r) => r,
+            None => {
+                self.restore_lost()?;
+                read_json(&path)?.ok_or_else(|| ProcessError::SandboxNotFound(id.to_string()))?
+            }
+        };
+        let mut ledger = self.ledger.lock();
+        if ledger.unsaved_not_ready.contains(id) {
+            rec.ready = false;
+            if write_json(&path, &rec).is_ok() {
+                ledger.unsaved_not_ready.remove(id);
+            }
+        }
+        ledger.sandboxes.insert(id.to_string(), rec.clone());
+        Ok(rec)
     }
 
     fn sandboxes(&self) -> Result<Vec<SandboxRecord>, ProcessError> {
+        self.restore_lost()?;
         let mut out = Vec::new();
         for id in list_ids(&self.config.root_dir.join("sandboxes"))? {
             match self.sandbox(&id) {
@@ -215,6 +253,9 @@ impl ProcessRuntime {
         {
             return Ok(r);
         }
+        if !dir.exists() && self.restore_lost()? > 0 && dir.exists() {
+            return self.container(id);
+        }
         match read_json::<ContainerRecord>(&dir.join(CONFIG_FILE))? {
             Some(r) => {
                 let r = Arc::new(r);
@@ -222,13 +263,110 @@ impl ProcessRuntime {
                 Ok(r)
             }
             None => {
-                self.containers.lock().remove(id);
+                self.forget(id);
                 Err(ProcessError::ContainerNotFound(id.to_string()))
             }
         }
     }
 
+    /// Drop everything remembered about container `id`.
+    fn forget(&self, id: &str) {
+        self.containers.lock().remove(id);
+        let mut ledger = self.ledger.lock();
+        ledger.started.remove(id);
+        ledger.exits.remove(id);
+        ledger.unsaved_exits.remove(id);
+    }
+
+    /// Put back the records of containers (and their sandboxes) whose state directories
+    /// vanished while the runtime was using them — the root directory deleted or replaced
+    /// under a running agent. A container whose process still runs, or whose exit is known, is
+    /// restored from memory, so that its pod is not started a second time and its exit is
+    /// still learnt; one that was only created, or whose process is gone without a known
+    /// exit, is forgotten. Logs one warning per restoration. Returns how many were restored.
+    fn restore_lost(&self) -> Result<usize, ProcessError> {
+        let containers_dir = self.config.root_dir.join("containers");
+        let on_disk: HashSet<String> = list_ids(&containers_dir)?.into_iter().collect();
+        let lost: Vec<Arc<ContainerRecord>> = {
+            let removing = &self.ledger.lock().removing;
+            self.containers
+                .lock()
+                .iter()
+                .filter(|(id, _)| !on_disk.contains(*id) && !removing.contains(*id))
+                .map(|(_, r)| r.clone())
+                .collect()
+        };
+        if lost.is_empty() {
+            return Ok(0);
+        }
+        let mut restored = Vec::new();
+        let mut failed = None;
+        for rec in lost {
+            let (started, exit, sandbox) = {
+                let ledger = self.ledger.lock();
+                (
+                    ledger.started.get(&rec.id).cloned(),
+                    ledger.exits.get(&rec.id).cloned(),
+                    ledger.sandboxes.get(&rec.sandbox_id).cloned(),
+                )
+            };
+            let running = started.as_ref().is_some_and(|s| {
+                process_alive(s.shim_pid, s.shim_start_time)
+                    || process_alive(s.pid, s.pid_start_time)
+            });
+            if !running && exit.is_none() {
+                tracing::warn!(
+                    container = %rec.id, name = %rec.name,
+                    "the state of a container that was not running vanished; forgetting it"
+                );
+                self.forget(&rec.id);
+                continue;
+            }
+            let dir = self.container_dir(&rec.id);
+            let put_back = || -> Result<(), ProcessError> {
+                let sandbox_file = self.sandbox_dir(&rec.sandbox_id).join(SANDBOX_FILE);
+                if let Some(sb) = &sandbox
+                    && !sandbox_file.exists()
+                {
+                    mkdir(&self.sandbox_dir(&rec.sandbox_id).join("work"))?;
+                    write_json(&sandbox_file, sb)?;
+                }
+                mkdir(&dir)?;
+                write_json(&dir.join(CONFIG_FILE), rec.as_ref())?;
+                create_exit_slot(&dir)?;
+                if let Some(s) = &started {
+                    write_json(&dir.join(STARTED_FILE), s)?;
+                }
+                if let Some(e) = &exit
+                    && !dir.join(EXIT_FILE).exists()
+                {
+                    write_json(&dir.join(EXIT_FILE), e)?;
+                }
+                Ok(())
+            };
+            match put_back() {
+                Ok(()) => restored.push(format!("{} ({})", rec.id, rec.name)),
+                Err(e) => failed = Some(e),
+            }
+        }
+        if !restored.is_empty() {
+            tracing::warn!(
+                root = %self.config.root_dir.display(),
+                containers = %restored.join(", "),
+                "the process runtime's state vanished under it (root directory removed or \
+                 replaced); restored the records of {} container(s) from memory, their \
+                 processes untouched",
+                restored.len()
+            );
+        }
+        match failed {
+            Some(e) if restored.is_empty() => Err(e),
+            _ => Ok(restored.len()),
+        }
+    }
+
     fn all_containers(&self) -> Result<Vec<Arc<ContainerRecord>>, ProcessError> {
+        self.restore_lost()?;
         let ids = list_ids(&self.config.root_dir.join("containers"))?;
         let mut out = Vec::with_capacity(ids.len());
         for id in &ids {
@@ -240,19 +378,26 @@ impl ProcessRuntime {
                 }
             }
         }
-        self.containers.lock().retain(|k, _| ids.contains(k));
         Ok(out)
     }
 
     fn observe(&self, rec: &ContainerRecord) -> Result<Observed, ProcessError> {
         let dir = self.container_dir(&rec.id);
-        let exit: Option<ExitRecord> = read_json(&dir.join(EXIT_FILE))?;
+        let exit = read_exit(&dir)?;
         let started: Option<StartedRecord> = read_json(&dir.join(STARTED_FILE))?;
-        if exit.is_some() {
+        let exit = match exit {
+            Some(e) => Some(e),
+            None => self.unsaved_exit(&rec.id, &dir),
+        };
+        if let Some(e) = exit {
+            let mut ledger = self.ledger.lock();
+            if !ledger.exits.contains_key(&rec.id) {
+                ledger.exits.insert(rec.id.clone(), e.clone());
+            }
             return Ok(Observed {
                 state: ContainerState::Exited,
                 started,
-                exit,
+                exit: Some(e),
             });
         }
         let Some(s) = started else {
@@ -262,36 +407,127 @@ impl ProcessRuntime {
                 exit: None,
             });
         };
-        if process_alive(s.pid, s.pid_start_time) || process_alive(s.shim_pid, s.shim_start_time) {
+        self.ledger
+            .lock()
+            .started
+            .entry(rec.id.clone())
+            .or_insert_with(|| s.clone());
+        if process_alive(s.shim_pid, s.shim_start_time) {
             return Ok(Observed {
                 state: ContainerState::Running,
                 started: Some(s),
                 exit: None,
             });
         }
-        // Both gone: the shim may have written its record between our two reads.
-        let exit = match read_json::<ExitRecord>(&dir.join(EXIT_FILE))? {
-            Some(e) => e,
-            None => {
-                let e = ExitRecord {
-                    exit_code: 255,
-                    signal: None,
-                    finished_at: Timestamp::now(),
-                    reason: "Error".to_string(),
-                    message: "the container's shim exited without recording an exit status \
-                              (host reboot or shim killed)"
-                        .to_string(),
-                };
-                tracing::warn!(container = %rec.id, "{}", e.message);
-                write_json(&dir.join(EXIT_FILE), &e)?;
-                e
-            }
-        };
+        let exit = self.supervisor_gone(rec, &s)?;
         Ok(Observed {
             state: ContainerState::Exited,
             started: Some(s),
             exit: Some(exit),
         })
+    }
+
+    /// An exit known only in memory (the disk was full when it was recorded); tries once more
+    /// to write it.
+    fn unsaved_exit(&self, id: &str, dir: &Path) -> Option<ExitRecord> {
+        let mut ledger = self.ledger.lock();
+        if !ledger.unsaved_exits.contains(id) {
+            return None;
+        }
+        let e = ledger.exits.get(id).cloned()?;
+        if write_exit(dir, &e).is_ok() {
+            ledger.unsaved_exits.remove(id);
+            tracing::info!(container = %id, "exit status written now that the disk has room");
+        }
+        Some(e)
+    }
+
+    /// The shim of a started container is gone without recording an exit: it was killed (or
+    /// the host rebooted). Kill what is left of the container, as the shim would have, and
+    /// record the exit: the status the kernel still holds for a zombie main process, else 137
+    /// (the shim's death killed the process: it is the container's parent-death signal), or 255
+    /// when the host rebooted since the container started. Written to `exit.json`, or kept in
+    /// memory while the disk is full.
+    fn supervisor_gone(
+        &self,
+        rec: &ContainerRecord,
+        s: &StartedRecord,
+    ) -> Result<ExitRecord, ProcessError> {
+        let _guard = self.exit_lock.lock();
+        let dir = self.container_dir(&rec.id);
+        // The shim may have written its record just before exiting.
+        if let Some(e) = read_exit(&dir)? {
+            return Ok(e);
+        }
+        if let Some(e) = self.ledger.lock().exits.get(&rec.id).cloned() {
+            return Ok(e);
+        }
+        let main = proc_stat(s.pid).filter(|p| p.start_time == s.pid_start_time);
+        let shim = s.shim_pid;
+        let (exit_code, signal, message) = match main {
+            Some(p) if p.state == 'Z' => {
+                let (code, sig) = p.exit_status.map(decode_wait_status).unwrap_or((255, None));
+                (
+                    code,
+                    sig,
+                    format!(
+                        "the container's supervisor (shim, pid {shim}) died just after the \
+                         container exited; exit status read from the kernel"
+                    ),
+                )
+            }
+            Some(_) => {
+                let _ = killpg(Pid::from_raw(s.pid as i32), Signal::SIGKILL);
+                (
+                    137,
+                    Some(9),
+                    format!(
+                        "the container's supervisor (shim, pid {shim}) died; the container was \
+                         killed with it"
+                    ),
+                )
+            }
+            None if boot_time().is_some_and(|b| b > s.started_at) => (
+                255,
+                None,
+                "the host rebooted while the container was running".to_string(),
+            ),
+            None => (
+                137,
+                Some(9),
+                format!(
+                    "the container's supervisor (shim, pid {shim}) died; the kernel killed the \
+                     container with it"
+                ),
+            ),
+        };
+        if let Some(cg) = &rec.cgroup {
+            for p in cg.pids() {
+                let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
+            }
+        }
+        let exit = ExitRecord {
+            exit_code,
+            signal,
+            finished_at: Timestamp::now(),
+            reason: "Error".to_string(),
+            message,
+        };
+        let mut ledger = self.ledger.lock();
+        ledger.exits.insert(rec.id.clone(), exit.clone());
+        match write_exit(&dir, &exit) {
+            Ok(()) => tracing::warn!(
+                container = %rec.id, name = %rec.name, exit_code, "{}", exit.message
+            ),
+            Err(e) => {
+                tracing::warn!(
+                    container = %rec.id, name = %rec.name, exit_code, error = %e,
+                    "{}; the exit status is kept in memory until it can be written", exit.message
+                );
+                ledger.unsaved_exits.insert(rec.id.clone());
+            }
+        }
+        Ok(exit)
     }
 
     fn pod_object(sandbox: &SandboxRecord, container: &str) -> InvolvedObject {
@@ -432,14 +668,22 @@ impl ProcessRuntime {
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
         };
-        write_json(&dir.join(CONFIG_FILE), &rec)?;
+        let written =
+            create_exit_slot(&dir).and_then(|()| write_json(&dir.join(CONFIG_FILE), &rec));
+        if let Err(e) = written {
+            if let Some(cg) = &rec.cgroup {
+                let _ = cg.remove();
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
         self.containers.lock().insert(id.clone(), Arc::new(rec));
         tracing::debug!(container = %id, sandbox = %sandbox_id, name = %name, "container created");
         Ok(id)
     }
 
     fn fail_start(&self, dir: &Path, err: ProcessError) -> ProcessError {
-        if !dir.join(EXIT_FILE).exists() {
+        if matches!(read_exit(dir), Ok(None)) {
             let rec = ExitRecord {
                 exit_code: START_ERROR_CODE,
                 signal: None,
@@ -447,7 +691,7 @@ impl ProcessRuntime {
                 reason: "StartError".to_string(),
                 message: err.to_string(),
             };
-            if let Err(e) = write_json(&dir.join(EXIT_FILE), &rec) {
+            if let Err(e) = write_exit(dir, &rec) {
                 tracing::warn!(error = %e, "cannot record start failure");
             }
         }
@@ -504,7 +748,7 @@ impl ProcessRuntime {
         let mut shim_exited = false;
         // The dropped `child` is reaped by tokio in the background once the shim exits.
         loop {
-            if let Some(exit) = read_json::<ExitRecord>(&dir.join(EXIT_FILE))? {
+            if let Some(exit) = read_exit(&dir)? {
                 if exit.reason == "StartError" {
                     return Err(ProcessError::StartFailed {
                         id: id.to_string(),
@@ -626,6 +870,16 @@ impl ProcessRuntime {
     }
 
     async fn remove(&self, id: &str) -> Result<(), ProcessError> {
+        self.ledger.lock().removing.insert(id.to_string());
+        let result = self.remove_marked(id).await;
+        if result.is_ok() {
+            self.forget(id);
+        }
+        self.ledger.lock().removing.remove(id);
+        result
+    }
+
+    async fn remove_marked(&self, id: &str) -> Result<(), ProcessError> {
         let rec = match self.container(id) {
             Ok(r) => r,
             Err(ProcessError::ContainerNotFound(_)) => return Ok(()),
@@ -680,7 +934,6 @@ impl ProcessRuntime {
                 }
             }
         }
-        self.containers.lock().remove(id);
         tracing::debug!(container = %id, "container removed");
         Ok(())
     }
@@ -863,7 +1116,11 @@ impl ProcessRuntime {
             log_directory: config.log_directory.clone(),
             ip: self.host_ip.clone(),
         };
-        write_json(&dir.join(SANDBOX_FILE), &rec)?;
+        if let Err(e) = write_json(&dir.join(SANDBOX_FILE), &rec) {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        self.ledger.lock().sandboxes.insert(id.clone(), rec.clone());
         tracing::debug!(sandbox = %id, pod = %format_args!("{}/{}", rec.namespace, rec.name), "sandbox created");
         Ok(id)
     }
@@ -890,7 +1147,17 @@ impl ProcessRuntime {
             && rec.ready
         {
             rec.ready = false;
-            write_json(&self.sandbox_dir(id).join(SANDBOX_FILE), &rec)?;
+            match write_json(&self.sandbox_dir(id).join(SANDBOX_FILE), &rec) {
+                Ok(()) => {}
+                Err(e @ ProcessError::NoSpace { .. }) => {
+                    // Stopped it is: report it so, and write it down once there is room.
+                    tracing::warn!(sandbox = %id, error = %e, "sandbox stopped; its record is updated once the disk has room");
+                    let mut ledger = self.ledger.lock();
+                    ledger.unsaved_not_ready.insert(id.to_string());
+                    ledger.sandboxes.insert(id.to_string(), rec);
+                }
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }
@@ -907,12 +1174,42 @@ impl ProcessRuntime {
         for c in members {
             self.remove(&c.id).await?;
         }
-        if let Some(driver) = &self.cgroups
-            && let Err(e) = remove_dirs(&driver.sandbox_dirs(&self.config.cgroup_parent, id))
-        {
-            tracing::warn!(sandbox = %id, error = %e, "sandbox cgroup not removed");
+        if let Some(driver) = &self.cgroups {
+            // Also the cgroups of containers the runtime has no record of any more, and any
+            // process still in them: nothing of the pod stays behind.
+            let dirs = driver.sandbox_dirs(&self.config.cgroup_parent, id);
+            let mut tries = 0;
+            loop {
+                let mut killed = 0;
+                let mut failed = None;
+                for d in &dirs {
+                    match remove_tree_once(d) {
+                        Ok(n) => killed += n,
+                        Err(e) => failed = Some(e),
+                    }
+                }
+                if killed > 0 {
+                    tracing::warn!(sandbox = %id, killed, "killed processes left in the pod's cgroups");
+                }
+                match failed {
+                    None => break,
+                    Some(e) if tries >= 50 => {
+                        tracing::warn!(sandbox = %id, error = %e, "sandbox cgroup not removed");
+                        break;
+                    }
+                    Some(_) => {
+                        tries += 1;
+                        tokio::time::sleep(POLL).await;
+                    }
+                }
+            }
         }
         let dir = self.sandbox_dir(id);
+        {
+            let mut ledger = self.ledger.lock();
+            ledger.sandboxes.remove(id);
+            ledger.unsaved_not_ready.remove(id);
+        }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
@@ -965,11 +1262,7 @@ impl ProcessRuntime {
 }
 
 fn mkdir(dir: &Path) -> Result<(), ProcessError> {
-    std::fs::create_dir_all(dir).map_err(|source| ProcessError::State {
-        op: "creating",
-        path: dir.to_path_buf(),
-        source,
-    })
+    std::fs::create_dir_all(dir).map_err(|source| state_error("creating", dir, source))
 }
 
 /// Directory entries of `dir` that are valid IDs.
@@ -977,13 +1270,7 @@ fn list_ids(dir: &Path) -> Result<Vec<String>, ProcessError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
-            return Err(ProcessError::State {
-                op: "listing",
-                path: dir.to_path_buf(),
-                source,
-            });
-        }
+        Err(source) => return Err(state_error("listing", dir, source)),
     };
     Ok(rd
         .filter_map(|e| e.ok())

@@ -8,12 +8,15 @@
 //!    process inherits it from the first instruction on — the shim's own few hundred KiB are
 //!    charged to the container;
 //! 2. spawns the container process in its own process group, with exactly the recorded
-//!    environment and working directory;
+//!    environment and working directory, and with SIGKILL as its parent-death signal: if the
+//!    shim is killed, the kernel kills the container at once, so no container runs without a
+//!    supervisor (the runtime then records the exit and cleans up what is left);
 //! 3. records the process's PID and `/proc` start time (`started.json`);
 //! 4. copies stdout and stderr to the container's log file in the CRI log format;
 //! 5. waits for the exit, kills what is left of the process group and the cgroup (as a
 //!    container runtime does when the init process of a container exits), reads the cgroup's
-//!    OOM-kill counter, and writes `exit.json` atomically.
+//!    OOM-kill counter, and writes `exit.json` atomically (in place into the preallocated
+//!    `exit.slot` when the disk is full).
 //!
 //! The runtime reads these files; it never needs to be the container's parent.
 //!
@@ -52,8 +55,8 @@ use parking_lot::Mutex;
 
 use crate::logfmt::{Stream, pump};
 use crate::record::{
-    CONFIG_FILE, ContainerRecord, EXIT_FILE, ExitRecord, STARTED_FILE, StartedRecord, proc_stat,
-    read_json, write_json,
+    CONFIG_FILE, ContainerRecord, ExitRecord, STARTED_FILE, StartedRecord, proc_stat, read_json,
+    write_exit, write_json,
 };
 
 /// First argument that makes [`maybe_run_shim`] run the shim instead of the host program.
@@ -113,7 +116,7 @@ fn record_start_error(dir: &Path, message: String) -> ExitCode {
         reason: "StartError".to_string(),
         message,
     };
-    if let Err(e) = write_json(&dir.join(EXIT_FILE), &rec) {
+    if let Err(e) = write_exit(dir, &rec) {
         log(format_args!("cannot write exit record: {e}"));
     }
     ExitCode::FAILURE
@@ -171,6 +174,7 @@ fn run_container(dir: &Path) -> ExitCode {
     if let Some(uid) = rec.uid {
         cmd.uid(uid);
     }
+    crate::pidfd::die_with_parent(&mut cmd, std::process::id());
     let mut child = match cmd.spawn() {
         Ok(c) => c,
         Err(e) => return record_start_error(dir, format!("exec {program:?}: {e}")),
@@ -263,7 +267,7 @@ fn run_container(dir: &Path) -> ExitCode {
         reason: reason.to_string(),
         message,
     };
-    if let Err(e) = write_json(&dir.join(EXIT_FILE), &exit) {
+    if let Err(e) = write_exit(dir, &exit) {
         log(format_args!("cannot write exit record: {e}"));
         return ExitCode::FAILURE;
     }

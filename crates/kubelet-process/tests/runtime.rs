@@ -707,3 +707,442 @@ async fn as_root_exceeding_the_memory_limit_is_oom_killed() {
     );
     rt.remove_pod_sandbox(&sid).await.expect("remove");
 }
+
+// ---------------------------------------------------------------------------------------------
+// Faults: a killed supervisor, the state directory removed, a full disk, stray cgroups.
+// ---------------------------------------------------------------------------------------------
+
+/// The parent PID of `pid` (`/proc/<pid>/stat` field 4).
+fn parent_of(pid: u32) -> u32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 1..];
+    rest.split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("ppid")
+}
+
+async fn next_event_for(
+    events: &mut kubelet_core::runtime::ContainerEventStream,
+    cid: &str,
+    kind: kubelet_core::runtime::ContainerEventKind,
+    within: Duration,
+) {
+    use futures::StreamExt;
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(Ok(ev))) if ev.container_id == cid && ev.kind == kind => return,
+            Ok(Some(Ok(_))) => {}
+            other => panic!("no {kind:?} event for {cid} within {within:?}: {other:?}"),
+        }
+    }
+}
+
+/// Processes whose command line has `token` as an argument.
+fn procs_with(token: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline"))
+            && cmd.split(|&b| b == 0).any(|a| a == token.as_bytes())
+            && std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|s| !s.contains(") Z "))
+        {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+async fn wait_no_procs(token: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !procs_with(token).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "processes of {token} left: {:?}",
+            procs_with(token)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_killed_shim_takes_its_container_with_it_and_the_exit_is_reported_at_once() {
+    use kubelet_core::runtime::ContainerEventKind;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(tmp.path());
+    let token = format!("shimkill-{}", std::process::id());
+    let (bsid, bcid, _) = run(&rt, tmp.path(), "u-bystander-shim", |sb| {
+        container_config(sb, "by", "sleep 300")
+    })
+    .await;
+    let bystander = rt.container_pid(&bcid).expect("pid").expect("running");
+    let (sid, cid, _) = run(&rt, tmp.path(), "u-shimkill", |sb| {
+        let mut c = container_config(
+            sb,
+            "app",
+            "sh -c 'while :; do sleep 1; done' \"$0\" & while :; do sleep 1; done",
+        );
+        c.args.push(token.clone());
+        c
+    })
+    .await;
+    let pid = rt.container_pid(&cid).expect("pid").expect("running");
+    let shim = parent_of(pid);
+    let mut events = rt.container_events().await.expect("events");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shim as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the shim");
+    // The pidfd watch reports it at once, not when the container exits on its own.
+    next_event_for(
+        &mut events,
+        &cid,
+        ContainerEventKind::Stopped,
+        Duration::from_secs(5),
+    )
+    .await;
+    let st = rt.container_status(&cid).await.expect("status");
+    assert_eq!(st.state, ContainerState::Exited);
+    assert_eq!(st.exit_code, 137, "{st:?}");
+    assert!(st.message.contains("supervisor"), "{}", st.message);
+    // No process of the container runs without its supervisor: the main process died with the
+    // shim, the background child was killed by the runtime.
+    wait_no_procs(&token).await;
+    assert_eq!(rt.container_pid(&bcid).expect("pid"), Some(bystander));
+    rt.remove_pod_sandbox(&sid).await.expect("remove");
+    rt.remove_pod_sandbox(&bsid)
+        .await
+        .expect("remove bystander");
+    assert!(!alive(bystander));
+}
+
+#[tokio::test]
+async fn a_state_directory_removed_under_the_runtime_is_restored_and_nothing_runs_twice() {
+    use kubelet_core::runtime::ContainerEventKind;
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(tmp.path());
+    let (sid, cid, _) = run(&rt, tmp.path(), "u-lost", |sb| {
+        container_config(sb, "app", "read line < /dev/null; sleep 300")
+    })
+    .await;
+    let pid = rt.container_pid(&cid).expect("pid").expect("running");
+    let (dsid, dcid, _) = run(&rt, tmp.path(), "u-lost-done", |sb| {
+        container_config(sb, "done", "exit 3")
+    })
+    .await;
+    wait_state(&rt, &dcid, ContainerState::Exited, Duration::from_secs(10)).await;
+    let mut events = rt.container_events().await.expect("events");
+
+    std::fs::remove_dir_all(tmp.path().join("state")).expect("remove the state directory");
+
+    // The event stream fails (the PLEG relists and subscribes again).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        use futures::StreamExt;
+        match tokio::time::timeout_at(deadline, events.next()).await {
+            Ok(Some(Ok(_))) => {}
+            Ok(Some(Err(_)) | None) => break,
+            Err(_) => panic!("the event stream did not notice the state directory going"),
+        }
+    }
+    // A listing restores both: the running one with its process, the exited one with its exit.
+    let listed = rt
+        .list_containers(&ContainerFilter::default())
+        .await
+        .expect("list");
+    let by_id = |id: &str| listed.iter().find(|c| c.id == id).map(|c| c.state);
+    assert_eq!(by_id(&cid), Some(ContainerState::Running), "{listed:?}");
+    assert_eq!(by_id(&dcid), Some(ContainerState::Exited), "{listed:?}");
+    assert_eq!(rt.container_pid(&cid).expect("pid"), Some(pid));
+    assert_eq!(
+        rt.container_status(&dcid).await.expect("status").exit_code,
+        3
+    );
+    let sandboxes = rt
+        .list_pod_sandboxes(&SandboxFilter::default())
+        .await
+        .expect("sandboxes");
+    assert_eq!(sandboxes.len(), 2, "{sandboxes:?}");
+    assert!(
+        tmp.path()
+            .join("state/containers")
+            .join(&cid)
+            .join("started.json")
+            .exists()
+    );
+
+    // Events work again on a new subscription, and the shim records the exit into the
+    // restored directory.
+    let mut events = rt.container_events().await.expect("events again");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("terminate");
+    next_event_for(
+        &mut events,
+        &cid,
+        ContainerEventKind::Stopped,
+        Duration::from_secs(5),
+    )
+    .await;
+    let st = rt.container_status(&cid).await.expect("status");
+    assert_eq!(
+        (st.state, st.exit_code),
+        (ContainerState::Exited, 143),
+        "{st:?}"
+    );
+    assert!(
+        !st.message.contains("supervisor"),
+        "the shim recorded it: {st:?}"
+    );
+    rt.remove_pod_sandbox(&sid).await.expect("remove");
+    rt.remove_pod_sandbox(&dsid).await.expect("remove");
+    cleanup(&rt).await;
+}
+
+#[tokio::test]
+async fn a_removed_container_is_never_restored() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(tmp.path());
+    let (sid, cid, _) = run(&rt, tmp.path(), "u-gone", |sb| {
+        container_config(sb, "a", "exit 0")
+    })
+    .await;
+    wait_state(&rt, &cid, ContainerState::Exited, Duration::from_secs(10)).await;
+    rt.remove_container(&cid).await.expect("remove");
+    assert!(
+        rt.list_containers(&ContainerFilter::default())
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    assert!(!tmp.path().join("state/containers").join(&cid).exists());
+    rt.remove_pod_sandbox(&sid).await.expect("remove");
+}
+
+/// A tmpfs of `size` mounted at `dir` for the test's lifetime.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
+        std::fs::create_dir_all(dir).expect("mount point");
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Tmpfs(dir.to_path_buf()))
+    }
+
+    /// Fill it to the last byte; returns the filler's path.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.0.join("filler");
+        let mut f = std::fs::File::create(&path).expect("filler");
+        let chunk = vec![0x55u8; 64 * 1024];
+        loop {
+            if f.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+        while f.write(&[0u8]).is_ok_and(|n| n == 1) {}
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[tokio::test]
+async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let probe = runtime(tmp.path());
+    if !root_with_cgroups(&probe) {
+        return;
+    }
+    drop(probe);
+    let fs = Tmpfs::mount(&tmp.path().join("small"), "2m").expect("mount a tmpfs");
+    let rt = ProcessRuntime::new(
+        ProcessRuntimeConfig::new(tmp.path().join("small/state"))
+            .shim_path(SHIM)
+            .cgroup_parent("kubelet-sdk-test"),
+    )
+    .expect("runtime");
+    let token = format!("diskfull-{}", std::process::id());
+    let (bsid, bcid, _) = run(&rt, tmp.path(), "u-full-by", |sb| {
+        let mut c = container_config(sb, "by", "sleep 300");
+        c.args.push(format!("by-{token}"));
+        c
+    })
+    .await;
+    let bystander = rt.container_pid(&bcid).expect("pid").expect("running");
+    let (esid, ecid, _) = run(&rt, tmp.path(), "u-full-exit", |sb| {
+        let mut c = container_config(sb, "ex", "read x < /dev/null; sleep 300");
+        c.args.push(token.clone());
+        c
+    })
+    .await;
+    let epid = rt.container_pid(&ecid).expect("pid").expect("running");
+    let (ksid, kcid, _) = run(&rt, tmp.path(), "u-full-kill", |sb| {
+        let mut c = container_config(sb, "k", "sleep 300");
+        c.args.push(token.clone());
+        c
+    })
+    .await;
+    let kpid = rt.container_pid(&kcid).expect("pid").expect("running");
+    let mut events = rt.container_events().await.expect("events");
+
+    let filler = fs.fill();
+
+    // New work fails with a typed error naming ENOSPC.
+    let err = rt
+        .run_pod_sandbox(&sandbox_config(tmp.path(), "u-full-new"))
+        .await
+        .expect_err("no room for a sandbox");
+    assert_eq!(err.kind(), ErrorKind::ResourceExhausted, "{err}");
+    assert!(err.to_string().contains("ENOSPC"), "{err}");
+
+    // A container that exits is reported exited with its real code (the shim writes in place).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(epid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("terminate");
+    next_event_for(
+        &mut events,
+        &ecid,
+        kubelet_core::runtime::ContainerEventKind::Stopped,
+        Duration::from_secs(5),
+    )
+    .await;
+    let st = rt.container_status(&ecid).await.expect("status");
+    assert_eq!(
+        (st.state, st.exit_code),
+        (ContainerState::Exited, 143),
+        "{st:?}"
+    );
+
+    // A killed supervisor: the exit is decided by the runtime and kept in memory.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(parent_of(kpid) as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the shim");
+    wait_state(&rt, &kcid, ContainerState::Exited, Duration::from_secs(5)).await;
+    assert_eq!(
+        rt.container_status(&kcid).await.expect("status").exit_code,
+        137
+    );
+    assert!(
+        !tmp.path()
+            .join("small/state/containers")
+            .join(&kcid)
+            .join("exit.json")
+            .exists()
+    );
+
+    // Stopping a sandbox needs its record rewritten: reported not ready all the same.
+    rt.stop_pod_sandbox(&esid)
+        .await
+        .expect("stop on a full disk");
+    let st = rt.pod_sandbox_status(&esid).await.expect("sandbox status");
+    assert_eq!(st.state, SandboxState::NotReady);
+    // Removing frees space and works.
+    rt.remove_pod_sandbox(&esid)
+        .await
+        .expect("remove on a full disk");
+
+    // Space returns; the exits recorded in place last: a new runtime on the same state reads
+    // them.
+    std::fs::remove_file(&filler).expect("free the disk");
+    let again = ProcessRuntime::new(
+        ProcessRuntimeConfig::new(tmp.path().join("small/state"))
+            .shim_path(SHIM)
+            .cgroup_parent("kubelet-sdk-test"),
+    )
+    .expect("runtime");
+    assert_eq!(
+        again
+            .container_status(&kcid)
+            .await
+            .expect("status")
+            .exit_code,
+        137
+    );
+    // New work runs again.
+    let (nsid, ncid, _) = run(&rt, tmp.path(), "u-full-after", |sb| {
+        container_config(sb, "after", "exit 0")
+    })
+    .await;
+    wait_state(&rt, &ncid, ContainerState::Exited, Duration::from_secs(10)).await;
+    rt.remove_pod_sandbox(&nsid).await.expect("remove");
+    assert_eq!(rt.container_pid(&bcid).expect("pid"), Some(bystander));
+    wait_no_procs(&token).await;
+    rt.remove_pod_sandbox(&ksid).await.expect("remove");
+    rt.remove_pod_sandbox(&bsid).await.expect("remove");
+    cleanup(&rt).await;
+}
+
+#[tokio::test]
+async fn as_root_removing_a_sandbox_removes_cgroups_and_processes_it_has_no_record_of() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(tmp.path());
+    if !root_with_cgroups(&rt) {
+        return;
+    }
+    let (sid, cid, _) = run(&rt, tmp.path(), "u-stray", |sb| {
+        container_config(sb, "a", "sleep 300")
+    })
+    .await;
+    let dirs = rt.container_cgroup_dirs(&cid).expect("dirs");
+    // A cgroup beside the container's, of a container the runtime has no record of, with a
+    // process in it (what a lost record leaves behind).
+    let token = format!("stray-{}", std::process::id());
+    let mut stray = std::process::Command::new("/bin/sh")
+        .args(["-c", "sleep 300", &token])
+        .spawn()
+        .expect("spawn");
+    let mut stray_dirs = Vec::new();
+    for d in &dirs {
+        let s = d.parent().expect("sandbox cgroup").join("strayed");
+        std::fs::create_dir_all(&s).expect("stray cgroup");
+        std::fs::write(s.join("cgroup.procs"), stray.id().to_string()).expect("join");
+        stray_dirs.push(s);
+    }
+    rt.remove_pod_sandbox(&sid).await.expect("remove");
+    let status = stray.wait().expect("reap");
+    assert_eq!(status.signal_or_code(), Some(9), "{status:?}");
+    for d in dirs.iter().chain(&stray_dirs) {
+        assert!(!d.exists(), "{d:?} left behind");
+        assert!(
+            !d.parent().expect("parent").exists(),
+            "sandbox cgroup left behind"
+        );
+    }
+}
+
+trait SignalOrCode {
+    fn signal_or_code(&self) -> Option<i32>;
+}
+
+impl SignalOrCode for std::process::ExitStatus {
+    fn signal_or_code(&self) -> Option<i32> {
+        use std::os::unix::process::ExitStatusExt;
+        self.signal().or(self.code())
+    }
+}
