@@ -929,45 +929,6 @@ async fn a_removed_container_is_never_restored() {
     rt.remove_pod_sandbox(&sid).await.expect("remove");
 }
 
-/// A tmpfs of `size` mounted at `dir` for the test's lifetime.
-struct Tmpfs(PathBuf);
-
-impl Tmpfs {
-    fn mount(dir: &Path, size: &str) -> Option<Tmpfs> {
-        std::fs::create_dir_all(dir).expect("mount point");
-        let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir)
-            .status()
-            .is_ok_and(|s| s.success());
-        ok.then(|| Tmpfs(dir.to_path_buf()))
-    }
-
-    /// Fill it to the last byte; returns the filler's path.
-    fn fill(&self) -> PathBuf {
-        use std::io::Write;
-        let path = self.0.join("filler");
-        let mut f = std::fs::File::create(&path).expect("filler");
-        let chunk = vec![0x55u8; 64 * 1024];
-        loop {
-            if f.write_all(&chunk).is_err() {
-                break;
-            }
-        }
-        while f.write(&[0u8]).is_ok_and(|n| n == 1) {}
-        path
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount")
-            .arg("-l")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 #[tokio::test]
 async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
     let tmp = tempfile::tempdir().expect("tempdir");
@@ -976,7 +937,7 @@ async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
         return;
     }
     drop(probe);
-    let fs = Tmpfs::mount(&tmp.path().join("small"), "2m").expect("mount a tmpfs");
+    let fs = kubelet_testenv::Tmpfs::mount(&tmp.path().join("small"), "2m").expect("mount a tmpfs");
     let rt = ProcessRuntime::new(
         ProcessRuntimeConfig::new(tmp.path().join("small/state"))
             .shim_path(SHIM)

@@ -39,8 +39,13 @@
 //! # let _ = requests;
 //! ```
 //!
+//! [`Tmpfs`] mounts a small tmpfs and fills it, for tests of a full disk.
+//!
 //! This crate is for tests and benchmarks only (`publish = false`); it depends on nothing but
 //! `serde_json`.
+
+mod tmpfs;
+pub use tmpfs::Tmpfs;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -1511,3 +1511,307 @@ fn memory_limit_from_manifest_is_the_containers_cgroup_limit_when_root() {
         file.display()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// Faults: a killed supervisor, the root directory removed, a full disk. After each, a bystander
+// pod keeps its process and the deleted pods leave nothing behind.
+// ---------------------------------------------------------------------------------------------
+
+/// The parent PID of `pid`.
+fn parent_of(pid: i32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let rest = &stat[stat.rfind(')').expect("comm") + 1..];
+    rest.split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .expect("ppid")
+}
+
+/// The cgroup directories a container process lives in (its own and its sandbox's), when the
+/// runtime gave it one.
+fn cgroup_traces(pid: i32) -> Vec<PathBuf> {
+    memory_limit_file(pid)
+        .and_then(|f| f.parent().map(Path::to_path_buf))
+        .map(|c| {
+            let sandbox = c.parent().map(Path::to_path_buf);
+            std::iter::once(c).chain(sandbox).collect()
+        })
+        .unwrap_or_default()
+}
+
+/// After the test's pods were deleted: no process with any of `tokens`, none of `traces`
+/// (cgroup directories), no container or sandbox state, no pod directory.
+fn assert_nothing_left(env: &Env, tokens: &[&str], traces: &[PathBuf]) {
+    for t in tokens {
+        wait_until(&format!("no process with {t}"), || {
+            container_pids(t).is_empty().then_some(())
+        });
+    }
+    for t in traces {
+        wait_until(&format!("{} to be removed", t.display()), || {
+            (!t.exists()).then_some(())
+        });
+    }
+    let state = env.root.join("runtime").join("process");
+    for sub in ["containers", "sandboxes"] {
+        wait_until(&format!("no {sub} state left"), || {
+            std::fs::read_dir(state.join(sub))
+                .map(|rd| rd.count() == 0)
+                .unwrap_or(true)
+                .then_some(())
+        });
+    }
+    wait_until("no pod directory left", || {
+        std::fs::read_dir(env.root.join("pods"))
+            .map(|rd| rd.count() == 0)
+            .unwrap_or(true)
+            .then_some(())
+    });
+}
+
+#[test]
+fn a_killed_supervisor_is_noticed_at_once_and_its_container_restarted_with_exit_code_137() {
+    let mut env = Env::new("shimkill");
+    env.start();
+    let by = env.token("bystander");
+    let token = env.token("main");
+    env.write_pod(
+        "by.json",
+        &pod(
+            "by",
+            json!({ "containers": [sh("main", &looping("", true), &by)] }),
+        ),
+    );
+    env.write_pod(
+        "sup.json",
+        &pod(
+            "sup",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    env.wait_running_ready(&static_name("by"));
+    let name = static_name("sup");
+    env.wait_running_ready(&name);
+    let by_pid = wait_single_process(&by);
+    let old_pid = wait_single_process(&token);
+    let mut traces = cgroup_traces(old_pid);
+
+    // The evented PLEG relists only every 300 s: the restart within the deadline comes from
+    // the runtime's pidfd watch on the supervisor.
+    kill(Pid::from_raw(parent_of(old_pid)), Signal::SIGKILL).expect("SIGKILL the supervisor");
+
+    let p = env.wait_pod(&name, "restartCount 1 and running again", |p| {
+        let c = main_status(p, "main");
+        c["restartCount"] == 1 && c["state"]["running"].is_object()
+    });
+    let c = main_status(&p, "main");
+    assert_eq!(c["lastState"]["terminated"]["exitCode"], 137, "{c:#}");
+    assert!(
+        c["lastState"]["terminated"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("supervisor")),
+        "{c:#}"
+    );
+    assert!(
+        !cmdline_has(old_pid, &token),
+        "the old process outlived its supervisor"
+    );
+    let new_pid = wait_single_process(&token);
+    assert_ne!(new_pid, old_pid);
+    traces.extend(cgroup_traces(new_pid));
+    assert_eq!(
+        container_pids(&by),
+        vec![by_pid],
+        "the bystander was disturbed"
+    );
+
+    env.remove_manifest("sup.json");
+    env.remove_manifest("by.json");
+    env.wait_pod_gone(&name);
+    env.wait_pod_gone(&static_name("by"));
+    traces.extend(cgroup_traces(by_pid));
+    assert_nothing_left(&env, &[&token, &by], &traces);
+}
+
+#[test]
+fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_nothing() {
+    let mut env = Env::new("rootgone");
+    env.start();
+    let by = env.token("bystander");
+    let token = env.token("main");
+    env.write_pod(
+        "by.json",
+        &pod(
+            "by",
+            json!({ "containers": [sh("main", &looping("", true), &by)] }),
+        ),
+    );
+    env.write_pod(
+        "lost.json",
+        &pod(
+            "lost",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    env.wait_running_ready(&static_name("by"));
+    let name = static_name("lost");
+    env.wait_running_ready(&name);
+    let by_pid = wait_single_process(&by);
+    let pid = wait_single_process(&token);
+    let mut traces = cgroup_traces(pid);
+    traces.extend(cgroup_traces(by_pid));
+
+    // The agent may write into it meanwhile: an operator's `rm -rf` would be retried too.
+    wait_until("the root dir to be removed", || {
+        std::fs::remove_dir_all(&env.root).ok()
+    });
+
+    // The runtime notices (its event stream fails, the PLEG relists) and restores what it
+    // knows: one warning, no second copy.
+    wait_until("the restoration warning", || {
+        (!env.stderr_lines_with("vanished under it").is_empty()).then_some(())
+    });
+    // Give a second copy every chance to appear: several syncs of both pods.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        container_pids(&token),
+        vec![pid],
+        "a second copy was started"
+    );
+    assert_eq!(
+        container_pids(&by),
+        vec![by_pid],
+        "a second copy of the bystander"
+    );
+    let restored = env.stderr_lines_with("vanished under it");
+    assert_eq!(restored.len(), 1, "{restored:#?}");
+    let p = env.wait_running_ready(&name);
+    assert_eq!(main_status(&p, "main")["restartCount"], 0, "{p:#}");
+
+    // Exits are still learnt: the shim records it in the restored state.
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL the container");
+    let p = env.wait_pod(&name, "restartCount 1 and running again", |p| {
+        let c = main_status(p, "main");
+        c["restartCount"] == 1 && c["state"]["running"].is_object()
+    });
+    assert_eq!(
+        main_status(&p, "main")["lastState"]["terminated"]["exitCode"],
+        137,
+        "{p:#}"
+    );
+    let new_pid = wait_single_process(&token);
+    traces.extend(cgroup_traces(new_pid));
+
+    env.remove_manifest("lost.json");
+    env.remove_manifest("by.json");
+    env.wait_pod_gone(&name);
+    env.wait_pod_gone(&static_name("by"));
+    assert_nothing_left(&env, &[&token, &by], &traces);
+}
+
+#[test]
+fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
+    if !root_or_skip("a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns") {
+        return;
+    }
+    let mut env = Env::new("diskfull");
+    let fs = kubelet_testenv::Tmpfs::mount(&env.root, "4m").expect("mount a tmpfs root dir");
+    env.start();
+    let by = env.token("bystander");
+    let crash = env.token("crash");
+    let gone = env.token("gone");
+    let trigger = env.work.join("crash-now");
+    env.write_pod(
+        "by.json",
+        &pod(
+            "by",
+            json!({ "containers": [sh("main", &looping("", true), &by)] }),
+        ),
+    );
+    env.write_pod(
+        "gone.json",
+        &pod(
+            "gone",
+            json!({ "containers": [sh("main", &looping("", true), &gone)] }),
+        ),
+    );
+    let script = format!(
+        "while [ ! -e {} ]; do sleep 0.1; done; exit 3",
+        trigger.display()
+    );
+    env.write_pod(
+        "crash.json",
+        &pod(
+            "crash",
+            json!({ "containers": [sh("main", &script, &crash)] }),
+        ),
+    );
+    for n in ["by", "gone", "crash"] {
+        env.wait_running_ready(&static_name(n));
+    }
+    let by_pid = wait_single_process(&by);
+    let gone_pid = wait_single_process(&gone);
+    let crash_pid = wait_single_process(&crash);
+    let mut traces = cgroup_traces(gone_pid);
+    traces.extend(cgroup_traces(crash_pid));
+    traces.extend(cgroup_traces(by_pid));
+
+    let filler = fs.fill();
+    let lines_before = env.stderr().lines().count();
+
+    // A crashed container is reported exited with its code; its restart cannot be created yet.
+    std::fs::write(&trigger, b"").expect("trigger the crash");
+    let name = static_name("crash");
+    let p = env.wait_pod(&name, "the exit with code 3 in the status", |p| {
+        let c = main_status(p, "main");
+        c["lastState"]["terminated"]["exitCode"] == 3 || c["state"]["terminated"]["exitCode"] == 3
+    });
+    assert!(!cmdline_has(crash_pid, &crash), "{p:#}");
+    // A pod removed from its source goes, disk full or not.
+    env.remove_manifest("gone.json");
+    env.wait_pod_gone(&static_name("gone"));
+    wait_until("the removed pod's process to go", || {
+        container_pids(&gone).is_empty().then_some(())
+    });
+    let p = env.wait_pod(&name, "a waiting state naming the full disk", |p| {
+        main_status(p, "main")["state"]["waiting"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("ENOSPC"))
+    });
+    let window = Duration::from_secs(5);
+    std::thread::sleep(window);
+    let noisy: Vec<String> = env
+        .stderr()
+        .lines()
+        .skip(lines_before)
+        .filter(|l| l.contains("ENOSPC") || l.contains("No space left"))
+        .map(str::to_string)
+        .collect();
+    assert!(
+        noisy.len() <= 12,
+        "{} disk-full lines in about {window:?} (rate-limit them): {noisy:#?}\n{p:#}",
+        noisy.len()
+    );
+
+    // Space returns: the pod runs again without help.
+    std::fs::remove_file(&filler).expect("free the disk");
+    std::fs::remove_file(&trigger).expect("disarm the crash");
+    env.wait_pod(&name, "running again", |p| {
+        main_status(p, "main")["state"]["running"].is_object()
+    });
+    let new_pid = wait_single_process(&crash);
+    traces.extend(cgroup_traces(new_pid));
+    assert_eq!(
+        container_pids(&by),
+        vec![by_pid],
+        "the bystander was disturbed"
+    );
+
+    env.remove_manifest("crash.json");
+    env.remove_manifest("by.json");
+    env.wait_pod_gone(&name);
+    env.wait_pod_gone(&static_name("by"));
+    assert_nothing_left(&env, &[&crash, &by, &gone], &traces);
+    drop(env);
+    drop(fs);
+}
