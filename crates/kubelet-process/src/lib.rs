@@ -45,6 +45,19 @@
 //! cgroup on stop (systemd's default `KillMode=control-group`) would take the shims with it:
 //! run the agent with `KillMode=process`.
 //!
+//! # Faults
+//! - **A killed shim** takes its container with it (the container's parent-death signal is
+//!   SIGKILL); the event stream sees the shim die through a pidfd, and the runtime records the
+//!   exit (137, or the status a zombie still holds) and kills what is left.
+//! - **State removed under it** (the root directory deleted or replaced): the runtime puts back
+//!   the records of the containers it knows that still run or whose exit it knows, from memory,
+//!   and logs one warning; the event stream fails so that the consumer relists and
+//!   resubscribes. No container is started twice.
+//! - **A full disk**: state writes fail with [`ProcessError::NoSpace`]; exits are still recorded
+//!   (in place, in a preallocated `exit.slot`, or in memory until there is room); removing works.
+//!
+//! See docs/architecture.md, "The process runtime", for the details.
+//!
 //! # Example
 //! ```no_run
 //! use kubelet_core::ContainerRuntime;

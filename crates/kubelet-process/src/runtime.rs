@@ -72,6 +72,9 @@ pub struct ProcessRuntime {
     sandbox_lock: Mutex<()>,
     /// Held while deciding the exit of a container whose shim is gone.
     exit_lock: Mutex<()>,
+    /// Held while looking for and restoring lost state: one restoration (and one warning) per
+    /// loss, however many callers notice it at once.
+    restore_lock: Mutex<()>,
     host_ip: String,
 }
 
@@ -152,6 +155,7 @@ impl ProcessRuntime {
                 "process runtime without cgroups ({no_cgroup_reason}): memory/cpu limits are not enforced"
             ),
         }
+        reap_orphans(&config.root_dir, cgroups.as_ref());
         Ok(Self {
             config,
             cgroups,
@@ -161,6 +165,7 @@ impl ProcessRuntime {
             ledger: Mutex::new(Ledger::default()),
             sandbox_lock: Mutex::new(()),
             exit_lock: Mutex::new(()),
+            restore_lock: Mutex::new(()),
             host_ip: host_ip(),
         })
     }
@@ -285,6 +290,7 @@ impl ProcessRuntime {
     /// still learnt; one that was only created, or whose process is gone without a known
     /// exit, is forgotten. Logs one warning per restoration. Returns how many were restored.
     fn restore_lost(&self) -> Result<usize, ProcessError> {
+        let _guard = self.restore_lock.lock();
         let containers_dir = self.config.root_dir.join("containers");
         let on_disk: HashSet<String> = list_ids(&containers_dir)?.into_iter().collect();
         let lost: Vec<Arc<ContainerRecord>> = {
@@ -1277,6 +1283,103 @@ fn list_ids(dir: &Path) -> Result<Vec<String>, ProcessError> {
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|n| valid_id(n))
         .collect())
+}
+
+/// Shims of containers under `root` whose state is gone (the root directory was removed while
+/// no runtime was there to restore it): their containers can be neither reported nor stopped,
+/// and the pods would be started a second time beside them. Kill them (the container dies with
+/// its shim), remove the cgroups they were in, and say so once.
+fn reap_orphans(root: &Path, cgroups: Option<&CgroupDriver>) {
+    let containers = root.join("containers");
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let mut reaped = Vec::new();
+    for entry in procs.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let Some(dir) = args
+            .windows(2)
+            .find(|w| w[0] == b"run")
+            .map(|w| PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()))
+        else {
+            continue;
+        };
+        if dir.parent() != Some(containers.as_path()) || dir.join(CONFIG_FILE).exists() {
+            continue;
+        }
+        let cgroup_dirs = cgroups
+            .map(|_| process_cgroup_dirs(pid))
+            .unwrap_or_default();
+        if kill(Pid::from_raw(pid as i32), Signal::SIGKILL).is_ok() {
+            reaped.push(pid);
+        }
+        for d in cgroup_dirs {
+            for _ in 0..50 {
+                match remove_tree_once(&d) {
+                    Ok(_) => break,
+                    Err(_) => std::thread::sleep(POLL),
+                }
+            }
+            // The sandbox's cgroup, once its last container's is gone.
+            if let Some(parent) = d.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
+    }
+    if !reaped.is_empty() {
+        tracing::warn!(
+            root = %root.display(),
+            shims = ?reaped,
+            "found {} container supervisor(s) whose state under the root directory is gone; \
+             killed them and their containers (their pods are started afresh)",
+            reaped.len()
+        );
+    }
+}
+
+/// The cgroup directories of process `pid` below the cgroup mounts (v1 and v2), from
+/// `/proc/<pid>/cgroup` and `/proc/self/mountinfo`; the root cgroup is skipped.
+fn process_cgroup_dirs(pid: u32) -> Vec<PathBuf> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return Vec::new();
+    };
+    let mounts = crate::cgroup::parse_mountinfo(
+        &std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default(),
+    );
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(_), Some(ctrls), Some(path)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let rel = path.trim_start_matches('/');
+        if rel.is_empty() {
+            continue;
+        }
+        if ctrls.is_empty() {
+            out.extend(mounts.v2.iter().map(|mp| mp.join(rel)));
+        } else {
+            for (mp, have) in &mounts.v1 {
+                if ctrls.split(',').any(|c| have.iter().any(|h| h == c)) {
+                    out.push(mp.join(rel));
+                }
+            }
+        }
+    }
+    out.retain(|d| d.is_dir());
+    out.sort();
+    out.dedup();
+    out
 }
 
 /// The host's primary IP: the source address of the default route, else `127.0.0.1`.

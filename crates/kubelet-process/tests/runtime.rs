@@ -1107,3 +1107,36 @@ impl SignalOrCode for std::process::ExitStatus {
         self.signal().or(self.code())
     }
 }
+
+#[tokio::test]
+async fn a_new_runtime_kills_the_containers_whose_state_is_gone() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let token = format!("orphan-{}", std::process::id());
+    let first = runtime(tmp.path());
+    let (_, cid, _) = run(&first, tmp.path(), "u-orphan", |sb| {
+        let mut c = container_config(sb, "a", "sleep 300");
+        c.args.push(token.clone());
+        c
+    })
+    .await;
+    let dirs = first.container_cgroup_dirs(&cid).expect("dirs");
+    assert_eq!(procs_with(&token).len(), 1);
+    drop(first);
+    // The state goes while no runtime runs: nothing can restore it.
+    std::fs::remove_dir_all(tmp.path().join("state")).expect("remove the state");
+    let rt = runtime(tmp.path());
+    wait_no_procs(&token).await;
+    assert!(
+        rt.list_containers(&ContainerFilter::default())
+            .await
+            .expect("list")
+            .is_empty()
+    );
+    for d in &dirs {
+        assert!(!d.exists(), "{d:?} left behind");
+        assert!(
+            !d.parent().expect("sandbox").exists(),
+            "sandbox cgroup left behind"
+        );
+    }
+}

@@ -1661,10 +1661,12 @@ fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_no
     let mut traces = cgroup_traces(pid);
     traces.extend(cgroup_traces(by_pid));
 
-    // The agent may write into it meanwhile: an operator's `rm -rf` would be retried too.
-    wait_until("the root dir to be removed", || {
-        std::fs::remove_dir_all(&env.root).ok()
-    });
+    // Renamed away first, so that the removal is one event: an `rm -rf` racing the agent's
+    // writes fails with ENOTEMPTY and is run again by its operator, and each run is a loss of
+    // its own.
+    let removed = env.root.with_extension("removed");
+    std::fs::rename(&env.root, &removed).expect("move the root dir away");
+    std::fs::remove_dir_all(&removed).expect("remove it");
 
     // The runtime notices (its event stream fails, the PLEG relists) and restores what it
     // knows: one warning, no second copy.

@@ -1,0 +1,554 @@
+//! `flood-bench`: a release `minimal_kubelet` under a connection flood on its read-only port,
+//! against the same agent quiet, in one run.
+//!
+//! The harness starts the agent on its process runtime with `2 × --samples` static pods, each a
+//! container blocked reading its own FIFO (`restartPolicy: Never`). It measures, first quiet,
+//! then flooded:
+//!
+//! * **exit → status**: the harness writes a line into one pod's FIFO (the container reads it
+//!   and exits) and polls `/pods` on the kubelet API port (HTTPS, its own listener) until the
+//!   container is reported terminated; p50/p99 over `--samples` pods;
+//! * **`/healthz`** on the healthz port: `--healthz-requests` GETs, each on a new connection
+//!   (as a prober makes them); p50/p99;
+//! * the agent's **RSS**.
+//!
+//! The flood: `--idle` connections that send nothing (opened by `--workers` child processes so
+//! that no process needs more descriptors than the machine's hard limit; each reconnects when
+//! the agent closes it), and `--slow` clients that send a request's headers one line per second
+//! (slowloris); both on the read-only port. Reported as well: how many of the flood's
+//! connections were established, and the agent's log lines during the flood per message per
+//! second (JSON log, grouped by message).
+//!
+//! Run:
+//! ```text
+//! CARGO_TARGET_DIR=/work/target-perf cargo build --release -p minimal_kubelet -p flood-bench
+//! /work/target-perf/release/flood-bench --agent /work/target-perf/release/minimal_kubelet
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Read, Write};
+use std::net::TcpStream as StdTcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+#[derive(Debug, Parser)]
+#[command(name = "flood-bench", about)]
+struct Args {
+    /// Path of a release `minimal_kubelet` binary.
+    #[arg(long)]
+    agent: Option<PathBuf>,
+    /// Idle connections to the read-only port.
+    #[arg(long, default_value_t = 20_000)]
+    idle: usize,
+    /// Slow-header clients on the read-only port.
+    #[arg(long, default_value_t = 200)]
+    slow: usize,
+    /// Child processes that hold the idle connections.
+    #[arg(long, default_value_t = 4)]
+    workers: usize,
+    /// Exits measured per phase.
+    #[arg(long, default_value_t = 20)]
+    samples: usize,
+    /// `/healthz` requests per phase.
+    #[arg(long, default_value_t = 200)]
+    healthz_requests: usize,
+    /// Internal: hold this many idle connections to 127.0.0.1:<port>.
+    #[arg(long, hide = true, num_args = 2, value_names = ["PORT", "COUNT"])]
+    flood_worker: Option<Vec<usize>>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    raise_nofile();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    if let Some(w) = &args.flood_worker {
+        let port = u16::try_from(w[0]).context("port")?;
+        return rt.block_on(flood_worker(port, w[1]));
+    }
+    rt.block_on(bench(args))
+}
+
+fn raise_nofile() {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE)
+        && soft < hard
+    {
+        let _ = setrlimit(Resource::RLIMIT_NOFILE, hard, hard);
+    }
+}
+
+/// Hold `count` connections that send nothing; reconnect each one the agent closes. Prints
+/// `CONNECTED <n>` once the first round of connects is done.
+async fn flood_worker(port: u16, count: usize) -> anyhow::Result<()> {
+    let connected = Arc::new(AtomicUsize::new(0));
+    let first_round = Arc::new(AtomicUsize::new(0));
+    for _ in 0..count {
+        let connected = connected.clone();
+        let first_round = first_round.clone();
+        tokio::spawn(async move {
+            let mut first = true;
+            loop {
+                let c = tokio::time::timeout(
+                    Duration::from_secs(5),
+                    TcpStream::connect(("127.0.0.1", port)),
+                )
+                .await;
+                if first {
+                    first_round.fetch_add(1, Ordering::Relaxed);
+                }
+                match c {
+                    Ok(Ok(mut s)) => {
+                        if first {
+                            connected.fetch_add(1, Ordering::Relaxed);
+                        }
+                        first = false;
+                        let mut buf = [0u8; 64];
+                        // Until the agent closes it.
+                        while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
+                    }
+                    _ => {
+                        first = false;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+        });
+    }
+    while first_round.load(Ordering::Relaxed) < count {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    println!("CONNECTED {}", connected.load(Ordering::Relaxed));
+    std::io::stdout().flush()?;
+    // Until the parent closes stdin.
+    tokio::task::spawn_blocking(|| {
+        let mut sink = Vec::new();
+        let _ = std::io::stdin().read_to_end(&mut sink);
+    })
+    .await?;
+    Ok(())
+}
+
+/// A client that sends a request's headers one line per second, forever (reconnecting).
+fn slow_client(port: u16, closed: Arc<AtomicUsize>) {
+    tokio::spawn(async move {
+        loop {
+            let Ok(Ok(mut s)) = tokio::time::timeout(
+                Duration::from_secs(5),
+                TcpStream::connect(("127.0.0.1", port)),
+            )
+            .await
+            else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            };
+            let mut line = b"GET /pods HTTP/1.1\r\n".to_vec();
+            let mut i = 0u64;
+            while s.write_all(&line).await.is_ok() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                i += 1;
+                line = format!("X-Slow-{i}: x\r\n").into_bytes();
+            }
+            closed.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(l.local_addr()?.port())
+}
+
+fn default_agent() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/minimal_kubelet")
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn connect_api(port: u16) -> anyhow::Result<Sender> {
+    let tls = match kubelet_core::http::insecure_tls_config() {
+        Ok(c) => tokio_rustls::TlsConnector::from(Arc::new(c)),
+        Err(e) => bail!("client TLS configuration: {e}"),
+    };
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
+    tcp.set_nodelay(true)?;
+    let stream = tls
+        .connect(ServerName::try_from("localhost")?.to_owned(), tcp)
+        .await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    Ok(sender)
+}
+
+async fn get_json(sender: &mut Sender, path: &str) -> anyhow::Result<serde_json::Value> {
+    sender.ready().await?;
+    let req = hyper::Request::get(path)
+        .header("host", "localhost")
+        .body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    if status != 200 {
+        bail!("{path}: HTTP {status}: {}", String::from_utf8_lossy(&body));
+    }
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// State of the first container of pod `name` in a `/pods` answer: `running`, `terminated`…
+fn container_state(pods: &serde_json::Value, name: &str) -> Option<String> {
+    let pod = pods["items"]
+        .as_array()?
+        .iter()
+        .find(|p| p["metadata"]["name"] == name)?;
+    let state = pod["status"]["containerStatuses"][0]["state"].as_object()?;
+    state.keys().next().cloned()
+}
+
+fn healthz_once(port: u16) -> anyhow::Result<()> {
+    let mut s = StdTcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out)?;
+    if !out.starts_with(b"HTTP/1.1 200") {
+        bail!("/healthz: {}", String::from_utf8_lossy(&out));
+    }
+    Ok(())
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// One phase's figures.
+struct Phase {
+    exit_p50: Duration,
+    exit_p99: Duration,
+    healthz_p50: Duration,
+    healthz_p99: Duration,
+    rss_kib: u64,
+}
+
+struct Agent {
+    child: Child,
+    dir: tempfile::TempDir,
+    api_port: u16,
+    ro_port: u16,
+    healthz_port: u16,
+    stderr: PathBuf,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn pod_name(i: usize) -> String {
+    format!("exit-{i}")
+}
+
+fn start_agent(binary: &Path, pods: usize) -> anyhow::Result<Agent> {
+    let dir = tempfile::Builder::new().prefix("flood-bench-").tempdir()?;
+    let base = dir.path();
+    for d in ["manifests", "root", "logs", "fifos"] {
+        std::fs::create_dir_all(base.join(d))?;
+    }
+    for i in 0..pods {
+        let fifo = base.join("fifos").join(pod_name(i));
+        nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600))?;
+        let pod = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": { "name": pod_name(i) },
+            "spec": {
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "main",
+                    "image": "busybox",
+                    "command": ["/bin/sh", "-c", "read x < \"$0\"; exit 0", fifo],
+                }],
+            },
+        });
+        std::fs::write(
+            base.join("manifests").join(format!("{}.json", pod_name(i))),
+            pod.to_string(),
+        )?;
+    }
+    let (api_port, ro_port, healthz_port) = (free_port()?, free_port()?, free_port()?);
+    let stderr = base.join("agent.log");
+    let child = Command::new(binary)
+        .arg("--root-dir")
+        .arg(base.join("root"))
+        .arg("--pod-log-dir")
+        .arg(base.join("logs"))
+        .arg("--pod-manifest-path")
+        .arg(base.join("manifests"))
+        .args([
+            "--address",
+            "127.0.0.1",
+            "--healthz-bind-address",
+            "127.0.0.1",
+        ])
+        .args(["--read-only-port", &ro_port.to_string()])
+        .args(["--healthz-port", &healthz_port.to_string()])
+        .args(["--port", &api_port.to_string()])
+        .args(["--anonymous-auth", "--authorization-mode", "AlwaysAllow"])
+        .args(["--node-name", "flood", "--file-check-frequency", "60s"])
+        .args(["--eviction-hard", "memory.available<1Mi"])
+        .args(["--log-format", "json"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&stderr)?)
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    Ok(Agent {
+        child,
+        dir,
+        api_port,
+        ro_port,
+        healthz_port,
+        stderr,
+    })
+}
+
+async fn phase(
+    agent: &Agent,
+    api: &mut Sender,
+    pods: std::ops::Range<usize>,
+    n: usize,
+) -> anyhow::Result<Phase> {
+    let mut hz = Vec::with_capacity(n);
+    for _ in 0..n {
+        let port = agent.healthz_port;
+        let t = Instant::now();
+        tokio::task::spawn_blocking(move || healthz_once(port)).await??;
+        hz.push(t.elapsed());
+    }
+    hz.sort();
+    let mut exits = Vec::new();
+    for i in pods {
+        let name = format!("{}-flood", pod_name(i));
+        let fifo = agent.dir.path().join("fifos").join(pod_name(i));
+        let t0 = Instant::now();
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let mut f = std::fs::OpenOptions::new().write(true).open(fifo)?;
+            f.write_all(b"go\n")
+        })
+        .await??;
+        let deadline = t0 + Duration::from_secs(60);
+        loop {
+            let pods = get_json(api, "/pods").await?;
+            if container_state(&pods, &name).as_deref() == Some("terminated") {
+                exits.push(t0.elapsed());
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{name}: no terminated state within 60 s");
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+    exits.sort();
+    Ok(Phase {
+        exit_p50: percentile(&exits, 0.5),
+        exit_p99: percentile(&exits, 0.99),
+        healthz_p50: percentile(&hz, 0.5),
+        healthz_p99: percentile(&hz, 0.99),
+        rss_kib: rss_kib(agent.child.id()),
+    })
+}
+
+/// Log lines from `from` on, per message.
+fn log_messages(path: &Path, from: usize) -> (usize, BTreeMap<String, usize>) {
+    let mut by = BTreeMap::new();
+    let mut total = 0;
+    if let Ok(f) = std::fs::File::open(path) {
+        for line in std::io::BufReader::new(f).lines().map_while(Result::ok) {
+            total += 1;
+            if total <= from {
+                continue;
+            }
+            let msg = serde_json::from_str::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v["fields"]["message"].as_str().map(str::to_string))
+                .unwrap_or(line);
+            *by.entry(msg).or_insert(0) += 1;
+        }
+    }
+    (total, by)
+}
+
+async fn bench(args: Args) -> anyhow::Result<()> {
+    let binary = args.agent.clone().unwrap_or_else(default_agent);
+    let agent = start_agent(&binary, 2 * args.samples)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut api = loop {
+        match connect_api(agent.api_port).await {
+            Ok(s) => break s,
+            Err(e) if Instant::now() > deadline => bail!("the agent's API did not answer: {e}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    loop {
+        let pods = get_json(&mut api, "/pods").await?;
+        let running = (0..2 * args.samples)
+            .filter(|&i| {
+                container_state(&pods, &format!("{}-flood", pod_name(i))).as_deref()
+                    == Some("running")
+            })
+            .count();
+        if running == 2 * args.samples {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("only {running} pods running after 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = agent.child.id();
+    let idle_rss = rss_kib(pid);
+    let quiet = phase(&agent, &mut api, 0..args.samples, args.healthz_requests).await?;
+
+    // The flood.
+    let (lines_before, _) = log_messages(&agent.stderr, 0);
+    let flood_start = Instant::now();
+    let mut workers = Vec::new();
+    let per = args.idle.div_ceil(args.workers.max(1));
+    let exe = std::env::current_exe()?;
+    let mut left = args.idle;
+    while left > 0 {
+        let n = per.min(left);
+        left -= n;
+        workers.push(
+            Command::new(&exe)
+                .args(["--flood-worker", &agent.ro_port.to_string(), &n.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()?,
+        );
+    }
+    let closed = Arc::new(AtomicUsize::new(0));
+    for _ in 0..args.slow {
+        slow_client(agent.ro_port, closed.clone());
+    }
+    let mut established = 0;
+    for w in &mut workers {
+        let out = w.stdout.take().context("worker stdout")?;
+        let line = tokio::task::spawn_blocking(move || {
+            let mut l = String::new();
+            let _ = std::io::BufReader::new(out).read_line(&mut l);
+            l
+        })
+        .await?;
+        established += line
+            .trim()
+            .strip_prefix("CONNECTED ")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    let connect_time = flood_start.elapsed();
+    let flooded = phase(
+        &agent,
+        &mut api,
+        args.samples..2 * args.samples,
+        args.healthz_requests,
+    )
+    .await?;
+    let flood_secs = flood_start.elapsed().as_secs_f64();
+    let (_, messages) = log_messages(&agent.stderr, lines_before);
+    for mut w in workers {
+        drop(w.stdin.take());
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+
+    println!(
+        "flood-bench: {} idle connections ({} established in {:.1} s) + {} slow-header clients on the read-only port",
+        args.idle,
+        established,
+        connect_time.as_secs_f64(),
+        args.slow
+    );
+    println!(
+        "exit -> status: quiet p50 {:.1} ms p99 {:.1} ms | flooded p50 {:.1} ms p99 {:.1} ms | ratio p50 {:.2}x p99 {:.2}x",
+        ms(quiet.exit_p50),
+        ms(quiet.exit_p99),
+        ms(flooded.exit_p50),
+        ms(flooded.exit_p99),
+        ms(flooded.exit_p50) / ms(quiet.exit_p50).max(0.001),
+        ms(flooded.exit_p99) / ms(quiet.exit_p99).max(0.001),
+    );
+    println!(
+        "/healthz (new connection each): quiet p50 {:.3} ms p99 {:.3} ms | flooded p50 {:.3} ms p99 {:.3} ms | ratio p50 {:.2}x p99 {:.2}x",
+        ms(quiet.healthz_p50),
+        ms(quiet.healthz_p99),
+        ms(flooded.healthz_p50),
+        ms(flooded.healthz_p99),
+        ms(flooded.healthz_p50) / ms(quiet.healthz_p50).max(0.001),
+        ms(flooded.healthz_p99) / ms(quiet.healthz_p99).max(0.001),
+    );
+    println!(
+        "agent RSS: idle {} KiB, after the quiet phase {} KiB, flooded {} KiB",
+        idle_rss, quiet.rss_kib, flooded.rss_kib
+    );
+    println!(
+        "slow-header connections closed by the agent during the flood: {}",
+        closed.load(Ordering::Relaxed)
+    );
+    println!("agent log lines during the flood ({flood_secs:.1} s), per message:");
+    if messages.is_empty() {
+        println!("  none");
+    }
+    for (msg, n) in &messages {
+        println!("  {:>6} ({:.2}/s) {msg}", n, *n as f64 / flood_secs);
+    }
+    Ok(())
+}
