@@ -108,7 +108,7 @@ pub enum ProcessError {
         source: std::io::Error,
     },
     /// The disk holding the runtime's state is full (`ENOSPC`) or over quota (`EDQUOT`).
-    #[error("{op} {path}: no space left on device (ENOSPC): {source}")]
+    #[error("{op} {path}: {source} ({})", errno_name(source))]
     NoSpace {
         /// What was being done.
         op: &'static str,
@@ -138,6 +138,15 @@ pub enum ProcessError {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// `ENOSPC` or `EDQUOT`, the two errors [`ProcessError::NoSpace`] stands for.
+fn errno_name(e: &std::io::Error) -> &'static str {
+    if e.raw_os_error() == Some(libc::EDQUOT) {
+        "EDQUOT"
+    } else {
+        "ENOSPC"
+    }
 }
 
 impl ProcessError {

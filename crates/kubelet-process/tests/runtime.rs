@@ -967,6 +967,10 @@ async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
     .await;
     let kpid = rt.container_pid(&kcid).expect("pid").expect("running");
     let mut events = rt.container_events().await.expect("events");
+    // This one has no exit slot (as a container created by an older runtime): its exit can
+    // only be kept in memory until there is room.
+    let kdir = tmp.path().join("small/state/containers").join(&kcid);
+    std::fs::remove_file(kdir.join("exit.slot")).expect("remove the slot");
 
     let filler = fs.fill();
 
@@ -1009,13 +1013,7 @@ async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
         rt.container_status(&kcid).await.expect("status").exit_code,
         137
     );
-    assert!(
-        !tmp.path()
-            .join("small/state/containers")
-            .join(&kcid)
-            .join("exit.json")
-            .exists()
-    );
+    assert!(!kdir.join("exit.json").exists());
 
     // Stopping a sandbox needs its record rewritten: reported not ready all the same.
     rt.stop_pod_sandbox(&esid)
@@ -1028,9 +1026,17 @@ async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
         .await
         .expect("remove on a full disk");
 
-    // Space returns; the exits recorded in place last: a new runtime on the same state reads
-    // them.
+    // Space returns: what was kept in memory is written on the next look, and the exits
+    // recorded in place last: a new runtime on the same state reads them.
     std::fs::remove_file(&filler).expect("free the disk");
+    assert_eq!(
+        rt.container_status(&kcid).await.expect("status").exit_code,
+        137
+    );
+    assert!(
+        kdir.join("exit.json").exists(),
+        "the exit kept in memory was not written"
+    );
     let again = ProcessRuntime::new(
         ProcessRuntimeConfig::new(tmp.path().join("small/state"))
             .shim_path(SHIM)
