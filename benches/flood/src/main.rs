@@ -12,9 +12,9 @@
 //!   (as a prober makes them); p50/p99;
 //! * the agent's **RSS**.
 //!
-//! The flood: `--idle` connections that send nothing (opened by `--workers` child processes so
-//! that no process needs more descriptors than the machine's hard limit; each reconnects when
-//! the agent closes it), and `--slow` clients that send a request's headers one line per second
+//! The flood: `--idle` connections that send nothing (opened by `--workers` child processes,
+//! at `nice 19`, so that no process needs more descriptors than the machine's hard limit; each
+//! reconnects when the agent closes it or the connect times out), and `--slow` clients that send a request's headers one line per second
 //! (slowloris); both on the read-only port. Reported as well: how many of the flood's
 //! connections were established, and the agent's log lines during the flood per message per
 //! second (JSON log, grouped by message).
@@ -256,6 +256,40 @@ fn rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) of process `pid` so far.
+fn cpu_time(pid: u32) -> Duration {
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s[s.rfind(')')? + 1..].to_string();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or(0);
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|&h| h > 0)
+        .unwrap_or(100) as u64;
+    Duration::from_millis(ticks * 1000 / hz)
+}
+
+/// Busy and total jiffies of the whole machine (`cpu` line of `/proc/stat`).
+fn machine_jiffies() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<u64> = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = v.iter().sum();
+    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
 /// One phase's figures.
 struct Phase {
     exit_p50: Duration,
@@ -263,6 +297,10 @@ struct Phase {
     healthz_p50: Duration,
     healthz_p99: Duration,
     rss_kib: u64,
+    /// The agent's CPU use during the phase, in % of one core.
+    cpu_percent: f64,
+    /// The whole machine's CPU use during the phase, in % of all cores.
+    machine_percent: f64,
 }
 
 struct Agent {
@@ -365,6 +403,8 @@ async fn phase(
     pods: std::ops::Range<usize>,
     n: usize,
 ) -> anyhow::Result<Phase> {
+    let (start, cpu_start) = (Instant::now(), cpu_time(agent.child.id()));
+    let machine_start = machine_jiffies();
     let mut hz = Vec::with_capacity(n);
     for _ in 0..n {
         let port = agent.healthz_port;
@@ -403,6 +443,12 @@ async fn phase(
         healthz_p50: percentile(&hz, 0.5),
         healthz_p99: percentile(&hz, 0.99),
         rss_kib: rss_kib(agent.child.id()),
+        cpu_percent: (cpu_time(agent.child.id()) - cpu_start).as_secs_f64() * 100.0
+            / start.elapsed().as_secs_f64(),
+        machine_percent: {
+            let (busy, total) = machine_jiffies();
+            (busy - machine_start.0) as f64 * 100.0 / (total - machine_start.1).max(1) as f64
+        },
     })
 }
 
@@ -467,8 +513,13 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     while left > 0 {
         let n = per.min(left);
         left -= n;
+        // At the lowest priority: a real flood's clients are on other machines; here they
+        // share the cores, and only the kernel's side of their connections is the agent's
+        // machine's to carry.
         workers.push(
-            Command::new(&exe)
+            Command::new("nice")
+                .args(["-n", "19"])
+                .arg(&exe)
                 .args(["--flood-worker", &agent.ro_port.to_string(), &n.to_string()])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -538,6 +589,10 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     println!(
         "agent RSS: idle {} KiB, after the quiet phase {} KiB, flooded {} KiB",
         idle_rss, quiet.rss_kib, flooded.rss_kib
+    );
+    println!(
+        "CPU: agent {:.1}% of a core quiet, {:.1}% flooded (most of it serving the harness's /pods polls); machine {:.0}% busy quiet, {:.0}% flooded (the flood's clients share the cores)",
+        quiet.cpu_percent, flooded.cpu_percent, quiet.machine_percent, flooded.machine_percent
     );
     println!(
         "slow-header connections closed by the agent during the flood: {}",
