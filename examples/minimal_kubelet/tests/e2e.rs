@@ -57,6 +57,8 @@ struct Env {
     relative_dirs: bool,
     /// More flags for the agent (e.g. `--feature-gates`).
     extra_args: Vec<String>,
+    /// A command the agent is started under (e.g. `prlimit --nofile=…`), which execs it.
+    wrapper: Vec<String>,
     agent: Option<Child>,
     tokens: Vec<String>,
 }
@@ -95,6 +97,7 @@ impl Env {
             api_port: 0,
             relative_dirs: false,
             extra_args: Vec::new(),
+            wrapper: Vec::new(),
             agent: None,
             tokens: Vec::new(),
         }
@@ -127,7 +130,15 @@ impl Env {
                 p.to_path_buf()
             }
         };
-        let child = Command::new(BIN)
+        let mut cmd = match self.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(BIN);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = cmd
             .current_dir(base)
             .arg("--root-dir")
             .arg(dir_arg(&self.root))
@@ -1567,6 +1578,91 @@ fn assert_nothing_left(env: &Env, tokens: &[&str], traces: &[PathBuf]) {
             .unwrap_or(true)
             .then_some(())
     });
+}
+
+#[test]
+fn a_connection_flood_on_the_read_only_port_starves_nothing_else() {
+    let mut env = Env::new("flood");
+    // 256 descriptors in all: the read-only port's cap is an eighth of them (32).
+    env.wrapper = vec!["prlimit".into(), "--nofile=256:256".into(), "--".into()];
+    env.healthz_port = free_port();
+    env.start();
+    let by = env.token("bystander");
+    let token = env.token("main");
+    env.write_pod(
+        "by.json",
+        &pod(
+            "by",
+            json!({ "containers": [sh("main", &looping("", true), &by)] }),
+        ),
+    );
+    env.write_pod(
+        "crash.json",
+        &pod(
+            "crash",
+            json!({ "containers": [sh("main", &looping("", true), &token)] }),
+        ),
+    );
+    env.wait_running_ready(&static_name("by"));
+    let name = static_name("crash");
+    env.wait_running_ready(&name);
+    let by_pid = wait_single_process(&by);
+    let pid = wait_single_process(&token);
+    let lines_before = env.stderr().lines().count();
+
+    // Idle connections until the port takes no more (the agent's cap and the kernel's accept
+    // queue are full), at most 600: more than the agent has descriptors.
+    let mut flood = Vec::new();
+    while flood.len() < 600 {
+        match std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([127, 0, 0, 1], env.port)),
+            Duration::from_millis(500),
+        ) {
+            Ok(s) => flood.push(s),
+            Err(_) => break,
+        }
+    }
+    assert!(flood.len() >= 100, "only {} flood connections", flood.len());
+
+    // The healthz port answers, the PLEG and the sync loop work: a killed container is
+    // restarted (a new process), the bystander is untouched.
+    for _ in 0..20 {
+        let (code, _) = http_get(env.healthz_port, "/healthz").expect("healthz under the flood");
+        assert_eq!(code, 200);
+    }
+    kill(Pid::from_raw(pid), Signal::SIGKILL).expect("kill the container");
+    wait_until("the killed container's restart under the flood", || {
+        container_pids(&token)
+            .first()
+            .copied()
+            .filter(|&p| p != pid)
+    });
+    assert_eq!(
+        container_pids(&by),
+        vec![by_pid],
+        "the bystander was disturbed"
+    );
+    let noisy: Vec<String> = env
+        .stderr()
+        .lines()
+        .skip(lines_before)
+        .map(str::to_string)
+        .collect();
+    assert!(
+        !noisy.iter().any(|l| l.contains("Too many open files")),
+        "descriptors ran out: {noisy:#?}"
+    );
+
+    // The flood goes: the read-only port serves again, with the truth.
+    drop(flood);
+    let p = env.wait_pod(&name, "restartCount 1 after the flood", |p| {
+        main_status(p, "main")["restartCount"] == 1
+    });
+    assert_eq!(
+        main_status(&p, "main")["lastState"]["terminated"]["exitCode"],
+        137,
+        "{p:#}"
+    );
 }
 
 #[test]
