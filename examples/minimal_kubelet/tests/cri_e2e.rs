@@ -656,3 +656,96 @@ fn pods_on_containerd_get_a_managed_hosts_file_and_their_hostname() {
     );
     env.stop_agent();
 }
+
+#[test]
+fn a_full_root_dir_on_containerd_keeps_the_status_true_and_leaves_nothing_behind() {
+    let test = "a_full_root_dir_on_containerd_keeps_the_status_true_and_leaves_nothing_behind";
+    let Some(mut env) = Env::start(test) else {
+        return;
+    };
+    let fs = kubelet_testenv::Tmpfs::mount(&env.dir.join("root"), "4m").expect("mount a tmpfs");
+    env.start_agent();
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    let manifest = |name: &str, script: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\nspec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - name: main\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"{script}\"]\n"
+        )
+    };
+    write_manifest(&env.manifests(), "by", &manifest("by", "sleep 3600"));
+    write_manifest(&env.manifests(), "gone", &manifest("gone", "sleep 3600"));
+    write_manifest(
+        &env.manifests(),
+        "crash",
+        &manifest("crash", "sleep 2; exit 3"),
+    );
+    let by = wait_until("by running", || env.pod("by").filter(running));
+    wait_until("gone running", || env.pod("gone").filter(running));
+    let by_ids = container_ids(&by);
+    let restarts_before = wait_until("crash restarted once", || {
+        env.pod("crash").and_then(|p| {
+            p["status"]["containerStatuses"][0]["restartCount"]
+                .as_u64()
+                .filter(|&n| n >= 1)
+        })
+    });
+
+    let filler = fs.fill();
+
+    // A pod removed from its source goes, from the agent and from containerd.
+    let gone_ids = container_ids(&env.pod("gone").expect("gone"));
+    std::fs::remove_file(env.manifests().join("gone.yaml")).unwrap();
+    wait_until("gone to leave /pods", || {
+        env.pod("gone").is_none().then_some(())
+    });
+    wait_until("gone's containers removed from containerd", || {
+        let left = env.runtime_containers();
+        gone_ids
+            .iter()
+            .all(|id| !left.iter().any(|l| id.ends_with(l.as_str())))
+            .then_some(())
+    });
+    // The crashing container is still reported and restarted per its policy.
+    wait_until("crash's next exit reported", || {
+        env.pod("crash").and_then(|p| {
+            let c = &p["status"]["containerStatuses"][0];
+            (c["restartCount"].as_u64()? > restarts_before
+                && c["lastState"]["terminated"]["exitCode"] == 3)
+                .then_some(())
+        })
+    });
+    // A new pod runs: the agent's own files for it are a directory and, for a pod with an IP,
+    // the managed hosts file, whose failed write is logged while the container keeps the
+    // runtime's /etc/hosts (the agent's choice over failing the pod).
+    write_manifest(&env.manifests(), "late", &manifest("late", "sleep 3600"));
+    wait_until("late running on a full disk", || {
+        env.pod("late").filter(running)
+    });
+
+    // Space returns; the bystander kept its container throughout.
+    std::fs::remove_file(&filler).unwrap();
+    let by = env.pod("by").expect("by");
+    assert_eq!(
+        container_ids(&by),
+        by_ids,
+        "the bystander was disturbed: {by:#}"
+    );
+
+    for name in ["by", "crash", "late"] {
+        std::fs::remove_file(env.manifests().join(format!("{name}.yaml"))).unwrap();
+    }
+    wait_until("/pods empty", || {
+        env.pods().filter(|p| p.is_empty()).map(|_| ())
+    });
+    wait_until("containerd has no containers left", || {
+        env.runtime_containers().is_empty().then_some(())
+    });
+    wait_until("no pod directory left", || {
+        std::fs::read_dir(env.dir.join("root/pods"))
+            .map(|rd| rd.count() == 0)
+            .unwrap_or(true)
+            .then_some(())
+    });
+    env.stop_agent();
+    drop(fs);
+}
