@@ -23,7 +23,10 @@ use kubelet::KubeletConfiguration;
 use kubelet::podconfig::{PushSource, PushSourceConfig};
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "apiserver")]
 mod cluster;
+#[cfg(feature = "eviction")]
+mod eviction;
 mod server;
 
 /// Flags, named like the kubelet's.
@@ -109,32 +112,14 @@ struct Flags {
     /// The host resolver configuration pods inherit; empty for none.
     #[arg(long = "resolv-conf", default_value = "/etc/resolv.conf")]
     resolv_conf: String,
-    /// Hard eviction thresholds, e.g. `memory.available<100Mi,nodefs.available<10%`.
-    /// Unset: the kubelet's defaults.
-    #[arg(long = "eviction-hard")]
-    eviction_hard: Option<String>,
-    /// Soft eviction thresholds (each needs a grace period).
-    #[arg(long = "eviction-soft", default_value = "")]
-    eviction_soft: String,
-    /// Grace periods of soft thresholds, e.g. `memory.available=1m30s`.
-    #[arg(long = "eviction-soft-grace-period", default_value = "")]
-    eviction_soft_grace_period: String,
-    /// Minimum reclaim per signal, e.g. `memory.available=0Mi,nodefs.available=500Mi`.
-    #[arg(long = "eviction-minimum-reclaim", default_value = "")]
-    eviction_minimum_reclaim: String,
-    /// How long a pressure condition stays after it was last observed (Go duration).
-    #[arg(long = "eviction-pressure-transition-period", default_value = "5m")]
-    eviction_pressure_transition_period: String,
-    /// Upper bound of the grace period of soft evictions, seconds.
-    #[arg(long = "eviction-max-pod-grace-period", default_value_t = 0)]
-    eviction_max_pod_grace_period: i64,
-    /// Let eviction take static pods (all of this agent's pods come from files): priority then
-    /// decides. The kubelet never evicts static pods.
-    #[arg(long = "evict-static-pods", default_value_t = false)]
-    evict_static_pods: bool,
+    /// The node-pressure eviction flags.
+    #[cfg(feature = "eviction")]
+    #[command(flatten)]
+    eviction: eviction::EvictionFlags,
     /// Beyond the kubelet: count probe errors (an exec the runtime rejects, a probe port that
     /// names no container port) as probe failures. The kubelet discards them, so a liveness
     /// probe that keeps erroring never restarts anything.
+    #[cfg(feature = "probe")]
     #[arg(long = "probe-errors-as-failures", default_value_t = false)]
     probe_errors_as_failures: bool,
     /// Feature gates, `Key=bool,…`; `EventedPLEG=false` turns the evented PLEG off (relist every
@@ -142,6 +127,7 @@ struct Flags {
     #[arg(long = "feature-gates", default_value = "", value_parser = kubelet::core::configuration::parse_feature_gates)]
     feature_gates: std::collections::BTreeMap<String, bool>,
     /// `--kubeconfig` and the node's API server flags.
+    #[cfg(feature = "apiserver")]
     #[command(flatten)]
     cluster: cluster::ClusterFlags,
     /// The kubelet API's flags (`--port`, TLS, authentication, authorization).
@@ -167,7 +153,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 /// The kubelet's configuration from the flags: the one place flags map into it.
 fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
-    use kubelet::eviction::{parse_map_flag, parse_threshold_flag};
     let mut c = KubeletConfiguration::default();
     if let Some(path) = &flags.pod_manifest_path {
         c.static_pod_path = path.to_string_lossy().into_owned();
@@ -206,31 +191,10 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
     c.address = flags.address.clone();
     c.healthz_port = flags.healthz_port;
     c.healthz_bind_address = flags.healthz_bind_address.clone();
-    c.eviction_hard = flags
-        .eviction_hard
-        .as_deref()
-        .map(|f| parse_threshold_flag("--eviction-hard", f))
-        .transpose()?;
-    c.eviction_soft = parse_threshold_flag("--eviction-soft", &flags.eviction_soft)?;
-    c.eviction_soft_grace_period = parse_map_flag(
-        "--eviction-soft-grace-period",
-        &flags.eviction_soft_grace_period,
-    )?;
-    c.eviction_minimum_reclaim = parse_map_flag(
-        "--eviction-minimum-reclaim",
-        &flags.eviction_minimum_reclaim,
-    )?;
-    let (negative, transition) =
-        kubelet::core::duration::parse_go(&flags.eviction_pressure_transition_period)
-            .map_err(anyhow::Error::msg)
-            .context("--eviction-pressure-transition-period")?;
-    if negative {
-        anyhow::bail!("--eviction-pressure-transition-period must not be negative");
-    }
-    c.eviction_pressure_transition_period = transition.into();
-    c.eviction_max_pod_grace_period = i32::try_from(flags.eviction_max_pod_grace_period)
-        .context("--eviction-max-pod-grace-period")?;
+    #[cfg(feature = "eviction")]
+    eviction::configure(&flags.eviction, &mut c)?;
     c.feature_gates = flags.feature_gates.clone();
+    #[cfg(feature = "apiserver")]
     cluster::configure(&flags.cluster, &mut c);
     server::configure(&flags.server, &mut c);
     Ok(c)
@@ -294,19 +258,28 @@ fn main() -> ExitCode {
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
     let configuration = configuration(&flags)?;
+    #[cfg(feature = "apiserver")]
     let cluster = cluster::api_server_config(&flags.cluster, &configuration, &flags.root_dir)?;
     let summary = startup_summary(&flags, &configuration);
+    #[allow(unused_mut)]
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
-        .root_dir(&flags.root_dir)
-        .probe_errors_as_failures(flags.probe_errors_as_failures)
-        .evict_static_pods(flags.evict_static_pods);
+        .root_dir(&flags.root_dir);
+    #[cfg(feature = "probe")]
+    {
+        agent = agent.probe_errors_as_failures(flags.probe_errors_as_failures);
+    }
+    #[cfg(feature = "eviction")]
+    {
+        agent = agent.evict_static_pods(flags.eviction.evict_static_pods);
+    }
     if let Some(image) = &flags.pod_infra_container_image {
         agent = agent.pod_infra_container_image(image);
     }
     if let Some(ca) = &flags.manifest_url_ca_file {
         agent = agent.static_pod_url_ca_file(ca);
     }
+    #[cfg(feature = "apiserver")]
     if let Some(config) = cluster {
         agent = agent.cluster(&config.0, config.1);
     }
@@ -332,10 +305,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
             .context("--pod-push-address")?;
         agent = agent.pod_source(Arc::new(source));
     }
+    #[cfg(feature = "apiserver")]
+    let kubeconfig = flags.cluster.kubeconfig.is_some();
+    #[cfg(not(feature = "apiserver"))]
+    let kubeconfig = false;
     if flags.pod_manifest_path.is_none()
         && flags.manifest_url.is_none()
         && flags.pod_push_address.is_none()
-        && flags.cluster.kubeconfig.is_none()
+        && !kubeconfig
     {
         tracing::warn!(
             "no --pod-manifest-path, --manifest-url, --pod-push-address or --kubeconfig: this agent has no pod source and will run no pods"
