@@ -722,6 +722,22 @@ fn parent_of(pid: u32) -> u32 {
         .expect("ppid")
 }
 
+/// Send `sig` to process `pid`.
+fn send(pid: u32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), sig).expect("signal");
+}
+
+/// Wait up to 5 s for a `Stopped` event of container `cid`.
+async fn stopped_event(events: &mut kubelet_core::runtime::ContainerEventStream, cid: &str) {
+    next_event_for(
+        events,
+        cid,
+        kubelet_core::runtime::ContainerEventKind::Stopped,
+        Duration::from_secs(5),
+    )
+    .await;
+}
+
 async fn next_event_for(
     events: &mut kubelet_core::runtime::ContainerEventStream,
     cid: &str,
@@ -774,7 +790,6 @@ async fn wait_no_procs(token: &str) {
 
 #[tokio::test]
 async fn a_killed_shim_takes_its_container_with_it_and_the_exit_is_reported_at_once() {
-    use kubelet_core::runtime::ContainerEventKind;
     let tmp = tempfile::tempdir().expect("tempdir");
     let rt = runtime(tmp.path());
     let token = format!("shimkill-{}", std::process::id());
@@ -796,19 +811,9 @@ async fn a_killed_shim_takes_its_container_with_it_and_the_exit_is_reported_at_o
     let pid = rt.container_pid(&cid).expect("pid").expect("running");
     let shim = parent_of(pid);
     let mut events = rt.container_events().await.expect("events");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(shim as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill the shim");
+    send(shim, nix::sys::signal::Signal::SIGKILL);
     // The pidfd watch reports it at once, not when the container exits on its own.
-    next_event_for(
-        &mut events,
-        &cid,
-        ContainerEventKind::Stopped,
-        Duration::from_secs(5),
-    )
-    .await;
+    stopped_event(&mut events, &cid).await;
     let st = rt.container_status(&cid).await.expect("status");
     assert_eq!(st.state, ContainerState::Exited);
     assert_eq!(st.exit_code, 137, "{st:?}");
@@ -826,7 +831,6 @@ async fn a_killed_shim_takes_its_container_with_it_and_the_exit_is_reported_at_o
 
 #[tokio::test]
 async fn a_state_directory_removed_under_the_runtime_is_restored_and_nothing_runs_twice() {
-    use kubelet_core::runtime::ContainerEventKind;
     let tmp = tempfile::tempdir().expect("tempdir");
     let rt = runtime(tmp.path());
     let (sid, cid, _) = run(&rt, tmp.path(), "u-lost", |sb| {
@@ -882,18 +886,8 @@ async fn a_state_directory_removed_under_the_runtime_is_restored_and_nothing_run
     // Events work again on a new subscription, and the shim records the exit into the
     // restored directory.
     let mut events = rt.container_events().await.expect("events again");
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("terminate");
-    next_event_for(
-        &mut events,
-        &cid,
-        ContainerEventKind::Stopped,
-        Duration::from_secs(5),
-    )
-    .await;
+    send(pid, nix::sys::signal::Signal::SIGTERM);
+    stopped_event(&mut events, &cid).await;
     let st = rt.container_status(&cid).await.expect("status");
     assert_eq!(
         (st.state, st.exit_code),
@@ -983,18 +977,8 @@ async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
     assert!(err.to_string().contains("ENOSPC"), "{err}");
 
     // A container that exits is reported exited with its real code (the shim writes in place).
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(epid as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .expect("terminate");
-    next_event_for(
-        &mut events,
-        &ecid,
-        kubelet_core::runtime::ContainerEventKind::Stopped,
-        Duration::from_secs(5),
-    )
-    .await;
+    send(epid, nix::sys::signal::Signal::SIGTERM);
+    stopped_event(&mut events, &ecid).await;
     let st = rt.container_status(&ecid).await.expect("status");
     assert_eq!(
         (st.state, st.exit_code),
@@ -1003,11 +987,7 @@ async fn as_root_a_full_disk_fails_with_enospc_and_exits_are_still_reported() {
     );
 
     // A killed supervisor: the exit is decided by the runtime and kept in memory.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(parent_of(kpid) as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .expect("kill the shim");
+    send(parent_of(kpid), nix::sys::signal::Signal::SIGKILL);
     wait_state(&rt, &kcid, ContainerState::Exited, Duration::from_secs(5)).await;
     assert_eq!(
         rt.container_status(&kcid).await.expect("status").exit_code,

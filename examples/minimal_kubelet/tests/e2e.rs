@@ -1538,6 +1538,34 @@ fn parent_of(pid: i32) -> i32 {
         .expect("ppid")
 }
 
+impl Env {
+    /// Pod `name` (file `<name>.json`) with one looping container carrying a fresh token;
+    /// waits until it runs. Returns the token and the container's PID.
+    fn looping_pod(&mut self, name: &str) -> (String, i32) {
+        let token = self.token(name);
+        self.write_pod(
+            &format!("{name}.json"),
+            &pod(
+                name,
+                json!({ "containers": [sh("main", &looping("", true), &token)] }),
+            ),
+        );
+        self.wait_running_ready(&static_name(name));
+        let pid = wait_single_process(&token);
+        (token, pid)
+    }
+
+    /// Delete the manifests of `names` and wait until their pods are gone.
+    fn remove_pods(&self, names: &[&str]) {
+        for n in names {
+            self.remove_manifest(&format!("{n}.json"));
+        }
+        for n in names {
+            self.wait_pod_gone(&static_name(n));
+        }
+    }
+}
+
 /// The cgroup directories a container process lives in (its own and its sandbox's), when the
 /// runtime gave it one.
 fn cgroup_traces(pid: i32) -> Vec<PathBuf> {
@@ -1587,27 +1615,9 @@ fn a_connection_flood_on_the_read_only_port_starves_nothing_else() {
     env.wrapper = vec!["prlimit".into(), "--nofile=256:256".into(), "--".into()];
     env.healthz_port = free_port();
     env.start();
-    let by = env.token("bystander");
-    let token = env.token("main");
-    env.write_pod(
-        "by.json",
-        &pod(
-            "by",
-            json!({ "containers": [sh("main", &looping("", true), &by)] }),
-        ),
-    );
-    env.write_pod(
-        "crash.json",
-        &pod(
-            "crash",
-            json!({ "containers": [sh("main", &looping("", true), &token)] }),
-        ),
-    );
-    env.wait_running_ready(&static_name("by"));
+    let (by, by_pid) = env.looping_pod("by");
+    let (token, pid) = env.looping_pod("crash");
     let name = static_name("crash");
-    env.wait_running_ready(&name);
-    let by_pid = wait_single_process(&by);
-    let pid = wait_single_process(&token);
     let lines_before = env.stderr().lines().count();
 
     // Idle connections until the port takes no more (the agent's cap and the kernel's accept
@@ -1669,27 +1679,9 @@ fn a_connection_flood_on_the_read_only_port_starves_nothing_else() {
 fn a_killed_supervisor_is_noticed_at_once_and_its_container_restarted_with_exit_code_137() {
     let mut env = Env::new("shimkill");
     env.start();
-    let by = env.token("bystander");
-    let token = env.token("main");
-    env.write_pod(
-        "by.json",
-        &pod(
-            "by",
-            json!({ "containers": [sh("main", &looping("", true), &by)] }),
-        ),
-    );
-    env.write_pod(
-        "sup.json",
-        &pod(
-            "sup",
-            json!({ "containers": [sh("main", &looping("", true), &token)] }),
-        ),
-    );
-    env.wait_running_ready(&static_name("by"));
+    let (by, by_pid) = env.looping_pod("by");
+    let (token, old_pid) = env.looping_pod("sup");
     let name = static_name("sup");
-    env.wait_running_ready(&name);
-    let by_pid = wait_single_process(&by);
-    let old_pid = wait_single_process(&token);
     let mut traces = cgroup_traces(old_pid);
 
     // The evented PLEG relists only every 300 s: the restart within the deadline comes from
@@ -1721,10 +1713,7 @@ fn a_killed_supervisor_is_noticed_at_once_and_its_container_restarted_with_exit_
         "the bystander was disturbed"
     );
 
-    env.remove_manifest("sup.json");
-    env.remove_manifest("by.json");
-    env.wait_pod_gone(&name);
-    env.wait_pod_gone(&static_name("by"));
+    env.remove_pods(&["sup", "by"]);
     traces.extend(cgroup_traces(by_pid));
     assert_nothing_left(&env, &[&token, &by], &traces);
 }
@@ -1733,27 +1722,9 @@ fn a_killed_supervisor_is_noticed_at_once_and_its_container_restarted_with_exit_
 fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_nothing() {
     let mut env = Env::new("rootgone");
     env.start();
-    let by = env.token("bystander");
-    let token = env.token("main");
-    env.write_pod(
-        "by.json",
-        &pod(
-            "by",
-            json!({ "containers": [sh("main", &looping("", true), &by)] }),
-        ),
-    );
-    env.write_pod(
-        "lost.json",
-        &pod(
-            "lost",
-            json!({ "containers": [sh("main", &looping("", true), &token)] }),
-        ),
-    );
-    env.wait_running_ready(&static_name("by"));
+    let (by, by_pid) = env.looping_pod("by");
+    let (token, pid) = env.looping_pod("lost");
     let name = static_name("lost");
-    env.wait_running_ready(&name);
-    let by_pid = wait_single_process(&by);
-    let pid = wait_single_process(&token);
     let mut traces = cgroup_traces(pid);
     traces.extend(cgroup_traces(by_pid));
 
@@ -1800,10 +1771,7 @@ fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_no
     let new_pid = wait_single_process(&token);
     traces.extend(cgroup_traces(new_pid));
 
-    env.remove_manifest("lost.json");
-    env.remove_manifest("by.json");
-    env.wait_pod_gone(&name);
-    env.wait_pod_gone(&static_name("by"));
+    env.remove_pods(&["lost", "by"]);
     assert_nothing_left(&env, &[&token, &by], &traces);
 }
 
@@ -1815,24 +1783,10 @@ fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
     let mut env = Env::new("diskfull");
     let fs = kubelet_testenv::Tmpfs::mount(&env.root, "4m").expect("mount a tmpfs root dir");
     env.start();
-    let by = env.token("bystander");
+    let (by, by_pid) = env.looping_pod("by");
+    let (gone, gone_pid) = env.looping_pod("gone");
     let crash = env.token("crash");
-    let gone = env.token("gone");
     let trigger = env.work.join("crash-now");
-    env.write_pod(
-        "by.json",
-        &pod(
-            "by",
-            json!({ "containers": [sh("main", &looping("", true), &by)] }),
-        ),
-    );
-    env.write_pod(
-        "gone.json",
-        &pod(
-            "gone",
-            json!({ "containers": [sh("main", &looping("", true), &gone)] }),
-        ),
-    );
     let script = format!(
         "while [ ! -e {} ]; do sleep 0.1; done; exit 3",
         trigger.display()
@@ -1844,11 +1798,7 @@ fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
             json!({ "containers": [sh("main", &script, &crash)] }),
         ),
     );
-    for n in ["by", "gone", "crash"] {
-        env.wait_running_ready(&static_name(n));
-    }
-    let by_pid = wait_single_process(&by);
-    let gone_pid = wait_single_process(&gone);
+    env.wait_running_ready(&static_name("crash"));
     let crash_pid = wait_single_process(&crash);
     let mut traces = cgroup_traces(gone_pid);
     traces.extend(cgroup_traces(crash_pid));
@@ -1905,10 +1855,7 @@ fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
         "the bystander was disturbed"
     );
 
-    env.remove_manifest("crash.json");
-    env.remove_manifest("by.json");
-    env.wait_pod_gone(&name);
-    env.wait_pod_gone(&static_name("by"));
+    env.remove_pods(&["crash", "by"]);
     assert_nothing_left(&env, &[&crash, &by, &gone], &traces);
     drop(env);
     drop(fs);
