@@ -203,20 +203,28 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
 /// Logs to stderr: text with colours only when stderr is a terminal, or JSON lines.
 fn init_logging(verbosity: u8, format: &str) {
     use std::io::IsTerminal;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let default = match verbosity {
-        0..=3 => "info",
-        4..=5 => "debug",
-        _ => "trace",
+        0..=3 => LevelFilter::INFO,
+        4..=5 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    // `RUST_LOG` as `level` and `target=level` directives (no span or field filters: they need
+    // a regex engine, about 1 MB of binary).
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse::<Targets>().ok())
+        .unwrap_or_else(|| Targets::new().with_default(default));
+    let layer = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter);
     if format == "json" {
-        builder.json().with_ansi(false).init();
+        registry.with(layer.json().with_ansi(false)).init();
     } else {
-        builder.with_ansi(std::io::stderr().is_terminal()).init();
+        registry
+            .with(layer.with_ansi(std::io::stderr().is_terminal()))
+            .init();
     }
 }
 
