@@ -64,7 +64,7 @@ struct Args {
     /// `/healthz` requests per phase.
     #[arg(long, default_value_t = 200)]
     healthz_requests: usize,
-    /// Internal: hold this many idle connections to 127.0.0.1:<port>.
+    /// Internal: hold COUNT idle connections to 127.0.0.1:PORT.
     #[arg(long, hide = true, num_args = 2, value_names = ["PORT", "COUNT"])]
     flood_worker: Option<Vec<usize>>,
 }
