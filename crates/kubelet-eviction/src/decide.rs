@@ -404,6 +404,23 @@ fn container_limit(c: &Container, resource: &str) -> Option<(i64, String)> {
     Some((v, q.0.clone()))
 }
 
+/// Whether `pod` has a local-storage limit [`local_storage_violation`] can find exceeded: an
+/// emptyDir `sizeLimit` or a container's `ephemeral-storage` limit. Pods without one need no
+/// disk usage measured for local-storage eviction.
+pub fn has_local_storage_limits(pod: &Pod) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    spec.volumes
+        .iter()
+        .flatten()
+        .any(|v| v.empty_dir.as_ref().is_some_and(|e| e.size_limit.is_some()))
+        || spec
+            .containers
+            .iter()
+            .any(|c| container_limit(c, "ephemeral-storage").is_some())
+}
+
 /// The first local-storage limit `pod` exceeds, checked as the kubelet does: emptyDir
 /// `sizeLimit`s, then the pod's total against the sum of its containers' ephemeral-storage
 /// limits, then each container's logs (and writable layer) against its own limit.
@@ -1015,6 +1032,13 @@ mod tests {
             local_storage_violation(&pod("plain", None, None), &usage(9 << 30, 9 << 30)),
             None
         );
+        // Only pods with a limit are measured at all.
+        assert!(has_local_storage_limits(&p));
+        assert!(has_local_storage_limits(&two));
+        assert!(!has_local_storage_limits(&pod("plain", None, None)));
+        let mut volume_only = pod("vol", None, None);
+        volume_only.spec.as_mut().unwrap().volumes = p.spec.as_ref().unwrap().volumes.clone();
+        assert!(has_local_storage_limits(&volume_only));
     }
 
     proptest! {

@@ -17,9 +17,9 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::EvictionAdmitHandler;
 use crate::config::{EvictionConfig, Threshold};
 use crate::decide::{
-    EvictionState, Round, eviction_grace_period, eviction_message, has_node_reclaim, is_critical,
-    local_storage_violation, rank, reclaimable_threshold, sort_by_eviction_priority,
-    thresholds_met,
+    EvictionState, Round, eviction_grace_period, eviction_message, has_local_storage_limits,
+    has_node_reclaim, is_critical, local_storage_violation, rank, reclaimable_threshold,
+    sort_by_eviction_priority, thresholds_met,
 };
 use crate::error::EvictionError;
 use crate::metrics::EvictionMetrics;
@@ -508,7 +508,10 @@ impl EvictionManager {
     /// Evict every non-critical pod over one of its local ephemeral-storage limits
     /// (`localStorageEviction`), with the 1 s grace period of hard evictions.
     async fn local_storage_eviction(&self) -> Vec<Eviction> {
-        let active = self.pods.active_pods().await;
+        // Only pods with a local-storage limit can exceed one: the others' disk usage (a walk
+        // of their volumes and logs) is not measured every round.
+        let mut active = self.pods.active_pods().await;
+        active.retain(|p| has_local_storage_limits(&p.pod));
         if active.is_empty() {
             return Vec::new();
         }
