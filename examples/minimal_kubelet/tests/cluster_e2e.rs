@@ -214,7 +214,7 @@ async fn pods_get_the_service_environment_variables_of_their_namespace() {
             "containers": [{
                 "name": "app", "image": "busybox",
                 "env": [{ "name": "TARGET", "value": "$(MY_WEB_SERVICE_HOST):$(MY_WEB_SERVICE_PORT)" }],
-                "command": ["/bin/sh", "-c", "env | sort; exec sleep 100000", &token],
+                "command": ["/bin/sh", "-c", "env | sort; sleep 100000", &token],
             }],
         },
     }))
