@@ -512,11 +512,16 @@ impl ProcessRuntime {
                 let _ = kill(Pid::from_raw(p as i32), Signal::SIGKILL);
             }
         }
+        // The shim lives in the container's cgroup: an OOM kill there can take it too.
+        let oom = rec.cgroup.as_ref().is_some_and(|cg| match cg.oom_kills() {
+            Some(n) => n > 0,
+            None => signal == Some(9) && cg.memory_failcnt().is_some_and(|n| n > 0),
+        });
         let exit = ExitRecord {
             exit_code,
             signal,
             finished_at: Timestamp::now(),
-            reason: "Error".to_string(),
+            reason: if oom { "OOMKilled" } else { "Error" }.to_string(),
             message,
         };
         let mut ledger = self.ledger.lock();
