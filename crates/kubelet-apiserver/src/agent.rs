@@ -39,6 +39,8 @@ pub(crate) struct Shared {
     pub(crate) unknown_status_fields: RwLock<std::collections::HashSet<String>>,
     /// Every Service, for the pods' service environment variables.
     pub(crate) services: crate::services::ServiceCache,
+    /// The ConfigMap/Secret provider handed to the agent (its watches ask the agent for syncs).
+    pub(crate) objects: crate::objects::ApiObjects,
 }
 
 /// One node's connection to the API server. Cheap to clone.
@@ -82,6 +84,7 @@ impl ApiServer {
     /// An integration for node `node_name` over `client`.
     pub fn new(client: Client, node_name: impl Into<String>, config: ApiServerConfig) -> Self {
         let node_name = node_name.into();
+        let services = crate::services::ServiceCache::default();
         Self {
             shared: Arc::new(Shared {
                 events: EventPoster::new(&node_name, config.event_qps, config.event_burst),
@@ -89,7 +92,10 @@ impl ApiServer {
                 recorder: RwLock::new(None),
                 mirrors: MirrorPods::default(),
                 unknown_status_fields: RwLock::new(std::collections::HashSet::new()),
-                services: crate::services::ServiceCache::default(),
+                services: services.clone(),
+                objects: crate::objects::ApiObjects::new(client.clone())
+                    .with_strategy(config.change_detection)
+                    .with_services(services),
                 client,
                 node_name,
                 config,
@@ -134,6 +140,17 @@ impl ApiServer {
     }
 
     /// The kube client.
+    /// The ConfigMap and Secret provider of this integration (its
+    /// [`ChangeDetection`](crate::ChangeDetection) is `ApiServerConfig::change_detection`), to
+    /// hand to [`KubeletBuilder::object_provider`](kubelet_core::KubeletBuilder::object_provider)
+    /// when the integration is not used as a plugin. With the `Watch` strategy, call
+    /// [`ApiObjects::sync_pods_through`](crate::ApiObjects::sync_pods_through) with the agent's
+    /// handle so that changes reach volumes at once.
+    pub fn objects(&self) -> crate::objects::ApiObjects {
+        self.shared.objects.clone()
+    }
+
+    /// The client this integration talks through.
     pub fn client(&self) -> Client {
         self.shared.client.clone()
     }

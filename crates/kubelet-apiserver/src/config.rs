@@ -47,6 +47,9 @@ pub struct ApiServerConfig {
     pub event_qps: f64,
     /// `eventBurst` (10): events posted at once before the rate applies.
     pub event_burst: u32,
+    /// `configMapAndSecretChangeDetectionStrategy` (`Watch`): how ConfigMap and Secret changes
+    /// reach the pods (see [`ApiObjects`](crate::ApiObjects)).
+    pub change_detection: crate::ChangeDetection,
 }
 
 /// The `kubeletVersion` this SDK reports: the Kubernetes API level it implements, then the
@@ -72,6 +75,7 @@ impl Default for ApiServerConfig {
             kubelet_version: KUBELET_VERSION.to_string(),
             event_qps: 5.0,
             event_burst: 10,
+            change_detection: crate::ChangeDetection::Watch,
         }
     }
 }

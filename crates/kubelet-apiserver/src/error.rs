@@ -28,6 +28,11 @@ pub enum ApiServerError {
     /// The HTTP client could not be built from the configuration (TLS material, proxy).
     #[error("creating the API client: {0}")]
     CreateClient(#[source] kube::Error),
+    /// `configMapAndSecretChangeDetectionStrategy` is none of the kubelet's values.
+    #[error(
+        "invalid configMapAndSecretChangeDetectionStrategy {0:?}: accepted values are Watch, Cache and Get"
+    )]
+    InvalidChangeDetectionStrategy(String),
     /// A `--node-labels` entry is not `key=value` with a valid key and value.
     #[error("invalid node label {label:?}: {reason}")]
     InvalidNodeLabel {

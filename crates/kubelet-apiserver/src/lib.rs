@@ -76,7 +76,7 @@ pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
 pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
 pub use error::ApiServerError;
 pub use node::{NodeConditionSource, NodeStatusInputs};
-pub use objects::ApiObjects;
+pub use objects::{ApiObjects, ChangeDetection};
 pub use review::{SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 pub use services::ServiceCache;
 pub use sink::ApiStatusSink;

@@ -1,34 +1,105 @@
 //! [`ApiObjects`]: the [`ObjectProvider`] backed by the API server, for `envFrom` / `valueFrom`
 //! references and `configMap` / `secret` volumes.
 //!
-//! Strategy: the kubelet's TTL-based `Cache` manager (`configMapAndSecretChangeDetectionStrategy:
-//! Cache`), not its default `Watch` (one watch per referenced object). Each object is fetched
-//! with a GET and kept for [`ApiObjects::with_ttl`] (default 1 minute, the kubelet's default when
-//! the Node carries no `node.alpha.kubernetes.io/ttl` annotation). When a pod is new or changed
-//! (a new UID or `resourceVersion` at [`register_pod`](ObjectProvider::register_pod)), the
-//! cached copies of the objects it references are dropped, so a pod always starts with fresh
-//! objects, as the kubelet's `RegisterPod` does. Objects no registered pod references any more
-//! are dropped from the cache. Volumes pick up changes on the pod's next sync after the TTL
-//! expired (at most `syncFrequency` × 1.5 + TTL).
+//! Three strategies, as the kubelet's `configMapAndSecretChangeDetectionStrategy`
+//! ([`ChangeDetection`]):
+//! - **`Watch`** (the default, as the kubelet's): each object a registered pod references is
+//!   watched (a list and watch with the `metadata.name` field selector, which the Node
+//!   authorizer grants a node for its pods' objects) while at least one registered pod
+//!   references it, so 1,000 pods sharing 10 ConfigMaps keep 10 watches. Reads come from the
+//!   watch. An immutable object is read once and no longer watched. When a watched object
+//!   changes (or is deleted), every registered pod that references it is asked to sync at once
+//!   ([`KubeletHandle::sync_pod`], given through [`ApiObjects::sync_pods_through`]), so its
+//!   volume files follow within the time of one sync. The kubelet instead waits for the pod's
+//!   next periodic sync (up to `syncFrequency`, 1 minute): a deliberate difference.
+//!   A read waits at most 1 s for a new watch's first list (the kubelet's limit) and then, or
+//!   when the watch fails (an API server that refuses it), falls back to a GET.
+//! - **`Cache`**: each object is fetched with a GET and kept for a TTL
+//!   ([`ApiObjects::with_ttl`], default 1 minute, the kubelet's default when the Node carries no
+//!   `node.alpha.kubernetes.io/ttl` annotation). When a pod is new or changed (a new UID or
+//!   `resourceVersion` at [`register_pod`](ObjectProvider::register_pod)), the cached copies of
+//!   the objects it references are dropped, so a pod always starts with fresh objects, as the
+//!   kubelet's `RegisterPod` does. Volumes pick up changes on the pod's next sync after the TTL
+//!   expired.
+//! - **`Get`**: every read is a GET.
 //!
-//! Only GETs are made, which is what the Node authorizer grants a node for the ConfigMaps and
-//! Secrets referenced by pods bound to it; anything else comes back as `PermissionDenied` with
-//! the server's message. Not-found answers are cached like objects (a missing object referenced
-//! by a retrying pod costs one GET per TTL).
+//! In every strategy, objects no registered pod references any more are dropped (their watches
+//! stopped). Reads of objects no registered pod references are plain GETs, never cached.
+//! Anything the Node authorizer refuses comes back as `PermissionDenied` with the server's
+//! message. Not-found answers are cached (and watched) like objects.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use kubelet_core::{Error, ErrorKind};
+use kubelet_core::{Error, ErrorKind, KubeletHandle};
 use kubelet_core::{ObjectProvider, ReferencedObjects};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// Default time a fetched object is served from the cache.
+/// Default time a fetched object is served from the cache (`Cache` strategy).
 pub const DEFAULT_OBJECT_TTL: Duration = Duration::from_secs(60);
+
+/// How long a read waits for a new watch's first list before it falls back to a GET (the
+/// kubelet's `objectCache.Get` waits one second).
+pub const WATCH_SYNC_WAIT: Duration = Duration::from_secs(1);
+
+/// At most one watch-error log line per object per this period.
+const ERROR_LOG_EVERY: Duration = Duration::from_secs(30);
+
+/// How the agent learns of ConfigMap and Secret changes: the kubelet's
+/// `configMapAndSecretChangeDetectionStrategy` (see the [module docs](self)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ChangeDetection {
+    /// Watch each referenced object (the kubelet's default).
+    #[default]
+    Watch,
+    /// GET and keep for a TTL.
+    Cache,
+    /// GET on every read.
+    Get,
+}
+
+impl ChangeDetection {
+    /// The configuration's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeDetection::Watch => "Watch",
+            ChangeDetection::Cache => "Cache",
+            ChangeDetection::Get => "Get",
+        }
+    }
+}
+
+impl std::fmt::Display for ChangeDetection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for ChangeDetection {
+    type Err = crate::ApiServerError;
+
+    /// `Watch`, `Cache` or `Get`, as the kubelet spells them.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Watch" => Ok(ChangeDetection::Watch),
+            "Cache" => Ok(ChangeDetection::Cache),
+            "Get" => Ok(ChangeDetection::Get),
+            other => Err(crate::ApiServerError::InvalidChangeDetectionStrategy(
+                other.to_string(),
+            )),
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Kind {
@@ -44,13 +115,32 @@ enum Cached {
     Secret(Option<Secret>),
 }
 
+/// One watched object.
+#[derive(Default)]
+struct Watched {
+    /// The object as the watch last saw it (`Some(None)`: it does not exist); `None` until the
+    /// first list.
+    value: Option<Cached>,
+    /// Its `resourceVersion`, to tell a change from a relist.
+    version: Option<String>,
+    /// The watch has failed before its first list: reads do not wait for it.
+    failing: bool,
+    /// The watch task; finished for an immutable object.
+    task: Option<tokio::task::AbortHandle>,
+}
+
 #[derive(Default)]
 struct State {
+    /// `Cache` strategy: fetched objects and when.
     entries: HashMap<Key, (Cached, Instant)>,
+    /// `Watch` strategy: one watch per referenced object.
+    watched: HashMap<Key, Watched>,
     /// Registered pods: UID → (resourceVersion, namespace, referenced objects).
     pods: HashMap<String, (Option<String>, String, ReferencedObjects)>,
     /// How many registered pods reference each object.
     refs: HashMap<Key, usize>,
+    /// Where to ask for pod syncs when a watched object changes.
+    kubelet: Option<KubeletHandle>,
 }
 
 fn keys<'a>(namespace: &'a str, r: &'a ReferencedObjects) -> impl Iterator<Item = Key> + 'a {
@@ -65,13 +155,20 @@ fn keys<'a>(namespace: &'a str, r: &'a ReferencedObjects) -> impl Iterator<Item 
 }
 
 impl State {
-    fn add_refs(&mut self, namespace: &str, r: &ReferencedObjects, invalidate: bool) {
+    /// Count the pod's references; returns the objects no pod referenced before.
+    fn add_refs(&mut self, namespace: &str, r: &ReferencedObjects, invalidate: bool) -> Vec<Key> {
+        let mut new = Vec::new();
         for k in keys(namespace, r) {
             if invalidate {
                 self.entries.remove(&k);
             }
-            *self.refs.entry(k).or_default() += 1;
+            let n = self.refs.entry(k.clone()).or_default();
+            *n += 1;
+            if *n == 1 {
+                new.push(k);
+            }
         }
+        new
     }
 
     fn drop_refs(&mut self, namespace: &str, r: &ReferencedObjects) {
@@ -81,36 +178,172 @@ impl State {
                 if *n == 0 {
                     self.refs.remove(&k);
                     self.entries.remove(&k);
+                    if let Some(task) = self.watched.remove(&k).and_then(|w| w.task) {
+                        task.abort();
+                    }
                 }
             }
         }
     }
+
+    /// UIDs of the registered pods that reference `key`.
+    fn pods_referencing(&self, key: &Key) -> Vec<String> {
+        self.pods
+            .iter()
+            .filter(|(_, (_, ns, r))| {
+                *ns == key.1
+                    && match key.0 {
+                        Kind::ConfigMap => r.config_maps.binary_search(&key.2).is_ok(),
+                        Kind::Secret => r.secrets.binary_search(&key.2).is_ok(),
+                    }
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect()
+    }
 }
 
-/// ConfigMaps and Secrets from the API server, with a TTL cache. Cheap to clone (shared cache).
+/// What the watch task needs to know about one kind of object.
+trait WatchedKind:
+    kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+    + Send
+    + Sync
+    + 'static
+{
+    fn wrap(o: Option<Self>) -> Cached;
+    fn immutable(&self) -> bool;
+}
+
+impl WatchedKind for ConfigMap {
+    fn wrap(o: Option<Self>) -> Cached {
+        Cached::ConfigMap(o)
+    }
+    fn immutable(&self) -> bool {
+        self.immutable == Some(true)
+    }
+}
+
+impl WatchedKind for Secret {
+    fn wrap(o: Option<Self>) -> Cached {
+        Cached::Secret(o)
+    }
+    fn immutable(&self) -> bool {
+        self.immutable == Some(true)
+    }
+}
+
+/// Keep `key`'s entry in `state` current from a watch until the entry goes (the last pod
+/// referencing it went: the task is aborted) or the object is immutable.
+async fn watch_object<K: WatchedKind>(
+    client: Client,
+    key: Key,
+    state: Weak<Mutex<State>>,
+    synced: Arc<Notify>,
+) {
+    let api: Api<K> = Api::namespaced(client, &key.1);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", key.2));
+    let stream = watcher::watcher(api, config).default_backoff();
+    let mut stream = std::pin::pin!(stream);
+    let mut listed: Option<K> = None;
+    let mut last_error: Option<Instant> = None;
+    while let Some(event) = stream.next().await {
+        let seen = match event {
+            Ok(Event::Init) => {
+                listed = None;
+                continue;
+            }
+            Ok(Event::InitApply(o)) => {
+                listed = Some(o);
+                continue;
+            }
+            Ok(Event::InitDone) => listed.take(),
+            Ok(Event::Apply(o)) => Some(o),
+            Ok(Event::Delete(_)) => None,
+            Err(e) => {
+                let Some(state) = state.upgrade() else { return };
+                if let Some(w) = state.lock().watched.get_mut(&key) {
+                    w.failing = w.value.is_none();
+                }
+                synced.notify_waiters();
+                if last_error.is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY) {
+                    tracing::warn!(namespace = %key.1, name = %key.2, kind = ?key.0, error = %e,
+                        "watching an object failed; retrying (reads fall back to GETs meanwhile)");
+                    last_error = Some(Instant::now());
+                }
+                continue;
+            }
+        };
+        let Some(state) = state.upgrade() else { return };
+        let immutable = seen.as_ref().is_some_and(K::immutable);
+        let version = seen
+            .as_ref()
+            .and_then(|o| o.meta().resource_version.clone());
+        let (pods, kubelet) = {
+            let mut st = state.lock();
+            let Some(w) = st.watched.get_mut(&key) else {
+                return;
+            };
+            let changed = w.value.is_some() && w.version != version;
+            w.value = Some(K::wrap(seen));
+            w.version = version;
+            w.failing = false;
+            let pods = if changed {
+                st.pods_referencing(&key)
+            } else {
+                Vec::new()
+            };
+            (pods, st.kubelet.clone())
+        };
+        synced.notify_waiters();
+        if !pods.is_empty() {
+            tracing::debug!(namespace = %key.1, name = %key.2, kind = ?key.0, pods = pods.len(),
+                "watched object changed; syncing the pods that use it");
+            if let Some(k) = &kubelet {
+                for uid in &pods {
+                    k.sync_pod(uid);
+                }
+            }
+        }
+        if immutable {
+            tracing::debug!(namespace = %key.1, name = %key.2, kind = ?key.0,
+                "object is immutable; no longer watched");
+            return;
+        }
+    }
+}
+
+/// ConfigMaps and Secrets from the API server (see the [module docs](self) for the strategies).
+/// Cheap to clone (shared state).
 #[derive(Clone)]
 pub struct ApiObjects {
     client: Client,
+    strategy: ChangeDetection,
     ttl: Duration,
-    state: std::sync::Arc<Mutex<State>>,
+    state: Arc<Mutex<State>>,
+    synced: Arc<Notify>,
     services: Option<crate::services::ServiceCache>,
 }
 
 impl std::fmt::Debug for ApiObjects {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApiObjects")
+            .field("strategy", &self.strategy)
             .field("ttl", &self.ttl)
             .finish_non_exhaustive()
     }
 }
 
 impl ApiObjects {
-    /// A provider using `client` (the node's credentials), with the default TTL.
+    /// A provider using `client` (the node's credentials), with the `Watch` strategy.
     pub fn new(client: Client) -> Self {
         Self {
             client,
+            strategy: ChangeDetection::Watch,
             ttl: DEFAULT_OBJECT_TTL,
             state: Default::default(),
+            synced: Arc::new(Notify::new()),
             services: None,
         }
     }
@@ -123,24 +356,120 @@ impl ApiObjects {
         self
     }
 
-    /// Serve fetched objects from the cache for `ttl` (zero: every lookup is a GET).
+    /// Use `strategy` (`Cache` with the TTL set by [`with_ttl`](Self::with_ttl), default
+    /// 1 minute).
+    pub fn with_strategy(mut self, strategy: ChangeDetection) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The `Cache` strategy with objects served from the cache for `ttl` (zero: every lookup
+    /// is a GET).
     pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.strategy = ChangeDetection::Cache;
         self.ttl = ttl;
         self
     }
 
-    /// Number of objects currently cached (for tests and metrics).
-    pub fn cached_objects(&self) -> usize {
-        self.state.lock().entries.len()
+    /// The strategy in use.
+    pub fn strategy(&self) -> ChangeDetection {
+        self.strategy
     }
 
-    fn cached(&self, key: &Key) -> Option<Cached> {
+    /// With the `Watch` strategy, ask `kubelet` to sync the pods that use an object as soon as
+    /// a watch sees it change. The API-server plugin does this when it starts.
+    pub fn sync_pods_through(&self, kubelet: KubeletHandle) {
+        self.state.lock().kubelet = Some(kubelet);
+    }
+
+    /// Number of objects currently cached (`Cache`) or watched and read (`Watch`), for tests
+    /// and metrics.
+    pub fn cached_objects(&self) -> usize {
         let st = self.state.lock();
-        let (c, at) = st.entries.get(key)?;
-        (at.elapsed() < self.ttl).then(|| c.clone())
+        st.entries.len() + st.watched.values().filter(|w| w.value.is_some()).count()
+    }
+
+    /// Number of watches currently open (`Watch` strategy; immutable objects have none).
+    pub fn active_watches(&self) -> usize {
+        self.state
+            .lock()
+            .watched
+            .values()
+            .filter(|w| w.task.as_ref().is_some_and(|t| !t.is_finished()))
+            .count()
+    }
+
+    /// Start the watches of objects a pod referenced first (`Watch` strategy). Without a tokio
+    /// runtime there is nothing to run them on; reads then fall back to GETs.
+    fn start_watches(&self, st: &mut State, new: Vec<Key>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        for key in new {
+            let client = self.client.clone();
+            let weak = Arc::downgrade(&self.state);
+            let synced = self.synced.clone();
+            let task = match key.0 {
+                Kind::ConfigMap => rt.spawn(watch_object::<ConfigMap>(
+                    client,
+                    key.clone(),
+                    weak,
+                    synced,
+                )),
+                Kind::Secret => {
+                    rt.spawn(watch_object::<Secret>(client, key.clone(), weak, synced))
+                }
+            };
+            st.watched.insert(
+                key,
+                Watched {
+                    task: Some(task.abort_handle()),
+                    ..Default::default()
+                },
+            );
+        }
+    }
+
+    /// The watched copy of `key`: `None` when it is not watched, or its watch has not listed
+    /// within [`WATCH_SYNC_WAIT`] or is failing (the caller GETs).
+    async fn watched(&self, key: &Key) -> Option<Cached> {
+        let deadline = Instant::now() + WATCH_SYNC_WAIT;
+        loop {
+            let wait = self.synced.notified();
+            let mut wait = std::pin::pin!(wait);
+            wait.as_mut().enable();
+            {
+                let st = self.state.lock();
+                let w = st.watched.get(key)?;
+                if let Some(v) = &w.value {
+                    return Some(v.clone());
+                }
+                if w.failing {
+                    return None;
+                }
+            }
+            if tokio::time::timeout_at(deadline, wait).await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    async fn lookup(&self, key: &Key) -> Option<Cached> {
+        match self.strategy {
+            ChangeDetection::Watch => self.watched(key).await,
+            ChangeDetection::Cache => {
+                let st = self.state.lock();
+                let (c, at) = st.entries.get(key)?;
+                (at.elapsed() < self.ttl).then(|| c.clone())
+            }
+            ChangeDetection::Get => None,
+        }
     }
 
     fn store(&self, key: Key, value: Cached) {
+        if self.strategy != ChangeDetection::Cache {
+            return;
+        }
         let mut st = self.state.lock();
         // Cache only what a registered pod references, so unregistered lookups cannot grow it.
         if st.refs.contains_key(&key) {
@@ -190,7 +519,7 @@ impl ObjectProvider for ApiObjects {
         name: &str,
     ) -> kubelet_core::Result<Option<ConfigMap>> {
         let key = (Kind::ConfigMap, namespace.to_string(), name.to_string());
-        if let Some(Cached::ConfigMap(c)) = self.cached(&key) {
+        if let Some(Cached::ConfigMap(c)) = self.lookup(&key).await {
             return Ok(c);
         }
         let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), namespace);
@@ -204,7 +533,7 @@ impl ObjectProvider for ApiObjects {
 
     async fn secret(&self, namespace: &str, name: &str) -> kubelet_core::Result<Option<Secret>> {
         let key = (Kind::Secret, namespace.to_string(), name.to_string());
-        if let Some(Cached::Secret(s)) = self.cached(&key) {
+        if let Some(Cached::Secret(s)) = self.lookup(&key).await {
             return Ok(s);
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
@@ -227,11 +556,20 @@ impl ObjectProvider for ApiObjects {
             Some((v, _, _)) if *v == version => {}
             _ => {
                 let refs = ReferencedObjects::of_pod(pod);
-                if let Some((_, old_ns, old)) = st.pods.remove(&uid) {
+                // Count the new references before dropping the old ones, so an object both
+                // versions reference keeps its watch.
+                let new = st.add_refs(&namespace, &refs, true);
+                if let Some((_, old_ns, old)) = st.pods.insert(uid, (version, namespace, refs))
+                {
                     st.drop_refs(&old_ns, &old);
                 }
-                st.add_refs(&namespace, &refs, true);
-                st.pods.insert(uid, (version, namespace, refs));
+                if self.strategy == ChangeDetection::Watch {
+                    let new: Vec<Key> = new
+                        .into_iter()
+                        .filter(|k| st.refs.contains_key(k) && !st.watched.contains_key(k))
+                        .collect();
+                    self.start_watches(&mut st, new);
+                }
             }
         }
     }

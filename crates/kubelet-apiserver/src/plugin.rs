@@ -12,7 +12,6 @@ use tokio_util::sync::CancellationToken;
 use crate::agent::ApiServer;
 use crate::config::ApiServerConfig;
 use crate::node::{NodeConditionSource, NodeStatusInputs};
-use crate::objects::ApiObjects;
 
 /// [`ApiServer`] is the agent plugin `apiserver`: it adds the `api` pod source, the status sink
 /// and the ConfigMap/Secret provider ([`ApiObjects`]) at build, and its loop registers the Node,
@@ -34,9 +33,7 @@ impl AgentPlugin for ApiServer {
     }
 
     fn object_provider(&self) -> Option<Arc<dyn ObjectProvider>> {
-        Some(Arc::new(
-            ApiObjects::new(self.client()).with_services(self.shared.services.clone()),
-        ))
+        Some(Arc::new(self.objects()))
     }
 
     async fn run(
@@ -45,6 +42,7 @@ impl AgentPlugin for ApiServer {
         shutdown: CancellationToken,
     ) -> kubelet_core::Result<()> {
         *self.shared.recorder.write() = Some(ctx.recorder());
+        self.shared.objects.sync_pods_through(ctx.handle());
         let inputs = NodeStatusInputs::new(ctx.runtime())
             .kubelet(ctx.handle())
             .condition_source(Arc::new(ctx.node_conditions()));
@@ -61,7 +59,8 @@ impl NodeConditionSource for NodeConditionReader {
 
 impl ApiServerConfig {
     /// The settings of the kubelet's configuration: `registerNode`,
-    /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency`, `maxPods` and the served
+    /// `nodeStatusUpdateFrequency`, `nodeStatusReportFrequency`, `maxPods`,
+    /// `configMapAndSecretChangeDetectionStrategy` and the served
     /// `port` (advertised as `daemonEndpoints.kubeletEndpoint.Port`); the rest keep
     /// their defaults (`root_dir` is a flag: set it).
     pub fn from_configuration(c: &KubeletConfiguration) -> Self {
@@ -72,6 +71,11 @@ impl ApiServerConfig {
                 c.node_status_report_frequency.as_duration(),
             );
         config.max_pods = i64::from(c.max_pods);
+        // Checked by `ChangeDetection::from_str` where the configuration is loaded; an unknown
+        // value keeps the default here.
+        if let Ok(strategy) = c.config_map_and_secret_change_detection_strategy.parse() {
+            config.change_detection = strategy;
+        }
         if c.enable_server && c.port != 0 {
             config.kubelet_port = Some(i32::from(c.port));
         }

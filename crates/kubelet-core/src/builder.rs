@@ -168,8 +168,9 @@ impl std::fmt::Debug for KubeletBuilder {
 }
 
 impl KubeletBuilder {
-    /// A builder for node `node_name`, with the built-in `emptyDir`, `hostPath`, `configMap` and
-    /// `secret` plugins (the last two read from the [object provider](Self::object_provider)).
+    /// A builder for node `node_name`, with the built-in `emptyDir`, `hostPath`, `configMap`,
+    /// `secret` and `downwardAPI` plugins (`configMap` and `secret` read from the
+    /// [object provider](Self::object_provider)).
     pub fn new(node_name: impl Into<String>) -> Self {
         let (recorder, events) = EventRecorder::channel(1024);
         Self {
@@ -344,6 +345,7 @@ impl KubeletBuilder {
         let mut volume_plugins = self.volume_plugins;
         volume_plugins.push(Arc::new(ConfigMapPlugin::new(self.object_provider.clone())));
         volume_plugins.push(Arc::new(SecretPlugin::new(self.object_provider.clone())));
+        volume_plugins.push(Arc::new(crate::object_volumes::DownwardApiPlugin::new()));
         Ok(Kubelet::assemble(crate::kubelet::Parts {
             node_name: self.node_name,
             config,
@@ -366,6 +368,7 @@ impl KubeletBuilder {
             cmd_tx,
             cmd_rx,
             sync_loop: Default::default(),
+            sync_requests: Default::default(),
         }))
     }
 }
@@ -403,6 +406,7 @@ pub struct KubeletHandle {
     pub(crate) plugins: PluginStates,
     pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
     pub(crate) sync_loop: crate::kubelet::SyncLoopMonitor,
+    pub(crate) sync_requests: crate::kubelet::SyncRequests,
 }
 
 impl std::fmt::Debug for KubeletHandle {
@@ -448,6 +452,14 @@ impl KubeletHandle {
     /// endpoint.
     pub fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
         self.metrics.clone()
+    }
+
+    /// Ask for a sync of pod `uid` soon, as if its worker had been woken by a runtime event:
+    /// its volumes are set up again (a changed ConfigMap reaches its files) and its containers
+    /// checked. Never blocks; an unknown or finished pod is ignored, and requests made before
+    /// the loop drains them are merged.
+    pub fn sync_pod(&self, uid: &str) {
+        self.sync_requests.request(uid);
     }
 
     /// Kill pod `uid` with `options` (the eviction path); returns once the pod has terminated.

@@ -160,6 +160,9 @@ pub struct KubeletConfiguration {
     pub resolv_conf: String,
     /// `maxPods` (110): reported as the node's `pods` capacity.
     pub max_pods: i32,
+    /// `configMapAndSecretChangeDetectionStrategy` (`Watch`): `Watch`, `Cache` or `Get`, how
+    /// the API-server integration learns of ConfigMap and Secret changes.
+    pub config_map_and_secret_change_detection_strategy: String,
     /// `evictionHard`; `None` (absent) for the kubelet's defaults.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eviction_hard: Option<BTreeMap<String, String>>,
@@ -323,6 +326,7 @@ impl Default for KubeletConfiguration {
             cluster_domain: String::new(),
             resolv_conf: "/etc/resolv.conf".to_string(),
             max_pods: 110,
+            config_map_and_secret_change_detection_strategy: "Watch".to_string(),
             eviction_hard: None,
             eviction_soft: BTreeMap::new(),
             eviction_soft_grace_period: BTreeMap::new(),
@@ -397,6 +401,9 @@ mod tests {
             Duration::from_secs(300)
         );
         assert_eq!(c.pod_logs_dir, "/var/log/pods");
+        assert_eq!(c.config_map_and_secret_change_detection_strategy, "Watch");
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["configMapAndSecretChangeDetectionStrategy"], "Watch");
     }
 
     #[test]

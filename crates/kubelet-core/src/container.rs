@@ -151,17 +151,6 @@ fn field_ref(pod: &Pod, path: &str, ctx: &ConfigContext<'_>) -> Option<String> {
     }
 }
 
-fn resource_field(c: &Container, resource: &str) -> Option<String> {
-    let (kind, name) = resource.split_once('.')?;
-    let r = c.resources.as_ref()?;
-    let map = match kind {
-        "limits" => r.limits.as_ref(),
-        "requests" => r.requests.as_ref(),
-        _ => None,
-    }?;
-    map.get(name).map(|q| q.0.clone())
-}
-
 /// `IsEnvVarName`: `[-._a-zA-Z][-._a-zA-Z0-9]*`.
 fn is_env_var_name(k: &str) -> bool {
     let mut chars = k.chars();
@@ -320,7 +309,34 @@ pub fn make_environment(
                     }
                 })?
             } else if let Some(r) = &from.resource_field_ref {
-                resource_field(c, &r.resource).unwrap_or_default()
+                // `containerName` defaults to this container (the kubelet's
+                // `containerResourceRuntimeValue`).
+                let target = match r.container_name.as_deref().filter(|n| !n.is_empty()) {
+                    None => Some(c),
+                    Some(n) => pod.spec.as_ref().and_then(|s| {
+                        s.containers
+                            .iter()
+                            .chain(s.init_containers.iter().flatten())
+                            .find(|x| x.name == n)
+                    }),
+                };
+                let unresolvable = |reason: String| ContainerConfigError::UnresolvableEnv {
+                    name: e.name.clone(),
+                    reason,
+                };
+                let target = target.ok_or_else(|| {
+                    unresolvable(format!(
+                        "container {:?} not found in the pod",
+                        r.container_name.as_deref().unwrap_or_default()
+                    ))
+                })?;
+                crate::downward::container_resource_value(
+                    target,
+                    &r.resource,
+                    r.divisor.as_ref(),
+                    &crate::downward::NodeCapacity::of_host(),
+                )
+                .map_err(unresolvable)?
             } else if let Some(r) = &from.config_map_key_ref {
                 let optional = r.optional.unwrap_or(false);
                 let found = resolve(

@@ -62,6 +62,35 @@ pub(crate) struct Parts {
     pub(crate) cmd_tx: mpsc::Sender<Command>,
     pub(crate) cmd_rx: mpsc::Receiver<Command>,
     pub(crate) sync_loop: SyncLoopMonitor,
+    pub(crate) sync_requests: SyncRequests,
+}
+
+/// Pods whose sync someone outside the loop asked for ([`KubeletHandle::sync_pod`]), e.g. a
+/// ConfigMap watch that saw a change: a set (asking twice before the loop drains it costs
+/// nothing) and a wake-up for the loop. Never blocks the caller.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SyncRequests(Arc<(Mutex<HashSet<String>>, Notify)>);
+
+impl SyncRequests {
+    pub(crate) fn request(&self, uid: &str) {
+        let (set, notify) = &*self.0;
+        if set.lock().insert(uid.to_string()) {
+            notify.notify_one();
+        }
+    }
+
+    async fn wait(&self) -> Vec<String> {
+        let (set, notify) = &*self.0;
+        loop {
+            {
+                let mut s = set.lock();
+                if !s.is_empty() {
+                    return s.drain().collect();
+                }
+            }
+            notify.notified().await;
+        }
+    }
 }
 
 /// When the sync loop last entered an iteration (the kubelet's `syncLoopMonitor`), for the
@@ -113,6 +142,7 @@ impl Kubelet {
             plugins: self.parts.plugin_states.clone(),
             metrics: self.parts.metrics.clone(),
             sync_loop: self.parts.sync_loop.clone(),
+            sync_requests: self.parts.sync_requests.clone(),
         }
     }
 
@@ -151,6 +181,7 @@ impl Kubelet {
             cmd_tx: _,
             mut cmd_rx,
             sync_loop: monitor,
+            sync_requests,
         } = self.parts;
         let inner = shutdown.child_token();
         let mut tasks = JoinSet::new();
@@ -249,6 +280,11 @@ impl Kubelet {
                 Some(ev) = pleg_events.recv() => loop_state.handle_pleg_event(ev),
                 Some(pu) = async { match probe_updates.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
                     loop_state.notify(&pu.pod_uid);
+                }
+                uids = sync_requests.wait() => {
+                    for uid in uids {
+                        loop_state.notify(&uid);
+                    }
                 }
                 _ = housekeeping.tick() => loop_state.housekeeping(),
                 Some(res) = loop_state.tasks.join_next(), if !loop_state.tasks.is_empty() => {

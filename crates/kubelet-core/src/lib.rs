@@ -84,6 +84,7 @@ pub mod backoff;
 pub mod configuration;
 pub mod container;
 pub mod dns;
+pub mod downward;
 pub mod duration;
 pub mod hosts;
 pub mod http;

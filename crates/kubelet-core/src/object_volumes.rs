@@ -8,6 +8,10 @@
 //! `optional`, an error (`configmap "x" not found`) otherwise; a missing key listed in `items`
 //! is skipped when `optional`, an error otherwise.
 //!
+//! `downwardAPI` volumes ([`DownwardApiPlugin`]) project the pod's own metadata and its
+//! containers' resources ([`crate::downward`]) with the same layout; they are rewritten on the
+//! pod's next sync when a label or annotation changes (an update of the pod syncs it at once).
+//!
 //! Deliberate difference: the kubelet backs secret volumes with tmpfs; these write to the node
 //! filesystem under the pod directory (docs/architecture.md).
 
@@ -262,6 +266,106 @@ impl VolumePlugin for SecretPlugin {
     }
 }
 
+/// `downwardAPI` volumes (`kubernetes.io~downward-api`): each item's `fieldRef`
+/// (`metadata.name`, `namespace`, `uid`, `labels`, `annotations`, or one label or annotation)
+/// or `resourceFieldRef` (a container's limit or request, divided by `divisor`, a missing limit
+/// being the node's capacity) as a file.
+#[derive(Debug, Clone)]
+pub struct DownwardApiPlugin {
+    node: crate::downward::NodeCapacity,
+}
+
+impl Default for DownwardApiPlugin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl DownwardApiPlugin {
+    /// A plugin that gives containers without a limit this host's CPUs and memory.
+    pub fn new() -> Self {
+        Self {
+            node: crate::downward::NodeCapacity::of_host(),
+        }
+    }
+
+    /// Give containers without a limit `node` instead (e.g. the node's allocatable).
+    pub fn with_node_capacity(mut self, node: crate::downward::NodeCapacity) -> Self {
+        self.node = node;
+        self
+    }
+
+    fn payload(&self, pod: &Pod, volume: &Volume) -> Result<Payload> {
+        let Some(src) = &volume.downward_api else {
+            return Err(Error::invalid_argument(format!(
+                "volume {:?} is not a downwardAPI volume",
+                volume.name
+            )));
+        };
+        let default_mode = src.default_mode.unwrap_or(DEFAULT_MODE);
+        let mut out = Payload::new();
+        for item in src.items.iter().flatten() {
+            let bad = |m: String| {
+                Error::invalid_argument(format!(
+                    "downwardAPI volume {:?}, item {:?}: {m}",
+                    volume.name, item.path
+                ))
+            };
+            let value = if let Some(f) = &item.field_ref {
+                crate::downward::field_path_value(pod, &f.field_path).map_err(bad)?
+            } else if let Some(r) = &item.resource_field_ref {
+                let name = r.container_name.as_deref().unwrap_or_default();
+                let spec = pod.spec.as_ref();
+                let container = spec
+                    .into_iter()
+                    .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                    .find(|c| c.name == name)
+                    .ok_or_else(|| bad(format!("container {name:?} not found in the pod")))?;
+                crate::downward::container_resource_value(
+                    container,
+                    &r.resource,
+                    r.divisor.as_ref(),
+                    &self.node,
+                )
+                .map_err(bad)?
+            } else {
+                return Err(bad("neither fieldRef nor resourceFieldRef is set".into()));
+            };
+            out.insert(
+                item.path.clone(),
+                FileProjection {
+                    data: value.into_bytes(),
+                    mode: (item.mode.unwrap_or(default_mode) as u32) & 0o7777,
+                },
+            );
+        }
+        Ok(out)
+    }
+}
+
+#[async_trait]
+impl VolumePlugin for DownwardApiPlugin {
+    fn name(&self) -> &str {
+        "kubernetes.io~downward-api"
+    }
+
+    fn can_support(&self, volume: &Volume) -> bool {
+        volume.downward_api.is_some()
+    }
+
+    async fn set_up(&self, pod: &Pod, volume: &Volume, dir: &Path) -> Result<PathBuf> {
+        let payload = self.payload(pod, volume)?;
+        if write(dir, payload).await? {
+            tracing::debug!(pod = %pod::full_name(pod), volume = %volume.name, "downwardAPI volume written");
+        }
+        Ok(dir.to_path_buf())
+    }
+
+    async fn tear_down(&self, _volume_name: &str, dir: &Path) -> Result<()> {
+        remove(dir).await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,5 +586,94 @@ mod tests {
         );
         assert_eq!(mode(&vol.join("key")), 0o400);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn downward_api_volume_writes_metadata_and_follows_label_changes() {
+        use k8s_openapi::api::core::v1::{
+            DownwardAPIVolumeFile, DownwardAPIVolumeSource, ObjectFieldSelector,
+            ResourceFieldSelector,
+        };
+        let dir = tempdir();
+        let item = |path: &str, field: &str| DownwardAPIVolumeFile {
+            path: path.into(),
+            field_ref: Some(ObjectFieldSelector {
+                field_path: field.into(),
+                api_version: None,
+            }),
+            ..Default::default()
+        };
+        let mut resource = DownwardAPIVolumeFile {
+            path: "mem".into(),
+            resource_field_ref: Some(ResourceFieldSelector {
+                container_name: Some("app".into()),
+                resource: "limits.memory".into(),
+                divisor: Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                    "1Mi".into(),
+                )),
+            }),
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        let volume = Volume {
+            name: "info".into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![
+                    item("labels", "metadata.labels"),
+                    item("name", "metadata.name"),
+                    item("sub/tier", "metadata.labels['tier']"),
+                    resource.clone(),
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut p = pod();
+        p.metadata.labels = Some(BTreeMap::from([("tier".to_string(), "web".to_string())]));
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            containers: vec![k8s_openapi::api::core::v1::Container {
+                name: "app".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        let plugin = DownwardApiPlugin::new().with_node_capacity(crate::downward::NodeCapacity {
+            cpu_milli: 2000,
+            memory_bytes: 512 << 20,
+            ephemeral_storage_bytes: 0,
+        });
+        assert!(plugin.can_support(&volume));
+        let out = plugin.set_up(&p, &volume, &dir).await.expect("set up");
+        let read = |f: &str| std::fs::read_to_string(out.join(f)).expect("file");
+        assert_eq!(read("labels"), "tier=\"web\"");
+        assert_eq!(read("name"), pod::name(&p));
+        assert_eq!(read("sub/tier"), "web");
+        assert_eq!(read("mem"), "512");
+        assert_eq!(mode(&out.join("mem")), 0o600);
+        assert_eq!(mode(&out.join("name")), 0o644);
+
+        // A label change reaches the files on the next set-up, through the atomic swap.
+        let before = std::fs::read_link(out.join("..data")).expect("..data");
+        p.metadata.labels = Some(BTreeMap::from([("tier".to_string(), "db".to_string())]));
+        plugin.set_up(&p, &volume, &dir).await.expect("set up");
+        assert_eq!(read("labels"), "tier=\"db\"");
+        assert_eq!(read("sub/tier"), "db");
+        assert_ne!(std::fs::read_link(out.join("..data")).expect("..data"), before);
+
+        // Bad items are errors naming the volume and the item.
+        resource.resource_field_ref.as_mut().expect("ref").container_name = Some("nope".into());
+        let bad = Volume {
+            name: "info".into(),
+            downward_api: Some(DownwardAPIVolumeSource {
+                items: Some(vec![resource, item("node", "spec.nodeName")]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let e = plugin.set_up(&p, &bad, &dir).await.expect_err("bad item");
+        assert!(e.message().contains("\"mem\": container \"nope\" not found"), "{e}");
+        assert_eq!(read("labels"), "tier=\"db\"", "the old content stays");
+        plugin.tear_down("info", &dir).await.expect("tear down");
+        assert!(!dir.exists());
     }
 }

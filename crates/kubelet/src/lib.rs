@@ -486,6 +486,9 @@ impl AgentBuilder {
         let mut node_addresses: Vec<std::net::IpAddr> = Vec::new();
         #[cfg(feature = "apiserver")]
         if let Some((path, config)) = cluster {
+            // An unknown strategy is a startup error naming the accepted values.
+            c.config_map_and_secret_change_detection_strategy
+                .parse::<kubelet_apiserver::ChangeDetection>()?;
             let mut config = config
                 .unwrap_or_else(|| kubelet_apiserver::ApiServerConfig::from_configuration(&c));
             if !default_server {

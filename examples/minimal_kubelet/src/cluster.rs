@@ -30,6 +30,17 @@ pub(crate) struct ClusterFlags {
     /// How often the node status is posted even when nothing changed.
     #[arg(long = "node-status-report-frequency", default_value = "5m", value_parser = crate::parse_duration)]
     node_status_report_frequency: Duration,
+    /// How ConfigMap and Secret changes reach pods (`configMapAndSecretChangeDetectionStrategy`):
+    /// `Watch` (each object a pod uses is watched; a change syncs its pods at once), `Cache`
+    /// (GET, kept 1 minute) or `Get` (GET on every sync).
+    #[arg(long = "config-map-and-secret-change-detection-strategy", default_value = "Watch", value_parser = parse_strategy)]
+    change_detection: String,
+}
+
+fn parse_strategy(s: &str) -> Result<String, String> {
+    s.parse::<kubelet::apiserver::ChangeDetection>()
+        .map(|c| c.as_str().to_string())
+        .map_err(|e| e.to_string())
 }
 
 /// The flags that are fields of the kubelet's configuration.
@@ -37,6 +48,7 @@ pub(crate) fn configure(flags: &ClusterFlags, c: &mut KubeletConfiguration) {
     c.register_node = flags.register_node;
     c.node_status_update_frequency = flags.node_status_update_frequency.into();
     c.node_status_report_frequency = flags.node_status_report_frequency.into();
+    c.config_map_and_secret_change_detection_strategy = flags.change_detection.clone();
 }
 
 /// The kubeconfig and API server settings from the flags, or `None` without `--kubeconfig`.

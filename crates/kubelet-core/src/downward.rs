@@ -1,0 +1,244 @@
+//! The Downward API's values, shared by `downwardAPI` volumes and `valueFrom` env: a pod's
+//! metadata by field path (the kubelet's `fieldpath.ExtractFieldPathAsString`, with label and
+//! annotation maps formatted as `FormatMap` does) and a container's resources scaled by a
+//! divisor (`ExtractContainerResourceValue`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::pod;
+use crate::quantity;
+
+/// The value of `path` for a `downwardAPI` volume item: `metadata.name`, `metadata.namespace`,
+/// `metadata.uid`, `metadata.labels`, `metadata.annotations` (each map as sorted `key="value"`
+/// lines) and `metadata.labels['key']` / `metadata.annotations['key']` (empty when the key is
+/// absent). Anything else is the kubelet's `unsupported fieldPath` error.
+pub fn field_path_value(p: &Pod, path: &str) -> Result<String, String> {
+    let labels = p.metadata.labels.as_ref();
+    let annotations = p.metadata.annotations.as_ref();
+    let subscript = |prefix: &str, map: Option<&BTreeMap<String, String>>| {
+        let key = path.strip_prefix(prefix)?.strip_suffix("']")?;
+        Some(map.and_then(|m| m.get(key)).cloned().unwrap_or_default())
+    };
+    match path {
+        "metadata.name" => Ok(pod::name(p).to_string()),
+        "metadata.namespace" => Ok(pod::namespace(p).to_string()),
+        "metadata.uid" => Ok(pod::uid(p).to_string()),
+        "metadata.labels" => Ok(format_map(labels)),
+        "metadata.annotations" => Ok(format_map(annotations)),
+        _ => subscript("metadata.labels['", labels)
+            .or_else(|| subscript("metadata.annotations['", annotations))
+            .ok_or_else(|| format!("unsupported fieldPath: {path}")),
+    }
+}
+
+/// The kubelet's `FormatMap`: one `key="value"` line per entry in key order, values quoted as
+/// Go's `%q`, no trailing newline.
+pub fn format_map(m: Option<&BTreeMap<String, String>>) -> String {
+    let mut out = String::new();
+    for (k, v) in m.into_iter().flatten() {
+        if !out.is_empty() {
+            out.push('\n');
+        }
+        out.push_str(k);
+        out.push('=');
+        go_quote(v, &mut out);
+    }
+    out
+}
+
+/// Go's `strconv.Quote` for a valid UTF-8 string.
+fn go_quote(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x80 && (c < ' ' || c == '\u{7f}') => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => {
+                if (c as u32) < 0x10000 {
+                    out.push_str(&format!("\\u{:04x}", c as u32));
+                } else {
+                    out.push_str(&format!("\\U{:08x}", c as u32));
+                }
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+/// The node's capacity a container without a limit is given in the Downward API (the
+/// kubelet uses the node's allocatable).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NodeCapacity {
+    /// CPUs, in millicores.
+    pub cpu_milli: i64,
+    /// Memory, in bytes.
+    pub memory_bytes: i64,
+    /// Ephemeral storage, in bytes (0 when unknown).
+    pub ephemeral_storage_bytes: i64,
+}
+
+impl NodeCapacity {
+    /// This host's CPUs (those the agent may use) and `MemTotal`.
+    pub fn of_host() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let memory_kib = std::fs::read_to_string("/proc/meminfo")
+            .ok()
+            .and_then(|m| {
+                m.lines()
+                    .find_map(|l| l.strip_prefix("MemTotal:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<i64>().ok())
+            })
+            .unwrap_or(0);
+        Self {
+            cpu_milli: i64::try_from(cpus).unwrap_or(1).saturating_mul(1000),
+            memory_bytes: memory_kib.saturating_mul(1024),
+            ephemeral_storage_bytes: 0,
+        }
+    }
+}
+
+/// The value of `resource` (`limits.cpu`, `requests.memory`, `limits.ephemeral-storage`, …) of
+/// container `c`, divided by `divisor` (default 1) and rounded up, as the kubelet's
+/// `ExtractContainerResourceValue`. An unset limit is the node's capacity (`node`); an unset
+/// request is 0.
+pub fn container_resource_value(
+    c: &Container,
+    resource: &str,
+    divisor: Option<&Quantity>,
+    node: &NodeCapacity,
+) -> Result<String, String> {
+    let (kind, name) = resource
+        .split_once('.')
+        .ok_or_else(|| format!("unsupported container resource : {resource}"))?;
+    let r = c.resources.as_ref();
+    let map = match kind {
+        "limits" => r.and_then(|r| r.limits.as_ref()),
+        "requests" => r.and_then(|r| r.requests.as_ref()),
+        _ => return Err(format!("unsupported container resource : {resource}")),
+    };
+    let set = map.and_then(|m| m.get(name));
+    let divisor = divisor.map(|d| d.0.as_str()).unwrap_or("1");
+    let bad = |q: &str| format!("invalid quantity {q:?} for {resource}");
+    match name {
+        "cpu" => {
+            let milli = match set {
+                Some(q) => quantity::parse_milli(&q.0).map_err(|_| bad(&q.0))?,
+                None if kind == "limits" => node.cpu_milli,
+                None => 0,
+            };
+            let d = quantity::parse_milli(divisor).map_err(|_| bad(divisor))?;
+            Ok(div_ceil(milli, d, resource)?.to_string())
+        }
+        "memory" | "ephemeral-storage" => {
+            let bytes = match set {
+                Some(q) => quantity::parse_bytes(&q.0).map_err(|_| bad(&q.0))?,
+                None if kind == "limits" && name == "memory" => node.memory_bytes,
+                None if kind == "limits" => node.ephemeral_storage_bytes,
+                None => 0,
+            };
+            let d = quantity::parse_bytes(divisor).map_err(|_| bad(divisor))?;
+            Ok(div_ceil(bytes, d, resource)?.to_string())
+        }
+        _ => Err(format!("unsupported container resource : {resource}")),
+    }
+}
+
+fn div_ceil(v: i64, d: i64, resource: &str) -> Result<i64, String> {
+    if d <= 0 {
+        return Err(format!("divisor of {resource} must be positive"));
+    }
+    Ok(v.div_euclid(d) + i64::from(v.rem_euclid(d) != 0))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+
+    fn pod() -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some("web".into());
+        p.metadata.namespace = Some("ns".into());
+        p.metadata.uid = Some("u-1".into());
+        p.metadata.labels = Some(
+            [("b", "two"), ("a", "one \"quoted\"\nline")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        p
+    }
+
+    #[test]
+    fn field_paths_and_maps_are_formatted_as_the_kubelet_does() {
+        let p = pod();
+        assert_eq!(field_path_value(&p, "metadata.name").unwrap(), "web");
+        assert_eq!(field_path_value(&p, "metadata.namespace").unwrap(), "ns");
+        assert_eq!(field_path_value(&p, "metadata.uid").unwrap(), "u-1");
+        assert_eq!(
+            field_path_value(&p, "metadata.labels").unwrap(),
+            "a=\"one \\\"quoted\\\"\\nline\"\nb=\"two\""
+        );
+        assert_eq!(field_path_value(&p, "metadata.labels['b']").unwrap(), "two");
+        assert_eq!(field_path_value(&p, "metadata.labels['zz']").unwrap(), "");
+        assert_eq!(field_path_value(&p, "metadata.annotations").unwrap(), "");
+        assert_eq!(
+            field_path_value(&p, "spec.nodeName").unwrap_err(),
+            "unsupported fieldPath: spec.nodeName"
+        );
+        let mut q = String::new();
+        go_quote("tab\there \u{1} \u{7f} é \u{85}", &mut q);
+        assert_eq!(q, "\"tab\\there \\x01 \\x7f é \\u0085\"");
+    }
+
+    #[test]
+    fn resources_are_divided_and_rounded_up_with_the_node_as_the_default_limit() {
+        let c = Container {
+            resources: Some(ResourceRequirements {
+                limits: Some(
+                    [("cpu".to_string(), Quantity("250m".into()))]
+                        .into_iter()
+                        .collect(),
+                ),
+                requests: Some(
+                    [("memory".to_string(), Quantity("64Mi".into()))]
+                        .into_iter()
+                        .collect(),
+                ),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let node = NodeCapacity {
+            cpu_milli: 4000,
+            memory_bytes: 8 << 30,
+            ephemeral_storage_bytes: 0,
+        };
+        let v = |r: &str, d: Option<&str>| {
+            container_resource_value(&c, r, d.map(|d| Quantity(d.into())).as_ref(), &node)
+        };
+        assert_eq!(v("limits.cpu", None).unwrap(), "1");
+        assert_eq!(v("limits.cpu", Some("1m")).unwrap(), "250");
+        assert_eq!(v("requests.memory", Some("1Mi")).unwrap(), "64");
+        assert_eq!(v("requests.memory", None).unwrap(), "67108864");
+        assert_eq!(v("limits.memory", Some("1Gi")).unwrap(), "8");
+        assert_eq!(v("requests.cpu", None).unwrap(), "0");
+        assert!(v("limits.gpu", None).is_err());
+        assert!(v("limits.cpu", Some("0")).is_err());
+    }
+}
