@@ -779,4 +779,40 @@ mod tests {
         let err = down.secret("ns", "s").await.expect_err("unreachable");
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     }
+
+    #[tokio::test]
+    async fn a_refused_watch_falls_back_to_gets_and_goes_with_the_last_pod() {
+        // The stand-in server answers GETs only: the list of a watch gets a 404 Status.
+        let srv = server(BTreeMap::from([("a".to_string(), "1".to_string())])).await;
+        let objects = ApiObjects::new(client(&srv.url));
+        assert_eq!(objects.strategy(), ChangeDetection::Watch);
+        objects.register_pod(&pod("u1", "1", &["a"]));
+        objects.register_pod(&pod("u2", "1", &["a"]));
+        assert_eq!(objects.state.lock().watched.len(), 1, "one watch per object");
+        let started = Instant::now();
+        let got = objects.config_map("ns", "a").await.expect("get");
+        assert!(got.is_some());
+        assert!(
+            started.elapsed() <= WATCH_SYNC_WAIT + Duration::from_millis(500),
+            "waited at most the sync wait: {:?}",
+            started.elapsed()
+        );
+        let requests = srv.requests.lock().clone();
+        assert!(
+            requests.iter().any(|r| r.contains("fieldSelector=metadata.name")),
+            "the watch lists by name: {requests:?}"
+        );
+        assert!(requests.contains(&"/api/v1/namespaces/ns/configmaps/a".to_string()));
+
+        // Watches stay while a pod references the object, and go with the last one.
+        objects.unregister_pod(&pod("u1", "1", &["a"]));
+        assert_eq!(objects.state.lock().watched.len(), 1);
+        objects.unregister_pod(&pod("u2", "1", &["a"]));
+        assert_eq!(objects.state.lock().watched.len(), 0);
+        assert_eq!(objects.active_watches(), 0);
+
+        assert_eq!("Cache".parse::<ChangeDetection>().ok(), Some(ChangeDetection::Cache));
+        let e = "watch".parse::<ChangeDetection>().expect_err("case matters");
+        assert!(e.to_string().contains("Watch, Cache and Get"), "{e}");
+    }
 }

@@ -3,7 +3,12 @@
 //! real process runtime: `envFrom` a ConfigMap and
 //! `secretKeyRef` reach the process's environment, `configMap` and `secret` volumes are written
 //! with the `..data` layout, and an update of the ConfigMap reaches the volume's files (and the
-//! running process reading them). Objects the node's pods do not reference stay forbidden.
+//! running process reading them) through the `Watch` strategy: one watch per mutable object,
+//! none for an immutable one, a change syncing the pod at once (the agent's periodic sync is
+//! set to 10 minutes, so nothing else could bring it), watches released with the pod. A
+//! `downwardAPI` volume follows a label change; a ConfigMap deleted while mounted leaves the
+//! files and the pod as they were, with a `FailedMount` event. Objects the node's pods do not
+//! reference stay forbidden.
 //!
 //! Own `main` (`harness = false`): the process runtime starts each container's supervisor by
 //! re-running this executable (`ShimCommand::CurrentExe`). Skips with a message when no
@@ -16,14 +21,15 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, EnvFromSource, EnvVar,
+    ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource, EnvFromSource, EnvVar,
     EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret, SecretKeySelector, SecretVolumeSource,
     Volume,
 };
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kubelet_apiserver::{
-    ApiObjects, ApiServer, ApiServerConfig, NodeStatusInputs, client_from_kubeconfig,
+    ApiObjects, ApiServer, ChangeDetection, ApiServerConfig, NodeStatusInputs, client_from_kubeconfig,
 };
 use kubelet_core::testing::RecordingSink;
 use kubelet_core::{ContainerRuntime, ErrorKind, KubeletBuilder, KubeletConfig, ObjectProvider};
@@ -137,6 +143,29 @@ fn pod(root: &Path) -> Pod {
                     }),
                     ..Default::default()
                 },
+                Volume {
+                    name: "frozen".into(),
+                    config_map: Some(ConfigMapVolumeSource {
+                        name: "frozen".into(),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "info".into(),
+                    downward_api: Some(DownwardAPIVolumeSource {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "labels".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                field_path: "metadata.labels".into(),
+                                api_version: None,
+                            }),
+                            ..Default::default()
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
             ]),
             host_network: Some(true),
             ..Default::default()
@@ -144,6 +173,7 @@ fn pod(root: &Path) -> Pod {
         ..Default::default()
     };
     p.metadata.name = Some("objects".into());
+    p.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
     p
 }
 
@@ -203,6 +233,9 @@ async fn run() {
     cms.create(&pp, &config_map("unreferenced", &[("k", "v")]))
         .await
         .expect("create ConfigMap");
+    let mut frozen = config_map("frozen", &[("k", "ice")]);
+    frozen.immutable = Some(true);
+    cms.create(&pp, &frozen).await.expect("create ConfigMap");
     let mut secret = Secret {
         data: Some([("password".to_string(), ByteString(b"s3cret".to_vec()))].into()),
         ..Default::default()
@@ -212,7 +245,9 @@ async fn run() {
     let created = pods.create(&pp, &pod(&root)).await.expect("create Pod");
     let uid = created.metadata.uid.clone().expect("uid");
 
-    let objects = ApiObjects::new(node.clone()).with_ttl(Duration::from_secs(1));
+    // The default strategy: Watch.
+    let objects = ApiObjects::new(node.clone());
+    assert_eq!(objects.strategy(), ChangeDetection::Watch);
     // The Node authorizer: the node may read only what its pods reference.
     let forbidden = objects
         .config_map(NS, "unreferenced")
@@ -236,7 +271,8 @@ async fn run() {
     ));
     let sink = Arc::new(RecordingSink::new());
     let mut config = KubeletConfig::with_dirs(&root, &logs);
-    config.sync_frequency = Duration::from_secs(1);
+    // Only the watch can bring a change within the test's waits.
+    config.sync_frequency = Duration::from_secs(600);
     let builder = KubeletBuilder::new(NODE).config(config);
     let api = ApiServer::new(node, NODE, ApiServerConfig::default().root_dir(&root))
         .with_recorder(builder.recorder());
@@ -246,9 +282,10 @@ async fn run() {
         .pod_source(api.pod_source())
         .status_sink(api.status_sink())
         .status_sink(sink.clone())
-        .object_provider(Arc::new(objects))
+        .object_provider(Arc::new(objects.clone()))
         .build()
         .expect("build");
+    objects.sync_pods_through(kubelet.handle());
     let inputs = NodeStatusInputs::new(dyn_runtime.clone()).kubelet(kubelet.handle());
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
@@ -312,8 +349,24 @@ async fn run() {
     }
     let conf = vols.join("kubernetes.io~configmap/conf/conf.txt");
     assert_eq!(std::fs::read_to_string(&conf).expect("conf.txt"), "v1");
+    assert_eq!(
+        std::fs::read_to_string(vols.join("kubernetes.io~configmap/frozen/k")).expect("frozen"),
+        "ice"
+    );
+    let labels = vols.join("kubernetes.io~downward-api/info/labels");
+    assert_eq!(
+        std::fs::read_to_string(&labels).expect("labels"),
+        "tier=\"web\""
+    );
+    // app-config and creds are watched; the immutable ConfigMap was read once and is not.
+    wait_until("two watches", Duration::from_secs(10), || {
+        objects.active_watches() == 2
+    })
+    .await;
+    assert_eq!(objects.cached_objects(), 3);
 
     // An update of the ConfigMap reaches the volume and the process reading it.
+    let updated = std::time::Instant::now();
     cms.patch(
         "app-config",
         &PatchParams::default(),
@@ -325,11 +378,43 @@ async fn run() {
         std::fs::read_to_string(&conf).ok().as_deref() == Some("v2")
     })
     .await;
+    println!("ConfigMap update -> volume file: {:?}", updated.elapsed());
     wait_until(
         "the process sees the update",
         Duration::from_secs(30),
         || log_text(&logs).contains("conf-file=v2"),
     )
+    .await;
+
+    // A label change reaches the downwardAPI file.
+    pods.patch(
+        "objects",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "metadata": { "labels": { "tier": "db" } } })),
+    )
+    .await
+    .expect("label the pod");
+    wait_until("updated labels file", Duration::from_secs(30), || {
+        std::fs::read_to_string(&labels).ok().as_deref() == Some("tier=\"db\"")
+    })
+    .await;
+
+    // The ConfigMap deleted while mounted: the watch sees it go, the pod syncs, the set-up fails
+    // with FailedMount, and the files and the process stay as they were.
+    cms.delete("app-config", &DeleteParams::default())
+        .await
+        .expect("delete ConfigMap");
+    wait_until("FailedMount for the deleted ConfigMap", Duration::from_secs(30), || {
+        sink.events().iter().any(|e| {
+            e.reason == "FailedMount" && e.message.contains("configmap \"app-config\" not found")
+        })
+    })
+    .await;
+    assert_eq!(std::fs::read_to_string(&conf).expect("conf.txt"), "v2");
+    let before = log_text(&logs).matches("conf-file=v2").count();
+    wait_until("the process keeps running", Duration::from_secs(10), || {
+        log_text(&logs).matches("conf-file=v2").count() > before + 2
+    })
     .await;
 
     // Delete the pod through the API: the agent stops the process, tears the volumes down and
@@ -355,6 +440,11 @@ async fn run() {
     }
     wait_until("pod dir removed", Duration::from_secs(30), || {
         !root.join("pods").join(&uid).exists()
+    })
+    .await;
+    // The last pod using the objects is gone: so are their watches.
+    wait_until("watches released", Duration::from_secs(30), || {
+        objects.active_watches() == 0 && objects.cached_objects() == 0
     })
     .await;
     let mut gone = false;
