@@ -253,3 +253,122 @@ async fn pods_get_the_service_environment_variables_of_their_namespace() {
         "a headless Service has none: {out}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_edit_of_a_config_map_and_kubectl_label_reach_the_mounted_files() {
+    let test = "kubectl_edit_of_a_config_map_and_kubectl_label_reach_the_mounted_files";
+    let Some(env) = ApiServerEnv::start_for_node(test, "mk-watch") else {
+        return;
+    };
+    let Some(kubectl) = kubelet_testenv::debian_kubectl(test) else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let token = format!("mk-watch-{}", std::process::id());
+    let admin = admin_client(&env).await;
+    let cms: Api<kubelet::k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(admin.clone(), "default");
+    let cm: kubelet::k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": { "name": "settings" },
+            "data": { "conf.txt": "colour=blue" },
+        }),
+    )
+    .unwrap();
+    cms.create(&PostParams::default(), &cm).await.unwrap();
+    // The default strategy (Watch) with the kubelet's 1-minute sync period: only the watch
+    // brings the edit within the waits below.
+    let agent = Agent::start(&env, &token, &[]);
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "watcher", "labels": { "tier": "web" } },
+        "spec": {
+            "nodeName": node, "hostNetwork": true, "terminationGracePeriodSeconds": 1,
+            "volumes": [
+                { "name": "conf", "configMap": { "name": "settings" } },
+                { "name": "info", "downwardAPI": { "items": [
+                    { "path": "labels", "fieldRef": { "fieldPath": "metadata.labels" } },
+                ] } },
+            ],
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "command": ["/bin/sh", "-c", "sleep 100000", &token],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let p = eventually("watcher Running", Duration::from_secs(60), || async {
+        let p = pods.get("watcher").await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    let uid = p.metadata.uid.unwrap();
+    let volumes = agent
+        ._dir
+        .path()
+        .join(format!("root/pods/{uid}/volumes"));
+    let conf = volumes.join("kubernetes.io~configmap/conf/conf.txt");
+    let labels = volumes.join("kubernetes.io~downward-api/info/labels");
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), "colour=blue");
+    assert_eq!(std::fs::read_to_string(&labels).unwrap(), "tier=\"web\"");
+
+    // `kubectl edit` with an editor that rewrites the value.
+    let editor = agent._dir.path().join("editor.sh");
+    std::fs::write(
+        &editor,
+        "#!/bin/sh\nsed -i 's/colour=blue/colour=green/' \"$1\"\n",
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&editor, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let edited = std::time::Instant::now();
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(env.admin_kubeconfig())
+        .args(["edit", "configmap", "settings"])
+        .env("KUBE_EDITOR", &editor)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl edit: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eventually("the edited file", Duration::from_secs(20), || async {
+        (std::fs::read_to_string(&conf).ok()?.as_str() == "colour=green").then_some(())
+    })
+    .await;
+    println!("kubectl edit -> file: {:?}", edited.elapsed());
+
+    // `kubectl label`: the downwardAPI file follows.
+    let out = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(env.admin_kubeconfig())
+        .args(["label", "--overwrite", "pod", "watcher", "tier=db"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "kubectl label: {out:?}");
+    eventually("the relabelled file", Duration::from_secs(20), || async {
+        (std::fs::read_to_string(&labels).ok()?.as_str() == "tier=\"db\"").then_some(())
+    })
+    .await;
+}
+
+#[test]
+fn an_unknown_change_detection_strategy_is_a_startup_error_naming_the_accepted_values() {
+    let out = Command::new(BIN)
+        .args(["--config-map-and-secret-change-detection-strategy", "watch"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("accepted values are Watch, Cache and Get"),
+        "{err}"
+    );
+}
