@@ -410,15 +410,10 @@ impl ApiObjects {
             let weak = Arc::downgrade(&self.state);
             let synced = self.synced.clone();
             let task = match key.0 {
-                Kind::ConfigMap => rt.spawn(watch_object::<ConfigMap>(
-                    client,
-                    key.clone(),
-                    weak,
-                    synced,
-                )),
-                Kind::Secret => {
-                    rt.spawn(watch_object::<Secret>(client, key.clone(), weak, synced))
+                Kind::ConfigMap => {
+                    rt.spawn(watch_object::<ConfigMap>(client, key.clone(), weak, synced))
                 }
+                Kind::Secret => rt.spawn(watch_object::<Secret>(client, key.clone(), weak, synced)),
             };
             st.watched.insert(
                 key,
@@ -559,8 +554,7 @@ impl ObjectProvider for ApiObjects {
                 // Count the new references before dropping the old ones, so an object both
                 // versions reference keeps its watch.
                 let new = st.add_refs(&namespace, &refs, true);
-                if let Some((_, old_ns, old)) = st.pods.insert(uid, (version, namespace, refs))
-                {
+                if let Some((_, old_ns, old)) = st.pods.insert(uid, (version, namespace, refs)) {
                     st.drop_refs(&old_ns, &old);
                 }
                 if self.strategy == ChangeDetection::Watch {
@@ -788,7 +782,11 @@ mod tests {
         assert_eq!(objects.strategy(), ChangeDetection::Watch);
         objects.register_pod(&pod("u1", "1", &["a"]));
         objects.register_pod(&pod("u2", "1", &["a"]));
-        assert_eq!(objects.state.lock().watched.len(), 1, "one watch per object");
+        assert_eq!(
+            objects.state.lock().watched.len(),
+            1,
+            "one watch per object"
+        );
         let started = Instant::now();
         let got = objects.config_map("ns", "a").await.expect("get");
         assert!(got.is_some());
@@ -799,7 +797,9 @@ mod tests {
         );
         let requests = srv.requests.lock().clone();
         assert!(
-            requests.iter().any(|r| r.contains("fieldSelector=metadata.name")),
+            requests
+                .iter()
+                .any(|r| r.contains("fieldSelector=metadata.name")),
             "the watch lists by name: {requests:?}"
         );
         assert!(requests.contains(&"/api/v1/namespaces/ns/configmaps/a".to_string()));
@@ -811,8 +811,13 @@ mod tests {
         assert_eq!(objects.state.lock().watched.len(), 0);
         assert_eq!(objects.active_watches(), 0);
 
-        assert_eq!("Cache".parse::<ChangeDetection>().ok(), Some(ChangeDetection::Cache));
-        let e = "watch".parse::<ChangeDetection>().expect_err("case matters");
+        assert_eq!(
+            "Cache".parse::<ChangeDetection>().ok(),
+            Some(ChangeDetection::Cache)
+        );
+        let e = "watch"
+            .parse::<ChangeDetection>()
+            .expect_err("case matters");
         assert!(e.to_string().contains("Watch, Cache and Get"), "{e}");
     }
 }

@@ -22,14 +22,14 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, DownwardAPIVolumeFile,
-    DownwardAPIVolumeSource, EnvFromSource, EnvVar,
-    EnvVarSource, ObjectFieldSelector, Pod, PodSpec, Secret, SecretKeySelector, SecretVolumeSource,
-    Volume,
+    DownwardAPIVolumeSource, EnvFromSource, EnvVar, EnvVarSource, ObjectFieldSelector, Pod,
+    PodSpec, Secret, SecretKeySelector, SecretVolumeSource, Volume,
 };
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kubelet_apiserver::{
-    ApiObjects, ApiServer, ChangeDetection, ApiServerConfig, NodeStatusInputs, client_from_kubeconfig,
+    ApiObjects, ApiServer, ApiServerConfig, ChangeDetection, NodeStatusInputs,
+    client_from_kubeconfig,
 };
 use kubelet_core::testing::RecordingSink;
 use kubelet_core::{ContainerRuntime, ErrorKind, KubeletBuilder, KubeletConfig, ObjectProvider};
@@ -404,11 +404,16 @@ async fn run() {
     cms.delete("app-config", &DeleteParams::default())
         .await
         .expect("delete ConfigMap");
-    wait_until("FailedMount for the deleted ConfigMap", Duration::from_secs(30), || {
-        sink.events().iter().any(|e| {
-            e.reason == "FailedMount" && e.message.contains("configmap \"app-config\" not found")
-        })
-    })
+    wait_until(
+        "FailedMount for the deleted ConfigMap",
+        Duration::from_secs(30),
+        || {
+            sink.events().iter().any(|e| {
+                e.reason == "FailedMount"
+                    && e.message.contains("configmap \"app-config\" not found")
+            })
+        },
+    )
     .await;
     assert_eq!(std::fs::read_to_string(&conf).expect("conf.txt"), "v2");
     let before = log_text(&logs).matches("conf-file=v2").count();

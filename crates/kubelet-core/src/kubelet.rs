@@ -283,7 +283,7 @@ impl Kubelet {
                 }
                 uids = sync_requests.wait() => {
                     for uid in uids {
-                        loop_state.notify(&uid);
+                        loop_state.sync_requested(&uid);
                     }
                 }
                 _ = housekeeping.tick() => loop_state.housekeeping(),
@@ -391,6 +391,24 @@ impl SyncLoop {
         if let Some(w) = self.workers.get(uid) {
             w.notify.notify_one();
         }
+    }
+
+    /// [`KubeletHandle::sync_pod`]: wake the worker and, since nothing changed in the runtime,
+    /// have the PLEG inspect the pod now, so the sync need not wait for the next relist (or,
+    /// with the evented PLEG, the next global cache timestamp) to get a fresh runtime view.
+    fn sync_requested(&self, uid: &str) {
+        let Some(w) = self.workers.get(uid) else {
+            return;
+        };
+        let pod = {
+            let st = w.state.lock();
+            if st.terminated() || st.orphan {
+                return;
+            }
+            st.pod.clone()
+        };
+        self.engine.request_reinspect(&pod);
+        w.notify.notify_one();
     }
 
     fn handle_command(&mut self, cmd: Command) {

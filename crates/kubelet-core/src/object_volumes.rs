@@ -318,7 +318,11 @@ impl DownwardApiPlugin {
                 let spec = pod.spec.as_ref();
                 let container = spec
                     .into_iter()
-                    .flat_map(|s| s.containers.iter().chain(s.init_containers.iter().flatten()))
+                    .flat_map(|s| {
+                        s.containers
+                            .iter()
+                            .chain(s.init_containers.iter().flatten())
+                    })
                     .find(|c| c.name == name)
                     .ok_or_else(|| bad(format!("container {name:?} not found in the pod")))?;
                 crate::downward::container_resource_value(
@@ -658,10 +662,17 @@ mod tests {
         plugin.set_up(&p, &volume, &dir).await.expect("set up");
         assert_eq!(read("labels"), "tier=\"db\"");
         assert_eq!(read("sub/tier"), "db");
-        assert_ne!(std::fs::read_link(out.join("..data")).expect("..data"), before);
+        assert_ne!(
+            std::fs::read_link(out.join("..data")).expect("..data"),
+            before
+        );
 
         // Bad items are errors naming the volume and the item.
-        resource.resource_field_ref.as_mut().expect("ref").container_name = Some("nope".into());
+        resource
+            .resource_field_ref
+            .as_mut()
+            .expect("ref")
+            .container_name = Some("nope".into());
         let bad = Volume {
             name: "info".into(),
             downward_api: Some(DownwardAPIVolumeSource {
@@ -671,7 +682,11 @@ mod tests {
             ..Default::default()
         };
         let e = plugin.set_up(&p, &bad, &dir).await.expect_err("bad item");
-        assert!(e.message().contains("\"mem\": container \"nope\" not found"), "{e}");
+        assert!(
+            e.message()
+                .contains("\"mem\": container \"nope\" not found"),
+            "{e}"
+        );
         assert_eq!(read("labels"), "tier=\"db\"", "the old content stays");
         plugin.tear_down("info", &dir).await.expect("tear down");
         assert!(!dir.exists());

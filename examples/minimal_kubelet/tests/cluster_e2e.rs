@@ -268,14 +268,13 @@ async fn kubectl_edit_of_a_config_map_and_kubectl_label_reach_the_mounted_files(
     let admin = admin_client(&env).await;
     let cms: Api<kubelet::k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(admin.clone(), "default");
-    let cm: kubelet::k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
-        serde_json::json!({
+    let cm: kubelet::k8s_openapi::api::core::v1::ConfigMap =
+        serde_json::from_value(serde_json::json!({
             "apiVersion": "v1", "kind": "ConfigMap",
             "metadata": { "name": "settings" },
             "data": { "conf.txt": "colour=blue" },
-        }),
-    )
-    .unwrap();
+        }))
+        .unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     // The default strategy (Watch) with the kubelet's 1-minute sync period: only the watch
     // brings the edit within the waits below.
@@ -306,10 +305,7 @@ async fn kubectl_edit_of_a_config_map_and_kubectl_label_reach_the_mounted_files(
     })
     .await;
     let uid = p.metadata.uid.unwrap();
-    let volumes = agent
-        ._dir
-        .path()
-        .join(format!("root/pods/{uid}/volumes"));
+    let volumes = agent._dir.path().join(format!("root/pods/{uid}/volumes"));
     let conf = volumes.join("kubernetes.io~configmap/conf/conf.txt");
     let labels = volumes.join("kubernetes.io~downward-api/info/labels");
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "colour=blue");
