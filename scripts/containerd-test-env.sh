@@ -47,6 +47,8 @@ cmd_install() {
     [ -x "$BUSYBOX_BIN" ] || missing+=(busybox-static)
     command -v ip >/dev/null 2>&1 || missing+=(iproute2)
     command -v pgrep >/dev/null 2>&1 || missing+=(procps)
+    # The DNS resolution test serves a zone with dnsmasq (the binary only: no system service).
+    [ -x /usr/sbin/dnsmasq ] || missing+=(dnsmasq-base)
     if [ "${#missing[@]}" -eq 0 ]; then
         return 0
     fi

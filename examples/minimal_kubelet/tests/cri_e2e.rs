@@ -593,6 +593,135 @@ fn pods_on_containerd_get_the_kubelets_dns_settings_for_each_policy() {
     env.stop_agent();
 }
 
+/// dnsmasq serving a few static records on `address` (bound once the address exists, so it can
+/// be the pod bridge's gateway before the first pod creates the bridge); killed on drop.
+struct Dnsmasq(Child);
+
+impl Dnsmasq {
+    fn start(dir: &Path, address: &str, records: &[(&str, &str)]) -> Self {
+        let mut cmd = Command::new("/usr/sbin/dnsmasq");
+        cmd.args([
+            "--keep-in-foreground",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-dynamic",
+        ])
+        .arg(format!("--listen-address={address}"))
+        .args(["--port=53", "--log-queries"])
+        // Authoritative for the test's domains: unknown names are NXDOMAIN, not REFUSED.
+        .args(["--local=/cluster.local/", "--local=/example.test/"])
+        .arg(format!("--pid-file={}", dir.join("dnsmasq.pid").display()))
+        .arg(format!(
+            "--log-facility={}",
+            dir.join("dnsmasq.log").display()
+        ));
+        for (name, ip) in records {
+            cmd.arg(format!("--host-record={name},{ip}"));
+        }
+        Self(
+            cmd.spawn()
+                .expect("start dnsmasq (Debian package dnsmasq-base)"),
+        )
+    }
+}
+
+impl Drop for Dnsmasq {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn pods_on_containerd_resolve_names_through_the_cluster_dns_for_each_policy() {
+    let Some(mut env) =
+        Env::start("pods_on_containerd_resolve_names_through_the_cluster_dns_for_each_policy")
+    else {
+        return;
+    };
+    // The cluster DNS is dnsmasq on the pod bridge's gateway, reachable from the pod network
+    // and, as a host address, from host-network pods.
+    let prefix = env
+        .var("POD_SUBNET")
+        .rsplit_once('.')
+        .unwrap()
+        .0
+        .to_string();
+    let gateway = format!("{prefix}.1");
+    let _dns = Dnsmasq::start(
+        &env.dir,
+        &gateway,
+        &[
+            ("web.default.svc.cluster.local", "10.77.0.7"),
+            ("db.example.test", "10.77.0.8"),
+        ],
+    );
+    env.open_api(&[
+        "--cluster-dns",
+        &gateway,
+        "--cluster-domain",
+        "cluster.local",
+    ]);
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    let manifest = |name: &str, extra: &str, lookup: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\nspec:\n  terminationGracePeriodSeconds: 1\n{extra}  containers:\n  - name: app\n    \
+             image: {image}\n    command: [\"/bin/sh\", \"-c\", \"until nslookup {lookup} >/tmp/out 2>&1 || grep -q 10.77 /tmp/out; do sleep 0.5; done; cat /tmp/out; echo lookup-done; exec sleep 100000\"]\n"
+        )
+    };
+    // ClusterFirst on the pod network: the short name through the search path.
+    write_manifest(&env.manifests(), "rsa", &manifest("rsa", "", "web"));
+    // ClusterFirstWithHostNet on the host network.
+    write_manifest(
+        &env.manifests(),
+        "rsb",
+        &manifest(
+            "rsb",
+            "  hostNetwork: true\n  dnsPolicy: ClusterFirstWithHostNet\n",
+            "web.default.svc.cluster.local",
+        ),
+    );
+    // None: only dnsConfig, with its own search domain.
+    write_manifest(
+        &env.manifests(),
+        "rsc",
+        &manifest(
+            "rsc",
+            &format!(
+                "  dnsPolicy: None\n  dnsConfig:\n    nameservers: [{gateway}]\n    searches: [example.test]\n"
+            ),
+            "db",
+        ),
+    );
+    env.start_agent();
+    let port = env.api_port;
+    let lookup = |name: &str| {
+        wait_until(&format!("{name}'s lookup"), || {
+            env.pod(name).filter(running)?;
+            let (code, body) =
+                api_get(port, &format!("/containerLogs/default/{name}-cri-node/app"));
+            (code == 200 && body.contains("lookup-done")).then_some(body)
+        })
+    };
+    let a = lookup("rsa");
+    assert!(
+        a.contains("web.default.svc.cluster.local") && a.contains("Address: 10.77.0.7"),
+        "{a}"
+    );
+    let b = lookup("rsb");
+    assert!(b.contains("Address: 10.77.0.7"), "{b}");
+    let c = lookup("rsc");
+    assert!(
+        c.contains("db.example.test") && c.contains("Address: 10.77.0.8"),
+        "{c}"
+    );
+    // The queries reached the test's server from the pods.
+    let log = std::fs::read_to_string(env.dir.join("dnsmasq.log")).unwrap_or_default();
+    assert!(log.contains("web.default.svc.cluster.local"), "{log}");
+    assert!(log.contains("db.example.test"), "{log}");
+    env.stop_agent();
+}
+
 #[test]
 fn pods_on_containerd_get_a_managed_hosts_file_and_their_hostname() {
     let Some(mut env) =
