@@ -14,7 +14,7 @@ use crate::config::ApiServerConfig;
 use crate::node::{NodeConditionSource, NodeStatusInputs};
 
 /// [`ApiServer`] is the agent plugin `apiserver`: it adds the `api` pod source, the status sink
-/// and the ConfigMap/Secret provider ([`ApiObjects`]) at build, and its loop registers the Node,
+/// and the ConfigMap/Secret provider ([`ApiObjects`](crate::ApiObjects)) at build, and its loop registers the Node,
 /// keeps its status current (with every plugin's node conditions, e.g. eviction's pressure
 /// conditions) and its Lease renewed, and manages mirror pods. Node events go through the
 /// agent's recorder.
