@@ -6,7 +6,8 @@
 //! running process reading them) through the `Watch` strategy: one watch per mutable object,
 //! none for an immutable one, a change syncing the pod at once (the agent's periodic sync is
 //! set to 10 minutes, so nothing else could bring it), watches released with the pod. A
-//! `downwardAPI` volume follows a label change; a ConfigMap deleted while mounted leaves the
+//! `downwardAPI` volume follows a label change; the watches survive an API server restart; a
+//! ConfigMap deleted while mounted leaves the
 //! files and the pod as they were, with a `FailedMount` event. Objects the node's pods do not
 //! reference stay forbidden.
 //!
@@ -399,6 +400,25 @@ async fn run() {
     })
     .await;
 
+    // The watches break: the API server restarts. They come back by themselves (with backoff),
+    // and an update made after the restart still reaches the file.
+    tokio::task::block_in_place(|| {
+        env.stop_apiserver();
+        env.start_apiserver();
+    });
+    cms.patch(
+        "app-config",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({ "data": { "conf.txt": "v3" } })),
+    )
+    .await
+    .expect("update ConfigMap after the restart");
+    wait_until("the update after the restart", Duration::from_secs(60), || {
+        std::fs::read_to_string(&conf).ok().as_deref() == Some("v3")
+    })
+    .await;
+    assert_eq!(objects.active_watches(), 2);
+
     // The ConfigMap deleted while mounted: the watch sees it go, the pod syncs, the set-up fails
     // with FailedMount, and the files and the process stay as they were.
     cms.delete("app-config", &DeleteParams::default())
@@ -415,10 +435,10 @@ async fn run() {
         },
     )
     .await;
-    assert_eq!(std::fs::read_to_string(&conf).expect("conf.txt"), "v2");
-    let before = log_text(&logs).matches("conf-file=v2").count();
+    assert_eq!(std::fs::read_to_string(&conf).expect("conf.txt"), "v3");
+    let before = log_text(&logs).matches("conf-file=v3").count();
     wait_until("the process keeps running", Duration::from_secs(10), || {
-        log_text(&logs).matches("conf-file=v2").count() > before + 2
+        log_text(&logs).matches("conf-file=v3").count() > before + 2
     })
     .await;
 
