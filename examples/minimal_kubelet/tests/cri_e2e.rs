@@ -656,11 +656,21 @@ fn pods_on_containerd_resolve_names_through_the_cluster_dns_for_each_policy() {
             ("db.example.test", "10.77.0.8"),
         ],
     );
+    // The node's resolver configuration, which `Default` pods (and `ClusterFirst` pods on the
+    // host network) inherit, points at the same server with another search domain.
+    let host_resolv = env.dir.join("host-resolv.conf");
+    std::fs::write(
+        &host_resolv,
+        format!("nameserver {gateway}\nsearch example.test\n"),
+    )
+    .unwrap();
     env.open_api(&[
         "--cluster-dns",
         &gateway,
         "--cluster-domain",
         "cluster.local",
+        "--resolv-conf",
+        host_resolv.to_str().unwrap(),
     ]);
     let image = env.var("BUSYBOX_IMAGE").to_string();
     let manifest = |name: &str, extra: &str, lookup: &str| {
@@ -693,6 +703,18 @@ fn pods_on_containerd_resolve_names_through_the_cluster_dns_for_each_policy() {
             "db",
         ),
     );
+    // Default: the node's resolver, its search domain.
+    write_manifest(
+        &env.manifests(),
+        "rsd",
+        &manifest("rsd", "  dnsPolicy: Default\n", "db"),
+    );
+    // ClusterFirst on the host network falls back to the node's resolver.
+    write_manifest(
+        &env.manifests(),
+        "rse",
+        &manifest("rse", "  hostNetwork: true\n", "db"),
+    );
     env.start_agent();
     let port = env.api_port;
     let lookup = |name: &str| {
@@ -710,11 +732,13 @@ fn pods_on_containerd_resolve_names_through_the_cluster_dns_for_each_policy() {
     );
     let b = lookup("rsb");
     assert!(b.contains("Address: 10.77.0.7"), "{b}");
-    let c = lookup("rsc");
-    assert!(
-        c.contains("db.example.test") && c.contains("Address: 10.77.0.8"),
-        "{c}"
-    );
+    for name in ["rsc", "rsd", "rse"] {
+        let out = lookup(name);
+        assert!(
+            out.contains("db.example.test") && out.contains("Address: 10.77.0.8"),
+            "{name}: {out}"
+        );
+    }
     // The queries reached the test's server from the pods.
     let log = std::fs::read_to_string(env.dir.join("dnsmasq.log")).unwrap_or_default();
     assert!(log.contains("web.default.svc.cluster.local"), "{log}");
