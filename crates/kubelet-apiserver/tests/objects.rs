@@ -413,9 +413,11 @@ async fn run() {
     )
     .await
     .expect("update ConfigMap after the restart");
-    wait_until("the update after the restart", Duration::from_secs(60), || {
-        std::fs::read_to_string(&conf).ok().as_deref() == Some("v3")
-    })
+    wait_until(
+        "the update after the restart",
+        Duration::from_secs(60),
+        || std::fs::read_to_string(&conf).ok().as_deref() == Some("v3"),
+    )
     .await;
     assert_eq!(objects.active_watches(), 2);
 

@@ -159,6 +159,14 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         true
     }
 
+    /// Exec, attach and port-forward ([`StreamingRuntime`](crate::StreamingRuntime)), for the
+    /// kubelet API's `/exec`, `/attach`, `/portForward` and `/run`. `None`, the default: the
+    /// runtime has none, and the server answers those requests with a clear "not supported"
+    /// error. Wrappers must pass the inner runtime's answer on.
+    fn streaming(&self) -> Option<&dyn crate::StreamingRuntime> {
+        None
+    }
+
     /// Register the runtime's own metrics (the CRI runtime's `kubelet_runtime_operations_*`)
     /// in the agent's registry; called once by
     /// [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers nothing.

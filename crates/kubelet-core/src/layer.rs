@@ -122,6 +122,9 @@ impl<I: Interceptor> Intercepted<I> {
 
 #[async_trait]
 impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
+    fn streaming(&self) -> Option<&dyn crate::StreamingRuntime> {
+        self.inner.streaming()
+    }
     async fn version(&self) -> Result<RuntimeVersion> {
         let c = Call::new("version");
         self.interceptor.intercept(c, self.inner.version()).await

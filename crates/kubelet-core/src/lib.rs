@@ -115,6 +115,7 @@ mod plugin;
 mod probe;
 mod sink;
 mod status_manager;
+mod streaming;
 mod sync;
 mod volume;
 mod worker;
@@ -144,6 +145,10 @@ pub use sink::StatusSink;
 pub use status_manager::{
     MAX_POD_TERMINATION_MESSAGE_LENGTH, PodWithStatus, SYNC_PERIOD, StatusManager, StatusReader,
     normalize_status,
+};
+pub use streaming::{
+    DuplexStream, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
+    StreamReader, StreamWriter, StreamingRuntime, TerminalSize,
 };
 pub use volume::{EmptyDirPlugin, HostPathPlugin, VolumePlugin};
 

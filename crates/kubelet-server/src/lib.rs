@@ -49,6 +49,7 @@
 pub mod auth;
 pub mod logs;
 mod routes;
+pub mod spdy;
 pub mod tls;
 
 use std::net::{IpAddr, SocketAddr};

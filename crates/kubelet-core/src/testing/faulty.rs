@@ -121,6 +121,9 @@ impl ContainerRuntime for FaultyRuntime {
     fn pulls_images(&self) -> bool {
         self.inner.pulls_images()
     }
+    fn streaming(&self) -> Option<&dyn crate::StreamingRuntime> {
+        self.inner.streaming()
+    }
     async fn version(&self) -> Result<RuntimeVersion> {
         self.inner.version().await
     }
