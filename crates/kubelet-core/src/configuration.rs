@@ -143,6 +143,9 @@ pub struct KubeletConfiguration {
     pub node_status_report_frequency: GoDuration,
     /// `runtimeRequestTimeout` (2 m): deadline of every runtime call but image pulls.
     pub runtime_request_timeout: GoDuration,
+    /// `streamingConnectionIdleTimeout` (4 h): idle exec, attach and port-forward connections
+    /// are closed after this long.
+    pub streaming_connection_idle_timeout: GoDuration,
     /// `containerRuntimeEndpoint`: a CRI runtime's socket (`unix:///run/containerd/containerd.sock`);
     /// empty for the built-in process runtime (a deliberate difference from the kubelet).
     pub container_runtime_endpoint: String,
@@ -320,6 +323,7 @@ impl Default for KubeletConfiguration {
             node_status_update_frequency: GoDuration::from_secs(10),
             node_status_report_frequency: GoDuration::from_secs(300),
             runtime_request_timeout: GoDuration::from_secs(120),
+            streaming_connection_idle_timeout: GoDuration::from_secs(4 * 3600),
             container_runtime_endpoint: String::new(),
             pod_logs_dir: "/var/log/pods".to_string(),
             cluster_dns: Vec::new(),

@@ -94,6 +94,7 @@ mod pidfd;
 mod record;
 pub mod runtime;
 pub mod shim;
+mod streaming;
 
 pub use config::{ProcessRuntimeConfig, ShimCommand};
 pub use error::ProcessError;

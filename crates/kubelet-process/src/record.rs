@@ -76,6 +76,10 @@ pub(crate) struct ContainerRecord {
     pub(crate) uid: Option<u32>,
     pub(crate) gid: Option<u32>,
     pub(crate) termination_message_path: Option<PathBuf>,
+    /// `stdin: true`: the shim gives the process a FIFO as standard input, which attach
+    /// writes to.
+    #[serde(default)]
+    pub(crate) stdin: bool,
 }
 
 /// Written by the shim once the container's process runs.

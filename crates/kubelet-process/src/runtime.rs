@@ -678,6 +678,7 @@ impl ProcessRuntime {
                 .get(labels::CONTAINER_TERMINATION_MESSAGE_PATH)
                 .filter(|p| !p.is_empty())
                 .map(PathBuf::from),
+            stdin: config.stdin,
         };
         let written =
             create_exit_slot(&dir).and_then(|()| write_json(&dir.join(CONFIG_FILE), &rec));
@@ -949,12 +950,14 @@ impl ProcessRuntime {
         Ok(())
     }
 
-    async fn exec(
+    /// A command that runs `cmd` in running container `id`: its environment, working
+    /// directory, user and cgroup (through the shim's `exec` mode), in a new process group.
+    /// Standard streams are left to the caller.
+    pub(crate) fn exec_command(
         &self,
         id: &str,
         cmd: &[String],
-        timeout: Duration,
-    ) -> Result<ExecResult, ProcessError> {
+    ) -> Result<tokio::process::Command, ProcessError> {
         let rec = self.container(id)?;
         if self.observe(&rec)?.state != ContainerState::Running {
             return Err(ProcessError::NotRunning(id.to_string()));
@@ -995,11 +998,46 @@ impl ProcessRuntime {
             .env_clear()
             .envs(rec.env.iter().map(|(k, v)| (k, v)))
             .current_dir(&rec.working_dir)
+            .kill_on_drop(true);
+        Ok(command)
+    }
+
+    /// The record of container `id` (for the streaming module).
+    pub(crate) fn container_record(&self, id: &str) -> Result<Arc<ContainerRecord>, ProcessError> {
+        self.container(id)
+    }
+
+    /// Whether container `id` runs now, and its main process.
+    pub(crate) fn running_pid(&self, rec: &ContainerRecord) -> Result<Option<u32>, ProcessError> {
+        let obs = self.observe(rec)?;
+        Ok((obs.state == ContainerState::Running)
+            .then(|| obs.started.map(|s| s.pid))
+            .flatten())
+    }
+
+    /// The directory of container `id`'s state.
+    pub(crate) fn state_dir(&self, id: &str) -> PathBuf {
+        self.container_dir(id)
+    }
+
+    /// Whether sandbox `id` exists.
+    pub(crate) fn has_sandbox(&self, id: &str) -> bool {
+        self.sandbox(id).is_ok()
+    }
+
+    async fn exec(
+        &self,
+        id: &str,
+        cmd: &[String],
+        timeout: Duration,
+    ) -> Result<ExecResult, ProcessError> {
+        let program = cmd.first().cloned().unwrap_or_default();
+        let mut command = self.exec_command(id, cmd)?;
+        command
             .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+            .stderr(Stdio::piped());
         let child = match command.spawn() {
             Ok(c) => c,
             Err(e)
@@ -1581,6 +1619,11 @@ impl ContainerRuntime for ProcessRuntime {
     /// Containers are host programs: there is nothing to pull, and no image events.
     fn pulls_images(&self) -> bool {
         false
+    }
+
+    /// Exec, attach and port-forward served in process (see the crate documentation).
+    fn streaming(&self) -> Option<&dyn kubelet_core::StreamingRuntime> {
+        Some(self)
     }
 
     async fn image_status(&self, image: &ImageSpec) -> kubelet_core::Result<Option<Image>> {

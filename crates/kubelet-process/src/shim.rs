@@ -122,6 +122,32 @@ fn record_start_error(dir: &Path, message: String) -> ExitCode {
     ExitCode::FAILURE
 }
 
+/// Create `<dir>/stdin` (a FIFO) and open it: a blocking read end for the process, and a write
+/// end for the shim to keep.
+fn stdin_fifo(dir: &Path) -> std::io::Result<(std::fs::File, std::fs::File)> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = dir.join(crate::streaming::STDIN_FIFO);
+    match nix::unistd::mkfifo(&path, nix::sys::stat::Mode::from_bits_truncate(0o600)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Non-blocking so the open does not wait for a writer; the keeper then exists, and the
+    // read end is switched back to blocking for the process.
+    let read = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&path)?;
+    let keeper = OpenOptions::new().write(true).open(&path)?;
+    let flags = nix::fcntl::fcntl(&read, nix::fcntl::FcntlArg::F_GETFL)?;
+    nix::fcntl::fcntl(
+        &read,
+        nix::fcntl::FcntlArg::F_SETFL(
+            nix::fcntl::OFlag::from_bits_retain(flags) & !nix::fcntl::OFlag::O_NONBLOCK,
+        ),
+    )?;
+    Ok((read, keeper))
+}
+
 fn run_container(dir: &Path) -> ExitCode {
     // Leave the agent's session and process group: Ctrl-C or a terminal hang-up aimed at the
     // agent must not reach its containers.
@@ -159,13 +185,23 @@ fn run_container(dir: &Path) -> ExitCode {
             return record_start_error(dir, format!("opening log {}: {e}", rec.log_path.display()));
         }
     };
+    // `stdin: true`: a FIFO attach writes to. The shim holds a write end for the container's
+    // lifetime, so the process sees no end of input between attaches.
+    let (stdin, _stdin_keeper) = if rec.stdin {
+        match stdin_fifo(dir) {
+            Ok((read, keeper)) => (Stdio::from(read), Some(keeper)),
+            Err(e) => return record_start_error(dir, format!("creating the stdin FIFO: {e}")),
+        }
+    } else {
+        (Stdio::null(), None)
+    };
     let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
         .envs(rec.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&rec.working_dir)
         .process_group(0)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     if let Some(gid) = rec.gid {

@@ -48,9 +48,12 @@
 
 pub mod auth;
 pub mod logs;
+mod proxy;
 mod routes;
 pub mod spdy;
+mod streaming;
 pub mod tls;
+mod websocket;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -157,6 +160,9 @@ pub struct ServerConfig {
     pub sync_frequency: Duration,
     /// What `/configz` shows (the effective configuration); `None` for a 404.
     pub configz: Option<serde_json::Value>,
+    /// `streamingConnectionIdleTimeout` (4 h): an exec, attach or port-forward connection
+    /// without traffic for this long is closed.
+    pub streaming_connection_idle_timeout: Duration,
     /// Limits of every listener.
     pub acceptor: AcceptorConfig,
 }
@@ -212,6 +218,7 @@ impl ServerConfig {
             system_log_dir: PathBuf::from("/var/log"),
             sync_frequency: c.sync_frequency.as_duration(),
             configz: serde_json::to_value(c).ok(),
+            streaming_connection_idle_timeout: c.streaming_connection_idle_timeout.as_duration(),
             acceptor: AcceptorConfig::default(),
         }
     }
@@ -462,6 +469,7 @@ impl AgentPlugin for KubeletServer {
                 configz: self.config.configz.clone(),
                 sync_loop_threshold: (self.config.sync_frequency * 2)
                     .max(routes::MIN_SYNC_LOOP_THRESHOLD),
+                streaming_idle_timeout: self.config.streaming_connection_idle_timeout,
             },
             security: self.security(),
             node_name: ctx.node_name().to_string(),
@@ -549,7 +557,8 @@ async fn serve_connection<S>(
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
         .max_buf_size(1024 * 1024)
-        .serve_connection(TokioIo::new(io), service);
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades();
     let mut conn = std::pin::pin!(conn);
     tokio::select! {
         r = conn.as_mut() => {
@@ -592,6 +601,12 @@ async fn handle(
                 return routes::plain(StatusCode::INTERNAL_SERVER_ERROR, body);
             }
         }
+    }
+    if port == routes::Port::Main
+        && shared.ctx.debugging
+        && let Some(kind) = streaming::Kind::of(req.uri().path())
+    {
+        return streaming::handle(&shared.ctx, kind, req).await;
     }
     routes::route(&shared.ctx, port, &req).await
 }

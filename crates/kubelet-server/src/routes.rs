@@ -47,6 +47,8 @@ pub(crate) struct Context {
     pub(crate) system_log_dir: PathBuf,
     pub(crate) configz: Option<serde_json::Value>,
     pub(crate) sync_loop_threshold: Duration,
+    /// `streamingConnectionIdleTimeout`.
+    pub(crate) streaming_idle_timeout: Duration,
 }
 
 pub(crate) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {

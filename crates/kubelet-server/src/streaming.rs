@@ -1,0 +1,832 @@
+//! `/exec`, `/attach`, `/portForward` and `/run`: the kubelet's streaming endpoints.
+//!
+//! The pod and container are found as for `/containerLogs`. The runtime's
+//! [`StreamingRuntime`](kubelet_core::StreamingRuntime) answers with in-process streams, which
+//! are served here over the client's protocol, or with its streaming server's URL, to which
+//! the upgraded connection is proxied ([`crate::proxy`]). Protocols:
+//! - SPDY/3.1 ([`crate::spdy`]) with `X-Stream-Protocol-Version` `v4.channel.k8s.io`,
+//!   `v3.channel.k8s.io`, `v2.channel.k8s.io`, `channel.k8s.io` (exec, attach) and
+//!   `portforward.k8s.io` (port-forward);
+//! - WebSocket ([`crate::websocket`]) with the `Sec-WebSocket-Protocol` values
+//!   `v5.channel.k8s.io`, `v4.channel.k8s.io`, `v4.base64.channel.k8s.io`,
+//!   `base64.channel.k8s.io`, `channel.k8s.io` (exec, attach) and `v4.channel.k8s.io`,
+//!   `v4.base64.channel.k8s.io` (port-forward, one connection per port).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONNECTION, UPGRADE};
+use http::{HeaderValue, Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use k8s_openapi::api::core::v1::Pod;
+use kubelet_core::runtime::{SandboxFilter, SandboxState, labels};
+use kubelet_core::status_gen::strip_container_id;
+use kubelet_core::{
+    ErrorKind, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
+    TerminalSize, k8s_openapi,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::routes::{Body, Context, plain, status};
+use crate::spdy::{Session, Stream, StreamWriter};
+
+/// `streamCreationTimeout`: how long the client has to open its streams.
+pub(crate) const STREAM_CREATION_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Exec and attach protocols over SPDY, newest first.
+pub(crate) const SPDY_REMOTECOMMAND_PROTOCOLS: &[&str] = &[
+    "v4.channel.k8s.io",
+    "v3.channel.k8s.io",
+    "v2.channel.k8s.io",
+    "channel.k8s.io",
+];
+/// The port-forward protocol over SPDY.
+pub(crate) const SPDY_PORTFORWARD_PROTOCOLS: &[&str] = &["portforward.k8s.io"];
+
+/// After the process exits, how long its output may still drain before the status is sent.
+const DRAIN_GRACE: Duration = Duration::from_secs(2);
+
+/// Which endpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Exec,
+    Attach,
+    PortForward,
+    Run,
+}
+
+impl Kind {
+    pub(crate) fn of(path: &str) -> Option<Kind> {
+        let first = path.trim_start_matches('/').split('/').next()?;
+        Some(match first {
+            "exec" => Kind::Exec,
+            "attach" => Kind::Attach,
+            "portForward" => Kind::PortForward,
+            "run" => Kind::Run,
+            _ => return None,
+        })
+    }
+}
+
+/// `/{kind}/{ns}/{pod}[/{uid}]/{container}` (no container for port-forward).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Target {
+    namespace: String,
+    pod: String,
+    uid: Option<String>,
+    container: String,
+}
+
+pub(crate) fn parse_target(kind: Kind, path: &str) -> Option<Target> {
+    let parts: Vec<String> = path
+        .trim_start_matches('/')
+        .trim_end_matches('/')
+        .split('/')
+        .skip(1)
+        .map(crate::logs::percent_decode)
+        .collect();
+    let t = |ns: &String, pod: &String, uid: Option<&String>, c: &str| Target {
+        namespace: ns.clone(),
+        pod: pod.clone(),
+        uid: uid.cloned(),
+        container: c.to_string(),
+    };
+    match (kind, parts.as_slice()) {
+        (Kind::PortForward, [ns, pod]) => Some(t(ns, pod, None, "")),
+        (Kind::PortForward, [ns, pod, uid]) => Some(t(ns, pod, Some(uid), "")),
+        (Kind::PortForward, _) => None,
+        (_, [ns, pod, c]) => Some(t(ns, pod, None, c)),
+        (_, [ns, pod, uid, c]) => Some(t(ns, pod, Some(uid), c)),
+        _ => None,
+    }
+}
+
+/// The query's values: `command` (repeated) and the `input`/`output`/`error`/`tty` flags
+/// (`1` or `true`), `port` (repeated, WebSocket port-forward), `cmd` (`/run`).
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Query {
+    command: Vec<String>,
+    options: StreamOptions,
+    ports: Vec<String>,
+    cmd: String,
+}
+
+pub(crate) fn parse_query(q: &str) -> Query {
+    let mut out = Query::default();
+    let (mut stdin, mut stdout, mut stderr, mut tty) = (false, false, false, false);
+    for pair in q.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let k = crate::logs::percent_decode(&k.replace('+', " "));
+        let v = crate::logs::percent_decode(&v.replace('+', " "));
+        let on = v == "1" || v.eq_ignore_ascii_case("true");
+        match k.as_str() {
+            "command" => out.command.push(v),
+            "input" | "stdin" => stdin = on,
+            "output" | "stdout" => stdout = on,
+            "error" | "stderr" => stderr = on,
+            "tty" => tty = on,
+            "port" => out.ports.push(v),
+            "cmd" => out.cmd = v,
+            _ => {}
+        }
+    }
+    out.options = StreamOptions::new(stdin, stdout, stderr, tty);
+    out
+}
+
+fn header_values(req: &Request<Incoming>, name: &str) -> Vec<String> {
+    req.headers()
+        .get_all(name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .collect()
+}
+
+fn upgrade_to(req: &Request<Incoming>) -> Option<String> {
+    let connection = header_values(req, "connection");
+    if !connection.iter().any(|c| c.eq_ignore_ascii_case("upgrade")) {
+        return None;
+    }
+    req.headers()
+        .get(UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase())
+}
+
+fn not_found(message: String) -> Response<Body> {
+    status(StatusCode::NOT_FOUND, "NotFound", message)
+}
+
+fn bad_request(message: impl Into<String>) -> Response<Body> {
+    status(StatusCode::BAD_REQUEST, "BadRequest", message)
+}
+
+/// A runtime error as the kubelet's answer.
+fn runtime_error(e: &kubelet_core::Error) -> Response<Body> {
+    match e.kind() {
+        ErrorKind::NotFound => not_found(e.message().to_string()),
+        ErrorKind::Unimplemented => status(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            e.message().to_string(),
+        ),
+        ErrorKind::InvalidArgument | ErrorKind::FailedPrecondition => {
+            bad_request(e.message().to_string())
+        }
+        _ => status(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "InternalError",
+            e.message().to_string(),
+        ),
+    }
+}
+
+fn not_supported(what: &str) -> Response<Body> {
+    status(
+        StatusCode::NOT_IMPLEMENTED,
+        "NotImplemented",
+        format!("{what} is not supported by this node's container runtime"),
+    )
+}
+
+/// The pod `t` names, as the agent knows it.
+fn find_pod(ctx: &Context, t: &Target) -> Result<Pod, Response<Body>> {
+    let found = ctx
+        .handle
+        .statuses()
+        .list()
+        .into_iter()
+        .filter(|p| {
+            p.pod.metadata.namespace.as_deref() == Some(t.namespace.as_str())
+                && p.pod.metadata.name.as_deref() == Some(t.pod.as_str())
+                && t.uid
+                    .as_ref()
+                    .is_none_or(|u| p.pod.metadata.uid.as_deref() == Some(u.as_str()))
+        })
+        .max_by_key(|p| p.pod.metadata.creation_timestamp.clone().map(|t| t.0));
+    match found {
+        Some(e) => Ok((*e.pod).clone()),
+        None => Err(not_found("pod does not exist".to_string())),
+    }
+}
+
+/// The running instance of container `name` in `pod`.
+fn running_container(ctx: &Context, pod: &Pod, name: &str) -> Result<String, Response<Body>> {
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    let entry = ctx
+        .handle
+        .statuses()
+        .list()
+        .into_iter()
+        .find(|p| p.pod.metadata.uid.as_deref() == Some(uid));
+    let statuses = entry
+        .as_ref()
+        .map(|e| {
+            e.status
+                .container_statuses
+                .iter()
+                .chain(e.status.init_container_statuses.iter())
+                .chain(e.status.ephemeral_container_statuses.iter())
+                .flatten()
+                .cloned()
+                .collect::<Vec<_>>()
+        })
+        .unwrap_or_default();
+    let Some(cs) = statuses.iter().find(|s| s.name == name) else {
+        return Err(not_found(format!(
+            "container {name} is not valid for pod {}",
+            pod.metadata.name.as_deref().unwrap_or_default()
+        )));
+    };
+    let running = cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some();
+    match cs.container_id.as_deref().filter(|id| !id.is_empty()) {
+        Some(id) if running => Ok(strip_container_id(id).to_string()),
+        _ => Err(bad_request(format!(
+            "container {name} is not running in pod {}",
+            pod.metadata.name.as_deref().unwrap_or_default()
+        ))),
+    }
+}
+
+async fn ready_sandbox(ctx: &Context, pod: &Pod) -> Result<String, Response<Body>> {
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let filter = SandboxFilter {
+        state: Some(SandboxState::Ready),
+        label_selector: [(labels::POD_UID.to_string(), uid)].into_iter().collect(),
+        ..Default::default()
+    };
+    match ctx.runtime.list_pod_sandboxes(&filter).await {
+        Ok(list) => list
+            .into_iter()
+            .max_by_key(|s| s.created_at)
+            .map(|s| s.id)
+            .ok_or_else(|| bad_request("pod has no ready sandbox")),
+        Err(e) => Err(runtime_error(&e)),
+    }
+}
+
+/// Answer a streaming request (authorized already).
+pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let query = parse_query(req.uri().query().unwrap_or(""));
+    let Some(target) = parse_target(kind, &path) else {
+        return not_found("404 page not found".to_string());
+    };
+    let pod = match find_pod(ctx, &target) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    if kind == Kind::Run {
+        return run(ctx, &pod, &target, &query).await;
+    }
+    let Some(streaming) = ctx.runtime.streaming() else {
+        return not_supported(match kind {
+            Kind::Exec => "exec",
+            Kind::Attach => "attach",
+            _ => "port-forward",
+        });
+    };
+    let upgrade = upgrade_to(&req);
+    let websocket = upgrade.as_deref() == Some("websocket");
+    let spdy = upgrade.as_deref() == Some("spdy/3.1");
+    if kind == Kind::PortForward {
+        let sandbox = match ready_sandbox(ctx, &pod).await {
+            Ok(s) => s,
+            Err(r) => return r,
+        };
+        let ports: Vec<u16> = query.ports.iter().filter_map(|p| p.parse().ok()).collect();
+        let endpoint = match streaming.port_forward(&sandbox, &ports).await {
+            Ok(e) => e,
+            Err(e) => return runtime_error(&e),
+        };
+        return match endpoint {
+            PortForwardEndpoint::Url(url) => crate::proxy::proxy(req, &url).await,
+            PortForwardEndpoint::Dialer(dialer) if spdy => {
+                spdy_port_forward(ctx, req, dialer, sandbox)
+            }
+            PortForwardEndpoint::Dialer(dialer) if websocket => {
+                crate::websocket::port_forward(ctx, req, dialer, &query.ports)
+            }
+            _ => bad_request("Upgrade request required"),
+        };
+    }
+
+    let opts = query.options;
+    if opts.tty && opts.stderr {
+        return bad_request("tty and stderr cannot both be true");
+    }
+    if !opts.stdin && !opts.stdout && !opts.stderr {
+        return bad_request("you must specify at least 1 of stdin, stdout, stderr");
+    }
+    if kind == Kind::Exec && query.command.is_empty() {
+        return bad_request("you must specify a command");
+    }
+    if !spdy && !websocket {
+        return bad_request("Upgrade request required");
+    }
+    // Negotiate before starting anything.
+    let protocol = if spdy {
+        match negotiate(&req, SPDY_REMOTECOMMAND_PROTOCOLS) {
+            Ok(p) => Some(p),
+            Err(r) => return r,
+        }
+    } else {
+        None
+    };
+    let id = match running_container(ctx, &pod, &target.container) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let endpoint = match kind {
+        Kind::Exec => streaming.exec(&id, &query.command, opts).await,
+        _ => streaming.attach(&id, opts).await,
+    };
+    let session = match endpoint {
+        Ok(StreamEndpoint::Url(url)) => return crate::proxy::proxy(req, &url).await,
+        Ok(StreamEndpoint::Session(s)) => s,
+        Ok(_) => return not_supported("this kind of stream endpoint"),
+        Err(e) => return runtime_error(&e),
+    };
+    let command = if kind == Kind::Exec {
+        query.command.join(" ")
+    } else {
+        String::new()
+    };
+    match protocol {
+        Some(protocol) => spdy_remotecommand(ctx, req, protocol, opts, session, command),
+        None => crate::websocket::remotecommand(ctx, req, opts, session, command),
+    }
+}
+
+/// `httpstream.Handshake`: the first protocol the client offers that the server supports.
+fn negotiate(req: &Request<Incoming>, supported: &[&str]) -> Result<&'static str, Response<Body>> {
+    let offered = header_values(req, "x-stream-protocol-version");
+    if offered.is_empty() {
+        return Err(bad_request(
+            "unable to upgrade: X-Stream-Protocol-Version is required",
+        ));
+    }
+    let all: &'static [&'static str] = if supported == SPDY_PORTFORWARD_PROTOCOLS {
+        SPDY_PORTFORWARD_PROTOCOLS
+    } else {
+        SPDY_REMOTECOMMAND_PROTOCOLS
+    };
+    for o in &offered {
+        if let Some(p) = all.iter().find(|p| **p == o) {
+            return Ok(p);
+        }
+    }
+    let mut r = plain(
+        StatusCode::FORBIDDEN,
+        format!(
+            "unable to upgrade: unable to negotiate protocol: client supports {offered:?}, server accepts {all:?}"
+        ),
+    );
+    for p in all {
+        r.headers_mut().append(
+            "X-Accepted-Stream-Protocol-Versions",
+            HeaderValue::from_static(p),
+        );
+    }
+    Err(r)
+}
+
+fn switching(upgrade: &'static str, protocol_header: (&'static str, &str)) -> Response<Body> {
+    let mut r = crate::routes::full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
+    r.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+    r.headers_mut()
+        .insert(UPGRADE, HeaderValue::from_static(upgrade));
+    if let Ok(v) = HeaderValue::from_str(protocol_header.1) {
+        r.headers_mut().insert(protocol_header.0, v);
+    }
+    r
+}
+
+/// The v4 error-stream Status for an exit code (`Success`, or `NonZeroExitCode` with the code).
+pub(crate) fn exit_status_json(code: i32, command: &str) -> String {
+    if code == 0 {
+        return r#"{"metadata":{},"status":"Success"}"#.to_string();
+    }
+    serde_json::json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("command terminated with non-zero exit code: command '{command}' exited with {code}"),
+        "reason": "NonZeroExitCode",
+        "details": { "causes": [ { "reason": "ExitCode", "message": code.to_string() } ] },
+    })
+    .to_string()
+}
+
+/// The v4 error-stream Status for a failure of the runtime.
+pub(crate) fn internal_status_json(message: &str) -> String {
+    serde_json::json!({
+        "metadata": {},
+        "status": "Failure",
+        "message": message,
+        "reason": "InternalError",
+        "code": 500,
+    })
+    .to_string()
+}
+
+fn spdy_remotecommand(
+    ctx: &Context,
+    req: Request<Incoming>,
+    protocol: &'static str,
+    opts: StreamOptions,
+    session: ExecSession,
+    command: String,
+) -> Response<Body> {
+    let idle = ctx.streaming_idle_timeout;
+    tokio::spawn(async move {
+        let upgraded = match hyper::upgrade::on(req).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!(error = %e, "exec upgrade failed");
+                return;
+            }
+        };
+        let spdy = Session::start(TokioIo::new(upgraded), idle);
+        serve_remotecommand(spdy, protocol, opts, session, command).await;
+    });
+    switching("SPDY/3.1", ("X-Stream-Protocol-Version", protocol))
+}
+
+/// The streams of one remotecommand session over SPDY.
+#[derive(Default)]
+struct Streams {
+    error: Option<Stream>,
+    stdin: Option<Stream>,
+    stdout: Option<Stream>,
+    stderr: Option<Stream>,
+    resize: Option<Stream>,
+}
+
+async fn serve_remotecommand(
+    mut spdy: Session,
+    protocol: &str,
+    opts: StreamOptions,
+    session: ExecSession,
+    command: String,
+) {
+    let resize_supported = protocol != "channel.k8s.io" && protocol != "v2.channel.k8s.io";
+    let expected = 1
+        + usize::from(opts.stdin)
+        + usize::from(opts.stdout)
+        + usize::from(opts.stderr)
+        + usize::from(opts.tty && resize_supported);
+    let mut got = Streams::default();
+    let mut count = 0;
+    let waited = tokio::time::timeout(STREAM_CREATION_TIMEOUT, async {
+        while count < expected {
+            let Some(s) = spdy.streams.recv().await else {
+                return false;
+            };
+            let slot = match s.header("streamtype") {
+                Some("error") => &mut got.error,
+                Some("stdin") => &mut got.stdin,
+                Some("stdout") => &mut got.stdout,
+                Some("stderr") => &mut got.stderr,
+                Some("resize") => &mut got.resize,
+                other => {
+                    tracing::debug!(stream_type = ?other, "unknown stream type; resetting it");
+                    let _ = s.writer.reset(crate::spdy::status::REFUSED_STREAM).await;
+                    continue;
+                }
+            };
+            if slot.is_none() {
+                count += 1;
+            }
+            *slot = Some(s);
+        }
+        true
+    })
+    .await;
+    if !matches!(waited, Ok(true)) {
+        tracing::debug!("timed out waiting for client to create streams");
+        spdy.close().await;
+        return;
+    }
+    let ExecSession {
+        stdin,
+        stdout,
+        stderr,
+        resize,
+        exit,
+    } = session;
+
+    // Client input → the process.
+    if let (Some(mut s), Some(mut w)) = (got.stdin.take(), stdin) {
+        tokio::spawn(async move {
+            while let Some(data) = s.data.recv().await {
+                if w.write_all(&data).await.is_err() {
+                    return;
+                }
+                let _ = w.flush().await;
+            }
+            let _ = w.shutdown().await;
+        });
+    }
+    if let (Some(mut s), Some(tx)) = (got.resize.take(), resize) {
+        tokio::spawn(async move { forward_resizes(&mut s.data, tx).await });
+    }
+    let out = got
+        .stdout
+        .take()
+        .zip(stdout)
+        .map(|(s, r)| tokio::spawn(copy_out(r, s.writer)));
+    let err = got
+        .stderr
+        .take()
+        .zip(stderr)
+        .map(|(s, r)| tokio::spawn(copy_out(r, s.writer)));
+
+    let result = exit.await;
+    for task in [out, err].into_iter().flatten() {
+        let _ = tokio::time::timeout(DRAIN_GRACE, task).await;
+    }
+    if let Some(e) = got.error.take() {
+        let message = match (&result, protocol) {
+            (Ok(code), "v4.channel.k8s.io") => Some(exit_status_json(*code, &command)),
+            (Ok(0), _) => None,
+            (Ok(code), _) => Some(format!(
+                "command terminated with non-zero exit code: command '{command}' exited with {code}"
+            )),
+            (Err(e), "v4.channel.k8s.io") => Some(internal_status_json(e.message())),
+            (Err(e), _) => Some(e.message().to_string()),
+        };
+        if let Some(m) = message {
+            let _ = e.writer.write(m.as_bytes()).await;
+        }
+        let _ = e.writer.finish().await;
+    }
+    spdy.close().await;
+}
+
+/// Resize events: JSON objects back to back (`{"Width":80,"Height":24}`). Anything else ends
+/// the resize stream (logged), not the session.
+async fn forward_resizes(data: &mut mpsc::Receiver<Bytes>, tx: mpsc::Sender<TerminalSize>) {
+    let mut buf: Vec<u8> = Vec::new();
+    while let Some(chunk) = data.recv().await {
+        buf.extend_from_slice(&chunk);
+        let mut it = serde_json::Deserializer::from_slice(&buf).into_iter::<TerminalSize>();
+        let mut consumed = 0;
+        loop {
+            match it.next() {
+                Some(Ok(size)) => {
+                    consumed = it.byte_offset();
+                    let _ = tx.send(size).await;
+                }
+                Some(Err(e)) if e.is_eof() => break,
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "bad resize event; ignoring further resizes");
+                    return;
+                }
+                None => break,
+            }
+        }
+        buf.drain(..consumed);
+        if buf.len() > 64 * 1024 {
+            tracing::debug!("resize stream without a complete event in 64 KiB; ignoring it");
+            return;
+        }
+    }
+}
+
+async fn copy_out(mut r: kubelet_core::StreamReader, w: StreamWriter) {
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if w.write(&buf[..n]).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = w.finish().await;
+}
+
+fn spdy_port_forward(
+    ctx: &Context,
+    req: Request<Incoming>,
+    dialer: Arc<dyn PortDialer>,
+    sandbox: String,
+) -> Response<Body> {
+    let protocol = match negotiate(&req, SPDY_PORTFORWARD_PROTOCOLS) {
+        Ok(p) => p,
+        Err(r) => return r,
+    };
+    let idle = ctx.streaming_idle_timeout;
+    tokio::spawn(async move {
+        let upgraded = match hyper::upgrade::on(req).await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!(error = %e, "port-forward upgrade failed");
+                return;
+            }
+        };
+        let spdy = Session::start(TokioIo::new(upgraded), idle);
+        serve_port_forward_session(spdy, dialer, sandbox).await;
+    });
+    switching("SPDY/3.1", ("X-Stream-Protocol-Version", protocol))
+}
+
+/// Pairs each forwarded connection's `error` and `data` streams (by `requestID`) and copies
+/// bytes between the data stream and a connection to the port.
+pub(crate) async fn serve_port_forward_session(
+    mut spdy: Session,
+    dialer: Arc<dyn PortDialer>,
+    sandbox: String,
+) {
+    let mut waiting: std::collections::HashMap<String, (Option<Stream>, Option<Stream>)> =
+        std::collections::HashMap::new();
+    while let Some(s) = spdy.streams.recv().await {
+        let request = s
+            .header("requestid")
+            .map(str::to_string)
+            .unwrap_or_else(|| {
+                // Without a requestID, an error stream and the data stream after it (ID + 2)
+                // belong together.
+                let base = if s.header("streamtype") == Some("data") {
+                    s.id.saturating_sub(2)
+                } else {
+                    s.id
+                };
+                format!("stream-{base}")
+            });
+        let entry = waiting.entry(request.clone()).or_default();
+        match s.header("streamtype") {
+            Some("error") => entry.0 = Some(s),
+            Some("data") => entry.1 = Some(s),
+            other => {
+                tracing::debug!(stream_type = ?other, "unknown port-forward stream; resetting it");
+                let _ = s.writer.reset(crate::spdy::status::REFUSED_STREAM).await;
+                continue;
+            }
+        }
+        if entry.0.is_some() && entry.1.is_some() {
+            let Some((Some(error), Some(data))) = waiting.remove(&request) else {
+                continue;
+            };
+            let dialer = dialer.clone();
+            let sandbox = sandbox.clone();
+            tokio::spawn(async move { forward_one(dialer, error, data, &sandbox).await });
+        }
+    }
+}
+
+async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, mut data: Stream, sandbox: &str) {
+    let port = data
+        .header("port")
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|p| *p > 0);
+    let Some(port) = port else {
+        let m = format!(
+            "invalid port {:?} for pod {sandbox}",
+            data.header("port").unwrap_or_default()
+        );
+        let _ = error.writer.write(m.as_bytes()).await;
+        let _ = error.writer.finish().await;
+        let _ = data.writer.finish().await;
+        return;
+    };
+    let conn = match dialer.dial(port).await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = error.writer.write(e.message().as_bytes()).await;
+            let _ = error.writer.finish().await;
+            let _ = data.writer.finish().await;
+            return;
+        }
+    };
+    let (mut rd, mut wr) = tokio::io::split(conn);
+    let to_pod = async {
+        while let Some(chunk) = data.data.recv().await {
+            if wr.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+        let _ = wr.shutdown().await;
+    };
+    let writer = data.writer.clone();
+    let from_pod = async {
+        let mut buf = vec![0u8; 32 * 1024];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if writer.write(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = writer.finish().await;
+    };
+    tokio::join!(to_pod, from_pod);
+    let _ = error.writer.finish().await;
+}
+
+/// `/run`: the command's output (standard output then standard error), as the kubelet's
+/// `RunInContainer`; a failure of the runtime is a 500 with its message.
+async fn run(ctx: &Context, pod: &Pod, target: &Target, query: &Query) -> Response<Body> {
+    let id = match running_container(ctx, pod, &target.container) {
+        Ok(id) => id,
+        Err(r) => return r,
+    };
+    let cmd: Vec<String> = query.cmd.split(' ').map(str::to_string).collect();
+    match ctx.runtime.exec_sync(&id, &cmd, Duration::ZERO).await {
+        Ok(r) => {
+            let mut out = r.stdout;
+            out.extend_from_slice(&r.stderr);
+            let mut resp = crate::routes::full(StatusCode::OK, out);
+            resp.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            resp
+        }
+        Err(e) => plain(StatusCode::INTERNAL_SERVER_ERROR, e.message().to_string()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_queries_are_read_with_the_kubelets_names() {
+        assert_eq!(Kind::of("/exec/ns/p/c"), Some(Kind::Exec));
+        assert_eq!(Kind::of("/portForward/ns/p"), Some(Kind::PortForward));
+        assert_eq!(Kind::of("/pods"), None);
+        let t = parse_target(Kind::Exec, "/exec/ns/p/uid-1/c").unwrap();
+        assert_eq!(t.uid.as_deref(), Some("uid-1"));
+        assert_eq!(t.container, "c");
+        assert!(parse_target(Kind::Exec, "/exec/ns/p").is_none());
+        let t = parse_target(Kind::PortForward, "/portForward/ns/p").unwrap();
+        assert_eq!((t.namespace.as_str(), t.pod.as_str()), ("ns", "p"));
+        let q = parse_query("command=sh&command=-c&command=echo+hi%21&input=1&output=1&tty=true");
+        assert_eq!(q.command, ["sh", "-c", "echo hi!"]);
+        assert_eq!(q.options, StreamOptions::new(true, true, false, true));
+        assert_eq!(parse_query("cmd=ls+-l").cmd, "ls -l");
+        assert_eq!(parse_query("port=80&port=8080").ports, ["80", "8080"]);
+    }
+
+    #[test]
+    fn exit_codes_become_the_v4_status() {
+        assert_eq!(
+            exit_status_json(0, "true"),
+            r#"{"metadata":{},"status":"Success"}"#
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(&exit_status_json(7, "sh -c exit 7")).unwrap();
+        assert_eq!(v["reason"], "NonZeroExitCode");
+        assert_eq!(v["details"]["causes"][0]["reason"], "ExitCode");
+        assert_eq!(v["details"]["causes"][0]["message"], "7");
+    }
+
+    #[tokio::test]
+    async fn resize_events_are_decoded_back_to_back_and_garbage_stops_them() {
+        let (data_tx, mut data_rx) = mpsc::channel(4);
+        let (tx, mut rx) = mpsc::channel(8);
+        let task = tokio::spawn(async move { forward_resizes(&mut data_rx, tx).await });
+        data_tx
+            .send(Bytes::from_static(br#"{"Width":80,"Height":24}{"Width":1"#))
+            .await
+            .unwrap();
+        data_tx
+            .send(Bytes::from_static(br#"00,"Height":50}not json"#))
+            .await
+            .unwrap();
+        assert_eq!(
+            rx.recv().await,
+            Some(TerminalSize {
+                width: 80,
+                height: 24
+            })
+        );
+        assert_eq!(
+            rx.recv().await,
+            Some(TerminalSize {
+                width: 100,
+                height: 50
+            })
+        );
+        task.await.unwrap();
+        assert_eq!(
+            rx.recv().await,
+            None,
+            "the bad event ended the resize stream"
+        );
+    }
+}
