@@ -46,6 +46,9 @@ pub(crate) const SPDY_REMOTECOMMAND_PROTOCOLS: &[&str] = &[
 /// The port-forward protocol over SPDY.
 pub(crate) const SPDY_PORTFORWARD_PROTOCOLS: &[&str] = &["portforward.k8s.io"];
 
+/// An answer that ends a request before it is served (boxed: responses are large).
+pub(crate) type Refusal = Box<Response<Body>>;
+
 /// After the process exits, how long its output may still drain before the status is sent.
 const DRAIN_GRACE: Duration = Duration::from_secs(2);
 
@@ -196,7 +199,7 @@ fn not_supported(what: &str) -> Response<Body> {
 }
 
 /// The pod `t` names, as the agent knows it.
-fn find_pod(ctx: &Context, t: &Target) -> Result<Pod, Response<Body>> {
+fn find_pod(ctx: &Context, t: &Target) -> Result<Pod, Refusal> {
     let found = ctx
         .handle
         .statuses()
@@ -212,12 +215,12 @@ fn find_pod(ctx: &Context, t: &Target) -> Result<Pod, Response<Body>> {
         .max_by_key(|p| p.pod.metadata.creation_timestamp.clone().map(|t| t.0));
     match found {
         Some(e) => Ok((*e.pod).clone()),
-        None => Err(not_found("pod does not exist".to_string())),
+        None => Err(Box::new(not_found("pod does not exist".to_string()))),
     }
 }
 
 /// The running instance of container `name` in `pod`.
-fn running_container(ctx: &Context, pod: &Pod, name: &str) -> Result<String, Response<Body>> {
+fn running_container(ctx: &Context, pod: &Pod, name: &str) -> Result<String, Refusal> {
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     let entry = ctx
         .handle
@@ -239,22 +242,22 @@ fn running_container(ctx: &Context, pod: &Pod, name: &str) -> Result<String, Res
         })
         .unwrap_or_default();
     let Some(cs) = statuses.iter().find(|s| s.name == name) else {
-        return Err(not_found(format!(
+        return Err(Box::new(not_found(format!(
             "container {name} is not valid for pod {}",
             pod.metadata.name.as_deref().unwrap_or_default()
-        )));
+        ))));
     };
     let running = cs.state.as_ref().and_then(|s| s.running.as_ref()).is_some();
     match cs.container_id.as_deref().filter(|id| !id.is_empty()) {
         Some(id) if running => Ok(strip_container_id(id).to_string()),
-        _ => Err(bad_request(format!(
+        _ => Err(Box::new(bad_request(format!(
             "container {name} is not running in pod {}",
             pod.metadata.name.as_deref().unwrap_or_default()
-        ))),
+        )))),
     }
 }
 
-async fn ready_sandbox(ctx: &Context, pod: &Pod) -> Result<String, Response<Body>> {
+async fn ready_sandbox(ctx: &Context, pod: &Pod) -> Result<String, Refusal> {
     let uid = pod.metadata.uid.clone().unwrap_or_default();
     let filter = SandboxFilter {
         state: Some(SandboxState::Ready),
@@ -266,8 +269,8 @@ async fn ready_sandbox(ctx: &Context, pod: &Pod) -> Result<String, Response<Body
             .into_iter()
             .max_by_key(|s| s.created_at)
             .map(|s| s.id)
-            .ok_or_else(|| bad_request("pod has no ready sandbox")),
-        Err(e) => Err(runtime_error(&e)),
+            .ok_or_else(|| Box::new(bad_request("pod has no ready sandbox"))),
+        Err(e) => Err(Box::new(runtime_error(&e))),
     }
 }
 
@@ -280,7 +283,7 @@ pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) ->
     };
     let pod = match find_pod(ctx, &target) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     if kind == Kind::Run {
         return run(ctx, &pod, &target, &query).await;
@@ -298,7 +301,7 @@ pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) ->
     if kind == Kind::PortForward {
         let sandbox = match ready_sandbox(ctx, &pod).await {
             Ok(s) => s,
-            Err(r) => return r,
+            Err(r) => return *r,
         };
         let ports: Vec<u16> = query.ports.iter().filter_map(|p| p.parse().ok()).collect();
         let endpoint = match streaming.port_forward(&sandbox, &ports).await {
@@ -334,14 +337,14 @@ pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) ->
     let protocol = if spdy {
         match negotiate(&req, SPDY_REMOTECOMMAND_PROTOCOLS) {
             Ok(p) => Some(p),
-            Err(r) => return r,
+            Err(r) => return *r,
         }
     } else {
         None
     };
     let id = match running_container(ctx, &pod, &target.container) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let endpoint = match kind {
         Kind::Exec => streaming.exec(&id, &query.command, opts).await,
@@ -365,12 +368,12 @@ pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) ->
 }
 
 /// `httpstream.Handshake`: the first protocol the client offers that the server supports.
-fn negotiate(req: &Request<Incoming>, supported: &[&str]) -> Result<&'static str, Response<Body>> {
+fn negotiate(req: &Request<Incoming>, supported: &[&str]) -> Result<&'static str, Refusal> {
     let offered = header_values(req, "x-stream-protocol-version");
     if offered.is_empty() {
-        return Err(bad_request(
+        return Err(Box::new(bad_request(
             "unable to upgrade: X-Stream-Protocol-Version is required",
-        ));
+        )));
     }
     let all: &'static [&'static str] = if supported == SPDY_PORTFORWARD_PROTOCOLS {
         SPDY_PORTFORWARD_PROTOCOLS
@@ -394,7 +397,7 @@ fn negotiate(req: &Request<Incoming>, supported: &[&str]) -> Result<&'static str
             HeaderValue::from_static(p),
         );
     }
-    Err(r)
+    Err(Box::new(r))
 }
 
 fn switching(upgrade: &'static str, protocol_header: (&'static str, &str)) -> Response<Body> {
@@ -623,7 +626,7 @@ fn spdy_port_forward(
 ) -> Response<Body> {
     let protocol = match negotiate(&req, SPDY_PORTFORWARD_PROTOCOLS) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
     tokio::spawn(async move {
@@ -650,6 +653,7 @@ pub(crate) async fn serve_port_forward_session(
     let mut waiting: std::collections::HashMap<String, (Option<Stream>, Option<Stream>)> =
         std::collections::HashMap::new();
     while let Some(s) = spdy.streams.recv().await {
+        tracing::debug!(stream = s.id, headers = ?s.headers, "port-forward stream");
         let request = s
             .header("requestid")
             .map(str::to_string)
@@ -684,7 +688,7 @@ pub(crate) async fn serve_port_forward_session(
     }
 }
 
-async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, mut data: Stream, sandbox: &str) {
+async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, data: Stream, sandbox: &str) {
     let port = data
         .header("port")
         .and_then(|p| p.parse::<u16>().ok())
@@ -699,6 +703,8 @@ async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, mut data: Strea
         let _ = data.writer.finish().await;
         return;
     };
+    tracing::debug!(port, stream = data.id, "port-forward: connecting");
+    let data_id = data.id;
     let conn = match dialer.dial(port).await {
         Ok(c) => c,
         Err(e) => {
@@ -708,32 +714,39 @@ async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, mut data: Strea
             return;
         }
     };
+    let Stream {
+        data: mut incoming,
+        writer,
+        ..
+    } = data;
     let (mut rd, mut wr) = tokio::io::split(conn);
-    let to_pod = async {
-        while let Some(chunk) = data.data.recv().await {
+    // Client → pod until the client half-closes (or the connection goes).
+    let to_pod = tokio::spawn(async move {
+        while let Some(chunk) = incoming.recv().await {
             if wr.write_all(&chunk).await.is_err() {
                 break;
             }
         }
         let _ = wr.shutdown().await;
-    };
-    let writer = data.writer.clone();
-    let from_pod = async {
-        let mut buf = vec![0u8; 32 * 1024];
-        loop {
-            match rd.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    if writer.write(&buf[..n]).await.is_err() {
-                        break;
-                    }
+    });
+    // Pod → client until the pod closes; then both streams of the pair are closed at once (the
+    // client waits for them before it closes its local connection), as the kubelet does when
+    // its forwarder returns.
+    let mut buf = vec![0u8; 32 * 1024];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if writer.write(&buf[..n]).await.is_err() {
+                    break;
                 }
             }
         }
-        let _ = writer.finish().await;
-    };
-    tokio::join!(to_pod, from_pod);
+    }
+    tracing::debug!(port, stream = data_id, "port-forward: connection done");
+    let _ = writer.finish().await;
     let _ = error.writer.finish().await;
+    to_pod.abort();
 }
 
 /// `/run`: the command's output (standard output then standard error), as the kubelet's
@@ -741,7 +754,7 @@ async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, mut data: Strea
 async fn run(ctx: &Context, pod: &Pod, target: &Target, query: &Query) -> Response<Body> {
     let id = match running_container(ctx, pod, &target.container) {
         Ok(id) => id,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let cmd: Vec<String> = query.cmd.split(' ').map(str::to_string).collect();
     match ctx.runtime.exec_sync(&id, &cmd, Duration::ZERO).await {
@@ -828,5 +841,82 @@ mod tests {
             None,
             "the bad event ended the resize stream"
         );
+    }
+
+    struct LocalDialer;
+
+    #[async_trait::async_trait]
+    impl PortDialer for LocalDialer {
+        async fn dial(
+            &self,
+            port: u16,
+        ) -> kubelet_core::Result<Box<dyn kubelet_core::DuplexStream>> {
+            tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .map(|s| Box::new(s) as Box<dyn kubelet_core::DuplexStream>)
+                .map_err(|e| kubelet_core::Error::unavailable(e.to_string()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_connection_carries_bytes_both_ways_over_spdy() {
+        use crate::spdy::{Frame, FrameReader, FrameWriter, data_frame};
+        use bytes::BytesMut;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 64];
+            let n = c.read(&mut buf).await.unwrap();
+            c.write_all(&[b"echo:", &buf[..n]].concat()).await.unwrap();
+        });
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let session = Session::start(server, Duration::from_secs(30));
+        tokio::spawn(serve_port_forward_session(
+            session,
+            Arc::new(LocalDialer),
+            "sb".into(),
+        ));
+        let (mut crd, mut cwr) = tokio::io::split(client);
+        let mut w = FrameWriter::new();
+        let mut wire = BytesMut::new();
+        let p = port.to_string();
+        w.syn_stream(
+            &mut wire,
+            1,
+            false,
+            &[("streamType", "error"), ("port", &p), ("requestID", "0")],
+        )
+        .unwrap();
+        data_frame(&mut wire, 1, true, &[]);
+        w.syn_stream(
+            &mut wire,
+            3,
+            false,
+            &[("streamType", "data"), ("port", &p), ("requestID", "0")],
+        )
+        .unwrap();
+        data_frame(&mut wire, 3, false, b"ping");
+        cwr.write_all(&wire).await.unwrap();
+        let mut r = FrameReader::new();
+        let mut buf = BytesMut::new();
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !got.ends_with(b"echo:ping") {
+            assert!(tokio::time::Instant::now() < deadline, "no answer: {got:?}");
+            let n = tokio::time::timeout(Duration::from_secs(5), crd.read_buf(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0);
+            while let Some(f) = r.decode(&mut buf).unwrap() {
+                if let Frame::Data {
+                    stream_id: 3, data, ..
+                } = f
+                {
+                    got.extend_from_slice(&data);
+                }
+            }
+        }
     }
 }

@@ -31,7 +31,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use crate::routes::{Body, Context, status};
-use crate::streaming::{exit_status_json, internal_status_json};
+use crate::streaming::{Refusal, exit_status_json, internal_status_json};
 
 /// Exec and attach subprotocols, newest first.
 pub(crate) const REMOTECOMMAND_PROTOCOLS: &[&str] = &[
@@ -67,10 +67,7 @@ fn offered(req: &Request<Incoming>) -> Vec<String> {
 }
 
 /// The client's first offered protocol the server supports (`""` when it offers none).
-fn choose(
-    req: &Request<Incoming>,
-    supported: &[&'static str],
-) -> Result<&'static str, Response<Body>> {
+fn choose(req: &Request<Incoming>, supported: &[&'static str]) -> Result<&'static str, Refusal> {
     let offered = offered(req);
     if offered.is_empty() {
         return Ok("");
@@ -80,23 +77,23 @@ fn choose(
             return Ok(p);
         }
     }
-    Err(status(
+    Err(Box::new(status(
         StatusCode::BAD_REQUEST,
         "BadRequest",
         format!(
             "unable to upgrade: none of the offered subprotocols {offered:?} is supported ({supported:?})"
         ),
-    ))
+    )))
 }
 
 /// The `101` answer, or an error when the request is not a valid WebSocket upgrade.
-fn accept(req: &Request<Incoming>, protocol: &str) -> Result<Response<Body>, Response<Body>> {
+fn accept(req: &Request<Incoming>, protocol: &str) -> Result<Response<Body>, Refusal> {
     let Some(key) = req.headers().get("sec-websocket-key") else {
-        return Err(status(
+        return Err(Box::new(status(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             "missing Sec-WebSocket-Key",
-        ));
+        )));
     };
     let mut r = crate::routes::full(StatusCode::SWITCHING_PROTOCOLS, Bytes::new());
     let h = r.headers_mut();
@@ -184,15 +181,16 @@ pub(crate) fn remotecommand(
 ) -> Response<Body> {
     let protocol = match choose(&req, REMOTECOMMAND_PROTOCOLS) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let response = match accept(&req, protocol) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
     tokio::spawn(async move {
         if let Some(ws) = upgraded(req).await {
+            tracing::debug!(protocol, "exec or attach over WebSocket");
             serve_remotecommand(ws, protocol, opts, session, command, idle).await;
         }
     });
@@ -343,10 +341,20 @@ async fn serve_remotecommand(
     if let Some(m) = message {
         let _ = out_tx.send(framing.encode(ERROR, m.as_bytes())).await;
     }
-    let _ = out_tx.send(Message::Close(None)).await;
+    // A normal closure: clients treat a close without a status (1005) as an error.
+    let _ = out_tx.send(normal_close()).await;
     drop(out_tx);
     let _ = writer.await;
     reader.abort();
+}
+
+fn normal_close() -> Message {
+    use tokio_tungstenite::tungstenite::protocol::CloseFrame;
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    Message::Close(Some(CloseFrame {
+        code: CloseCode::Normal,
+        reason: "".into(),
+    }))
 }
 
 /// Port-forward over WebSocket: the channel protocol, or the SPDY tunnel.
@@ -358,16 +366,17 @@ pub(crate) fn port_forward(
 ) -> Response<Body> {
     let protocol = match choose(&req, PORTFORWARD_PROTOCOLS) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
     if protocol == "SPDY/3.1+portforward.k8s.io" {
         let response = match accept(&req, protocol) {
             Ok(r) => r,
-            Err(r) => return r,
+            Err(r) => return *r,
         };
         tokio::spawn(async move {
             if let Some(ws) = upgraded(req).await {
+                tracing::debug!("port-forward over the WebSocket SPDY tunnel");
                 let io = tunnel(ws);
                 let spdy = crate::spdy::Session::start(io, idle);
                 crate::streaming::serve_port_forward_session(spdy, dialer, String::new()).await;
@@ -397,7 +406,7 @@ pub(crate) fn port_forward(
     }
     let response = match accept(&req, protocol) {
         Ok(r) => r,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     tokio::spawn(async move {
         if let Some(ws) = upgraded(req).await {
@@ -496,6 +505,7 @@ async fn serve_channel_port_forward(
     for t in tasks {
         t.abort();
     }
+    let _ = out_tx.send(normal_close()).await;
     drop(out_tx);
     let _ = writer.await;
 }
@@ -518,16 +528,13 @@ fn tunnel(ws: Ws) -> tokio::io::DuplexStream {
                     }
                 }
             }
+            let _ = sink.send(normal_close()).await;
             let _ = sink.close().await;
         };
         let up = async {
             while let Some(Ok(m)) = incoming.next().await {
                 match m {
-                    Message::Binary(b) => {
-                        if wr.write_all(&b).await.is_err() {
-                            break;
-                        }
-                    }
+                    Message::Binary(b) if wr.write_all(&b).await.is_err() => break,
                     Message::Close(_) => break,
                     _ => {}
                 }

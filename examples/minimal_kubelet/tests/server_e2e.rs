@@ -49,6 +49,7 @@ impl Drop for Agent {
     }
 }
 
+#[derive(Debug)]
 struct Out {
     ok: bool,
     stdout: String,
@@ -156,6 +157,43 @@ fn apply(bin: &Path, kubeconfig: &Path, manifest: &str) {
     );
 }
 
+/// `minimal_kubelet` joined to `env` with its kubelet API on a free port (client certificates
+/// of the environment's CA, webhook authentication and authorization), on the process
+/// runtime; the containers it starts carry `token`.
+/// Bind the directory first (`let (dir, agent, port)`): the agent, dropped first, prints its log
+/// from it when the test fails.
+fn start_agent(env: &ApiServerEnv, token: &str) -> (tempfile::TempDir, Agent, u16) {
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let log = dir.path().join("agent.log");
+    let child = Command::new(BIN)
+        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+        .args(["--node-name", &node, "--node-ip", "127.0.0.1"])
+        .args(["--address", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--client-ca-file")
+        .arg(env.ca_file())
+        .arg("--cert-dir")
+        .arg(dir.path().join("pki"))
+        .arg("--root-dir")
+        .arg(dir.path().join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.path().join("logs"))
+        .args(["--healthz-port", "0"])
+        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .env("RUST_LOG", "info,kubelet_server=debug")
+        .spawn()
+        .expect("start minimal_kubelet");
+    let agent = Agent {
+        child,
+        token: token.to_string(),
+        log,
+    };
+    (dir, agent, port)
+}
+
 /// A service account token from the TokenRequest API (works with any kubectl version).
 fn service_account_token(env: &ApiServerEnv, kubectl_bin: &Path, name: &str) -> String {
     kubectl_ok(
@@ -213,33 +251,8 @@ fn kubectl_logs_and_the_kubelet_apis_authentication_through_a_real_api_server() 
     );
 
     let node = env.node_name().to_string();
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     let token = format!("mk-server-{}", std::process::id());
-    let log = dir.path().join("agent.log");
-    let child = Command::new(BIN)
-        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
-        .args(["--node-name", &node, "--node-ip", "127.0.0.1"])
-        .args(["--address", "127.0.0.1", "--port", &port.to_string()])
-        .arg("--client-ca-file")
-        .arg(env.ca_file())
-        .arg("--cert-dir")
-        .arg(dir.path().join("pki"))
-        .arg("--root-dir")
-        .arg(dir.path().join("root"))
-        .arg("--pod-log-dir")
-        .arg(dir.path().join("logs"))
-        .args(["--healthz-port", "0"])
-        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .expect("start minimal_kubelet");
-    let _agent = Agent {
-        child,
-        token: token.clone(),
-        log,
-    };
+    let (dir, _agent, port) = start_agent(&env, &token);
 
     // The node advertises the port.
     eventually(
@@ -507,4 +520,295 @@ fn which_kubectl() -> Result<PathBuf, ()> {
         .map(|d| d.join("kubectl"))
         .find(|p| p.is_file())
         .ok_or(())
+}
+
+/// Every `kubectl` to test: Debian's 1.20 (SPDY) and, when the machine has another one on the
+/// PATH (a newer client: WebSocket first, SPDY as its fallback), that one too.
+fn kubectls(debian: &Path) -> Vec<PathBuf> {
+    let mut all = vec![debian.to_path_buf()];
+    if let Ok(path) = which_kubectl() {
+        let version = |b: &Path| run(Command::new(b).args(["version", "--client"])).stdout;
+        if version(&path) != version(debian) {
+            all.push(path);
+        }
+    }
+    all
+}
+
+fn kubectl_with_stdin(bin: &Path, kubeconfig: &Path, args: &[&str], input: &[u8]) -> Out {
+    use std::io::Write;
+    let mut child = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "30s"])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    let out = child.wait_with_output().unwrap();
+    Out {
+        ok: out.status.success(),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+fn http_get(port: u16) -> Option<String> {
+    use std::io::{Read, Write};
+    let r = (|| -> std::io::Result<String> {
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    })();
+    match r {
+        Ok(o) => Some(o),
+        Err(e) => Some(format!("error: {e}")),
+    }
+}
+
+#[test]
+fn kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server() {
+    let test = "kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server";
+    let Some(debian_kubectl) = kubelet_testenv::debian_kubectl(test) else {
+        return;
+    };
+    let Some(env) = ApiServerEnv::start_for_node(test, "mk-stream") else {
+        return;
+    };
+    let admin = env.admin_kubeconfig().to_path_buf();
+    let k = &debian_kubectl;
+    kubectl_ok(
+        k,
+        &admin,
+        &[
+            "create",
+            "clusterrolebinding",
+            "apiserver-kubelet-api",
+            "--clusterrole=system:kubelet-api-admin",
+            "--user=kube-apiserver-kubelet-client",
+        ],
+    );
+    let node = env.node_name().to_string();
+    let token = format!("mk-stream-{}", std::process::id());
+    let (dir, _agent, _port) = start_agent(&env, &token);
+
+    // The pod: a shell that serves a page on two ports (busybox httpd) and waits.
+    let www = dir.path().join("www");
+    std::fs::create_dir_all(&www).unwrap();
+    std::fs::write(www.join("index.html"), format!("page-{token}\n")).unwrap();
+    let (p1, p2) = (free_port(), free_port());
+    let script = format!(
+        "busybox httpd -f -p 127.0.0.1:{p1} -h {w} & busybox httpd -f -p 127.0.0.1:{p2} -h {w} & \
+         trap 'kill $(jobs -p); exit 0' TERM; while true; do sleep 0.2; done",
+        w = www.display()
+    );
+    apply(
+        k,
+        &admin,
+        &pod_json("shell", "Always", &script, &token, &node),
+    );
+    eventually("shell Running", Duration::from_secs(60), || {
+        let o = kubectl(
+            k,
+            &admin,
+            &["get", "pod", "shell", "-o", "jsonpath={.status.phase}"],
+        );
+        (o.stdout.trim() == "Running").then_some(())
+    });
+    eventually("httpd listening", Duration::from_secs(20), || {
+        http_get(p1).filter(|b| b.contains("page-"))
+    });
+
+    let clients = kubectls(&debian_kubectl);
+    for kc in clients.clone() {
+        let v = run(Command::new(&kc).args(["version", "--client"])).stdout;
+        let v = v.lines().next().unwrap_or_default().to_string();
+        // Output, and the exit code on the error stream.
+        let o = kubectl(&kc, &admin, &["exec", "shell", "--", "echo", "hi"]);
+        assert!(
+            o.ok && o.stdout == "hi\n",
+            "{v}: exec echo: {} {}",
+            o.stdout,
+            o.stderr
+        );
+        let o = kubectl(&kc, &admin, &["exec", "shell", "--", "sh", "-c", "exit 7"]);
+        assert!(!o.ok, "{v}: exit 7 must fail");
+        let code = Command::new(&kc)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["exec", "shell", "--", "sh", "-c", "exit 7"])
+            .status()
+            .unwrap()
+            .code();
+        assert_eq!(code, Some(7), "{v}: the exit code propagates");
+        // Standard input, to its end.
+        let o = kubectl_with_stdin(
+            &kc,
+            &admin,
+            &["exec", "-i", "shell", "--", "cat"],
+            b"hello\n",
+        );
+        assert!(
+            o.ok && o.stdout == "hello\n",
+            "{v}: exec -i cat: {} {}",
+            o.stdout,
+            o.stderr
+        );
+        // Standard error apart.
+        let o = kubectl(
+            &kc,
+            &admin,
+            &["exec", "shell", "--", "sh", "-c", "echo err >&2"],
+        );
+        assert!(
+            o.ok && o.stderr.contains("err") && o.stdout.is_empty(),
+            "{v}: {o:?}"
+        );
+        // A terminal, with its size sent as a resize event.
+        let o = run(Command::new("script").args([
+            "-qec",
+            &format!(
+                "stty rows 31 cols 101; {} --kubeconfig {} exec -it shell -- stty size",
+                kc.display(),
+                admin.display()
+            ),
+            "/dev/null",
+        ]));
+        assert!(
+            o.stdout.contains("31 101"),
+            "{v}: exec -it stty size: {} {}",
+            o.stdout,
+            o.stderr
+        );
+
+        // kubectl cp both ways (tar in the container, through stdin and stdout).
+        let local = dir.path().join(format!("up-{token}.txt"));
+        std::fs::write(&local, format!("upload-{token}\n")).unwrap();
+        let remote = format!("/tmp/cp-{token}.txt");
+        let o = kubectl(
+            &kc,
+            &admin,
+            &["cp", local.to_str().unwrap(), &format!("shell:{remote}")],
+        );
+        assert!(o.ok, "{v}: kubectl cp up: {}", o.stderr);
+        assert_eq!(
+            std::fs::read_to_string(&remote).unwrap_or_default(),
+            format!("upload-{token}\n"),
+            "{v}"
+        );
+        let back = dir.path().join(format!("down-{token}.txt"));
+        let o = kubectl(
+            &kc,
+            &admin,
+            &["cp", &format!("shell:{remote}"), back.to_str().unwrap()],
+        );
+        assert!(o.ok, "{v}: kubectl cp down: {}", o.stderr);
+        assert_eq!(
+            std::fs::read_to_string(&back).unwrap_or_default(),
+            format!("upload-{token}\n"),
+            "{v}"
+        );
+        let _ = std::fs::remove_file(&remote);
+
+        // An unknown container.
+        let o = kubectl(&kc, &admin, &["exec", "shell", "-c", "nope", "--", "true"]);
+        assert!(!o.ok, "{v}: exec into an unknown container must fail");
+
+        // Port-forward: two ports at once, 20 concurrent requests, and a closed port that
+        // fails alone.
+        let (l1, l2, l3) = (free_port(), free_port(), free_port());
+        let closed = free_port();
+        let mut pf = Command::new(&kc)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args([
+                "port-forward",
+                "pod/shell",
+                &format!("{l1}:{p1}"),
+                &format!("{l2}:{p2}"),
+                &format!("{l3}:{closed}"),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        eventually("port-forward listening", Duration::from_secs(30), || {
+            std::net::TcpStream::connect(("127.0.0.1", l2)).ok()
+        });
+        let handles: Vec<_> = (0..20)
+            .map(|i| {
+                let port = if i % 2 == 0 { l1 } else { l2 };
+                std::thread::spawn(move || http_get(port))
+            })
+            .collect();
+        let mut failed = Vec::new();
+        for h in handles {
+            let body = h.join().unwrap().unwrap_or_default();
+            if !body.contains(&format!("page-{token}")) {
+                failed.push(body);
+            }
+        }
+        // The closed port: the request fails, and the other ports keep working.
+        let refused = http_get(l3).unwrap_or_default();
+        let after = http_get(l1).unwrap_or_default();
+        let _ = pf.kill();
+        let out = pf.wait_with_output().unwrap();
+        let pf_err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            failed.is_empty(),
+            "{v}: port-forward failed {} of 20: {failed:?}; kubectl: {pf_err}",
+            failed.len()
+        );
+        assert!(!refused.contains("page-"), "{v}: {refused}");
+        assert!(
+            pf_err.contains(&format!("error forwarding port {closed}")),
+            "{v}: the refusal is reported on the error stream: {pf_err}"
+        );
+        // The server keeps the connection up for the other ports. Debian's kubectl keeps
+        // forwarding too; newer clients end the whole port-forward on the first error by
+        // themselves.
+        if kc == debian_kubectl {
+            assert!(
+                after.contains("page-"),
+                "{v}: after a refused connection: {after}; kubectl: {pf_err}"
+            );
+        }
+        eprintln!("{v}: exec, cp and port-forward ok");
+    }
+    // The agent logs each protocol it served (RUST_LOG=kubelet_server=debug): Debian's kubectl
+    // speaks SPDY; a newer one WebSocket (exec, cp) and the SPDY tunnel (port-forward).
+    let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
+    if clients.len() > 1 {
+        eprintln!(
+            "served: WebSocket exec {}, SPDY tunnel {}",
+            log.contains("exec or attach over WebSocket"),
+            log.contains("WebSocket SPDY tunnel")
+        );
+        assert!(
+            log.contains("exec or attach over WebSocket protocol=\"v5.channel.k8s.io\""),
+            "the newer kubectl used WebSocket v5"
+        );
+        assert!(
+            log.contains("WebSocket SPDY tunnel"),
+            "the newer kubectl forwarded ports through the SPDY tunnel"
+        );
+    }
+
+    // Nothing left behind: the shell and its two httpd are the only processes with the token's
+    // pages or commands.
+    let execs = run(Command::new("pgrep").args(["-f", "stty size|exit 7|cat$"]));
+    assert!(
+        !execs.stdout.lines().any(|pid| {
+            std::fs::read_to_string(format!("/proc/{}/environ", pid.trim()))
+                .is_ok_and(|e| e.contains(&token))
+        }),
+        "exec processes left: {}",
+        execs.stdout
+    );
 }
