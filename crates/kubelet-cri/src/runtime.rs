@@ -629,8 +629,84 @@ fn ok_if_not_found(r: Result<(), CriError>) -> Result<()> {
     }
 }
 
+/// Exec, attach and port-forward: the runtime's streaming server URL for each request (CRI
+/// `Exec`, `Attach`, `PortForward`), to which the agent's server proxies the client.
+#[async_trait]
+impl kubelet_core::StreamingRuntime for CriRuntime {
+    async fn exec(
+        &self,
+        container_id: &str,
+        cmd: &[String],
+        options: kubelet_core::StreamOptions,
+    ) -> Result<kubelet_core::StreamEndpoint> {
+        let mut c = self.runtime.clone();
+        let req = cri::ExecRequest {
+            container_id: container_id.to_string(),
+            cmd: cmd.to_vec(),
+            tty: options.tty,
+            stdin: options.stdin,
+            stdout: options.stdout,
+            stderr: options.stderr,
+        };
+        let resp = self
+            .unary("Exec", None, move |r| async move { c.exec(r).await }, req)
+            .await?;
+        Ok(kubelet_core::StreamEndpoint::Url(resp.url))
+    }
+
+    async fn attach(
+        &self,
+        container_id: &str,
+        options: kubelet_core::StreamOptions,
+    ) -> Result<kubelet_core::StreamEndpoint> {
+        let mut c = self.runtime.clone();
+        let req = cri::AttachRequest {
+            container_id: container_id.to_string(),
+            stdin: options.stdin,
+            tty: options.tty,
+            stdout: options.stdout,
+            stderr: options.stderr,
+        };
+        let resp = self
+            .unary(
+                "Attach",
+                None,
+                move |r| async move { c.attach(r).await },
+                req,
+            )
+            .await?;
+        Ok(kubelet_core::StreamEndpoint::Url(resp.url))
+    }
+
+    async fn port_forward(
+        &self,
+        sandbox_id: &str,
+        ports: &[u16],
+    ) -> Result<kubelet_core::PortForwardEndpoint> {
+        let mut c = self.runtime.clone();
+        let req = cri::PortForwardRequest {
+            pod_sandbox_id: sandbox_id.to_string(),
+            port: ports.iter().map(|p| i32::from(*p)).collect(),
+        };
+        let resp = self
+            .unary(
+                "PortForward",
+                None,
+                move |r| async move { c.port_forward(r).await },
+                req,
+            )
+            .await?;
+        Ok(kubelet_core::PortForwardEndpoint::Url(resp.url))
+    }
+}
+
 #[async_trait]
 impl ContainerRuntime for CriRuntime {
+    /// CRI runtimes serve streams themselves (see the `StreamingRuntime` implementation).
+    fn streaming(&self) -> Option<&dyn kubelet_core::StreamingRuntime> {
+        Some(self)
+    }
+
     /// Registers the kubelet's runtime operation metrics (`kubelet_runtime_operations_total`,
     /// `kubelet_runtime_operations_errors_total`, `kubelet_runtime_operations_duration_seconds`,
     /// by `operation_type`), recorded per CRI call, into `registry`. Clones of this runtime share

@@ -902,3 +902,157 @@ fn a_full_root_dir_on_containerd_keeps_the_status_true_and_leaves_nothing_behind
     env.stop_agent();
     drop(fs);
 }
+
+/// `kubectl` with `args` (30 s request timeout): (success, stdout, stderr).
+fn kubectl(bin: &Path, kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(bin)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--request-timeout", "30s"])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn kubectl_exec_cp_and_port_forward_reach_containerd_containers_through_its_streaming_server() {
+    let test =
+        "kubectl_exec_cp_and_port_forward_reach_containerd_containers_through_its_streaming_server";
+    let Some(mut env) = Env::start(test) else {
+        return;
+    };
+    let Some(debian) = kubelet_testenv::debian_kubectl(test) else {
+        return;
+    };
+    let Some(api) = kubelet_testenv::ApiServerEnv::start_for_node(test, "cri-node") else {
+        return;
+    };
+    let admin = api.admin_kubeconfig().to_path_buf();
+    let (ok, _, err) = kubectl(
+        &debian,
+        &admin,
+        &[
+            "create",
+            "clusterrolebinding",
+            "apiserver-kubelet-api",
+            "--clusterrole=system:kubelet-api-admin",
+            "--user=kube-apiserver-kubelet-client",
+        ],
+    );
+    assert!(ok, "{err}");
+    env.open_api(&[
+        "--kubeconfig",
+        api.node_kubeconfig().to_str().unwrap(),
+        "--node-ip",
+        "127.0.0.1",
+    ]);
+    env.start_agent();
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    let pod = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "box", "namespace": "default" },
+        "spec": {
+            "nodeName": "cri-node", "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "app", "image": image,
+                "command": ["/bin/sh", "-c",
+                    "mkdir -p /www && echo page-cri > /www/index.html && httpd -f -p 8080 -h /www & exec sleep 100000"],
+            }],
+        },
+    });
+    let file = env.dir.join("box.json");
+    std::fs::write(&file, pod.to_string()).unwrap();
+    let (ok, _, err) = kubectl(&debian, &admin, &["apply", "-f", file.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    wait_until("box Running", || {
+        let (_, out, _) = kubectl(
+            &debian,
+            &admin,
+            &["get", "pod", "box", "-o", "jsonpath={.status.phase}"],
+        );
+        (out.trim() == "Running").then_some(())
+    });
+
+    let mut clients = vec![debian.clone()];
+    if let Some(newer) = std::env::var_os("PATH").and_then(|p| {
+        std::env::split_paths(&p)
+            .map(|d| d.join("kubectl"))
+            .find(|p| p.is_file())
+    }) {
+        clients.push(newer);
+    }
+    for kc in &clients {
+        let v = kc.display().to_string();
+        let (ok, out, err) = kubectl(kc, &admin, &["exec", "box", "--", "cat", "/www/index.html"]);
+        assert!(ok && out == "page-cri\n", "{v}: exec: {out} {err}");
+        let code = Command::new(kc)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["exec", "box", "--", "sh", "-c", "exit 7"])
+            .status()
+            .unwrap()
+            .code();
+        assert_eq!(code, Some(7), "{v}: the exit code propagates");
+        // kubectl cp into the container and back.
+        let local = env.dir.join("up.txt");
+        std::fs::write(&local, "upload-cri\n").unwrap();
+        let (ok, _, err) = kubectl(
+            kc,
+            &admin,
+            &["cp", local.to_str().unwrap(), "box:/tmp/up.txt"],
+        );
+        assert!(ok, "{v}: cp up: {err}");
+        let (ok, out, err) = kubectl(kc, &admin, &["exec", "box", "--", "cat", "/tmp/up.txt"]);
+        assert!(ok && out == "upload-cri\n", "{v}: {out} {err}");
+        let back = env.dir.join("down.txt");
+        let (ok, _, err) = kubectl(
+            kc,
+            &admin,
+            &["cp", "box:/tmp/up.txt", back.to_str().unwrap()],
+        );
+        assert!(ok, "{v}: cp down: {err}");
+        assert_eq!(
+            std::fs::read_to_string(&back).unwrap(),
+            "upload-cri\n",
+            "{v}"
+        );
+
+        // Port-forward into the pod's network namespace.
+        let local_port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let mut pf = Command::new(kc)
+            .arg("--kubeconfig")
+            .arg(&admin)
+            .args(["port-forward", "pod/box", &format!("{local_port}:8080")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{local_port}").parse().unwrap();
+        let body = wait_until(&format!("{v}: the page through port-forward"), || {
+            http_get_addr(addr, "/index.html")
+                .ok()
+                .filter(|(code, _)| *code == 200)
+                .map(|(_, b)| b)
+        });
+        assert_eq!(body, "page-cri\n", "{v}");
+        let handles: Vec<_> = (0..10)
+            .map(|_| std::thread::spawn(move || http_get_addr(addr, "/index.html")))
+            .collect();
+        for h in handles {
+            let (code, body) = h.join().unwrap().unwrap();
+            assert!(code == 200 && body == "page-cri\n", "{v}: {code} {body}");
+        }
+        let _ = pf.kill();
+        let _ = pf.wait();
+    }
+    env.stop_agent();
+}
