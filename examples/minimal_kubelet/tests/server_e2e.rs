@@ -596,7 +596,8 @@ fn kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server() {
     );
     let node = env.node_name().to_string();
     let token = format!("mk-stream-{}", std::process::id());
-    let (dir, _agent, _port) = start_agent(&env, &token);
+    let (dir, agent, port) = start_agent(&env, &token);
+    let agent_pid = agent.child.id();
 
     // The pod: a shell that serves a page on two ports (busybox httpd) and waits.
     let www = dir.path().join("www");
@@ -781,6 +782,176 @@ fn kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server() {
         }
         eprintln!("{v}: exec, cp and port-forward ok");
     }
+    // kubectl attach to a container with `stdin: true`: input reaches its standard input (the
+    // FIFO its supervisor holds), its output comes back from the log as it is written.
+    for (i, kc) in clients.iter().enumerate() {
+        let name = format!("reader{i}");
+        let pod = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name },
+            "spec": {
+                "nodeName": node, "hostNetwork": true, "terminationGracePeriodSeconds": 1,
+                "restartPolicy": "Never",
+                "containers": [{
+                    "name": "app", "image": "busybox", "stdin": true, "stdinOnce": true,
+                    "command": ["/bin/sh", "-c", "read l; echo got-$l; sleep 1", &token],
+                }],
+            },
+        });
+        apply(k, &admin, &pod.to_string());
+        eventually(&format!("{name} Running"), Duration::from_secs(60), || {
+            let o = kubectl(
+                k,
+                &admin,
+                &["get", "pod", &name, "-o", "jsonpath={.status.phase}"],
+            );
+            (o.stdout.trim() == "Running").then_some(())
+        });
+        let o = kubectl_with_stdin(kc, &admin, &["attach", "-i", &name], b"hello\n");
+        assert!(
+            o.stdout.contains("got-hello"),
+            "attach: {} {}",
+            o.stdout,
+            o.stderr
+        );
+    }
+
+    // Bad input, straight to the kubelet API (the admin's client certificate).
+    let (cert, key) = env.admin_cert_and_key();
+    let x509 = [
+        "--cert".to_string(),
+        cert.to_str().unwrap().to_string(),
+        "--key".to_string(),
+        key.to_str().unwrap().to_string(),
+    ];
+    let with = |extra: &[&str]| -> Vec<String> {
+        x509.iter()
+            .cloned()
+            .chain(extra.iter().map(|s| s.to_string()))
+            .collect()
+    };
+    let call = |path: &str, extra: &[&str]| {
+        let args = with(extra);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        curl(port, path, &args)
+    };
+    let exec_path = "/exec/default/shell/app?command=true&output=1";
+    // No upgrade.
+    let (code, body, _) = call(exec_path, &["-X", "POST"]);
+    assert_eq!(code, 400, "{body}");
+    // An upgrade without a protocol both sides speak: 403, with the accepted ones.
+    let o = run(Command::new("curl")
+        .args(["-sk", "-i", "--max-time", "10", "-X", "POST"])
+        .args(with(&[
+            "-H",
+            "Connection: Upgrade",
+            "-H",
+            "Upgrade: SPDY/3.1",
+            "-H",
+            "X-Stream-Protocol-Version: v9.channel.k8s.io",
+        ]))
+        .arg(format!("https://127.0.0.1:{port}{exec_path}")));
+    assert!(o.stdout.starts_with("HTTP/1.1 403"), "{}", o.stdout);
+    assert!(
+        o.stdout
+            .contains("x-accepted-stream-protocol-versions: v4.channel.k8s.io"),
+        "{}",
+        o.stdout
+    );
+    // Unknown pod and container: 404.
+    let spdy = [
+        "-X",
+        "POST",
+        "-H",
+        "Connection: Upgrade",
+        "-H",
+        "Upgrade: SPDY/3.1",
+        "-H",
+        "X-Stream-Protocol-Version: v4.channel.k8s.io",
+    ];
+    let (code, body, _) = call("/exec/default/ghost/app?command=true&output=1", &spdy);
+    assert_eq!(code, 404, "{body}");
+    let (code, body, _) = call("/exec/default/shell/nope?command=true&output=1", &spdy);
+    assert_eq!(code, 404, "{body}");
+    // /run: the output of a non-streaming exec.
+    let (code, body, _) = call("/run/default/shell/app?cmd=echo+run-ok", &["-X", "POST"]);
+    assert!(code == 200 && body == "run-ok\n", "{code} {body}");
+
+    // A 10 MiB burst on standard input, and 100 execs at once.
+    let k = &debian_kubectl;
+    let burst = vec![b'x'; 10 * 1024 * 1024];
+    let o = kubectl_with_stdin(
+        k,
+        &admin,
+        &["exec", "-i", "shell", "--", "wc", "-c"],
+        &burst,
+    );
+    assert!(
+        o.ok && o.stdout.trim() == "10485760",
+        "{} {}",
+        o.stdout,
+        o.stderr
+    );
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{agent_pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0)
+    };
+    let fds_before = fds();
+    let handles: Vec<_> = (0..100)
+        .map(|i| {
+            let (k, admin) = (k.clone(), admin.clone());
+            std::thread::spawn(move || {
+                kubectl(
+                    &k,
+                    &admin,
+                    &["exec", "shell", "--", "echo", &format!("n{i}")],
+                )
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let o = h.join().unwrap();
+        assert!(
+            o.ok && o.stdout == format!("n{i}\n"),
+            "exec {i}: {} {}",
+            o.stdout,
+            o.stderr
+        );
+    }
+    // A client that goes away mid-stream: its command is killed.
+    let marker = format!("sleep-{token}");
+    let mut gone = Command::new(k)
+        .arg("--kubeconfig")
+        .arg(&admin)
+        .args([
+            "exec",
+            "shell",
+            "--",
+            "sh",
+            "-c",
+            &format!("exec -a {marker} sleep 1000"),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pgrep = |pattern: &str| run(Command::new("pgrep").args(["-f", pattern])).stdout;
+    eventually("the exec'd sleep", Duration::from_secs(20), || {
+        (!pgrep(&marker).trim().is_empty()).then_some(())
+    });
+    let _ = gone.kill();
+    let _ = gone.wait();
+    eventually("the exec'd sleep killed", Duration::from_secs(30), || {
+        pgrep(&marker).trim().is_empty().then_some(())
+    });
+    // Nothing leaked: descriptors back to where they were (connections may linger briefly).
+    let fds_after = eventually("descriptors released", Duration::from_secs(30), || {
+        let n = fds();
+        (n <= fds_before + 4).then_some(n)
+    });
+    eprintln!("agent descriptors: {fds_before} before 100 execs, {fds_after} after");
+
     // The agent logs each protocol it served (RUST_LOG=kubelet_server=debug): Debian's kubectl
     // speaks SPDY; a newer one WebSocket (exec, cp) and the SPDY tunnel (port-forward).
     let log = std::fs::read_to_string(dir.path().join("agent.log")).unwrap_or_default();
