@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use flate2::{Compress, Compression, Decompress, FlushCompress, FlushDecompress, Status};
+use flate2::{Decompress, FlushDecompress};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -50,6 +50,9 @@ pub const DICTIONARY: &[u8] = b"\x00\x00\x00\x07options\x00\x00\x00\x04head\x00\
 Jan Feb Mar Apr May Jun Jul Aug Sept Oct Nov Dec 00:00:00 Mon, Tue, Wed, Thu, Fri, Sat, Sun, GMT\
 chunked,text/html,image/png,image/jpg,image/gif,application/xml,application/xhtml+xml,text/plain,\
 text/javascript,publicprivatemax-age=gzip,deflate,sdchcharset=utf-8charset=iso-8859-1,utf-,*,enq=0.";
+
+/// Adler-32 of [`DICTIONARY`] (the dictionary ID of SPDY header blocks).
+pub const DICTIONARY_ADLER32: u32 = 0xe3c6_a7c2;
 
 const VERSION: u16 = 3;
 const TYPE_SYN_STREAM: u16 = 1;
@@ -381,23 +384,6 @@ pub fn parse_header_block(raw: &[u8]) -> Result<Headers, SpdyError> {
     Ok(out)
 }
 
-/// Encodes frames; keeps the connection's header compression context.
-pub struct FrameWriter {
-    deflate: Compress,
-}
-
-impl Default for FrameWriter {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl std::fmt::Debug for FrameWriter {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FrameWriter").finish_non_exhaustive()
-    }
-}
-
 fn control(out: &mut BytesMut, kind: u16, flags: u8, payload: &[u8]) {
     out.put_u16(0x8000 | VERSION);
     out.put_u16(kind);
@@ -407,13 +393,21 @@ fn control(out: &mut BytesMut, kind: u16, flags: u8, payload: &[u8]) {
     out.put_slice(payload);
 }
 
+/// Encodes frames; keeps the connection's header compression context.
+///
+/// Header blocks are written as zlib *stored* blocks: a valid zlib stream with the protocol's
+/// dictionary (any SPDY peer decodes it), without a compressor's state (about 256 KiB per
+/// connection with zlib's defaults). The server's header blocks are empty `SYN_REPLY`s, so
+/// nothing is lost by not compressing them.
+#[derive(Debug, Default)]
+pub struct FrameWriter {
+    started: bool,
+}
+
 impl FrameWriter {
     /// A writer for a new connection.
     pub fn new() -> Self {
-        let mut deflate = Compress::new(Compression::default(), true);
-        // Set once, before the first block: the context then spans the connection.
-        let _ = deflate.set_dictionary(DICTIONARY);
-        Self { deflate }
+        Self { started: false }
     }
 
     fn header_block(&mut self, headers: &[(&str, &str)]) -> Result<Vec<u8>, SpdyError> {
@@ -425,22 +419,26 @@ impl FrameWriter {
             raw.put_u32(v.len() as u32);
             raw.put_slice(v.as_bytes());
         }
-        let mut out = Vec::with_capacity(raw.len() + 64);
-        let mut pos = 0;
-        loop {
-            if out.len() == out.capacity() {
-                out.reserve(64);
-            }
-            let before = self.deflate.total_in();
-            let st = self
-                .deflate
-                .compress_vec(&raw[pos..], &mut out, FlushCompress::Sync)
-                .map_err(|e| protocol(format!("compressing headers: {e}")))?;
-            pos += (self.deflate.total_in() - before) as usize;
-            if pos >= raw.len() && out.len() < out.capacity() && st != Status::BufError {
-                return Ok(out);
-            }
+        let mut out = Vec::with_capacity(raw.len() + 16);
+        if !self.started {
+            // zlib header: deflate with a 32 KiB window, a preset dictionary (FDICT), no level
+            // hint; then the dictionary's Adler-32.
+            out.extend_from_slice(&[0x78, 0x20]);
+            out.extend_from_slice(&DICTIONARY_ADLER32.to_be_bytes());
+            self.started = true;
         }
+        for chunk in raw.chunks(0xffff) {
+            // A non-final stored block, byte-aligned like a sync flush's output.
+            let len = chunk.len() as u16;
+            out.push(0x00);
+            out.extend_from_slice(&len.to_le_bytes());
+            out.extend_from_slice(&(!len).to_le_bytes());
+            out.extend_from_slice(chunk);
+        }
+        // The empty stored block that ends a sync flush: some decoders (Go's) hand out a
+        // block's data only once the next block begins.
+        out.extend_from_slice(&[0x00, 0x00, 0x00, 0xff, 0xff]);
+        Ok(out)
     }
 
     /// `SYN_REPLY` for `stream_id`.
@@ -873,7 +871,7 @@ mod tests {
     #[test]
     fn the_dictionary_is_the_protocols() {
         assert_eq!(DICTIONARY.len(), 1423);
-        assert_eq!(adler32(DICTIONARY), 0xe3c6_a7c2);
+        assert_eq!(adler32(DICTIONARY), DICTIONARY_ADLER32);
     }
 
     /// A `SYN_STREAM` as Go's framer (moby/spdystream, used by kubectl) writes it for the header
@@ -959,6 +957,26 @@ mod tests {
             }
         );
         assert_eq!(frames[9], Frame::GoAway { last_stream_id: 7 });
+    }
+
+    #[test]
+    fn header_blocks_are_stored_zlib_blocks_ending_like_a_sync_flush() {
+        let mut w = FrameWriter::new();
+        let mut first = BytesMut::new();
+        w.syn_reply(&mut first, 1, false, &[]).unwrap();
+        // Header 8, stream ID 4, then the zlib header with the dictionary ID.
+        assert_eq!(&first[12..18], &[0x78, 0x20, 0xe3, 0xc6, 0xa7, 0xc2]);
+        assert!(
+            first.ends_with(&[0x00, 0x00, 0x00, 0xff, 0xff]),
+            "{first:?}"
+        );
+        let mut second = BytesMut::new();
+        w.syn_reply(&mut second, 3, false, &[]).unwrap();
+        // No zlib header again: one stream per direction.
+        assert_eq!(
+            &second[12..],
+            &[0, 4, 0, 0xfb, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff]
+        );
     }
 
     #[test]
