@@ -36,6 +36,14 @@
 //! runtime and the shims rename into place), for an evented PLEG. A new agent watches the
 //! containers a previous agent left running and learns their exits too.
 //!
+//! # Exec, attach and port-forward
+//!
+//! The runtime serves them itself ([`ContainerRuntime::streaming`](kubelet_core::ContainerRuntime::streaming)):
+//! exec runs the command like an exec probe (the container's environment, working directory,
+//! user and cgroup; a pseudo-terminal with `tty`); attach follows the container's log and, for
+//! `stdin: true` containers, writes to the FIFO the shim gives the process as standard input;
+//! port-forward connects to the host's loopback. `kubelet-server` carries them to kubectl.
+//!
 //! # Surviving the agent
 //! Every container has a supervisor process, the [`shim`], in its own session. Containers keep
 //! running when the agent exits, and a new `ProcessRuntime` on the same root directory finds

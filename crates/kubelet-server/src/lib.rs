@@ -10,7 +10,11 @@
 //!   `SubjectAccessReview`), see [`auth`]. It serves `/healthz` (`/healthz/ping`, `/log`,
 //!   `/syncloop`), `/pods`, `/metrics`, `/metrics/probes`, `/configz`, and with
 //!   `enableDebuggingHandlers` (default true) `/containerLogs/{ns}/{pod}/{container}` (see
-//!   [`logs`]), `/runningpods/` and `/logs/` (the node's `/var/log`, `enableSystemLogHandler`);
+//!   [`logs`]), `/runningpods/`, `/logs/` (the node's `/var/log`, `enableSystemLogHandler`),
+//!   and the streaming endpoints `/exec`, `/attach`, `/portForward` and `/run`: `kubectl
+//!   exec`, `cp`, `attach` and `port-forward` over SPDY/3.1 ([`spdy`]) or WebSocket, served from
+//!   the runtime's [`StreamingRuntime`](kubelet_core::StreamingRuntime) or proxied to a CRI
+//!   runtime's streaming server;
 //! * the **read-only port** (`readOnlyPort`, off by default): the same `/healthz`, `/pods`,
 //!   `/metrics` without TLS or authentication; the debugging paths answer 405;
 //! * the **healthz port** (`healthzPort`, default 10248 on 127.0.0.1): `/healthz`.
