@@ -711,7 +711,8 @@ async fn read_loop<R: AsyncRead + Send>(
     let mut rd = std::pin::pin!(rd);
     let mut reader = FrameReader::new();
     let mut writer = FrameWriter::new();
-    let mut buf = BytesMut::with_capacity(16 * 1024);
+    // Small while idle; grown before each read (an idle connection holds little).
+    let mut buf = BytesMut::with_capacity(4 * 1024);
     let mut open: HashMap<u32, Open> = HashMap::new();
     let mut last_stream = 0u32;
     let mut going_away = false;
@@ -820,6 +821,9 @@ async fn read_loop<R: AsyncRead + Send>(
                     let left = idle_timeout.saturating_sub(idle_for);
                     if left.is_zero() {
                         return None;
+                    }
+                    if buf.capacity() - buf.len() < 1024 {
+                        buf.reserve(16 * 1024);
                     }
                     match tokio::time::timeout(left, rd.read_buf(&mut buf)).await {
                         Ok(r) => return Some(r),

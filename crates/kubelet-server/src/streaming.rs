@@ -732,7 +732,8 @@ async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, data: Stream, s
     // Pod → client until the pod closes; then both streams of the pair are closed at once (the
     // client waits for them before it closes its local connection), as the kubelet does when
     // its forwarder returns.
-    let mut buf = vec![0u8; 32 * 1024];
+    // One TLS record per read.
+    let mut buf = vec![0u8; 16 * 1024];
     loop {
         match rd.read(&mut buf).await {
             Ok(0) | Err(_) => break,
