@@ -297,6 +297,7 @@ async fn serve_remotecommand(
                     if data.first() == Some(&STDIN)
                         && let Some(mut w) = stdin.take()
                     {
+                        tracing::debug!("the client closed stdin");
                         let _ = w.shutdown().await;
                     }
                 }
@@ -325,6 +326,7 @@ async fn serve_remotecommand(
     let out = pump(stdout, STDOUT);
     let err = pump(stderr, STDERR);
     let result = exit.await;
+    tracing::debug!(?result, "exec or attach over WebSocket ended");
     for t in [out, err] {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
@@ -434,7 +436,7 @@ async fn serve_channel_port_forward(
         let _ = sink.close().await;
     });
     let mut to_pod: Vec<Option<mpsc::Sender<Vec<u8>>>> = Vec::new();
-    let mut tasks = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for (i, port) in ports.iter().copied().enumerate() {
         let data = (2 * i) as u8;
         let error = data + 1;
@@ -445,7 +447,7 @@ async fn serve_channel_port_forward(
         to_pod.push(Some(tx));
         let out = out_tx.clone();
         let dialer = dialer.clone();
-        tasks.push(tokio::spawn(async move {
+        tasks.spawn(async move {
             let conn = match dialer.dial(port).await {
                 Ok(c) => c,
                 Err(e) => {
@@ -456,7 +458,7 @@ async fn serve_channel_port_forward(
                 }
             };
             let (mut rd, mut wr) = tokio::io::split(conn);
-            let up = async {
+            let up = async move {
                 while let Some(d) = rx.recv().await {
                     if wr.write_all(&d).await.is_err() {
                         break;
@@ -477,13 +479,20 @@ async fn serve_channel_port_forward(
                     }
                 }
             };
-            tokio::join!(up, down);
-        }));
+            // The pod side closing ends the port (the protocol has no per-channel close): the
+            // connection closes once every port has ended.
+            let up = tokio::spawn(up);
+            down.await;
+            up.abort();
+        });
     }
     loop {
-        let next = match tokio::time::timeout(idle, incoming.next()).await {
-            Ok(n) => n,
-            Err(_) => break,
+        let next = tokio::select! {
+            n = tokio::time::timeout(idle, incoming.next()) => match n {
+                Ok(n) => n,
+                Err(_) => break,
+            },
+            _ = async { while tasks.join_next().await.is_some() {} } => break,
         };
         let Some(Ok(m)) = next else { break };
         if matches!(m, Message::Close(_)) {
@@ -502,9 +511,7 @@ async fn serve_channel_port_forward(
         }
     }
     drop(to_pod);
-    for t in tasks {
-        t.abort();
-    }
+    tasks.abort_all();
     let _ = out_tx.send(normal_close()).await;
     drop(out_tx);
     let _ = writer.await;

@@ -782,6 +782,14 @@ fn kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server() {
         }
         eprintln!("{v}: exec, cp and port-forward ok");
     }
+    // kube-rs's WebSocket client (exec with and without stdin, port-forward), through the API
+    // server.
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(kube_rs_client(&admin, &token, p1));
+
     // kubectl attach to a container with `stdin: true`: input reaches its standard input (the
     // FIFO its supervisor holds), its output comes back from the log as it is written.
     for (i, kc) in clients.iter().enumerate() {
@@ -982,4 +990,90 @@ fn kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server() {
         "exec processes left: {}",
         execs.stdout
     );
+}
+
+async fn kube_rs_client(admin: &Path, token: &str, port: u16) {
+    use kube::api::{Api, AttachParams};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let kc = kube::config::Kubeconfig::read_from(admin).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let pods: Api<kubelet::k8s_openapi::api::core::v1::Pod> = Api::namespaced(client, "default");
+
+    let mut p = pods
+        .exec(
+            "shell",
+            ["echo", "kube-rs"],
+            &AttachParams::default().stderr(false),
+        )
+        .await
+        .expect("kube-rs exec");
+    let mut out = String::new();
+    p.stdout().unwrap().read_to_string(&mut out).await.unwrap();
+    let status = p.take_status().unwrap().await;
+    assert_eq!(out, "kube-rs\n");
+    assert_eq!(
+        status.and_then(|s| s.status).as_deref(),
+        Some("Success"),
+        "the v4 status on the error channel"
+    );
+
+    let mut p = pods
+        .exec(
+            "shell",
+            ["cat"],
+            &AttachParams::default().stdin(true).stderr(false),
+        )
+        .await
+        .expect("kube-rs exec with stdin");
+    let mut stdin = p.stdin().unwrap();
+    stdin.write_all(b"via-websocket\n").await.unwrap();
+    // End of input: kube-rs then sends v5's close message for stdin.
+    stdin.shutdown().await.unwrap();
+    drop(stdin);
+    let mut out = String::new();
+    let mut stdout = p.stdout().unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut buf = [0u8; 64];
+        while !out.contains("via-websocket") {
+            let n = stdout.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            out.push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok() && out.contains("via-websocket"),
+        "kube-rs stdin: {out:?}"
+    );
+    drop(stdout);
+    // cat saw the end of its input and exited: the session ends with its status.
+    let status = tokio::time::timeout(Duration::from_secs(30), p.take_status().unwrap())
+        .await
+        .expect("the exec ends once stdin is closed");
+    assert_eq!(status.and_then(|s| s.status).as_deref(), Some("Success"));
+    let _ = p.join().await;
+
+    let mut pf = pods
+        .portforward("shell", &[port])
+        .await
+        .expect("kube-rs port-forward");
+    let mut stream = pf.take_stream(port).unwrap();
+    stream
+        .write_all(b"GET /index.html HTTP/1.0\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut page = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), stream.read_to_end(&mut page)).await;
+    let page = String::from_utf8_lossy(&page);
+    assert!(
+        page.contains(&format!("page-{token}")),
+        "kube-rs port-forward: {page}"
+    );
+    drop(stream);
+    let _ = tokio::time::timeout(Duration::from_secs(10), pf.join()).await;
 }
