@@ -94,6 +94,36 @@ struct Ledger {
     removing: HashSet<String>,
 }
 
+/// Make the child `cmd` spawns write itself (`0`) into every `cgroup.procs` of `files` before
+/// it execs: exec'd commands and exec probes run in the container's cgroup.
+fn join_cgroup_before_exec(cmd: &mut tokio::process::Command, files: &[PathBuf]) {
+    use std::os::unix::ffi::OsStrExt;
+    let paths: Vec<std::ffi::CString> = files
+        .iter()
+        .filter_map(|p| std::ffi::CString::new(p.as_os_str().as_bytes()).ok())
+        .collect();
+    // SAFETY: the hook runs in the child between fork and exec and only calls the
+    // async-signal-safe `open`, `write` and `close` on paths allocated before the fork.
+    #[allow(unsafe_code)]
+    unsafe {
+        cmd.pre_exec(move || {
+            for path in &paths {
+                let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
+                let err = std::io::Error::last_os_error();
+                libc::close(fd);
+                if written < 0 {
+                    return Err(err);
+                }
+            }
+            Ok(())
+        });
+    }
+}
+
 /// What the state files say about a container right now.
 struct Observed {
     state: ContainerState,
@@ -966,6 +996,15 @@ impl ProcessRuntime {
             return Err(ProcessError::NoCommand);
         };
         let mut command = match &rec.cgroup {
+            // Root: the child joins the cgroup itself between fork and exec (no second exec).
+            Some(cg) if rec.uid.is_none() && rec.gid.is_none() => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(args);
+                join_cgroup_before_exec(&mut c, &cg.procs_files());
+                c
+            }
+            // Another user: the shim's `exec` mode joins the cgroup as root, then drops to the
+            // user and execs (std changes the credentials before a `pre_exec` hook would run).
             Some(cg) => {
                 let (shim, lead) = self.config.shim.resolve()?;
                 let mut c = tokio::process::Command::new(shim);

@@ -38,6 +38,9 @@ use crate::runtime::ProcessRuntime;
 /// The FIFO the shim gives a `stdin: true` container as standard input.
 pub(crate) const STDIN_FIFO: &str = "stdin";
 
+/// How long a terminal exec waits for the client's terminal size before it starts.
+const FIRST_RESIZE_WAIT: Duration = Duration::from_secs(1);
+
 /// How often attach looks for new log output.
 const LOG_POLL: Duration = Duration::from_millis(50);
 
@@ -170,7 +173,6 @@ impl ProcessRuntime {
                 .stdout(Stdio::from(dup(&slave)?))
                 .stderr(Stdio::from(slave));
             controlling_terminal(&mut command);
-            let child = command.spawn().map_err(spawn_err)?;
             let flags = nix::fcntl::fcntl(&pty.master, nix::fcntl::FcntlArg::F_GETFL)
                 .map_err(|e| spawn_err(io::Error::from(e)))?;
             nix::fcntl::fcntl(
@@ -194,21 +196,57 @@ impl ProcessRuntime {
                 registered.map_err(|e| spawn_err(io::Error::other(e.to_string())))?,
             ));
             let (resize_tx, mut resize_rx) = mpsc::channel::<TerminalSize>(8);
+            // The process starts once the terminal has the client's size (its first resize
+            // event, sent as soon as its streams are open), or after a second without one, so
+            // that a program that reads the size at start sees the right one.
+            let (child_tx, child_rx) =
+                tokio::sync::oneshot::channel::<io::Result<tokio::process::Child>>();
             tokio::spawn(async move {
+                if let Ok(Some(size)) =
+                    tokio::time::timeout(FIRST_RESIZE_WAIT, resize_rx.recv()).await
+                {
+                    set_size(&resize_fd, size);
+                }
+                if child_tx.is_closed() {
+                    return;
+                }
+                let spawned = command.spawn();
+                if let Err(Ok(mut child)) = child_tx.send(spawned) {
+                    // The session ended meanwhile.
+                    let _ = child.start_kill();
+                }
                 while let Some(size) = resize_rx.recv().await {
                     set_size(&resize_fd, size);
                 }
             });
-            let session = ExecSession {
+            let id = id.to_string();
+            return Ok(ExecSession {
                 stdin: opts
                     .stdin
                     .then(|| Box::pin(master.clone()) as kubelet_core::StreamWriter),
                 stdout: Some(Box::pin(master)),
                 stderr: None,
                 resize: Some(resize_tx),
-                exit: Box::pin(std::future::pending()),
-            };
-            (child, session)
+                exit: Box::pin(async move {
+                    let spawned = child_rx.await.map_err(|_| {
+                        kubelet_core::Error::internal("exec session ended before it started")
+                    })?;
+                    let mut child = spawned.map_err(|source| {
+                        kubelet_core::Error::from(ProcessError::ExecSpawn {
+                            id: id.clone(),
+                            source,
+                        })
+                    })?;
+                    let mut guard = KillOnDrop(child.id().map(|p| p as i32));
+                    let status = child.wait().await.map_err(|source| {
+                        kubelet_core::Error::from(ProcessError::ExecSpawn { id, source })
+                    })?;
+                    if let Some(pg) = guard.0.take() {
+                        let _ = killpg(Pid::from_raw(pg), Signal::SIGKILL);
+                    }
+                    Ok(exit_code(status))
+                }),
+            });
         } else {
             command
                 .process_group(0)
