@@ -427,6 +427,24 @@ pub(crate) fn exit_status_json(code: i32, command: &str) -> String {
     .to_string()
 }
 
+/// What the error stream (or channel) carries when a session ends: the Status with `v4`
+/// (and WebSocket `v5`), else a plain message on failure and nothing on success.
+pub(crate) fn error_stream_message(
+    result: &kubelet_core::Result<i32>,
+    status: bool,
+    command: &str,
+) -> Option<String> {
+    match (result, status) {
+        (Ok(code), true) => Some(exit_status_json(*code, command)),
+        (Ok(0), false) => None,
+        (Ok(code), false) => Some(format!(
+            "command terminated with non-zero exit code: command '{command}' exited with {code}"
+        )),
+        (Err(e), true) => Some(internal_status_json(e.message())),
+        (Err(e), false) => Some(e.message().to_string()),
+    }
+}
+
 /// The v4 error-stream Status for a failure of the runtime.
 pub(crate) fn internal_status_json(message: &str) -> String {
     serde_json::json!({
@@ -556,15 +574,7 @@ async fn serve_remotecommand(
         let _ = tokio::time::timeout(DRAIN_GRACE, task).await;
     }
     if let Some(e) = got.error.take() {
-        let message = match (&result, protocol) {
-            (Ok(code), "v4.channel.k8s.io") => Some(exit_status_json(*code, &command)),
-            (Ok(0), _) => None,
-            (Ok(code), _) => Some(format!(
-                "command terminated with non-zero exit code: command '{command}' exited with {code}"
-            )),
-            (Err(e), "v4.channel.k8s.io") => Some(internal_status_json(e.message())),
-            (Err(e), _) => Some(e.message().to_string()),
-        };
+        let message = error_stream_message(&result, protocol == "v4.channel.k8s.io", &command);
         if let Some(m) = message {
             let _ = e.writer.write(m.as_bytes()).await;
         }

@@ -31,7 +31,7 @@ use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
 
 use crate::routes::{Body, Context, status};
-use crate::streaming::{Refusal, exit_status_json, internal_status_json};
+use crate::streaming::{Refusal, error_stream_message};
 
 /// Exec and attach subprotocols, newest first.
 pub(crate) const REMOTECOMMAND_PROTOCOLS: &[&str] = &[
@@ -331,15 +331,7 @@ async fn serve_remotecommand(
         let _ = tokio::time::timeout(std::time::Duration::from_secs(2), t).await;
     }
     let v4 = protocol.starts_with("v4.") || protocol.starts_with("v5.");
-    let message = match (&result, v4) {
-        (Ok(code), true) => Some(exit_status_json(*code, &command)),
-        (Ok(0), false) => None,
-        (Ok(code), false) => Some(format!(
-            "command terminated with non-zero exit code: command '{command}' exited with {code}"
-        )),
-        (Err(e), true) => Some(internal_status_json(e.message())),
-        (Err(e), false) => Some(e.message().to_string()),
-    };
+    let message = error_stream_message(&result, v4, &command);
     if let Some(m) = message {
         let _ = out_tx.send(framing.encode(ERROR, m.as_bytes())).await;
     }

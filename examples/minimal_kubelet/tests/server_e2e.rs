@@ -229,13 +229,7 @@ fn kubectl_logs_and_the_kubelet_apis_authentication_through_a_real_api_server() 
     let Some(env) = ApiServerEnv::start_for_node(test, "mk-server") else {
         return;
     };
-    let mut kubectls = vec![debian_kubectl.clone()];
-    if let Ok(path) = which_kubectl() {
-        let version = |b: &Path| run(Command::new(b).args(["version", "--client"])).stdout;
-        if version(&path) != version(&debian_kubectl) {
-            kubectls.push(path);
-        }
-    }
+    let kubectls = kubectls(&debian_kubectl);
     let admin = env.admin_kubeconfig().to_path_buf();
     let k = &debian_kubectl;
     kubectl_ok(
