@@ -10,6 +10,57 @@
 //! - with the URL of the runtime's own streaming server ([`StreamEndpoint::Url`],
 //!   [`PortForwardEndpoint::Url`]), as CRI runtimes do: the agent's server proxies the client's
 //!   upgraded connection to it, as current kubelets do.
+//!
+//! A runtime adds the capability by implementing [`StreamingRuntime`] and returning it from
+//! [`ContainerRuntime::streaming`](crate::ContainerRuntime::streaming); the agent's server
+//! (`kubelet-server`, added by the builder's facade) then serves `kubectl exec` and the rest.
+//! An exec that runs host commands with pipes:
+//!
+//! ```no_run
+//! use std::process::Stdio;
+//! use kubelet_core::{
+//!     Error, ExecSession, PortForwardEndpoint, Result, StreamEndpoint, StreamOptions,
+//!     StreamingRuntime,
+//! };
+//!
+//! struct HostExec;
+//!
+//! #[async_trait::async_trait]
+//! impl StreamingRuntime for HostExec {
+//!     async fn exec(&self, _id: &str, cmd: &[String], o: StreamOptions) -> Result<StreamEndpoint> {
+//!         let (program, args) = cmd
+//!             .split_first()
+//!             .ok_or_else(|| Error::invalid_argument("no command"))?;
+//!         let mut child = tokio::process::Command::new(program)
+//!             .args(args)
+//!             .stdin(if o.stdin { Stdio::piped() } else { Stdio::null() })
+//!             .stdout(Stdio::piped())
+//!             .stderr(Stdio::piped())
+//!             .kill_on_drop(true)
+//!             .spawn()
+//!             .map_err(|e| Error::internal(e.to_string()))?;
+//!         Ok(StreamEndpoint::Session(ExecSession {
+//!             stdin: child.stdin.take().map(|s| Box::pin(s) as _),
+//!             stdout: child.stdout.take().map(|s| Box::pin(s) as _),
+//!             stderr: child.stderr.take().map(|s| Box::pin(s) as _),
+//!             resize: None,
+//!             exit: Box::pin(async move {
+//!                 let status = child.wait().await.map_err(|e| Error::internal(e.to_string()))?;
+//!                 Ok(status.code().unwrap_or(255))
+//!             }),
+//!         }))
+//!     }
+//!     async fn attach(&self, _id: &str, _o: StreamOptions) -> Result<StreamEndpoint> {
+//!         Err(Error::unsupported("attach"))
+//!     }
+//!     async fn port_forward(&self, _id: &str, _ports: &[u16]) -> Result<PortForwardEndpoint> {
+//!         Err(Error::unsupported("port-forward"))
+//!     }
+//! }
+//!
+//! // In the runtime's `impl ContainerRuntime`:
+//! //     fn streaming(&self) -> Option<&dyn StreamingRuntime> { Some(&self.host_exec) }
+//! ```
 
 use std::future::Future;
 use std::pin::Pin;
