@@ -776,16 +776,22 @@ fn procs_with(token: &str) -> Vec<u32> {
     out
 }
 
-async fn wait_no_procs(token: &str) {
+/// Waits until exactly `n` live processes carry `token`: `sh -c` forks its command, and between
+/// that fork and the command's exec the child still shows the shell's arguments.
+async fn wait_procs(token: &str, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !procs_with(token).is_empty() {
+    while procs_with(token).len() != n {
         assert!(
             Instant::now() < deadline,
-            "processes of {token} left: {:?}",
+            "wanted {n} processes of {token}, found {:?}",
             procs_with(token)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+async fn wait_no_procs(token: &str) {
+    wait_procs(token, 0).await;
 }
 
 #[tokio::test]
@@ -1106,7 +1112,7 @@ async fn a_new_runtime_kills_the_containers_whose_state_is_gone() {
     })
     .await;
     let dirs = first.container_cgroup_dirs(&cid).expect("dirs");
-    assert_eq!(procs_with(&token).len(), 1);
+    wait_procs(&token, 1).await;
     drop(first);
     // The state goes while no runtime runs: nothing can restore it.
     std::fs::remove_dir_all(tmp.path().join("state")).expect("remove the state");
