@@ -218,6 +218,107 @@ const METRICS: &[Metric] = &[
     },
 ];
 
+/// The start stages read from the agent's `/metrics` after the burst: (table key prefix, family,
+/// label filter, what). p50 and p99 are estimated from the histogram's buckets (linear within a
+/// bucket, as Prometheus' `histogram_quantile`).
+const STAGES: &[(&str, &str, &str, &str)] = &[
+    (
+        "stage_worker_start",
+        "kubelet_pod_worker_start_duration_seconds",
+        "",
+        "seen → worker's first sync",
+    ),
+    (
+        "stage_sandbox",
+        "kubelet_runtime_operations_duration_seconds",
+        "operation_type=\"run_podsandbox\"",
+        "RunPodSandbox",
+    ),
+    (
+        "stage_image",
+        "kubelet_runtime_operations_duration_seconds",
+        "operation_type=\"image_status\"",
+        "ImageStatus (image check)",
+    ),
+    (
+        "stage_create",
+        "kubelet_runtime_operations_duration_seconds",
+        "operation_type=\"create_container\"",
+        "CreateContainer",
+    ),
+    (
+        "stage_start",
+        "kubelet_runtime_operations_duration_seconds",
+        "operation_type=\"start_container\"",
+        "StartContainer",
+    ),
+    (
+        "stage_first_sync",
+        "kubelet_pod_worker_duration_seconds",
+        "operation_type=\"create\"",
+        "the pod's first sync",
+    ),
+    (
+        "stage_containers",
+        "kubelet_pod_start_containers_duration_seconds",
+        "",
+        "seen → containers started",
+    ),
+    (
+        "stage_status",
+        "kubelet_pod_start_status_duration_seconds",
+        "",
+        "containers started → Running in status",
+    ),
+    (
+        "stage_total",
+        "kubelet_pod_start_duration_seconds",
+        "",
+        "seen → Running in status",
+    ),
+];
+
+/// The `q` quantile (0..1) of histogram `family` (series whose labels contain `labels`) in a
+/// Prometheus text exposition, estimated from its cumulative buckets; `None` without samples.
+fn histogram_quantile(text: &str, family: &str, labels: &str, q: f64) -> Option<f64> {
+    let prefix = format!("{family}_bucket{{");
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(&prefix) else {
+            continue;
+        };
+        let (set, value) = rest.split_once("} ")?;
+        if !labels.is_empty() && !set.contains(labels) {
+            continue;
+        }
+        let le = set.split("le=\"").nth(1)?.split('"').next()?;
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        buckets.push((le, value.trim().parse().ok()?));
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let (mut lower, mut below) = (0.0, 0.0);
+    for (le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(lower);
+            }
+            let within = (rank - below) / (count - below).max(f64::MIN_POSITIVE);
+            return Some(lower + (le - lower) * within);
+        }
+        (lower, below) = (le, count);
+    }
+    None
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     if args.pods == 0 || args.runs == 0 {
@@ -239,8 +340,12 @@ fn main() -> anyhow::Result<()> {
     eprintln!("machine: {machine}");
 
     let mut runs: Vec<BTreeMap<&'static str, f64>> = Vec::new();
+    let mut stage_runs: Vec<StageFigures> = Vec::new();
     for run in 0..args.runs {
-        let r = run_once(&agent, &args, run).with_context(|| format!("run {}", run + 1))?;
+        let mut stages = StageFigures::new();
+        let r = run_once(&agent, &args, run, &mut stages)
+            .with_context(|| format!("run {}", run + 1))?;
+        stage_runs.push(stages);
         eprintln!(
             "run {}: all Running+Ready in {:.0} ms (baseline {:.1} ms), agent RSS {:.0} KiB",
             run + 1,
@@ -250,7 +355,7 @@ fn main() -> anyhow::Result<()> {
         );
         runs.push(r);
     }
-    report(&args, &machine, &runs);
+    report(&args, &machine, &runs, &stage_runs);
     Ok(())
 }
 
@@ -261,7 +366,12 @@ fn summary(values: &[f64]) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-fn report(args: &Args, machine: &str, runs: &[BTreeMap<&'static str, f64>]) {
+fn report(
+    args: &Args,
+    machine: &str,
+    runs: &[BTreeMap<&'static str, f64>],
+    stage_runs: &[StageFigures],
+) {
     println!();
     println!(
         "minimal_kubelet startup, {} pods, {} runs ({machine})",
@@ -287,8 +397,34 @@ fn report(args: &Args, machine: &str, runs: &[BTreeMap<&'static str, f64>]) {
             serde_json::json!({ "median": med, "min": min, "max": max, "values": values }),
         );
     }
+    println!();
+    println!(
+        "start stages (the agent's /metrics after the burst; median over runs of the estimated quantiles)"
+    );
+    println!("{:<20} {:>9} {:>9}  what", "stage", "p50 ms", "p99 ms");
+    let mut stage_json = serde_json::Map::new();
+    for &(key, _, _, what) in STAGES {
+        let p50: Vec<f64> = stage_runs
+            .iter()
+            .flat_map(|r| r.iter().filter(|s| s.0 == key).map(|s| s.1))
+            .collect();
+        let p99: Vec<f64> = stage_runs
+            .iter()
+            .flat_map(|r| r.iter().filter(|s| s.0 == key).map(|s| s.2))
+            .collect();
+        if p50.is_empty() {
+            continue;
+        }
+        let (p50, p99) = (summary(&p50).0, summary(&p99).0);
+        println!("{key:<20} {p50:>9.1} {p99:>9.1}  {what}");
+        stage_json.insert(
+            key.to_string(),
+            serde_json::json!({ "p50_ms": p50, "p99_ms": p99 }),
+        );
+    }
     let line = serde_json::json!({
         "bench": "startup",
+        "stages": stage_json,
         "pods": args.pods,
         "runs": args.runs,
         "machine": machine,
@@ -334,7 +470,15 @@ fn token_prefix() -> String {
     format!("{SLEEP_SECS}.{:07}", std::process::id())
 }
 
-fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'static str, f64>> {
+/// One stage's estimated p50 and p99 in one run, ms.
+type StageFigures = Vec<(&'static str, f64, f64)>;
+
+fn run_once(
+    agent: &Path,
+    args: &Args,
+    run: usize,
+    stages: &mut StageFigures,
+) -> anyhow::Result<BTreeMap<&'static str, f64>> {
     let mut out = BTreeMap::new();
     let (spawn_ms, baseline_rss, baseline_pss) = baseline(args.pods, run)?;
     out.insert("baseline_spawn_ms", spawn_ms);
@@ -431,6 +575,21 @@ fn run_once(agent: &Path, args: &Args, run: usize) -> anyhow::Result<BTreeMap<&'
     per_pod.sort_by(f64::total_cmp);
     out.insert("per_pod_running_p50_ms", percentile(&per_pod, 0.50));
     out.insert("per_pod_running_p99_ms", percentile(&per_pod, 0.99));
+
+    // Where the time went, from the agent's own start-stage histograms.
+    let (code, metrics) = http_get(port, "/metrics")?;
+    if code != 200 {
+        bail!("GET /metrics: HTTP {code}");
+    }
+    stages.clear();
+    for &(key, family, labels, _) in STAGES {
+        if let (Some(p50), Some(p99)) = (
+            histogram_quantile(&metrics, family, labels, 0.50),
+            histogram_quantile(&metrics, family, labels, 0.99),
+        ) {
+            stages.push((key, p50 * 1000.0, p99 * 1000.0));
+        }
+    }
 
     // Memory after a steady period.
     sleep(STEADY);

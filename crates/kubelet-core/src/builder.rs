@@ -317,6 +317,8 @@ impl KubeletBuilder {
         for p in &self.plugins {
             p.register_metrics(&mut metrics);
         }
+        let start_metrics = crate::pod_start::PodStartMetrics::new();
+        start_metrics.register(&mut metrics);
         let metrics = Arc::new(metrics);
         let plugins: Arc<[Arc<dyn AgentPlugin>]> = self.plugins.into();
         let plugin_states = PluginStates::new(plugins.iter().map(|p| p.name().to_string()));
@@ -365,6 +367,7 @@ impl KubeletBuilder {
             plugins,
             plugin_states,
             metrics,
+            start_metrics,
             cmd_tx,
             cmd_rx,
             sync_loop: Default::default(),

@@ -59,6 +59,7 @@ pub(crate) struct Parts {
     pub(crate) plugin_states: PluginStates,
     pub(crate) conditions: NodeConditionReader,
     pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
+    pub(crate) start_metrics: crate::pod_start::PodStartMetrics,
     pub(crate) cmd_tx: mpsc::Sender<Command>,
     pub(crate) cmd_rx: mpsc::Receiver<Command>,
     pub(crate) sync_loop: SyncLoopMonitor,
@@ -178,6 +179,7 @@ impl Kubelet {
             plugin_states,
             conditions,
             metrics,
+            start_metrics,
             cmd_tx: _,
             mut cmd_rx,
             sync_loop: monitor,
@@ -253,7 +255,8 @@ impl Kubelet {
                 Instant::now(),
             )
             .with_object_provider(object_provider)
-            .with_pleg(pleg.clone()),
+            .with_pleg(pleg.clone())
+            .with_start_metrics(start_metrics),
         );
 
         let mut loop_state = SyncLoop {
@@ -463,6 +466,11 @@ impl SyncLoop {
                     self.active_pods()
                 };
                 for p in pods {
+                    if !self.workers.contains_key(pod::uid(&p)) {
+                        self.engine
+                            .start_metrics()
+                            .seen(pod::uid(&p), std::time::Instant::now());
+                    }
                     if self.warn_no_prober && has_probes(&p) {
                         self.warn_no_prober = false;
                         tracing::warn!(
@@ -471,11 +479,14 @@ impl SyncLoop {
                         );
                     }
                     if !self.admit_handlers.is_empty() && !self.workers.contains_key(pod::uid(&p)) {
+                        let deciding = std::time::Instant::now();
                         let rejected = self.admit_handlers.iter().find_map(|h| {
                             let r = h.admit(&p, &active);
                             (!r.admit).then_some(r)
                         });
+                        self.engine.start_metrics().admitted(deciding);
                         if let Some(r) = rejected {
+                            self.engine.start_metrics().forget(pod::uid(&p));
                             self.recorder.warning(
                                 InvolvedObject::pod(&p),
                                 &r.reason,

@@ -112,6 +112,7 @@ mod kubelet;
 mod objects;
 mod pleg;
 mod plugin;
+mod pod_start;
 mod probe;
 mod sink;
 mod status_manager;

@@ -1,6 +1,7 @@
 //! Per-pod work: `sync_pod` (status, volumes, runtime actions), termination with preStop hooks and
 //! sidecar ordering, and cleanup. Driven by the pod workers in [`crate::kubelet`].
 
+use crate::pod_start::PodStartMetrics;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -74,6 +75,8 @@ pub(crate) struct Engine {
     mounted: Mutex<HashMap<String, HashMap<String, PathBuf>>>,
     /// The client of `httpGet` lifecycle hooks.
     hook_http: HttpClient,
+    /// Where a pod's start time goes.
+    start_metrics: PodStartMetrics,
 }
 
 /// `User-Agent` of `httpGet` lifecycle hooks: `kube-lifecycle/<major>.<minor>` of the Kubernetes
@@ -131,7 +134,19 @@ impl Engine {
             exits: Mutex::new(HashMap::new()),
             static_names: Mutex::new(HashMap::new()),
             mounted: Mutex::new(HashMap::new()),
+            start_metrics: PodStartMetrics::new(),
         }
+    }
+
+    /// Record the start stages into `metrics` (registered by the builder).
+    pub(crate) fn with_start_metrics(mut self, metrics: PodStartMetrics) -> Self {
+        self.start_metrics = metrics;
+        self
+    }
+
+    /// The start-stage histograms.
+    pub(crate) fn start_metrics(&self) -> &PodStartMetrics {
+        &self.start_metrics
     }
 
     /// Where ConfigMaps and Secrets for env come from.
@@ -310,7 +325,11 @@ impl Engine {
         let api = self.generate_status(p, &rt, &waiting, false);
         let phase = api.phase.clone().unwrap_or_default();
         self.status.set_pod_status(p, api);
+        if phase == "Running" {
+            self.start_metrics.running(&uid);
+        }
         if phase == "Succeeded" || phase == "Failed" {
+            self.start_metrics.forget(&uid);
             return SyncOutcome::Terminal;
         }
 
@@ -341,6 +360,9 @@ impl Engine {
         }
 
         let result = self.sync_runtime(p, &rt, &volume_paths).await;
+        if !result.started.is_empty() {
+            self.start_metrics.containers_started(&uid);
+        }
         let changed = {
             let mut w = self.waiting.lock();
             let old = w.insert(uid.clone(), result.waiting.clone());
@@ -1388,6 +1410,7 @@ impl Engine {
     /// and status.
     pub(crate) async fn cleanup_pod(&self, p: &Pod, orphan: bool) {
         let uid = pod::uid(p).to_string();
+        self.start_metrics.forget(&uid);
         if let Some(rt) = self.fresh_status(p).await {
             for c in &rt.container_statuses {
                 self.remove_container(&c.id).await;

@@ -214,7 +214,10 @@ pub(crate) async fn worker_loop(
                         _ = shutdown.cancelled() => return,
                         e = engine.cache().get_newer_than(&uid, since) => e,
                     };
+                    let operation = engine.start_metrics().sync_begins(&uid);
+                    let began = std::time::Instant::now();
                     let outcome = engine.sync_pod(&pod, entry).await;
+                    engine.start_metrics().sync_done(operation, began);
                     // As the kubelet: the next sync waits for a runtime view observed after
                     // this sync finished, so it sees what this sync created.
                     last_sync = Some(Instant::now());

@@ -173,11 +173,21 @@ impl HttpSource {
                 .map_err(|e| invalid(format!("header value of {name:?}: {e}")))?;
             request = request.header(name.clone(), value.clone());
         }
+        #[cfg(not(feature = "tls"))]
+        if https {
+            return Err(invalid(
+                "https manifest URLs need kubelet-podconfig's `tls` feature, which this build does not have".to_string(),
+            ));
+        }
         let client = if https {
-            HttpClient::with_tls(
+            #[cfg(feature = "tls")]
+            let client = HttpClient::with_tls(
                 USER_AGENT,
                 crate::tls::client_config(config.ca_file.as_deref())?,
-            )
+            );
+            #[cfg(not(feature = "tls"))]
+            let client = HttpClient::insecure(USER_AGENT);
+            client
         } else {
             HttpClient::insecure(USER_AGENT)
         }

@@ -43,6 +43,7 @@ pub mod file;
 pub mod http;
 pub mod manifest;
 pub mod push;
+#[cfg(feature = "tls")]
 pub mod tls;
 pub mod validation;
 

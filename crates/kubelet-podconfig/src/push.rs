@@ -132,6 +132,17 @@ impl PushSourceConfig {
     }
 }
 
+/// The endpoint's TLS acceptor, if it serves HTTPS.
+#[cfg(feature = "tls")]
+type Tls = Option<tokio_rustls::TlsAcceptor>;
+/// Without the `tls` feature the endpoint serves plain HTTP only.
+#[cfg(not(feature = "tls"))]
+type Tls = Option<NoTls>;
+/// No TLS in this build (a type without values).
+#[cfg(not(feature = "tls"))]
+#[derive(Clone)]
+enum NoTls {}
+
 /// The push endpoint as a [`PodSource`] named `push`. Build it with [`PushSource::bind`]; it
 /// serves requests while [`PodSource::run`] is polled. See the [module docs](self).
 pub struct PushSource {
@@ -140,7 +151,7 @@ pub struct PushSource {
     local_addr: SocketAddr,
     listener: std::sync::Mutex<Option<TcpListener>>,
     tokens: Vec<String>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Tls,
 }
 
 impl std::fmt::Debug for PushSource {
@@ -179,10 +190,18 @@ impl PushSource {
             }
             None => Vec::new(),
         };
-        let tls = match (&config.tls_cert_file, &config.tls_key_file) {
+        let tls: Tls = match (&config.tls_cert_file, &config.tls_key_file) {
+            #[cfg(feature = "tls")]
             (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(
                 crate::tls::server_config(cert, key, config.client_ca_file.as_deref())?,
             )),
+            #[cfg(not(feature = "tls"))]
+            (Some(cert), Some(_)) => {
+                return Err(PodConfigError::LoadTls {
+                    path: cert.clone(),
+                    reason: "this build has no TLS (kubelet-podconfig's `tls` feature)".to_string(),
+                });
+            }
             (None, None) => None,
             (Some(path), None) | (None, Some(path)) => {
                 return Err(PodConfigError::LoadTls {
@@ -276,6 +295,9 @@ impl PodSource for PushSource {
                     Err(_) => return,
                 };
                 match tls {
+                    #[cfg(not(feature = "tls"))]
+                    Some(never) => match never {},
+                    #[cfg(feature = "tls")]
                     Some(acceptor) => {
                         let handshake =
                             tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));

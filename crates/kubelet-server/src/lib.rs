@@ -28,6 +28,11 @@
 //! Port 0 turns a listener off (the kubelet rejects `port: 0`; `enableServer: false` is the
 //! kubelet's way, and works too).
 //!
+//! The kubelet API (TLS, authentication, the debugging handlers and streaming) is the crate's
+//! `https` feature, on by default. Without it (`default-features = false`) the crate serves the
+//! read-only and healthz ports only, a much smaller build for agents that do not need `kubectl
+//! logs` or `exec`; a configured `port` is then skipped with a warning.
+//!
 //! An embedder with its own authentication (an mTLS-only edge node, no API server):
 //!
 //! ```no_run
@@ -52,11 +57,16 @@
 
 pub mod auth;
 pub mod logs;
+#[cfg(feature = "https")]
 mod proxy;
 mod routes;
+#[cfg(feature = "https")]
 pub mod spdy;
+#[cfg(feature = "https")]
 mod streaming;
+#[cfg(feature = "https")]
 pub mod tls;
+#[cfg(feature = "https")]
 mod websocket;
 
 use std::net::{IpAddr, SocketAddr};
@@ -81,7 +91,29 @@ pub use auth::{
 };
 pub use kubelet_core::listener::{self, AcceptorConfig};
 pub use routes::Body;
-pub use tls::TlsSettings;
+
+/// The TLS settings of the kubelet API port.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TlsSettings {
+    /// `tlsCertFile`; empty for the self-signed pair in [`cert_dir`](Self::cert_dir).
+    pub cert_file: PathBuf,
+    /// `tlsPrivateKeyFile`.
+    pub key_file: PathBuf,
+    /// `--cert-dir`: where the self-signed pair is kept.
+    pub cert_dir: PathBuf,
+    /// The host name the self-signed certificate is issued for (`--hostname-override` or the
+    /// machine's host name, lower-cased).
+    pub hostname: String,
+    /// Node addresses added to the self-signed certificate's SANs.
+    pub addresses: Vec<IpAddr>,
+    /// `tlsMinVersion`.
+    pub min_version: String,
+    /// `tlsCipherSuites`.
+    pub cipher_suites: Vec<String>,
+    /// `authentication.x509.clientCAFile`; empty for no client certificates.
+    pub client_ca_file: PathBuf,
+}
 
 /// Errors of the server.
 #[derive(Debug, thiserror::Error)]
@@ -281,6 +313,7 @@ pub struct KubeletServer {
     config: ServerConfig,
     listeners: Mutex<Vec<Bound>>,
     addrs: Vec<(SocketAddr, routes::Port)>,
+    #[cfg(feature = "https")]
     tls: Option<Arc<rustls::ServerConfig>>,
     tokens: Option<Arc<dyn TokenAuthenticator>>,
     authorizer: Option<Arc<dyn Authorizer>>,
@@ -309,7 +342,11 @@ fn socket_addr(address: &str, port: u16) -> Result<SocketAddr, ServerError> {
 impl KubeletServer {
     /// Prepare TLS (reading or generating the serving certificate) and bind the configured
     /// ports (those not 0).
+    ///
+    /// Without the `https` feature the kubelet API is not served: a `port` other than 0 is
+    /// skipped with a warning.
     pub async fn bind(config: ServerConfig) -> Result<Self, ServerError> {
+        #[cfg(feature = "https")]
         let tls = if config.port != 0 {
             let settings = config.tls.clone();
             let built = tokio::task::spawn_blocking(move || tls::server_config(&settings))
@@ -319,6 +356,13 @@ impl KubeletServer {
         } else {
             None
         };
+        #[cfg(not(feature = "https"))]
+        if config.port != 0 {
+            tracing::warn!(
+                port = config.port,
+                "the kubelet API is not served: this build has no HTTPS (kubelet-server's `https` feature); the read-only and healthz ports are"
+            );
+        }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
         for (address, port, kind) in [
@@ -334,7 +378,7 @@ impl KubeletServer {
                 routes::Port::Healthz,
             ),
         ] {
-            if port == 0 {
+            if port == 0 || (kind == routes::Port::Main && !cfg!(feature = "https")) {
                 continue;
             }
             let addr = socket_addr(address, port)?;
@@ -352,6 +396,7 @@ impl KubeletServer {
             config,
             listeners: Mutex::new(listeners),
             addrs,
+            #[cfg(feature = "https")]
             tls,
             tokens: None,
             authorizer: None,
@@ -394,12 +439,14 @@ impl KubeletServer {
 
     fn security(&self) -> Security {
         let c = &self.config;
+        // Whether the kubelet API is served (warnings about its authentication only then).
+        let serves_api = c.port != 0 && cfg!(feature = "https");
         let tokens = match (&self.tokens, c.token_webhook) {
             (Some(t), true) => Some(Arc::new(auth::CachedTokenAuthenticator::new(
                 t.clone(),
                 c.token_cache_ttl,
             )) as Arc<dyn TokenAuthenticator>),
-            (None, true) if c.port != 0 => {
+            (None, true) if serves_api => {
                 tracing::warn!(
                     "token authentication (authentication.webhook.enabled) needs an API server; bearer tokens will be rejected"
                 );
@@ -415,7 +462,7 @@ impl KubeletServer {
                 c.unauthorized_ttl,
             )),
             (AuthorizationMode::Webhook, None) => {
-                if c.port != 0 {
+                if serves_api {
                     tracing::warn!(
                         "authorization mode Webhook needs an API server; every request to the kubelet API will be denied (set authorization.mode AlwaysAllow with client certificates for a node without one)"
                     );
@@ -473,6 +520,7 @@ impl AgentPlugin for KubeletServer {
                 configz: self.config.configz.clone(),
                 sync_loop_threshold: (self.config.sync_frequency * 2)
                     .max(routes::MIN_SYNC_LOOP_THRESHOLD),
+                #[cfg(feature = "https")]
                 streaming_idle_timeout: self.config.streaming_connection_idle_timeout,
             },
             security: self.security(),
@@ -481,10 +529,13 @@ impl AgentPlugin for KubeletServer {
         });
         let mut serving = tokio::task::JoinSet::new();
         for b in listeners {
+            #[cfg(feature = "https")]
             let tls = match b.port {
                 routes::Port::Main => self.tls.clone().map(tokio_rustls::TlsAcceptor::from),
                 _ => None,
             };
+            #[cfg(not(feature = "https"))]
+            let tls: Tls = None;
             tracing::info!(addr = %b.listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), port = ?b.port, "serving");
             serving.spawn(serve_listener(
                 b.listener,
@@ -499,10 +550,21 @@ impl AgentPlugin for KubeletServer {
     }
 }
 
+/// The TLS of a listener: the kubelet API's acceptor, none for the other ports.
+#[cfg(feature = "https")]
+type Tls = Option<tokio_rustls::TlsAcceptor>;
+/// Without the `https` feature no listener has TLS.
+#[cfg(not(feature = "https"))]
+type Tls = Option<NoTls>;
+/// No TLS in this build (a type without values).
+#[cfg(not(feature = "https"))]
+#[derive(Clone)]
+enum NoTls {}
+
 async fn serve_listener(
     listener: TcpListener,
     port: routes::Port,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Tls,
     shared: Arc<Shared>,
     shutdown: CancellationToken,
 ) {
@@ -513,6 +575,9 @@ async fn serve_listener(
         async move {
             let _ = stream.set_nodelay(true);
             match tls {
+                #[cfg(not(feature = "https"))]
+                Some(never) => match never {},
+                #[cfg(feature = "https")]
                 Some(tls) => {
                     let handshake =
                         tokio::time::timeout(acceptor.handshake_timeout, tls.accept(stream));
@@ -606,6 +671,7 @@ async fn handle(
             }
         }
     }
+    #[cfg(feature = "https")]
     if port == routes::Port::Main
         && shared.ctx.debugging
         && let Some(kind) = streaming::Kind::of(req.uri().path())

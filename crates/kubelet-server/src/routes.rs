@@ -48,6 +48,7 @@ pub(crate) struct Context {
     pub(crate) configz: Option<serde_json::Value>,
     pub(crate) sync_loop_threshold: Duration,
     /// `streamingConnectionIdleTimeout`.
+    #[cfg(feature = "https")]
     pub(crate) streaming_idle_timeout: Duration,
 }
 

@@ -27,28 +27,7 @@ use crate::ServerError;
 /// How often, at most, the certificate files are checked for changes (on a handshake).
 const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
-/// The TLS settings of the kubelet API port.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct TlsSettings {
-    /// `tlsCertFile`; empty for the self-signed pair in [`cert_dir`](Self::cert_dir).
-    pub cert_file: PathBuf,
-    /// `tlsPrivateKeyFile`.
-    pub key_file: PathBuf,
-    /// `--cert-dir`: where the self-signed pair is kept.
-    pub cert_dir: PathBuf,
-    /// The host name the self-signed certificate is issued for (`--hostname-override` or the
-    /// machine's host name, lower-cased).
-    pub hostname: String,
-    /// Node addresses added to the self-signed certificate's SANs.
-    pub addresses: Vec<IpAddr>,
-    /// `tlsMinVersion`.
-    pub min_version: String,
-    /// `tlsCipherSuites`.
-    pub cipher_suites: Vec<String>,
-    /// `authentication.x509.clientCAFile`; empty for no client certificates.
-    pub client_ca_file: PathBuf,
-}
+pub use crate::TlsSettings;
 
 /// The cipher suites by the names the kubelet accepts (Go's `tls.CipherSuiteName`s).
 fn suite_by_name(name: &str) -> Option<SupportedCipherSuite> {

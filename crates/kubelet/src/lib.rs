@@ -13,7 +13,13 @@
 //! * the **prober** (feature `probe`) and **node-pressure eviction** (feature `eviction`);
 //! * the **pod sources** `staticPodPath` and `staticPodURL`, and with a kubeconfig the API
 //!   server's pods, status and ConfigMaps/Secrets (feature `apiserver`);
-//! * the **healthz and read-only ports** (feature `server`): `/healthz`, `/pods`, `/metrics`.
+//! * the **healthz and read-only ports** (feature `server`): `/healthz`, `/pods`, `/metrics`,
+//!   and the **kubelet API** on `port` over HTTPS (feature `https`: `kubectl logs`, `exec`,
+//!   `attach`, `port-forward`).
+//!
+//! Feature `tls` gives the HTTP client HTTPS (probes, `httpGet` hooks, `https` manifest URLs)
+//! and the push endpoint its TLS. Every feature but `cri`, `apiserver` and `testing` is on by
+//! default.
 //!
 //! `build()` returns the agent ([`Kubelet`]); [`Kubelet::run`] drives everything until the
 //! shutdown token is cancelled, and leaves pods running when it returns.

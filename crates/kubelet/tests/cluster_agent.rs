@@ -193,6 +193,8 @@ async fn cluster_agent_joins_the_cluster_with_probes_eviction_and_metrics() {
         "prober_probe_total",
         "kubelet_runtime_operations_total{operation_type=\"run_podsandbox\"}",
         "kubelet_pleg_relist_duration_seconds",
+        "kubelet_pod_start_duration_seconds_count 1",
+        "kubelet_pod_worker_duration_seconds_count{operation_type=\"create\"} 1",
         "kubelet_evictions",
     ] {
         assert!(

@@ -388,7 +388,8 @@ fn startup_summary(flags: &Flags, c: &KubeletConfiguration) -> Summary {
         }
     };
     let mut listening = Vec::new();
-    if c.enable_server && c.port != 0 {
+    // Without the `https` feature the kubelet API is not served (kubelet-server logs why).
+    if cfg!(feature = "https") && c.enable_server && c.port != 0 {
         listening.push(format!(
             "kubelet API https://{}:{}",
             host(&c.address),

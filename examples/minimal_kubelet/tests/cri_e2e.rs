@@ -321,6 +321,22 @@ fn static_pods_run_on_containerd_survive_an_agent_restart_and_are_removed_with_t
             "{series} missing from /metrics:\n{metrics}"
         );
     }
+    // The start stages: every stage of the pods that reached Running was observed.
+    let count = |family: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{family}_count ")))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    for family in [
+        "kubelet_pod_worker_start_duration_seconds",
+        "kubelet_pod_start_containers_duration_seconds",
+        "kubelet_pod_start_status_duration_seconds",
+        "kubelet_pod_start_duration_seconds",
+    ] {
+        assert!(count(family) >= 1, "no {family} in /metrics:\n{metrics}");
+    }
 
     // Restart the agent: the same containers are adopted, none is recreated.
     let before = env.runtime_containers();

@@ -13,7 +13,8 @@
 //!   custom `Host` header survives only relative redirects;
 //! * `https` either skips certificate verification ([`HttpClient::insecure`], the kubelet's
 //!   `InsecureSkipVerify` for probes and hooks) or verifies against a given configuration
-//!   ([`HttpClient::with_tls`], the manifest URL);
+//!   (`HttpClient::with_tls`, the manifest URL). `https` needs the crate's `tls` feature
+//!   (default); without it such a request fails with a transport error saying so;
 //! * at most [`HttpClient::max_body`] bytes of the body are read ([`Response::truncated`] says
 //!   whether there was more);
 //! * sockets close with `SO_LINGER` 0 and connections are never reused, so thousands of probes
@@ -35,18 +36,22 @@
 //! # }
 //! ```
 
+#[cfg(feature = "tls")]
 mod tls;
 mod wire;
 
 use std::net::IpAddr;
+#[cfg(feature = "tls")]
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, HTTPGetAction};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+#[cfg(feature = "tls")]
 use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 
+#[cfg(feature = "tls")]
 pub use tls::insecure_tls_config;
 pub use wire::Response;
 
@@ -261,6 +266,7 @@ pub enum HttpError {
 pub struct HttpClient {
     user_agent: String,
     /// The TLS connector, or why it could not be built (`https` requests then fail with it).
+    #[cfg(feature = "tls")]
     tls: Result<tokio_rustls::TlsConnector, String>,
     max_body: usize,
 }
@@ -279,17 +285,18 @@ impl HttpClient {
     /// for probes and hooks; handshake signatures are still checked against the presented
     /// certificate), sending `user_agent` unless a request sets its own.
     pub fn insecure(user_agent: impl Into<String>) -> Self {
-        let tls = tls::insecure_tls_config()
-            .map(|c| tokio_rustls::TlsConnector::from(Arc::new(c)))
-            .map_err(|e| e.to_string());
         Self {
             user_agent: user_agent.into(),
-            tls,
+            #[cfg(feature = "tls")]
+            tls: tls::insecure_tls_config()
+                .map(|c| tokio_rustls::TlsConnector::from(Arc::new(c)))
+                .map_err(|e| e.to_string()),
             max_body: DEFAULT_MAX_BODY,
         }
     }
 
     /// A client that verifies `https` servers with `config`.
+    #[cfg(feature = "tls")]
     pub fn with_tls(user_agent: impl Into<String>, config: Arc<rustls::ClientConfig>) -> Self {
         Self {
             user_agent: user_agent.into(),
@@ -383,6 +390,12 @@ impl HttpClient {
             Scheme::Http => wire::exchange(&mut tcp, &request, self.max_body)
                 .await
                 .map_err(from_wire),
+            #[cfg(not(feature = "tls"))]
+            Scheme::Https => Err(transport(
+                "https is not available: kubelet-core was built without its `tls` feature"
+                    .to_string(),
+            )),
+            #[cfg(feature = "tls")]
             Scheme::Https => {
                 let name = match target.host.parse::<IpAddr>() {
                     Ok(ip) => ServerName::IpAddress(ip.into()),
