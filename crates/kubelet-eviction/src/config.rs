@@ -23,6 +23,9 @@ pub const DEFAULT_PRESSURE_TRANSITION_PERIOD: Duration = Duration::from_secs(300
 pub const DEFAULT_MONITORING_INTERVAL: Duration = Duration::from_secs(10);
 /// Period of the cheap memory poll that drives fast detection.
 pub const DEFAULT_FAST_POLL_INTERVAL: Duration = Duration::from_millis(100);
+/// Period of that poll while memory is far from every threshold or the kernel watches the
+/// crossing (cgroup v1 memory threshold eventfd).
+pub const DEFAULT_RELAXED_POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Grace period override for hard evictions (`immediateEvictionGracePeriodSeconds`).
 pub const IMMEDIATE_EVICTION_GRACE_PERIOD_SECONDS: i64 = 1;
 
@@ -157,6 +160,12 @@ pub struct EvictionConfig {
     pub monitoring_interval: Duration,
     /// Period of the cheap memory poll (100 ms); `None` disables fast detection.
     pub fast_poll_interval: Option<Duration>,
+    /// Period of the cheap memory poll (1 s) while it is not needed every
+    /// [`fast_poll_interval`](Self::fast_poll_interval): when available memory is far from
+    /// every memory threshold (above it by more than the threshold and by more than a tenth of
+    /// capacity), or when the kernel signals the crossing itself (the cgroup v1 memory
+    /// threshold eventfd is armed). An idle node then wakes once a second, not ten times.
+    pub relaxed_poll_interval: Duration,
     /// Use kernel notifications (cgroup v1 memory threshold eventfd, PSI trigger, inotify on
     /// cgroup v2 `memory.events`) to wake the fast check early (`true`).
     pub kernel_notifications: bool,
@@ -177,6 +186,7 @@ impl Default for EvictionConfig {
             max_pod_grace_period_seconds: 0,
             monitoring_interval: DEFAULT_MONITORING_INTERVAL,
             fast_poll_interval: Some(DEFAULT_FAST_POLL_INTERVAL),
+            relaxed_poll_interval: DEFAULT_RELAXED_POLL_INTERVAL,
             kernel_notifications: true,
             local_storage_capacity_isolation: true,
             static_pods_are_critical: true,

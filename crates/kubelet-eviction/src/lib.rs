@@ -17,8 +17,10 @@
 //! * **Admission** ([`admission`]): BestEffort pods rejected under MemoryPressure, every
 //!   non-critical pod under DiskPressure / PIDPressure.
 //! * **The manager** ([`EvictionManager`]): the kubelet's 10 s `synchronize` as a safety net plus
-//!   a cheap memory check every 100 ms, woken early by kernel notifications (cgroup v1 memory
-//!   threshold eventfd, PSI trigger, inotify on cgroup v2 `memory.events`); evicts one pod per
+//!   a cheap memory check every 100 ms near a threshold (once a second far from every threshold
+//!   or while the cgroup v1 threshold eventfd watches), woken early by kernel notifications
+//!   (cgroup v1 memory threshold eventfd, PSI trigger, inotify on cgroup v2 `memory.events`);
+//!   evicts one pod per
 //!   round through [`PodControl`] (implemented for the engine's `KubeletHandle`).
 //!
 //! With the engine, add an [`EvictionPlugin`] to the agent's builder: it gives the agent its

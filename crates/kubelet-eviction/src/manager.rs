@@ -636,7 +636,10 @@ impl EvictionManager {
                 }
                 continue;
             };
-            // Fast path: cheap memory checks until a crossing or the next full round.
+            // Fast path: cheap memory checks until a crossing or the next full round, every
+            // `period` while memory is near a threshold and the kernel does not watch it,
+            // else every `relaxed_poll_interval`.
+            let relaxed = self.config.relaxed_poll_interval.max(period);
             let mut next_poll = Instant::now() + period;
             loop {
                 let source = tokio::select! {
@@ -656,6 +659,9 @@ impl EvictionManager {
                 let met = thresholds_met(&memory_thresholds, &obs, false);
                 if met.is_empty() {
                     was_met = false;
+                    if wakers.memcg.is_some() || far_from(&memory_thresholds, &obs) {
+                        next_poll = Instant::now() + relaxed;
+                    }
                     continue;
                 }
                 if was_met {
@@ -676,6 +682,17 @@ impl EvictionManager {
             }
         }
     }
+}
+
+/// Whether available memory is far from every memory threshold: above it by more than the
+/// threshold itself and by more than a tenth of capacity (so a poll a second is enough).
+fn far_from(thresholds: &[Threshold], obs: &Observations) -> bool {
+    thresholds.iter().all(|t| {
+        obs.get(&t.signal).is_some_and(|o| {
+            let q = t.value.quantity(o.capacity);
+            o.available - q > q.max(o.capacity / 10)
+        })
+    })
 }
 
 /// The `DisruptionTarget` condition the kubelet adds to evicted pods, carrying the eviction

@@ -350,6 +350,8 @@ async fn the_fast_check_detects_a_crossing_long_before_the_full_sync() {
         cfg.fast_poll_interval = Some(Duration::from_millis(100));
         EvictionManager::new(cfg, s.stats.clone(), s.pods.clone())
     };
+    // Near the threshold (180Mi available, 100Mi threshold): polled every 100 ms.
+    s.stats.set(Signal::MemoryAvailable, 180 * MI, 1000 * MI);
     let mut events = s.manager.subscribe();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(s.manager.run(shutdown.clone()));
@@ -377,6 +379,39 @@ async fn the_fast_check_detects_a_crossing_long_before_the_full_sync() {
         }
     }
     assert!(saw_crossing);
+    shutdown.cancel();
+    task.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn far_from_the_threshold_the_fast_check_polls_once_a_second() {
+    let mut s = setup(
+        config("memory.available<100Mi", "", ""),
+        vec![pod("hog", 0, None, false)],
+        &[("hog", 900)],
+    );
+    s.manager = {
+        let mut cfg = config("memory.available<100Mi", "", "");
+        cfg.fast_poll_interval = Some(Duration::from_millis(100));
+        cfg.kernel_notifications = false;
+        EvictionManager::new(cfg, s.stats.clone(), s.pods.clone())
+    };
+    // 900Mi available: far from the 100Mi threshold, so one poll a second (at 0.1 s, 1.1 s,
+    // 2.1 s, 3.1 s: the crossing at 2.15 s waits for the one at 3.1 s).
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(s.manager.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(2150)).await;
+    let crossed_at = Instant::now();
+    s.stats.set(Signal::MemoryAvailable, 60 * MI, 1000 * MI);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        s.pods.kills.lock().is_empty(),
+        "not polled 10 times a second when far from the threshold"
+    );
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let kills = s.pods.kills.lock().clone();
+    assert_eq!(kills.len(), 1, "the relaxed poll still sees it within 1 s");
+    assert!(kills[0].2 - crossed_at <= Duration::from_secs(1));
     shutdown.cancel();
     task.await.unwrap();
 }

@@ -788,6 +788,9 @@ impl ProcessRuntime {
         })?;
         let deadline = tokio::time::Instant::now() + START_TIMEOUT;
         let mut shim_exited = false;
+        // A shim usually reports within a few milliseconds: look again after 1 ms, then back
+        // off to `POLL`, so a start is not held for most of a 20 ms period.
+        let mut pause = Duration::from_millis(1);
         // The dropped `child` is reaped by tokio in the background once the shim exits.
         loop {
             if let Some(exit) = read_exit(&dir)? {
@@ -824,7 +827,8 @@ impl ProcessRuntime {
             }
             // One more round of file checks after the shim exited, then give up.
             shim_exited = matches!(child.try_wait(), Ok(Some(_)));
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(POLL);
         }
         tracing::debug!(container = %id, name = %rec.name, "container started");
         Ok(())
