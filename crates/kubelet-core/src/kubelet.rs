@@ -198,6 +198,11 @@ impl Kubelet {
         let source_names: HashSet<String> = pod_config.source_names().into_iter().collect();
         let (mut updates, config_future) = pod_config.start(inner.clone());
         tasks.spawn(config_future);
+        // A new pod's first sync waits for a runtime view newer than this: taken before the
+        // PLEG starts, so that its first relist (which may begin at once on another thread)
+        // counts, and a pod seen in the agent's first second does not wait for the next
+        // global cache update.
+        let started_at = Instant::now();
         {
             let pleg = pleg.clone();
             let t = inner.clone();
@@ -252,7 +257,7 @@ impl Kubelet {
                 recorder.clone(),
                 volume_plugins,
                 prober.clone(),
-                Instant::now(),
+                started_at,
             )
             .with_object_provider(object_provider)
             .with_pleg(pleg.clone())
