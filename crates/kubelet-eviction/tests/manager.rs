@@ -338,18 +338,17 @@ async fn a_soft_threshold_evicts_only_after_its_grace_period_with_the_max_pod_gr
     task.await.unwrap();
 }
 
+/// One hog pod under `memory.available<100Mi`, the fast check every 100 ms.
+fn fast_check_setup(kernel_notifications: bool) -> Setup {
+    let mut cfg = config("memory.available<100Mi", "", "");
+    cfg.fast_poll_interval = Some(Duration::from_millis(100));
+    cfg.kernel_notifications = kernel_notifications;
+    setup(cfg, vec![pod("hog", 0, None, false)], &[("hog", 900)])
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_fast_check_detects_a_crossing_long_before_the_full_sync() {
-    let mut s = setup(
-        config("memory.available<100Mi", "", ""),
-        vec![pod("hog", 0, None, false)],
-        &[("hog", 900)],
-    );
-    s.manager = {
-        let mut cfg = config("memory.available<100Mi", "", "");
-        cfg.fast_poll_interval = Some(Duration::from_millis(100));
-        EvictionManager::new(cfg, s.stats.clone(), s.pods.clone())
-    };
+    let s = fast_check_setup(true);
     // Near the threshold (180Mi available, 100Mi threshold): polled every 100 ms.
     s.stats.set(Signal::MemoryAvailable, 180 * MI, 1000 * MI);
     let mut events = s.manager.subscribe();
@@ -385,17 +384,7 @@ async fn the_fast_check_detects_a_crossing_long_before_the_full_sync() {
 
 #[tokio::test(start_paused = true)]
 async fn far_from_the_threshold_the_fast_check_polls_once_a_second() {
-    let mut s = setup(
-        config("memory.available<100Mi", "", ""),
-        vec![pod("hog", 0, None, false)],
-        &[("hog", 900)],
-    );
-    s.manager = {
-        let mut cfg = config("memory.available<100Mi", "", "");
-        cfg.fast_poll_interval = Some(Duration::from_millis(100));
-        cfg.kernel_notifications = false;
-        EvictionManager::new(cfg, s.stats.clone(), s.pods.clone())
-    };
+    let s = fast_check_setup(false);
     // 900Mi available: far from the 100Mi threshold, so one poll a second (at 0.1 s, 1.1 s,
     // 2.1 s, 3.1 s: the crossing at 2.15 s waits for the one at 3.1 s).
     let shutdown = CancellationToken::new();
