@@ -10,7 +10,10 @@
 //!    manifests (one container `sleep <unique token>`, `restartPolicy: Always`; each written to a
 //!    dot-file and renamed, so it lands atomically). Polls `GET /pods` every 20 ms and records the
 //!    time from the first write until every pod is `Running` with `Ready=True`, plus each pod's own
-//!    write-to-first-seen-`Running` time (p50/p99 across pods).
+//!    write-to-first-seen-`Running` time (p50/p99 across pods). Then reads the agent's
+//!    `/metrics` and estimates p50/p99 of each start stage from its histograms (worker start,
+//!    RunPodSandbox, ImageStatus, CreateContainer, StartContainer, the first sync, containers
+//!    started, Running in status).
 //! 3. **Memory.** After 5 s of steady state: the agent's VmRSS, VmHWM and PSS, the total VmRSS and
 //!    PSS (`/proc/<pid>/smaps_rollup`, shared pages split among their users) of the
 //!    per-container shims (processes whose argv carries `__kubelet-process-shim` and this run's

@@ -17,7 +17,8 @@
 //! the future returned by [`Kubelet::run`], stopped by a cancellation token, and stopping it
 //! leaves pods running. The `testing` feature adds in-memory doubles (`FakeRuntime`,
 //! `RecordingSink`) and a fault-injecting runtime wrapper (`FaultyRuntime`) for embedders' own
-//! tests.
+//! tests. The `tls` feature (default) gives [`http`] HTTPS (rustls); without it an `https`
+//! request fails with an error saying so.
 //!
 //! ```
 //! use std::sync::Arc;

@@ -9,8 +9,8 @@
 //! | metric | from → to |
 //! |---|---|
 //! | `kubelet_pod_admission_duration_seconds` | the admit handlers' decision on a new pod (SDK) |
-//! | `kubelet_pod_worker_start_duration_seconds` | seen → its worker's first sync begins (kubelet) |
-//! | `kubelet_pod_worker_duration_seconds{operation_type="create"}` | that first sync, runtime view wait included (kubelet; later syncs are `sync`) |
+//! | `kubelet_pod_worker_start_duration_seconds` | seen → its worker's first sync begins, the wait for a runtime view of the pod included (kubelet) |
+//! | `kubelet_pod_worker_duration_seconds{operation_type="create"}` | that first sync (kubelet; later syncs are `sync`) |
 //! | `kubelet_pod_start_containers_duration_seconds` | seen → the last of its containers started (SDK) |
 //! | `kubelet_pod_start_status_duration_seconds` | last container started → the status says `Running` (SDK) |
 //! | `kubelet_pod_start_duration_seconds` | seen → the status says `Running` (kubelet) |

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::StreamExt;
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -27,8 +28,9 @@ use kubelet_core::{
     ErrorKind, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
     TerminalSize, k8s_openapi,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
+use tokio_util::io::ReaderStream;
 
 use crate::routes::{Body, Context, plain, status};
 use crate::spdy::{Session, Stream, StreamWriter};
@@ -613,16 +615,11 @@ async fn forward_resizes(data: &mut mpsc::Receiver<Bytes>, tx: mpsc::Sender<Term
     }
 }
 
-async fn copy_out(mut r: kubelet_core::StreamReader, w: StreamWriter) {
-    let mut buf = vec![0u8; 32 * 1024];
-    loop {
-        match r.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if w.write(&buf[..n]).await.is_err() {
-                    return;
-                }
-            }
+async fn copy_out(r: kubelet_core::StreamReader, w: StreamWriter) {
+    let mut chunks = ReaderStream::with_capacity(r, 32 * 1024);
+    while let Some(Ok(chunk)) = chunks.next().await {
+        if w.write(&chunk).await.is_err() {
+            return;
         }
     }
     let _ = w.finish().await;
@@ -729,7 +726,7 @@ async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, data: Stream, s
         writer,
         ..
     } = data;
-    let (mut rd, mut wr) = tokio::io::split(conn);
+    let (rd, mut wr) = tokio::io::split(conn);
     // Client → pod until the client half-closes (or the connection goes).
     let to_pod = tokio::spawn(async move {
         while let Some(chunk) = incoming.recv().await {
@@ -743,15 +740,10 @@ async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, data: Stream, s
     // client waits for them before it closes its local connection), as the kubelet does when
     // its forwarder returns.
     // One TLS record per read.
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        match rd.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if writer.write(&buf[..n]).await.is_err() {
-                    break;
-                }
-            }
+    let mut chunks = ReaderStream::with_capacity(rd, 16 * 1024);
+    while let Some(Ok(chunk)) = chunks.next().await {
+        if writer.write(&chunk).await.is_err() {
+            break;
         }
     }
     tracing::debug!(port, stream = data_id, "port-forward: connection done");
@@ -787,6 +779,7 @@ async fn run(ctx: &Context, pod: &Pod, target: &Target, query: &Query) -> Respon
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncReadExt;
 
     #[test]
     fn paths_and_queries_are_read_with_the_kubelets_names() {

@@ -23,12 +23,13 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use kubelet_core::{ExecSession, PortDialer, StreamOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
 use tokio_tungstenite::tungstenite::protocol::Role;
+use tokio_util::io::ReaderStream;
 
 use crate::routes::{Body, Context, status};
 use crate::streaming::{Refusal, error_stream_message};
@@ -309,16 +310,11 @@ async fn serve_remotecommand(
     let pump = |r: Option<kubelet_core::StreamReader>, channel: u8| {
         let tx = out_tx.clone();
         tokio::spawn(async move {
-            let Some(mut r) = r else { return };
-            let mut buf = vec![0u8; 32 * 1024];
-            loop {
-                match r.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if tx.send(framing.encode(channel, &buf[..n])).await.is_err() {
-                            break;
-                        }
-                    }
+            let Some(r) = r else { return };
+            let mut chunks = ReaderStream::with_capacity(r, 32 * 1024);
+            while let Some(Ok(chunk)) = chunks.next().await {
+                if tx.send(framing.encode(channel, &chunk)).await.is_err() {
+                    break;
                 }
             }
         })
@@ -449,7 +445,7 @@ async fn serve_channel_port_forward(
                     return;
                 }
             };
-            let (mut rd, mut wr) = tokio::io::split(conn);
+            let (rd, mut wr) = tokio::io::split(conn);
             let up = async move {
                 while let Some(d) = rx.recv().await {
                     if wr.write_all(&d).await.is_err() {
@@ -459,15 +455,10 @@ async fn serve_channel_port_forward(
                 let _ = wr.shutdown().await;
             };
             let down = async {
-                let mut buf = vec![0u8; 32 * 1024];
-                loop {
-                    match rd.read(&mut buf).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            if out.send(framing.encode(data, &buf[..n])).await.is_err() {
-                                break;
-                            }
-                        }
+                let mut chunks = ReaderStream::with_capacity(rd, 32 * 1024);
+                while let Some(Ok(chunk)) = chunks.next().await {
+                    if out.send(framing.encode(data, &chunk)).await.is_err() {
+                        break;
                     }
                 }
             };
@@ -512,19 +503,14 @@ async fn serve_channel_port_forward(
 /// A byte stream over the binary messages of `ws` (the SPDY tunnel).
 fn tunnel(ws: Ws) -> tokio::io::DuplexStream {
     let (ours, theirs) = tokio::io::duplex(64 * 1024);
-    let (mut rd, mut wr) = tokio::io::split(theirs);
+    let (rd, mut wr) = tokio::io::split(theirs);
     let (mut sink, mut incoming) = ws.split();
     tokio::spawn(async move {
         let down = async {
-            let mut buf = vec![0u8; 32 * 1024];
-            loop {
-                match rd.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        if sink.send(Message::binary(buf[..n].to_vec())).await.is_err() {
-                            break;
-                        }
-                    }
+            let mut chunks = ReaderStream::with_capacity(rd, 32 * 1024);
+            while let Some(Ok(chunk)) = chunks.next().await {
+                if sink.send(Message::binary(chunk)).await.is_err() {
+                    break;
                 }
             }
             let _ = sink.send(normal_close()).await;
