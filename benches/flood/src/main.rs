@@ -25,6 +25,7 @@
 //! /work/target-perf/release/flood-bench --agent /work/target-perf/release/minimal_kubelet
 //! ```
 
+use bench_support::{free_port, ms, percentile, rss_kib};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Read, Write};
 use std::net::TcpStream as StdTcpStream;
@@ -168,11 +169,6 @@ fn slow_client(port: u16, closed: Arc<AtomicUsize>) {
     });
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0")?;
-    Ok(l.local_addr()?.port())
-}
-
 fn default_agent() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/release/minimal_kubelet")
 }
@@ -230,30 +226,6 @@ fn healthz_once(port: u16) -> anyhow::Result<()> {
         bail!("/healthz: {}", String::from_utf8_lossy(&out));
     }
     Ok(())
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 /// CPU time (user + system) of process `pid` so far.

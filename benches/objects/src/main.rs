@@ -20,6 +20,7 @@
 //! /work/target-perf/release/objects-bench
 //! ```
 
+use bench_support::{ms, percentile};
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -134,18 +135,6 @@ fn mounted_config_map(p: &Pod) -> String {
         .and_then(|v| v.config_map.as_ref())
         .map(|c| c.name.clone())
         .unwrap_or_default()
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 async fn create_pods(api: &Api<Pod>, pods: Vec<Pod>) -> anyhow::Result<Vec<Pod>> {

@@ -8,6 +8,7 @@
 //!
 //! Run: `cargo run --release -p podenv-bench -- --services 1000`.
 
+use bench_support::percentile;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -56,11 +57,6 @@ fn service(ns: &str, name: &str, i: usize) -> Arc<Service> {
     s.metadata.name = Some(name.into());
     s.metadata.namespace = Some(ns.into());
     Arc::new(s)
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 fn main() {

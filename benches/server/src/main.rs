@@ -14,6 +14,7 @@
 //!
 //! Run: `cargo run --release -p server-bench -- --log-mib 1024`.
 
+use bench_support::{ms, percentile, rss_kib};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -225,14 +226,6 @@ async fn get(sender: &mut Sender, path: &str) -> anyhow::Result<(u16, u64)> {
     Ok((status, n))
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 async fn latencies(
     sender: &mut Sender,
     path: &str,
@@ -251,22 +244,6 @@ async fn latencies(
     }
     times.sort();
     Ok((percentile(&times, 0.5), percentile(&times, 0.99), bytes))
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1).map(str::to_string))
-        })
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
 }
 
 fn generate_log(path: &Path, mib: u64) -> anyhow::Result<()> {
