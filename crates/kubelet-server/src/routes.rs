@@ -20,6 +20,27 @@ use tokio::sync::mpsc;
 
 use crate::logs::{LogCursor, LogOptions, QueryError, ReadOptions};
 
+/// The agent's pod `namespace`/`name` (with `uid`, only that instance; else the newest) and its
+/// status, as `/containerLogs` and the streaming endpoints look it up.
+pub(crate) fn find_pod(
+    ctx: &Context,
+    namespace: &str,
+    name: &str,
+    uid: Option<&str>,
+) -> Option<kubelet_core::PodWithStatus> {
+    ctx.handle
+        .statuses()
+        .list()
+        .into_iter()
+        .filter(|p| {
+            let m = &p.pod.metadata;
+            m.namespace.as_deref() == Some(namespace)
+                && m.name.as_deref() == Some(name)
+                && uid.is_none_or(|u| m.uid.as_deref() == Some(u))
+        })
+        .max_by_key(|p| p.pod.metadata.creation_timestamp.clone().map(|t| t.0))
+}
+
 /// A response body: whole or streamed.
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -452,17 +473,7 @@ async fn container_logs(ctx: &Context, path: &str, query: &str) -> Response<Body
             return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", e.to_string());
         }
     };
-    let found = ctx
-        .handle
-        .statuses()
-        .list()
-        .into_iter()
-        .filter(|p| {
-            p.pod.metadata.namespace.as_deref() == Some(namespace.as_str())
-                && p.pod.metadata.name.as_deref() == Some(pod_name.as_str())
-        })
-        .max_by_key(|p| p.pod.metadata.creation_timestamp.clone().map(|t| t.0));
-    let Some(entry) = found else {
+    let Some(entry) = find_pod(ctx, &namespace, &pod_name, None) else {
         return status(
             StatusCode::NOT_FOUND,
             "NotFound",

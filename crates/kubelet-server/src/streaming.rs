@@ -202,20 +202,7 @@ fn not_supported(what: &str) -> Response<Body> {
 
 /// The pod `t` names, as the agent knows it.
 fn find_pod(ctx: &Context, t: &Target) -> Result<Pod, Refusal> {
-    let found = ctx
-        .handle
-        .statuses()
-        .list()
-        .into_iter()
-        .filter(|p| {
-            p.pod.metadata.namespace.as_deref() == Some(t.namespace.as_str())
-                && p.pod.metadata.name.as_deref() == Some(t.pod.as_str())
-                && t.uid
-                    .as_ref()
-                    .is_none_or(|u| p.pod.metadata.uid.as_deref() == Some(u.as_str()))
-        })
-        .max_by_key(|p| p.pod.metadata.creation_timestamp.clone().map(|t| t.0));
-    match found {
+    match crate::routes::find_pod(ctx, &t.namespace, &t.pod, t.uid.as_deref()) {
         Some(e) => Ok((*e.pod).clone()),
         None => Err(Box::new(not_found("pod does not exist".to_string()))),
     }
