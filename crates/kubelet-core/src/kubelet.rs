@@ -574,12 +574,11 @@ impl SyncLoop {
             let notify = notify.clone();
             let done = done.clone();
             self.tasks.spawn(async move {
-                let run = std::panic::AssertUnwindSafe(worker_loop(
-                    engine, state, notify, shutdown,
-                ))
-                .catch_unwind();
+                let run =
+                    std::panic::AssertUnwindSafe(worker_loop(engine, state, notify, shutdown))
+                        .catch_unwind();
                 if run.await.is_err() {
-                    tracing::error!(pod_uid = %uid, "pod worker panicked; the pod is left as it is");
+                    tracing::error!(podUID = %uid, "pod worker panicked; the pod is left as it is");
                 }
                 done.store(true, std::sync::atomic::Ordering::Relaxed);
             });
@@ -625,7 +624,7 @@ impl SyncLoop {
             if st.sandbox_statuses.is_empty() && st.container_statuses.is_empty() {
                 continue;
             }
-            tracing::info!(pod_uid = %uid, pod = %st.name, "stopping runtime pod unknown to every source");
+            tracing::info!(podUID = %uid, pod = %st.name, "stopping runtime pod unknown to every source");
             let mut p = Pod::default();
             p.metadata.uid = Some(uid.clone());
             p.metadata.name = Some(st.name.clone());

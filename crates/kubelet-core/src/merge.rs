@@ -326,7 +326,7 @@ fn filter_invalid_pods(pods: Vec<Pod>, source: &str, recorder: &EventRecorder) -
             continue;
         }
         if uids.contains(&uid) {
-            tracing::info!(index, pod = %full_name, source, uid = %uid, "pod failed validation due to duplicate UID, ignoring");
+            tracing::info!(index, pod = %full_name, source, podUID = %uid, "pod failed validation due to duplicate UID, ignoring");
             recorder.warning(
                 InvolvedObject::pod(&p),
                 REASON_FAILED_VALIDATION,

@@ -355,14 +355,14 @@ impl StatusManager {
         }
 
         if let Err(msg) = check_container_state_transition(old, &status, pod) {
-            tracing::error!(pod = %full_name, uid = %uid, "status update on pod aborted: {msg}");
+            tracing::error!(pod = %full_name, podUID = %uid, "status update on pod aborted: {msg}");
             return;
         }
 
         // Terminal phases are sticky.
         if is_terminal_phase(old.phase.as_deref()) && status.phase != old.phase {
             tracing::error!(
-                pod = %full_name, uid = %uid,
+                pod = %full_name, podUID = %uid,
                 original = old.phase.as_deref().unwrap_or(""),
                 attempted = status.phase.as_deref().unwrap_or(""),
                 "Pod attempted illegal phase transition"
@@ -378,7 +378,7 @@ impl StatusManager {
             && !is_terminal_phase(old.phase.as_deref())
             && running
         {
-            tracing::debug!(pod = %full_name, uid = %uid, "delaying terminal phase until no container runs");
+            tracing::debug!(pod = %full_name, podUID = %uid, "delaying terminal phase until no container runs");
             status.phase = Some(
                 old.phase
                     .clone()
@@ -459,7 +459,7 @@ impl StatusManager {
             && !forced
             && kubelet_view_equal(cached, &status)
         {
-            tracing::trace!(pod = %full_name, uid = %uid, "ignoring same status");
+            tracing::trace!(pod = %full_name, podUID = %uid, "ignoring same status");
             entry.pod = Arc::new(pod.clone());
             return;
         }
@@ -467,7 +467,7 @@ impl StatusManager {
         entry.status = Arc::new(status);
         entry.pod = Arc::new(pod.clone());
         tracing::debug!(
-            pod = %full_name, uid = %uid, version = entry.version,
+            pod = %full_name, podUID = %uid, version = entry.version,
             phase = entry.status.phase.as_deref().unwrap_or(""),
             "pod status updated"
         );
@@ -621,7 +621,7 @@ impl StatusManager {
                             let res = sink.update_pod_status(&pod, &status).await;
                             if let Err(e) = &res {
                                 tracing::warn!(
-                                    pod = %podutil::full_name(&pod), uid = %uid, sink = idx, version,
+                                    pod = %podutil::full_name(&pod), podUID = %uid, sink = idx, version,
                                     "status sink failed to update pod status, will retry: {e}"
                                 );
                             }
@@ -635,7 +635,7 @@ impl StatusManager {
                             let res = sink.pod_removed(&pod).await;
                             if let Err(e) = &res {
                                 tracing::warn!(
-                                    pod = %podutil::full_name(&pod), uid = %uid, sink = idx,
+                                    pod = %podutil::full_name(&pod), podUID = %uid, sink = idx,
                                     "status sink failed to handle pod removal, will retry: {e}"
                                 );
                             }

@@ -946,7 +946,7 @@ impl Engine {
             Err(_) => Some(format!("timed out after {}s", grace)),
         };
         if let Some(e) = failed {
-            tracing::warn!(pod = %pod::full_name(p), container = %name, error = %e, "preStop hook failed");
+            tracing::warn!(pod = %pod::full_name(p), containerName = %name, error = %e, "preStop hook failed");
             self.recorder.warning(
                 InvolvedObject::container(p, name),
                 "FailedPreStopHook",
@@ -1064,7 +1064,7 @@ impl Engine {
             c.name,
             pod::full_name(p)
         );
-        tracing::warn!(pod = %pod::full_name(p), container = %c.name, error = %failed, "PostStartHook failed");
+        tracing::warn!(pod = %pod::full_name(p), containerName = %c.name, error = %failed, "PostStartHook failed");
         self.recorder.warning(
             InvolvedObject::container(p, &c.name),
             "FailedPostStartHook",
@@ -1103,11 +1103,11 @@ impl Engine {
             Ok(Ok(())) => true,
             Ok(Err(e)) if e.is_not_found() => true,
             Ok(Err(e)) => {
-                tracing::warn!(pod = %pod::full_name(p), container = %name, error = %e, "stopping container failed");
+                tracing::warn!(pod = %pod::full_name(p), containerName = %name, error = %e, "stopping container failed");
                 false
             }
             Err(_) => {
-                tracing::warn!(pod = %pod::full_name(p), container = %name, "stopping container timed out");
+                tracing::warn!(pod = %pod::full_name(p), containerName = %name, "stopping container timed out");
                 false
             }
         }
@@ -1181,7 +1181,7 @@ impl Engine {
         if let Err(e) = self.runtime.remove_container(id).await
             && !e.is_not_found()
         {
-            tracing::warn!(container_id = %id, error = %e, "removing container failed");
+            tracing::warn!(containerID = %id, error = %e, "removing container failed");
         }
         self.exits.lock().remove(id);
         self.remove_log_link(id).await;
@@ -1419,7 +1419,7 @@ impl Engine {
                 if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await
                     && !e.is_not_found()
                 {
-                    tracing::warn!(pod_uid = %uid, error = %e, "removing sandbox failed");
+                    tracing::warn!(podUID = %uid, error = %e, "removing sandbox failed");
                 }
             }
         }

@@ -264,7 +264,7 @@ pub(crate) async fn worker_loop(
                     restart
                 };
                 if restart {
-                    tracing::info!(pod_uid = %uid, "pod added again while terminating; starting it again");
+                    tracing::info!(podUID = %uid, "pod added again while terminating; starting it again");
                     // Wait for a relist that saw the cleanup before deciding anything.
                     last_sync = Some(Instant::now());
                 }
@@ -273,7 +273,7 @@ pub(crate) async fn worker_loop(
         };
         let (next, act) = step(stage, &input);
         if next != stage {
-            tracing::debug!(pod_uid = %uid, from = ?stage, to = ?next, "pod worker stage");
+            tracing::debug!(podUID = %uid, from = ?stage, to = ?next, "pod worker stage");
             state.lock().lifecycle = next;
         }
         stage = next;

@@ -641,7 +641,7 @@ impl Confirmer {
                     .await
                     .is_err()
             {
-                debug!(container = %event.container_id, "no TaskDelete after the exit");
+                debug!(containerID = %event.container_id, "no TaskDelete after the exit");
             }
             lock(&self.task_deletions).remove(&event.container_id);
         }
@@ -652,7 +652,7 @@ impl Confirmer {
             }
             if tokio::time::Instant::now() + delay >= deadline {
                 debug!(
-                    container = %event.container_id,
+                    containerID = %event.container_id,
                     kind = ?event.kind,
                     ?view,
                     "CRI does not show the containerd event yet; yielding it anyway"
@@ -703,7 +703,7 @@ impl Confirmer {
             }
             Ok(Err(status)) if crate::error::status_kind(&status) == ErrorKind::NotFound => {}
             Ok(Err(status)) => {
-                debug!(container = id, error = %status, "ContainerStatus for an event failed");
+                debug!(containerID = id, error = %status, "ContainerStatus for an event failed");
                 return CriView::Failed;
             }
             Err(_) => return CriView::Failed,
@@ -748,7 +748,7 @@ pub(crate) fn from_cri(resp: cri::ContainerEventResponse) -> Option<ContainerEve
         Ok(cri::ContainerEventType::ContainerDeletedEvent) => ContainerEventKind::Deleted,
         Err(_) => {
             debug!(
-                container = %resp.container_id,
+                containerID = %resp.container_id,
                 event_type = resp.container_event_type,
                 "skipping a CRI container event of unknown type"
             );
@@ -818,7 +818,7 @@ pub(crate) fn from_envelope(
         "containerd.events.TaskExit" => {
             let e = ctrd_events::TaskExit::decode(any.value.as_slice()).map_err(bad)?;
             if !e.id.is_empty() && e.id != e.container_id {
-                debug!(container = %e.container_id, exec = %e.id, "skipping an exec process exit");
+                debug!(containerID = %e.container_id, exec = %e.id, "skipping an exec process exit");
                 return Ok(None);
             }
             if e.container_id.is_empty() {

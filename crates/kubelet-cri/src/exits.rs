@@ -144,7 +144,7 @@ impl ExitHints {
             _ if hint.since.elapsed() >= HINT_TTL => {
                 hints.remove(id);
                 warn!(
-                    container = id,
+                    containerID = id,
                     "CRI has not recorded the container's exit for 10 minutes; reporting what CRI says"
                 );
                 None

@@ -476,7 +476,7 @@ impl CriRuntime {
                     // Not found, or CRI fails: nothing to wait for.
                     Ok(Err(_)) => true,
                     Err(_) => {
-                        debug!(container = %id, "CRI has not recorded the exit yet; going on");
+                        debug!(containerID = %id, "CRI has not recorded the exit yet; going on");
                         return;
                     }
                 };
@@ -485,7 +485,7 @@ impl CriRuntime {
                     break;
                 }
                 if tokio::time::Instant::now() + delay >= deadline {
-                    debug!(container = %id, "CRI has not recorded the exit yet; going on");
+                    debug!(containerID = %id, "CRI has not recorded the exit yet; going on");
                     return;
                 }
                 tokio::time::sleep(delay).await;

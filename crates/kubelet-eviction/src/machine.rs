@@ -667,7 +667,7 @@ impl StatsProvider for MachineStats {
                             });
                         }
                         Err(e) => {
-                            tracing::debug!(container = %id, error = %e, "no container stats")
+                            tracing::debug!(containerID = %id, error = %e, "no container stats")
                         }
                     }
                 }

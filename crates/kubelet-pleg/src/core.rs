@@ -250,7 +250,7 @@ impl Core {
                 None => {
                     // The pod has no sandbox or container left: drop its entry. Waiters still
                     // get an (empty) status once the global timestamp is raised.
-                    tracing::debug!(pod_uid = %uid, "PLEG: pod is gone from the runtime");
+                    tracing::debug!(podUID = %uid, "PLEG: pod is gone from the runtime");
                     self.cache.delete(&uid);
                     st.reinspect.remove(&uid);
                     st.records.update(&uid);
@@ -428,7 +428,7 @@ impl Core {
                         self.refresh(uid, name, namespace);
                     }
                     None => tracing::debug!(
-                        container_id = %container_id,
+                        containerID = %container_id,
                         "PLEG: event for a container the runtime no longer has; the relist settles it"
                     ),
                 }
@@ -456,7 +456,7 @@ impl Core {
             && f.slow
         {
             tracing::info!(
-                pod_uid = %uid,
+                podUID = %uid,
                 took = ?f.launched.elapsed(),
                 "PLEG: slow pod inspection finished"
             );
@@ -493,7 +493,7 @@ impl Core {
                     .get_or_create(&FailureLabels { reason })
                     .inc();
                 tracing::warn!(
-                    pod_uid = %uid,
+                    podUID = %uid,
                     pod = %format_args!("{namespace}/{name}"),
                     error = %err,
                     "PLEG: ignoring events for pod; it will be inspected again at the next relist"
@@ -541,7 +541,7 @@ impl Core {
             if ids.contains(&f.id) && !f.slow {
                 f.slow = true;
                 tracing::warn!(
-                    pod_uid = %uid,
+                    podUID = %uid,
                     running_for = ?f.launched.elapsed(),
                     timeout = ?self.config.inspect_timeout,
                     "PLEG: pod inspection is slow; other pods' events go ahead, this pod's follow when it finishes or times out"
@@ -560,7 +560,7 @@ impl Core {
             if !f.slow && f.launched.elapsed() >= wait {
                 f.slow = true;
                 tracing::warn!(
-                    pod_uid = %uid,
+                    podUID = %uid,
                     running_for = ?f.launched.elapsed(),
                     timeout = ?self.config.inspect_timeout,
                     "PLEG: pod inspection is slow; other pods' events go ahead, this pod's follow when it finishes or times out"
@@ -636,7 +636,7 @@ impl Core {
                     self.metrics.discard_events.inc();
                     report.events_discarded += 1;
                     tracing::error!(
-                        pod_uid = %event.pod_uid,
+                        podUID = %event.pod_uid,
                         kind = ?event.kind,
                         "PLEG: event channel is full, discard this relist() cycle event"
                     );
@@ -645,7 +645,7 @@ impl Core {
                     self.metrics.discard_events.inc();
                     report.events_discarded += 1;
                     tracing::debug!(
-                        pod_uid = %event.pod_uid,
+                        podUID = %event.pod_uid,
                         kind = ?event.kind,
                         "PLEG: event receiver is gone; event dropped"
                     );

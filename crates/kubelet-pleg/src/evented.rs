@@ -262,7 +262,7 @@ impl EventedPleg {
 
     /// Turn one runtime event into an inspection of its pod.
     fn handle_event(&self, ev: ContainerEvent) {
-        tracing::trace!(container_id = %ev.container_id, kind = ?ev.kind, "PLEG: runtime event");
+        tracing::trace!(containerID = %ev.container_id, kind = ?ev.kind, "PLEG: runtime event");
         match ev.pod_uid.filter(|u| !u.is_empty()) {
             Some(uid) => {
                 let (name, namespace) = self.core.names_of(&uid);

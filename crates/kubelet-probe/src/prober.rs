@@ -202,7 +202,7 @@ impl ProbeRegistration {
         let (handler, timing) = match ProbeSpec::from_k8s(probe, c, t) {
             Ok(s) => (Ok(Arc::new(s.handler)), s.timing),
             Err(e) => {
-                tracing::warn!(pod = %uid, container = %c.name, error = %e, "invalid probe");
+                tracing::warn!(podUID = %uid, containerName = %c.name, error = %e, "invalid probe");
                 let timing = timing_from_k8s(probe, c, t).unwrap_or_default();
                 (Err(Arc::from(e.to_string())), timing)
             }

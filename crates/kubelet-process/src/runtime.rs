@@ -352,7 +352,7 @@ impl ProcessRuntime {
             });
             if !running && exit.is_none() {
                 tracing::warn!(
-                    container = %rec.id, name = %rec.name,
+                    containerID = %rec.id, name = %rec.name,
                     "the state of a container that was not running vanished; forgetting it"
                 );
                 self.forget(&rec.id);
@@ -410,7 +410,7 @@ impl ProcessRuntime {
                 Ok(r) => out.push(r),
                 Err(ProcessError::ContainerNotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(container = %id, error = %e, "skipping unreadable container record")
+                    tracing::warn!(containerID = %id, error = %e, "skipping unreadable container record")
                 }
             }
         }
@@ -473,7 +473,7 @@ impl ProcessRuntime {
         let e = ledger.exits.get(id).cloned()?;
         if write_exit(dir, &e).is_ok() {
             ledger.unsaved_exits.remove(id);
-            tracing::info!(container = %id, "exit status written now that the disk has room");
+            tracing::info!(containerID = %id, "exit status written now that the disk has room");
         }
         Some(e)
     }
@@ -558,11 +558,11 @@ impl ProcessRuntime {
         ledger.exits.insert(rec.id.clone(), exit.clone());
         match write_exit(&dir, &exit) {
             Ok(()) => tracing::warn!(
-                container = %rec.id, name = %rec.name, exit_code, "{}", exit.message
+                containerID = %rec.id, name = %rec.name, exit_code, "{}", exit.message
             ),
             Err(e) => {
                 tracing::warn!(
-                    container = %rec.id, name = %rec.name, exit_code, error = %e,
+                    containerID = %rec.id, name = %rec.name, exit_code, error = %e,
                     "{}; the exit status is kept in memory until it can be written", exit.message
                 );
                 ledger.unsaved_exits.insert(rec.id.clone());
@@ -720,7 +720,7 @@ impl ProcessRuntime {
             return Err(e);
         }
         self.containers.lock().insert(id.clone(), Arc::new(rec));
-        tracing::debug!(container = %id, sandbox = %sandbox_id, name = %name, "container created");
+        tracing::debug!(containerID = %id, sandbox = %sandbox_id, name = %name, "container created");
         Ok(id)
     }
 
@@ -830,7 +830,7 @@ impl ProcessRuntime {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(POLL);
         }
-        tracing::debug!(container = %id, name = %rec.name, "container started");
+        tracing::debug!(containerID = %id, name = %rec.name, "container started");
         Ok(())
     }
 
@@ -897,13 +897,13 @@ impl ProcessRuntime {
             return Ok(());
         };
         if !timeout.is_zero() {
-            tracing::debug!(container = %id, ?timeout, "stopping container with SIGTERM");
+            tracing::debug!(containerID = %id, ?timeout, "stopping container with SIGTERM");
             self.signal(id, &started, Signal::SIGTERM, false)?;
             if self.wait_exited(&rec, timeout).await? {
                 return Ok(());
             }
         }
-        tracing::debug!(container = %id, "killing container with SIGKILL");
+        tracing::debug!(containerID = %id, "killing container with SIGKILL");
         self.signal(id, &started, Signal::SIGKILL, true)?;
         if self.wait_exited(&rec, KILL_WAIT).await? {
             Ok(())
@@ -941,7 +941,7 @@ impl ProcessRuntime {
                 match cg.remove() {
                     Ok(()) => break,
                     Err(e) if tries >= 25 => {
-                        tracing::warn!(container = %id, error = %e, "cgroup not removed");
+                        tracing::warn!(containerID = %id, error = %e, "cgroup not removed");
                         break;
                     }
                     Err(_) => {
@@ -980,7 +980,7 @@ impl ProcessRuntime {
                 }
             }
         }
-        tracing::debug!(container = %id, "container removed");
+        tracing::debug!(containerID = %id, "container removed");
         Ok(())
     }
 
@@ -1571,14 +1571,14 @@ impl ContainerRuntime for ProcessRuntime {
         _sandbox_config: &PodSandboxConfig,
     ) -> kubelet_core::Result<String> {
         self.create(sandbox_id, config).map_err(|e| {
-            tracing::warn!(sandbox = %sandbox_id, container = %config.metadata.name, error = %e, "create_container failed");
+            tracing::warn!(sandbox = %sandbox_id, containerName = %config.metadata.name, error = %e, "create_container failed");
             e.into()
         })
     }
 
     async fn start_container(&self, container_id: &str) -> kubelet_core::Result<()> {
         self.start(container_id).await.map_err(|e| {
-            tracing::warn!(container = %container_id, error = %e, "start_container failed");
+            tracing::warn!(containerID = %container_id, error = %e, "start_container failed");
             e.into()
         })
     }
@@ -1620,7 +1620,7 @@ impl ContainerRuntime for ProcessRuntime {
             let state = match self.observe(&rec) {
                 Ok(o) => o.state,
                 Err(e) => {
-                    tracing::warn!(container = %rec.id, error = %e, "container state unreadable");
+                    tracing::warn!(containerID = %rec.id, error = %e, "container state unreadable");
                     ContainerState::Unknown
                 }
             };

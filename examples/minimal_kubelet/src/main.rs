@@ -137,7 +137,9 @@ struct Flags {
     #[arg(long = "v", short = 'v', default_value_t = 2)]
     verbosity: u8,
     /// Log format: `text` (colours only when stderr is a terminal) or `json` (one object per
-    /// line: `timestamp`, `level`, `fields` with `message` and the event's keys, `target`).
+    /// line: `timestamp`, `level`, `fields` with `message` and the event's keys, `target`). A
+    /// pod's and a container's lines use the kubelet's keys: `pod`, `podUID`, `containerName`,
+    /// `containerID`.
     #[arg(long = "log-format", default_value = "text", value_parser = ["text", "json"])]
     log_format: String,
 }

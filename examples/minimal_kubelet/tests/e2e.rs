@@ -59,6 +59,8 @@ struct Env {
     extra_args: Vec<String>,
     /// A command the agent is started under (e.g. `prlimit --nofile=…`), which execs it.
     wrapper: Vec<String>,
+    /// `RUST_LOG` of the agent (`info`).
+    rust_log: &'static str,
     agent: Option<Child>,
     tokens: Vec<String>,
 }
@@ -98,6 +100,7 @@ impl Env {
             relative_dirs: false,
             extra_args: Vec::new(),
             wrapper: Vec::new(),
+            rust_log: "info",
             agent: None,
             tokens: Vec::new(),
         }
@@ -155,7 +158,7 @@ impl Env {
             .args(["--file-check-frequency", "60s"])
             .args(["--eviction-hard", common::LOW_EVICTION_HARD])
             .args(&self.extra_args)
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", self.rust_log)
             .env("NO_COLOR", "1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1302,6 +1305,7 @@ fn json_logs_are_one_object_per_line_and_the_startup_line_names_runtime_pleg_and
     env.healthz_port = free_port();
     env.api_port = free_port();
     env.extra_args = vec!["--log-format".into(), "json".into()];
+    env.rust_log = "info,kubelet_core=debug,kubelet_process=debug";
     env.start();
     let line = wait_until("the start-up line", || {
         env.stderr()
@@ -1332,6 +1336,39 @@ fn json_logs_are_one_object_per_line_and_the_startup_line_names_runtime_pleg_and
         format!("healthz http://127.0.0.1:{}", env.healthz_port),
     ] {
         assert!(listening.contains(&want), "{want} missing: {line}");
+    }
+
+    // A pod's log lines carry the kubelet's structured keys: `podUID`, `containerID`.
+    let token = env.token("json");
+    env.write_pod(
+        "json.json",
+        &pod(
+            "json",
+            json!({ "containers": [{ "name": "main", "image": "busybox", "command": ["/bin/sh", "-c", "sleep 1000", &token] }] }),
+        ),
+    );
+    let p = env.wait_running_ready(&static_name("json"));
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
+    let container_id = main_status(&p, "main")["containerID"]
+        .as_str()
+        .and_then(|id| id.split_once("://"))
+        .map(|(_, id)| id.to_string())
+        .expect("container id");
+    let fields_with = |key: &str, value: &str| {
+        env.stderr()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .any(|v| v["fields"][key] == value)
+    };
+    wait_until("a log line with the pod's podUID", || {
+        fields_with("podUID", &uid).then_some(())
+    });
+    wait_until("a log line with the container's containerID", || {
+        fields_with("containerID", &container_id).then_some(())
+    });
+    let stderr = env.stderr();
+    for old in ["\"pod_uid\"", "\"container_id\""] {
+        assert!(!stderr.contains(old), "{old} in the log:\n{stderr}");
     }
 }
 
