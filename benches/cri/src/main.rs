@@ -4,8 +4,9 @@
 //! 1. **Start N pods** (1 container each, host network): through the agent (engine + relist
 //!    PLEG + `CriRuntime`, from the pod source's first snapshot to every pod `Running`) and
 //!    through a direct sequence of CRI calls (RunPodSandbox, CreateContainer, StartContainer per
-//!    pod, back to back and with 4 pods at a time), in the same run, alternating, `--rounds`
-//!    times. Prints the wall times and the agent / direct ratios.
+//!    pod, `--widths` pods at a time: 1, 4 and 8 by default), in the same run, alternating,
+//!    `--rounds` times. The agent runs the default (evented) PLEG, `--relist` the relist one.
+//!    Prints the wall times and the agent / floor ratio at each width.
 //! 2. **Relist cost** at 30 and 110 containers: `GenericPleg::relist` when nothing changed
 //!    against one bare ListPodSandbox + ListContainers round trip (medians of `--runs`).
 //! 3. **Container event latency** (`--events N`, instead of 1 and 2): N containers exit one
@@ -37,7 +38,7 @@ use kubelet_core::runtime::{
 };
 use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
 use kubelet_cri::{CriConfig, CriRuntime};
-use kubelet_pleg::{GenericPleg, GenericPlegConfig};
+use kubelet_pleg::{GenericPleg, GenericPlegConfig, PlegKind, new_pleg};
 use tokio_util::sync::CancellationToken;
 
 /// Command-line flags.
@@ -46,9 +47,21 @@ struct Flags {
     /// Pods to start in the start benchmark.
     #[arg(long, default_value_t = 30)]
     pods: usize,
-    /// Rounds of (direct, direct x4, agent).
+    /// Rounds of (the direct floor at each width, agent).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// The direct CRI floor is measured with this many pods started at a time (1 = back to
+    /// back).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,8")]
+    widths: Vec<usize>,
+    /// Run the agent on the relist PLEG (`EventedPLEG=false`) instead of the default evented
+    /// one.
+    #[arg(long)]
+    relist: bool,
+    /// Bound each start stage of the agent (RunPodSandbox, CreateContainer, StartContainer) to
+    /// this many concurrent calls (`kubelet_core::layer::StageLimits`); 0 = unbounded.
+    #[arg(long, default_value_t = 0)]
+    stage_limit: usize,
     /// Container counts for the relist benchmark.
     #[arg(long, value_delimiter = ',', default_value = "30,110")]
     relist_sizes: Vec<usize>,
@@ -279,14 +292,21 @@ async fn through_agent(
     env: &Env,
     n: usize,
     round: usize,
+    pleg: PlegKind,
+    stage_limit: usize,
 ) -> anyhow::Result<Duration> {
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default(),
-    ));
+    let pleg = new_pleg(pleg, runtime.clone());
+    let runtime = if stage_limit > 0 {
+        kubelet_core::layer::RuntimeLayer::layer(
+            &kubelet_core::layer::StageLimits::new(stage_limit),
+            runtime,
+        )
+    } else {
+        runtime
+    };
     let root = env.dir.join(format!("agent-{round}"));
     let kubelet = KubeletBuilder::new("bench-node")
         .config(KubeletConfig::with_dirs(
@@ -672,32 +692,45 @@ async fn main() -> anyhow::Result<()> {
         return event_latency(&rt, &env, exits, flags.burst).await;
     }
 
-    let (mut seq, mut par, mut agent) = (Vec::new(), Vec::new(), Vec::new());
+    let pleg = if flags.relist {
+        PlegKind::Relist
+    } else {
+        PlegKind::Evented
+    };
+    let mut floors: Vec<Vec<Duration>> = vec![Vec::new(); flags.widths.len()];
+    let mut agent = Vec::new();
     for round in 1..=flags.rounds {
-        let s = direct_sequential(&rt, &env, flags.pods, round).await?;
-        let p = direct_concurrent(&rt, &env, flags.pods, round, 4).await?;
-        let a = through_agent(&rt, &env, flags.pods, round).await?;
+        let mut line = format!("round {round}:");
+        for (w, width) in flags.widths.iter().enumerate() {
+            let d = direct_concurrent(&rt, &env, flags.pods, round, (*width).max(1)).await?;
+            line += &format!(
+                " direct {width} at a time {:>6.0} ms,",
+                d.as_secs_f64() * 1e3
+            );
+            floors[w].push(d);
+        }
+        let a = through_agent(&rt, &env, flags.pods, round, pleg, flags.stage_limit).await?;
         println!(
-            "round {round}: direct back-to-back {:>7.0} ms, direct 4 at a time {:>7.0} ms, agent {:>7.0} ms",
-            s.as_secs_f64() * 1e3,
-            p.as_secs_f64() * 1e3,
+            "{line} agent ({pleg:?} PLEG) {:>6.0} ms",
             a.as_secs_f64() * 1e3
         );
-        seq.push(s);
-        par.push(p);
         agent.push(a);
     }
-    let (s, p, a) = (median(seq), median(par), median(agent));
+    let a = median(agent);
     println!(
-        "start {} pods (median): direct back-to-back {:.0} ms, direct 4 at a time {:.0} ms, agent {:.0} ms; \
-         agent/direct back-to-back {:.2}, agent/direct 4 at a time {:.2}",
+        "start {} pods (median of {} rounds): agent ({pleg:?} PLEG) {:.0} ms",
         flags.pods,
-        s.as_secs_f64() * 1e3,
-        p.as_secs_f64() * 1e3,
-        a.as_secs_f64() * 1e3,
-        a.as_secs_f64() / s.as_secs_f64(),
-        a.as_secs_f64() / p.as_secs_f64()
+        flags.rounds,
+        a.as_secs_f64() * 1e3
     );
+    for (width, f) in flags.widths.iter().zip(floors) {
+        let f = median(f);
+        println!(
+            "  CRI floor, {width} at a time: {:.0} ms; agent / floor {:.2}",
+            f.as_secs_f64() * 1e3,
+            a.as_secs_f64() / f.as_secs_f64()
+        );
+    }
     for n in flags.relist_sizes.clone() {
         relist_cost(&rt, &env, n, flags.runs).await?;
     }

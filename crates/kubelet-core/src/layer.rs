@@ -13,7 +13,11 @@
 //!   `kubelet_runtime_operations_errors_total` and `kubelet_runtime_operations_duration_seconds`
 //!   by `operation_type` (`run_podsandbox`, `list_containers`, …), the kubelet's buckets.
 //!
-//! Both are [`Interceptor`]s run by one delegating wrapper, [`Intercepted`], which forwards
+//! A third, [`StageLimits`], is opt-in: it bounds how many `RunPodSandbox`, `CreateContainer`
+//! and `StartContainer` calls run at once (per stage), for runtimes that slow down when a burst
+//! of pods reaches them all at once.
+//!
+//! All are [`Interceptor`]s run by one delegating wrapper, [`Intercepted`], which forwards
 //! every method of the trait, optional capabilities included; a new capability method added to
 //! [`ContainerRuntime`] is forwarded there once.
 //!
@@ -414,6 +418,95 @@ impl Interceptor for OperationMetrics {
 impl RuntimeLayer for OperationMetrics {
     fn layer(&self, inner: Arc<dyn ContainerRuntime>) -> Arc<dyn ContainerRuntime> {
         Arc::new(Intercepted::new(inner, self.clone()))
+    }
+}
+
+/// The pod-start stages [`StageLimits`] bounds.
+pub const START_STAGES: [&str; 3] = ["run_podsandbox", "create_container", "start_container"];
+
+/// Bounds how many calls of each pod-start stage ([`START_STAGES`]: `RunPodSandbox`,
+/// `CreateContainer`, `StartContainer`) run at once; other calls are not limited. A burst of
+/// pods then reaches the runtime a few at a time per stage instead of all at once.
+#[derive(Debug, Clone)]
+pub struct StageLimits {
+    slots: Arc<[(&'static str, Arc<tokio::sync::Semaphore>)]>,
+}
+
+impl StageLimits {
+    /// At most `max` (at least 1) concurrent calls of each start stage.
+    pub fn new(max: usize) -> Self {
+        Self {
+            slots: START_STAGES
+                .iter()
+                .map(|op| (*op, Arc::new(tokio::sync::Semaphore::new(max.max(1)))))
+                .collect(),
+        }
+    }
+}
+
+impl Interceptor for StageLimits {
+    fn intercept<'a, T: Send + 'a>(
+        &'a self,
+        call: Call,
+        fut: BoxFuture<'a, Result<T>>,
+    ) -> BoxFuture<'a, Result<T>> {
+        match self.slots.iter().find(|(op, _)| *op == call.operation) {
+            Some((_, slots)) => Box::pin(async move {
+                // The semaphore is never closed; a failed acquire would only mean no limit.
+                let _slot = slots.acquire().await.ok();
+                fut.await
+            }),
+            None => fut,
+        }
+    }
+}
+
+impl RuntimeLayer for StageLimits {
+    fn layer(&self, inner: Arc<dyn ContainerRuntime>) -> Arc<dyn ContainerRuntime> {
+        Arc::new(Intercepted::new(inner, self.clone()))
+    }
+}
+
+#[cfg(test)]
+mod stage_limit_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Six concurrent `op` calls of 10 ms each through `limits`: how many ran at once.
+    async fn most_at_once(limits: &StageLimits, op: &'static str) -> usize {
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let tasks: Vec<_> = (0..6)
+            .map(|_| {
+                let (now, most, limits) = (now.clone(), most.clone(), limits.clone());
+                tokio::spawn(async move {
+                    let work: BoxFuture<'static, Result<()>> = Box::pin(async move {
+                        let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(n, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        Ok(())
+                    });
+                    limits.intercept(Call::new(op), work).await
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.expect("join").expect("call");
+        }
+        most.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn start_stages_run_at_most_the_limit_at_once_and_other_calls_are_free() {
+        let limits = StageLimits::new(2);
+        for op in START_STAGES {
+            assert_eq!(most_at_once(&limits, op).await, 2, "{op}");
+        }
+        assert_eq!(
+            most_at_once(&limits, "list_containers").await,
+            6,
+            "not a start stage: unbounded"
+        );
     }
 }
 
