@@ -41,20 +41,24 @@
 //!    at most [`CONFIRM_WITHIN`]; the answer gives the pod UID (the `io.kubernetes.pod.uid`
 //!    label, the sandbox metadata; for `Deleted` the UID remembered from earlier events of that
 //!    ID). So a consumer that inspects CRI on an event sees the change, as with containerd ≥
-//!    1.7's CRI events. Events are confirmed concurrently and yielded in order. An ID CRI does
-//!    not know within that time (a container made with `ctr` in `k8s.io`) is yielded without a
-//!    pod UID. At most 8 status calls per stream are in flight.
+//!    1.7's CRI events. Events are confirmed concurrently; the events of one ID are yielded in
+//!    order, those of different IDs each as soon as it is confirmed (so an exit does not wait
+//!    while CRI catches up with another container's creation, which after a burst of creations
+//!    takes tens of milliseconds per container). An ID CRI does not know within that time (a
+//!    container made with `ctr` in `k8s.io`) is yielded without a pod UID. At most 8 status
+//!    calls per stream are in flight.
 //!
 //!    **Exits** are the exception, because the CRI plugin records an exit only after it has
 //!    deleted the task (the `TaskDelete` that follows), 40–60 ms after the `TaskExit` on an idle
 //!    machine and seconds later after a burst. The exit status and time of the `TaskExit` (and
 //!    any `TaskOOM` before it) become an **exit hint** of the runtime ([`crate::exits`]): from
 //!    then on the runtime's container reads report the container exited, with the values CRI
-//!    will record. The `Stopped` event is yielded at once, in order, with the pod UID remembered
-//!    from the container's earlier events (or asked once). It is yielded a second time once CRI
-//!    has recorded the exit (after the task's `TaskDelete`, within [`CONFIRM_WITHIN`]); that
-//!    confirmation holds back no other event. A consumer inspecting on the first sees the exit
-//!    from the hint, on the second CRI's own record (the same exit, and the end of the log for
+//!    will record. The `Stopped` event is yielded at once (once the earlier events of its
+//!    container are), with the pod UID remembered from the container's earlier events (or asked
+//!    once). It is yielded a second time once CRI has recorded the exit (after the task's
+//!    `TaskDelete`, within [`CONFIRM_WITHIN`]); that confirmation holds back only later events
+//!    of the same container. A consumer inspecting on the first sees the exit from the hint, on
+//!    the second CRI's own record (the same exit, and the end of the log for
 //!    `FallbackToLogsOnError`).
 //!
 //! Neither gRPC server answers a subscription until it has an event to send, so
@@ -78,7 +82,8 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::stream::{FuturesOrdered, FuturesUnordered};
+use futures::channel::oneshot;
+use futures::stream::FuturesUnordered;
 use jiff::Timestamp;
 use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
 use kubelet_core::{Error, ErrorKind};
@@ -402,8 +407,9 @@ fn containerd_stream(
     );
     Box::pin(NativeEvents {
         source: Some(decoded),
-        ordered: FuturesOrdered::new(),
-        followups: FuturesUnordered::new(),
+        pending: FuturesUnordered::new(),
+        chains: HashMap::new(),
+        error: None,
         confirm,
         ended: false,
     })
@@ -411,16 +417,23 @@ fn containerd_stream(
 
 /// The native stream: decoded containerd events in, confirmed events out.
 ///
-/// Events are confirmed concurrently and yielded in stream order, except the confirmations of
-/// exits: an exit is yielded at once (its hint makes CRI reads show it, see [`crate::exits`]),
-/// and again once CRI has recorded it, whenever that is, without holding back later events.
+/// Events are confirmed concurrently. The events of one container (or sandbox) ID are yielded
+/// in stream order, each once it is confirmed; events of different IDs do not wait for each
+/// other, so an exit is not held back while CRI catches up with another container's creation
+/// (the CRI plugin records a container tens of milliseconds after containerd's
+/// `ContainerCreate`, and a burst of creations queues them). An exit is yielded as soon as the
+/// events of its container before it are (its hint makes CRI reads show it, see
+/// [`crate::exits`]), and again once CRI has recorded it.
 struct NativeEvents {
     /// `None` once the subscription ended or failed.
     source: Option<futures::stream::BoxStream<'static, kubelet_core::Result<Decoded>>>,
-    /// Events (and the subscription's error) in stream order.
-    ordered: FuturesOrdered<BoxFuture<kubelet_core::Result<ContainerEvent>>>,
-    /// Exits waiting for CRI to record them.
-    followups: FuturesUnordered<BoxFuture<ContainerEvent>>,
+    /// Events in confirmation.
+    pending: FuturesUnordered<BoxFuture<ContainerEvent>>,
+    /// Per ID, the completion of the newest event in `pending` (the next event of the ID waits
+    /// for it).
+    chains: HashMap<String, oneshot::Receiver<()>>,
+    /// The subscription's error, yielded once the events before it are.
+    error: Option<Error>,
     confirm: Confirmer,
     /// An error was yielded: the stream is over.
     ended: bool,
@@ -432,7 +445,7 @@ impl NativeEvents {
         match item {
             Err(e) => {
                 self.source = None;
-                self.ordered.push_back(Box::pin(std::future::ready(Err(e))));
+                self.error = Some(e);
             }
             Ok(Decoded::TaskDeleted(id)) => {
                 // The CRI plugin records the exit right after this.
@@ -447,18 +460,43 @@ impl NativeEvents {
                 lock(&confirm.task_deletions).insert(event.container_id.clone(), deleted.clone());
                 let hinted = confirm.clone();
                 let early = event.clone();
-                self.ordered
-                    .push_back(Box::pin(async move { Ok(hinted.with_pod(early).await) }));
-                self.followups.push(Box::pin(async move {
+                self.enqueue(event.container_id.clone(), async move {
+                    hinted.with_pod(early).await
+                });
+                self.enqueue(event.container_id.clone(), async move {
                     confirm.confirm(event, Some(deleted)).await
-                }));
+                });
             }
             Ok(Decoded::Event(event)) => {
-                self.ordered.push_back(Box::pin(
-                    async move { Ok(confirm.confirm(event, None).await) },
-                ));
+                self.enqueue(event.container_id.clone(), async move {
+                    confirm.confirm(event, None).await
+                });
             }
         }
+    }
+
+    /// Queues `confirmed`, to be yielded after the queued events of `id`.
+    fn enqueue(
+        &mut self,
+        id: String,
+        confirmed: impl std::future::Future<Output = ContainerEvent> + Send + 'static,
+    ) {
+        if self.chains.len() >= CONFIRM_BUFFER {
+            // Forget the IDs whose events are all yielded (their signal was sent) or dropped.
+            self.chains
+                .retain(|_, done| matches!(done.try_recv(), Ok(None)));
+        }
+        let (done_tx, done_rx) = oneshot::channel();
+        let before = self.chains.insert(id, done_rx);
+        self.pending.push(Box::pin(async move {
+            if let Some(before) = before {
+                // Sent when the event before is yielded; an error means it was dropped.
+                let _ = before.await;
+            }
+            let event = confirmed.await;
+            let _ = done_tx.send(());
+            event
+        }));
     }
 }
 
@@ -474,7 +512,7 @@ impl futures::Stream for NativeEvents {
         if this.ended {
             return Poll::Ready(None);
         }
-        while this.ordered.len() + this.followups.len() < CONFIRM_BUFFER {
+        while this.pending.len() < CONFIRM_BUFFER {
             let Some(source) = this.source.as_mut() else {
                 break;
             };
@@ -484,15 +522,19 @@ impl futures::Stream for NativeEvents {
                 Poll::Pending => break,
             }
         }
-        if let Poll::Ready(Some(item)) = this.ordered.poll_next_unpin(cx) {
-            this.ended = item.is_err();
-            return Poll::Ready(Some(item));
-        }
-        if let Poll::Ready(Some(event)) = this.followups.poll_next_unpin(cx) {
+        // A future resolves right after it signals the next event of its ID, so it is yielded
+        // before that one can be.
+        if let Poll::Ready(Some(event)) = this.pending.poll_next_unpin(cx) {
             return Poll::Ready(Some(Ok(event)));
         }
-        if this.source.is_none() && this.ordered.is_empty() && this.followups.is_empty() {
-            return Poll::Ready(None);
+        if this.pending.is_empty() {
+            if let Some(e) = this.error.take() {
+                this.ended = true;
+                return Poll::Ready(Some(Err(e)));
+            }
+            if this.source.is_none() {
+                return Poll::Ready(None);
+            }
         }
         Poll::Pending
     }
@@ -1170,6 +1212,62 @@ mod tests {
         assert!(CriView::Absent.shows(k));
         assert!(CriView::Failed.shows(k));
         assert_eq!(c(S::ContainerRunning).pod_uid(), Some("u"));
+    }
+
+    /// Events of one ID keep their order; a slow confirmation holds back no other ID.
+    #[tokio::test]
+    async fn events_wait_only_for_the_earlier_events_of_their_id() {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let mut events = NativeEvents {
+            source: None,
+            pending: FuturesUnordered::new(),
+            chains: HashMap::new(),
+            error: Some(Error::new(ErrorKind::Unavailable, "the subscription broke")),
+            confirm: Confirmer::new(RuntimeServiceClient::new(channel), ExitHints::default()),
+            ended: false,
+        };
+        let event =
+            |id: &str, kind| ContainerEvent::new(id.to_string(), kind, None, Timestamp::now());
+        let (slow_tx, slow_rx) = tokio::sync::oneshot::channel::<()>();
+        // "a" is created (confirmed late, as CRI catches up), then exits; "b" exits meanwhile.
+        let created = event("a", ContainerEventKind::Created);
+        events.enqueue("a".into(), async move {
+            let _ = slow_rx.await;
+            created
+        });
+        let a_exit = event("a", ContainerEventKind::Stopped);
+        events.enqueue("a".into(), async move { a_exit });
+        let b_exit = event("b", ContainerEventKind::Stopped);
+        events.enqueue("b".into(), async move { b_exit });
+        let next = |e: Option<kubelet_core::Result<ContainerEvent>>| {
+            let e = e.expect("an item").expect("an event");
+            (e.container_id, e.kind)
+        };
+        assert_eq!(
+            next(events.next().await),
+            ("b".to_string(), ContainerEventKind::Stopped)
+        );
+        let waiting = tokio::time::timeout(Duration::from_millis(50), events.next()).await;
+        assert!(waiting.is_err(), "a's exit overtook its creation");
+        slow_tx.send(()).expect("the confirmation waits");
+        assert_eq!(
+            next(events.next().await),
+            ("a".to_string(), ContainerEventKind::Created)
+        );
+        assert_eq!(
+            next(events.next().await),
+            ("a".to_string(), ContainerEventKind::Stopped)
+        );
+        // The subscription's error comes after every event before it, and ends the stream.
+        assert!(matches!(events.next().await, Some(Err(_))));
+        assert!(events.next().await.is_none());
+        // Yielded IDs are forgotten when the chains are pruned.
+        assert!(
+            events
+                .chains
+                .values_mut()
+                .all(|done| !matches!(done.try_recv(), Ok(None)))
+        );
     }
 
     #[test]
