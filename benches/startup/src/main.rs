@@ -80,6 +80,12 @@ struct Args {
     /// Give up waiting for the pods to be Running after this many seconds.
     #[arg(long, default_value_t = 120)]
     timeout_secs: u64,
+    /// Run the agent on a private containerd (`scripts/containerd-test-env.sh start`, needs
+    /// root) through `--container-runtime-endpoint` instead of its process runtime: host-network
+    /// busybox pods whose shell ends on SIGTERM. The shims are containerd's
+    /// (`containerd-shim-runc-v2`), and containerd's own RSS and CPU are reported too.
+    #[arg(long)]
+    containerd: bool,
 }
 
 fn default_agent() -> PathBuf {
@@ -208,6 +214,16 @@ const METRICS: &[Metric] = &[
         key: "shims_idle_cpu_pct",
         unit: "%",
         what: "all shims CPU, same window",
+    },
+    Metric {
+        key: "runtime_rss_kib",
+        unit: "KiB",
+        what: "containerd VmRSS, N pods (--containerd)",
+    },
+    Metric {
+        key: "runtime_idle_cpu_pct",
+        unit: "%",
+        what: "containerd CPU, same window (--containerd)",
     },
     Metric {
         key: "teardown_ms",
@@ -342,11 +358,18 @@ fn main() -> anyhow::Result<()> {
     );
     eprintln!("machine: {machine}");
 
+    let containerd = if args.containerd {
+        let env = Containerd::start()?;
+        eprintln!("runtime: {}", env.version);
+        Some(env)
+    } else {
+        None
+    };
     let mut runs: Vec<BTreeMap<&'static str, f64>> = Vec::new();
     let mut stage_runs: Vec<StageFigures> = Vec::new();
     for run in 0..args.runs {
         let mut stages = StageFigures::new();
-        let r = run_once(&agent, &args, run, &mut stages)
+        let r = run_once(&agent, &args, containerd.as_ref(), run, &mut stages)
             .with_context(|| format!("run {}", run + 1))?;
         stage_runs.push(stages);
         eprintln!(
@@ -479,6 +502,7 @@ type StageFigures = Vec<(&'static str, f64, f64)>;
 fn run_once(
     agent: &Path,
     args: &Args,
+    containerd: Option<&Containerd>,
     run: usize,
     stages: &mut StageFigures,
 ) -> anyhow::Result<BTreeMap<&'static str, f64>> {
@@ -497,7 +521,16 @@ fn run_once(
     fs::create_dir_all(&manifests)?;
     let port = free_port()?;
     let agent_log = tmp.path().join("agent.log");
-    let mut guard = AgentGuard::start(agent, &manifests, &root, &logs, port, &agent_log)?;
+    let endpoint = containerd.map(|c| format!("unix://{}", c.socket.display()));
+    let mut guard = AgentGuard::start(
+        agent,
+        &manifests,
+        &root,
+        &logs,
+        port,
+        &agent_log,
+        endpoint.as_deref(),
+    )?;
     let pid = guard.pid();
     wait_healthz(port, &mut guard.child, Duration::from_secs(30))
         .with_context(|| format!("agent log:\n{}", tail(&agent_log)))?;
@@ -519,15 +552,33 @@ fn run_once(
     let mut written = Vec::with_capacity(args.pods);
     for (i, name) in names.iter().enumerate() {
         written.push(Instant::now());
-        let body = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": { "name": name },
-            "spec": {
-                "restartPolicy": "Always",
-                "containers": [{ "name": "sleep", "image": "busybox", "command": ["sleep", token(run, 1, i)] }],
-            },
-        });
+        let body = match containerd {
+            None => serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": { "name": name },
+                "spec": {
+                    "restartPolicy": "Always",
+                    "containers": [{ "name": "sleep", "image": "busybox", "command": ["sleep", token(run, 1, i)] }],
+                },
+            }),
+            // PID 1 of a container ignores SIGTERM unless it handles it: the shell ends on it,
+            // so teardown measures the work, not the grace period.
+            Some(c) => serde_json::json!({
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": { "name": name },
+                "spec": {
+                    "restartPolicy": "Always",
+                    "hostNetwork": true,
+                    "containers": [{
+                        "name": "sleep",
+                        "image": c.busybox,
+                        "command": ["sh", "-c", format!("trap 'exit 0' TERM; sleep {} & wait", token(run, 1, i))],
+                    }],
+                },
+            }),
+        };
         let tmpfile = manifests.join(format!(".{name}.json"));
         fs::write(&tmpfile, body.to_string())?;
         fs::rename(&tmpfile, manifests.join(format!("{name}.json")))?;
@@ -605,9 +656,21 @@ fn run_once(
         proc_status_kib(pid, "VmHWM:").unwrap_or(0) as f64,
     );
     let root_str = root.to_string_lossy().into_owned();
-    let shims = find_procs(|argv| {
-        argv.iter().any(|a| a == SHIM_MARKER) && argv.iter().any(|a| a.starts_with(&root_str))
-    });
+    let shims = match containerd {
+        None => find_procs(|argv| {
+            argv.iter().any(|a| a == SHIM_MARKER) && argv.iter().any(|a| a.starts_with(&root_str))
+        }),
+        Some(c) => {
+            let socket = c.socket.to_string_lossy().into_owned();
+            find_procs(|argv| {
+                argv.first()
+                    .is_some_and(|a| a.ends_with("containerd-shim-runc-v2"))
+                    && argv
+                        .windows(2)
+                        .any(|w| w[0] == "-address" && w[1] == socket)
+            })
+        }
+    };
     let each = |total: u64| total as f64 / shims.len().max(1) as f64;
     let (shims_rss, shims_pss) = (sum_kib(&shims, rss_kib), sum_kib(&shims, pss_kib));
     out.insert("shims", shims.len() as f64);
@@ -632,6 +695,11 @@ fn run_once(
 
     // Idle CPU: no requests during the window.
     let tick = clock_ticks()?;
+    let runtime_pid = containerd.map(|c| c.pid);
+    if let Some(rp) = runtime_pid {
+        out.insert("runtime_rss_kib", rss_kib(rp) as f64);
+    }
+    let runtime0 = runtime_pid.and_then(proc_cpu_ticks).unwrap_or(0);
     let agent0 = proc_cpu_ticks(pid).unwrap_or(0);
     let shims0: u64 = shims.iter().filter_map(|&p| proc_cpu_ticks(p)).sum();
     let w0 = Instant::now();
@@ -642,6 +710,13 @@ fn run_once(
     let pct = |ticks: u64| ticks as f64 / tick / window * 100.0;
     out.insert("agent_idle_cpu_pct", pct(agent1.saturating_sub(agent0)));
     out.insert("shims_idle_cpu_pct", pct(shims1.saturating_sub(shims0)));
+    if let Some(rp) = runtime_pid {
+        let runtime1 = proc_cpu_ticks(rp).unwrap_or(0);
+        out.insert(
+            "runtime_idle_cpu_pct",
+            pct(runtime1.saturating_sub(runtime0)),
+        );
+    }
 
     // Teardown: delete manifests, wait for the pods to leave /pods.
     let td = Instant::now();
@@ -708,6 +783,70 @@ fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64, u64)> {
     result.map(|()| (spawn_ms, rss, pss))
 }
 
+/// A private containerd from `scripts/containerd-test-env.sh`; stopped and removed on drop.
+struct Containerd {
+    dir: PathBuf,
+    socket: PathBuf,
+    busybox: String,
+    pid: i32,
+    version: String,
+}
+
+impl Containerd {
+    fn start() -> anyhow::Result<Self> {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh");
+        let dir = tempfile::Builder::new()
+            .prefix("startup-bench-containerd-")
+            .tempdir_in("/tmp")?
+            .keep();
+        let out = Command::new("bash")
+            .arg(&script)
+            .arg("start")
+            .arg(&dir)
+            .output()
+            .context("running containerd-test-env.sh")?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let value = |key: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                .map(str::to_string)
+        };
+        let env = Self {
+            socket: value("CONTAINERD_SOCKET")
+                .map(PathBuf::from)
+                .unwrap_or_default(),
+            busybox: value("BUSYBOX_IMAGE").unwrap_or_default(),
+            pid: value("CONTAINERD_PID")
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0),
+            version: value("CONTAINERD_VERSION").unwrap_or_default(),
+            dir,
+        };
+        if !out.status.success() || env.pid == 0 || env.busybox.is_empty() {
+            bail!(
+                "containerd-test-env.sh start: {}{}",
+                String::from_utf8_lossy(&out.stderr),
+                stdout
+            );
+        }
+        Ok(env)
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh");
+        let _ = Command::new("bash")
+            .arg(script)
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
 /// The agent process; dropping it stops the agent and kills this harness's token processes.
 struct AgentGuard {
     child: Child,
@@ -722,9 +861,14 @@ impl AgentGuard {
         logs: &Path,
         port: u16,
         log: &Path,
+        runtime_endpoint: Option<&str>,
     ) -> anyhow::Result<Self> {
         let log_file = fs::File::create(log)?;
-        let child = Command::new(agent)
+        let mut cmd = Command::new(agent);
+        if let Some(endpoint) = runtime_endpoint {
+            cmd.args(["--container-runtime-endpoint", endpoint]);
+        }
+        let child = cmd
             .arg("--pod-manifest-path")
             .arg(manifests)
             .arg("--root-dir")

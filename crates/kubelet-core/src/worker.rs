@@ -216,7 +216,8 @@ pub(crate) async fn worker_loop(
                     };
                     let operation = engine.start_metrics().sync_begins(&uid);
                     let began = std::time::Instant::now();
-                    let outcome = engine.sync_pod(&pod, entry).await;
+                    // Boxed, as the calls below: an idle worker then holds no room for a sync's state.
+                    let outcome = Box::pin(engine.sync_pod(&pod, entry)).await;
                     engine.start_metrics().sync_done(operation, began);
                     // As the kubelet: the next sync waits for a runtime view observed after
                     // this sync finished, so it sees what this sync created.
@@ -229,9 +230,9 @@ pub(crate) async fn worker_loop(
                     let st = state.lock();
                     (st.pod.clone(), st.kill.clone().unwrap_or_default())
                 };
-                match engine.sync_terminating_pod(&pod, &opts, orphan).await {
+                match Box::pin(engine.sync_terminating_pod(&pod, &opts, orphan)).await {
                     Ok(()) => {
-                        engine.sync_terminated_pod(&pod, &opts, orphan).await;
+                        Box::pin(engine.sync_terminated_pod(&pod, &opts, orphan)).await;
                         // The stage is set under the same lock that takes the waiters, so a kill
                         // request arriving now sees the pod terminated instead of queueing a
                         // waiter nobody would answer (`step` then confirms the stage).
@@ -250,7 +251,7 @@ pub(crate) async fn worker_loop(
             }
             Action::Cleanup => {
                 let pod = state.lock().pod.clone();
-                engine.cleanup_pod(&pod, orphan).await;
+                Box::pin(engine.cleanup_pod(&pod, orphan)).await;
                 let restart = {
                     let mut st = state.lock();
                     let restart = std::mem::take(&mut st.restart_requested);

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 mod cluster;
 #[cfg(feature = "eviction")]
 mod eviction;
+mod memory;
 mod server;
 
 /// Flags, named like the kubelet's.
@@ -243,9 +244,12 @@ fn main() -> ExitCode {
     }
     let flags = Flags::parse();
     init_logging(flags.verbosity, &flags.log_format);
+    memory::limit_malloc_arenas();
     raise_open_files_limit();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Blocking-pool threads (file system calls) leave soon after a burst, with their stacks.
+        .thread_keep_alive(Duration::from_secs(2))
         .enable_all()
         .build()
     {
@@ -266,6 +270,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
+    tokio::spawn(memory::release_freed_memory());
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
     let configuration = configuration(&flags)?;
     #[cfg(feature = "apiserver")]
