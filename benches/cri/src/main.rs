@@ -1,12 +1,14 @@
 //! `cri-bench`: the kubelet-cri figures of docs/performance.md, measured against a private
 //! containerd started by `scripts/containerd-test-env.sh` (needs root).
 //!
-//! 1. **Start N pods** (1 container each, host network): through the agent (engine + relist
-//!    PLEG + `CriRuntime`, from the pod source's first snapshot to every pod `Running`) and
-//!    through a direct sequence of CRI calls (RunPodSandbox, CreateContainer, StartContainer per
-//!    pod, `--widths` pods at a time: 1, 4 and 8 by default), in the same run, alternating,
-//!    `--rounds` times. The agent runs the default (evented) PLEG, `--relist` the relist one.
-//!    Prints the wall times and the agent / floor ratio at each width.
+//! 1. **Start and stop N pods** (1 container each, host network, a shell that ends on SIGTERM):
+//!    through the agent (engine + PLEG + `CriRuntime`, from the pod source's first snapshot to
+//!    every pod `Running`; then from an empty snapshot until the runtime shows none of their
+//!    containers running and none of their sandboxes ready) and through direct CRI calls
+//!    (RunPodSandbox, CreateContainer, StartContainer per pod; then StopContainer and
+//!    StopPodSandbox per pod; `--widths` pods at a time: 1, 4 and 8 by default), in the same
+//!    run, alternating, `--rounds` times. The agent runs the default (evented) PLEG, `--relist`
+//!    the relist one. Prints the wall times and the agent / floor ratios at each width.
 //! 2. **Relist cost** at 30 and 110 containers: `GenericPleg::relist` when nothing changed
 //!    against one bare ListPodSandbox + ListContainers round trip (medians of `--runs`).
 //! 3. **Container event latency** (`--events N`, instead of 1 and 2): N containers exit one
@@ -131,20 +133,48 @@ impl Drop for Env {
     }
 }
 
-struct OneSnapshot(Vec<Pod>);
+/// The bench pods, then whatever the harness sends (an empty list tears them down).
+struct Snapshots {
+    first: Vec<Pod>,
+    later: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<Vec<Pod>>>,
+}
 
 #[async_trait]
-impl PodSource for OneSnapshot {
+impl PodSource for Snapshots {
     fn name(&self) -> &str {
         "file"
     }
     async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
-        if out.snapshot(self.0.clone()).await.is_err() {
+        if out.snapshot(self.first.clone()).await.is_err() {
             return;
         }
-        shutdown.cancelled().await;
+        let mut later = self.later.lock().await;
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                Some(pods) = later.recv() => {
+                    if out.snapshot(pods).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
     }
 }
+
+/// The containers' command: a shell that ends on SIGTERM (PID 1 of a container ignores it
+/// otherwise), so a stop measures the work of stopping, not a grace period.
+fn command() -> Vec<String> {
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "trap 'exit 0' TERM; sleep 100000 & wait".into(),
+    ]
+}
+
+/// The stop timeout of the direct teardown: the agent's (the kubelet's minimum grace period,
+/// these pods asking for 0 s).
+const STOP_TIMEOUT: Duration = Duration::from_secs(2);
 
 fn bench_pod(i: usize, image: &str) -> Pod {
     let mut p = Pod {
@@ -152,7 +182,7 @@ fn bench_pod(i: usize, image: &str) -> Pod {
             containers: vec![Container {
                 name: "app".into(),
                 image: Some(image.into()),
-                command: Some(vec!["/bin/sleep".into(), "100000".into()]),
+                command: Some(command()),
                 ..Default::default()
             }],
             host_network: Some(true),
@@ -198,7 +228,7 @@ fn direct_configs(
             attempt: 0,
         },
         image: image.into(),
-        command: vec!["/bin/sleep".into(), "100000".into()],
+        command: command(),
         labels: cl,
         log_path: "app/0.log".into(),
         ..Default::default()
@@ -206,22 +236,64 @@ fn direct_configs(
     (sandbox, container)
 }
 
+/// Starts direct pod `i`; returns its (sandbox, container) IDs.
 async fn start_direct(
     rt: &CriRuntime,
     i: usize,
     image: &str,
     logs: &Path,
     tag: &str,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<(String, String)> {
     let (s, c) = direct_configs(i, image, logs, tag);
     let id = rt.run_pod_sandbox(&s).await?;
     let cid = rt.create_container(&id, &c, &s).await?;
     rt.start_container(&cid).await?;
-    Ok(())
+    Ok((id, cid))
 }
 
-/// Removes every sandbox (and so every container) of the runtime.
+/// The direct teardown floor: StopContainer then StopPodSandbox per pod, `width` pods at a
+/// time (what the agent does for a deleted pod before it is gone from the runtime's view).
+async fn stop_direct(
+    rt: &CriRuntime,
+    pods: Vec<(String, String)>,
+    width: usize,
+) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let sem = Arc::new(tokio::sync::Semaphore::new(width));
+    let mut set = tokio::task::JoinSet::new();
+    for (sandbox, container) in pods {
+        let (rt, sem) = (rt.clone(), sem.clone());
+        set.spawn(async move {
+            let _permit = sem.acquire_owned().await?;
+            rt.stop_container(&container, STOP_TIMEOUT).await?;
+            rt.stop_pod_sandbox(&sandbox).await?;
+            anyhow::Ok(())
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    Ok(t.elapsed())
+}
+
+/// Removes every sandbox (and so every container) of the runtime. Retries a few times: an
+/// agent that was just stopped may leave a removal of its own in flight.
 async fn remove_all(rt: &CriRuntime) -> anyhow::Result<()> {
+    let mut attempt = 0;
+    loop {
+        match remove_all_once(rt).await {
+            Ok(()) => return Ok(()),
+            Err(e) if attempt < 5 => {
+                attempt += 1;
+                eprintln!("cleanup: {e:#}; retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+async fn remove_all_once(rt: &CriRuntime) -> anyhow::Result<()> {
     let sandboxes = rt.list_pod_sandboxes(&SandboxFilter::default()).await?;
     let mut set = tokio::task::JoinSet::new();
     for s in sandboxes {
@@ -231,10 +303,13 @@ async fn remove_all(rt: &CriRuntime) -> anyhow::Result<()> {
             rt.remove_pod_sandbox(&s.id).await
         });
     }
+    let mut result = Ok(());
     while let Some(r) = set.join_next().await {
-        r??;
+        if let Err(e) = r? {
+            result = Err(e.into());
+        }
     }
-    Ok(())
+    result
 }
 
 async fn direct_sequential(
@@ -247,20 +322,21 @@ async fn direct_sequential(
     let tag = format!("seq{round}");
     let t = Instant::now();
     for i in 0..n {
-        start_direct(rt, i, &env.busybox, &logs, &tag).await?;
+        let _ = start_direct(rt, i, &env.busybox, &logs, &tag).await?;
     }
     let d = t.elapsed();
     remove_all(rt).await?;
     Ok(d)
 }
 
+/// The direct floor at `width` pods at a time: (start, teardown).
 async fn direct_concurrent(
     rt: &CriRuntime,
     env: &Env,
     n: usize,
     round: usize,
     width: usize,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Duration)> {
     let logs = env.dir.join("logs");
     let tag = format!("par{round}");
     let t = Instant::now();
@@ -279,12 +355,14 @@ async fn direct_concurrent(
             start_direct(&rt, i, &image, &logs, &tag).await
         });
     }
+    let mut pods = Vec::with_capacity(n);
     while let Some(r) = set.join_next().await {
-        r??;
+        pods.push(r??);
     }
     let d = t.elapsed();
+    let teardown = stop_direct(rt, pods, width).await?;
     remove_all(rt).await?;
-    Ok(d)
+    Ok((d, teardown))
 }
 
 async fn through_agent(
@@ -294,7 +372,7 @@ async fn through_agent(
     round: usize,
     pleg: PlegKind,
     stage_limit: usize,
-) -> anyhow::Result<Duration> {
+) -> anyhow::Result<(Duration, Duration)> {
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
@@ -308,6 +386,11 @@ async fn through_agent(
         runtime
     };
     let root = env.dir.join(format!("agent-{round}"));
+    let (later_tx, later_rx) = tokio::sync::mpsc::unbounded_channel();
+    let source = Snapshots {
+        first: pods,
+        later: tokio::sync::Mutex::new(later_rx),
+    };
     let kubelet = KubeletBuilder::new("bench-node")
         .config(KubeletConfig::with_dirs(
             root.join("root"),
@@ -315,7 +398,7 @@ async fn through_agent(
         ))
         .runtime(runtime)
         .pleg(pleg)
-        .pod_source(Arc::new(OneSnapshot(pods)))
+        .pod_source(Arc::new(source))
         .build()?;
     let statuses = kubelet.handle().statuses();
     let shutdown = CancellationToken::new();
@@ -344,10 +427,51 @@ async fn through_agent(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let d = t.elapsed();
+    // Teardown: the pods leave the source; until the runtime shows none of their containers
+    // running and none of their sandboxes ready.
+    let teardown = Instant::now();
+    later_tx.send(Vec::new())?;
+    let deadline = teardown + Duration::from_secs(300);
+    let bench = |labels: &kubelet_core::runtime::Labels| {
+        labels
+            .get(labels::POD_UID)
+            .is_some_and(|u| u.starts_with("bench-uid-"))
+    };
+    loop {
+        let running = rt
+            .list_containers(&ContainerFilter {
+                state: Some(ContainerState::Running),
+                ..Default::default()
+            })
+            .await?
+            .iter()
+            .filter(|c| bench(&c.labels))
+            .count();
+        let ready = rt
+            .list_pod_sandboxes(&SandboxFilter {
+                state: Some(kubelet_core::runtime::SandboxState::Ready),
+                ..Default::default()
+            })
+            .await?
+            .iter()
+            .filter(|s| bench(&s.labels))
+            .count();
+        if running == 0 && ready == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            shutdown.cancel();
+            bail!(
+                "{running} containers running, {ready} sandboxes ready 300 s after the pods left"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let teardown = teardown.elapsed();
     shutdown.cancel();
     let _ = task.await;
     remove_all(rt).await?;
-    Ok(d)
+    Ok((d, teardown))
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -676,6 +800,13 @@ async fn event_latency(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
+    // The in-process agent's log, when asked for (`RUST_LOG=kubelet_core=debug`).
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let env = Env::start()?;
     let rt = Arc::new(
         CriRuntime::connect(CriConfig::new(format!("unix://{}", env.socket.display()))).await?,
@@ -698,37 +829,48 @@ async fn main() -> anyhow::Result<()> {
         PlegKind::Evented
     };
     let mut floors: Vec<Vec<Duration>> = vec![Vec::new(); flags.widths.len()];
+    let mut floor_stops: Vec<Vec<Duration>> = vec![Vec::new(); flags.widths.len()];
     let mut agent = Vec::new();
+    let mut agent_stops = Vec::new();
     for round in 1..=flags.rounds {
         let mut line = format!("round {round}:");
         for (w, width) in flags.widths.iter().enumerate() {
-            let d = direct_concurrent(&rt, &env, flags.pods, round, (*width).max(1)).await?;
+            let (d, stop) =
+                direct_concurrent(&rt, &env, flags.pods, round, (*width).max(1)).await?;
             line += &format!(
-                " direct {width} at a time {:>6.0} ms,",
-                d.as_secs_f64() * 1e3
+                " direct {width} at a time {:>6.0} ms (teardown {:>5.0} ms),",
+                d.as_secs_f64() * 1e3,
+                stop.as_secs_f64() * 1e3
             );
             floors[w].push(d);
+            floor_stops[w].push(stop);
         }
-        let a = through_agent(&rt, &env, flags.pods, round, pleg, flags.stage_limit).await?;
+        let (a, stop) =
+            through_agent(&rt, &env, flags.pods, round, pleg, flags.stage_limit).await?;
         println!(
-            "{line} agent ({pleg:?} PLEG) {:>6.0} ms",
-            a.as_secs_f64() * 1e3
+            "{line} agent ({pleg:?} PLEG) {:>6.0} ms (teardown {:>5.0} ms)",
+            a.as_secs_f64() * 1e3,
+            stop.as_secs_f64() * 1e3
         );
         agent.push(a);
+        agent_stops.push(stop);
     }
-    let a = median(agent);
+    let (a, a_stop) = (median(agent), median(agent_stops));
     println!(
-        "start {} pods (median of {} rounds): agent ({pleg:?} PLEG) {:.0} ms",
+        "start {} pods (median of {} rounds): agent ({pleg:?} PLEG) {:.0} ms; teardown {:.0} ms",
         flags.pods,
         flags.rounds,
-        a.as_secs_f64() * 1e3
+        a.as_secs_f64() * 1e3,
+        a_stop.as_secs_f64() * 1e3
     );
-    for (width, f) in flags.widths.iter().zip(floors) {
-        let f = median(f);
+    for ((width, f), stop) in flags.widths.iter().zip(floors).zip(floor_stops) {
+        let (f, stop) = (median(f), median(stop));
         println!(
-            "  CRI floor, {width} at a time: {:.0} ms; agent / floor {:.2}",
+            "  CRI floor, {width} at a time: start {:.0} ms, agent / floor {:.2}; teardown {:.0} ms, agent / floor {:.2}",
             f.as_secs_f64() * 1e3,
-            a.as_secs_f64() / f.as_secs_f64()
+            a.as_secs_f64() / f.as_secs_f64(),
+            stop.as_secs_f64() * 1e3,
+            a_stop.as_secs_f64() / stop.as_secs_f64()
         );
     }
     for n in flags.relist_sizes.clone() {

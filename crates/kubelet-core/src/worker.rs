@@ -204,25 +204,51 @@ pub(crate) async fn worker_loop(
                 }
             }
             Action::Sync => {
-                let pod = state.lock().pod.clone();
+                let mut pod = state.lock().pod.clone();
                 // Static pods with the same full name run one at a time.
                 if let Some(wait) = engine.wait_for_static_predecessor(&pod) {
                     Input::PredecessorRunning(wait)
                 } else {
                     let since = last_sync.unwrap_or_else(|| engine.started_at());
-                    let entry = tokio::select! {
-                        _ = shutdown.cancelled() => return,
-                        e = engine.cache().get_newer_than(&uid, since) => e,
+                    // Waiting for a newer runtime view can take until the PLEG's next global
+                    // timestamp (seconds with the evented PLEG); a kill or deletion arriving
+                    // meanwhile is not kept waiting for it (the kubelet's pod workers are: up to
+                    // 2 s between a deletion and the kill).
+                    let cache = engine.cache();
+                    let newer = cache.get_newer_than(&uid, since);
+                    tokio::pin!(newer);
+                    let waited = loop {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            e = &mut newer => break Ok(e),
+                            _ = notify.notified() => {
+                                let st = state.lock();
+                                if st.kill.is_some() || pod::is_deleted(&st.pod) {
+                                    break Err(st.removed);
+                                }
+                                // A newer pod: the sync takes it.
+                                pod = st.pod.clone();
+                            }
+                        }
                     };
-                    let operation = engine.start_metrics().sync_begins(&uid);
-                    let began = std::time::Instant::now();
-                    // Boxed, as the calls below: an idle worker then holds no room for a sync's state.
-                    let outcome = Box::pin(engine.sync_pod(&pod, entry)).await;
-                    engine.start_metrics().sync_done(operation, began);
-                    // As the kubelet: the next sync waits for a runtime view observed after
-                    // this sync finished, so it sees what this sync created.
-                    last_sync = Some(Instant::now());
-                    Input::Synced(outcome)
+                    match waited {
+                        Err(removed) => Input::Woke {
+                            stop: true,
+                            removed,
+                        },
+                        Ok(entry) => {
+                            let operation = engine.start_metrics().sync_begins(&uid);
+                            let began = std::time::Instant::now();
+                            // Boxed, as the calls below: an idle worker then holds no room for
+                            // a sync's state.
+                            let outcome = Box::pin(engine.sync_pod(&pod, entry)).await;
+                            engine.start_metrics().sync_done(operation, began);
+                            // As the kubelet: the next sync waits for a runtime view observed
+                            // after this sync finished, so it sees what this sync created.
+                            last_sync = Some(Instant::now());
+                            Input::Synced(outcome)
+                        }
+                    }
                 }
             }
             Action::Terminate => {

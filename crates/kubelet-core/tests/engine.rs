@@ -658,3 +658,74 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
     shutdown.cancel();
     let _ = task.await;
 }
+
+/// A PLEG that relists once at start and never again: the pod cache never gets newer.
+struct ListedOncePleg(GenericPleg);
+
+#[async_trait]
+impl PodLifecycleEventGenerator for ListedOncePleg {
+    fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<PodLifecycleEvent>> {
+        self.0.take_events()
+    }
+    fn cache(&self) -> kubelet_core::PodCache {
+        self.0.cache()
+    }
+    fn healthy(&self) -> PlegHealth {
+        PlegHealth::Healthy
+    }
+    async fn run(&self, shutdown: CancellationToken) {
+        let _ = self.0.relist().await;
+        shutdown.cancelled().await;
+    }
+}
+
+// Real time: with paused time the runtime would jump to a far timer and hide the wait.
+#[tokio::test]
+async fn a_removed_pod_is_killed_while_its_worker_waits_for_a_newer_runtime_view() {
+    let rt = Arc::new(FakeRuntime::new());
+    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let pleg = Arc::new(ListedOncePleg(GenericPleg::new(
+        runtime.clone(),
+        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+    )));
+    let sink = Arc::new(RecordingSink::new());
+    let (source, tx) = WatchSource::new(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    let kubelet = build_with(runtime, pleg, sink.clone(), source);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(kubelet.run(shutdown.clone()));
+
+    // The first sync starts the container; every later sync waits for a runtime view newer
+    // than it, which this PLEG never makes (as an evented PLEG until its next global
+    // timestamp).
+    let begin = std::time::Instant::now();
+    while calls_matching(&rt, "start_container").is_empty() {
+        assert!(begin.elapsed() < Duration::from_secs(30), "never started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // An update wakes the worker; its sync waits for a newer view.
+    let mut updated = pod("u1", "Always", vec![], vec![container("app")]);
+    updated
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert("version".into(), "2".into());
+    tx.send_replace(Some(vec![updated]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tx.send_replace(Some(vec![]));
+    let removed = std::time::Instant::now();
+    while calls_matching(&rt, "stop_container").is_empty() {
+        assert!(
+            removed.elapsed() < Duration::from_secs(30),
+            "the removed pod was not killed while its worker waited for the cache; calls: {:?}",
+            rt.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    let _ = task.await;
+}
