@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The "fast and small" figures in one command: binary sizes, the start/stop burst, start stages,
-# RSS and idle CPU of `minimal_kubelet` on its process runtime at 30 and 110 pods, the agent
-# against the direct CRI floor (1, 4 and 8 pods at a time) on containerd at 30 and 100 pods, and
-# exit -> PLEG event latency on both runtimes. Each harness measures its own same-run baseline
-# and prints the ratio next to it; this script builds them, runs them in turn and prints their
-# tables. Containerd parts need root and `scripts/containerd-test-env.sh install`.
+# RSS and idle CPU of `minimal_kubelet` at 30 and 110 pods on its process runtime and on
+# containerd, the agent's start and teardown against the direct CRI floor (1, 4 and 8 pods at a
+# time) on containerd at 30 and 100 pods, and exit -> PLEG event latency on both runtimes. Each
+# harness measures its own same-run baseline and prints the ratio next to it; this script builds
+# them, runs them in turn and prints their tables. Containerd parts need root and
+# `scripts/containerd-test-env.sh install`.
 #
 #   bash benches/fast-and-small.sh            # everything
 #   QUICK=1 bash benches/fast-and-small.sh    # one run per figure, fewer exits
@@ -40,9 +41,15 @@ for pods in 30 110; do
 done
 
 if [[ $(id -u) -eq 0 ]] && command -v containerd >/dev/null; then
+    for pods in 30 110; do
+        echo
+        echo "== containerd: minimal_kubelet with $pods pods (startup-bench --containerd: RSS, idle CPU over 60 s)"
+        "$target/release/startup-bench" --agent "$target/release/minimal_kubelet" --containerd \
+            --pods "$pods" --runs "$runs" --idle-secs 60 | grep -v '^JSON '
+    done
     for pods in 30 100; do
         echo
-        echo "== containerd: $pods pods (cri-bench; floor: the same CRI calls without the agent)"
+        echo "== containerd: $pods pods started and stopped (cri-bench; floor: the same CRI calls without the agent)"
         "$target/release/cri-bench" --pods "$pods" --rounds "$rounds" --relist-sizes 30,110 --runs 10
     done
     runtimes=process,containerd

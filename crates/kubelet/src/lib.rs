@@ -175,6 +175,7 @@ pub struct AgentBuilder {
     inner: KubeletBuilder,
     runtime: Option<Arc<dyn ContainerRuntime>>,
     runtime_layers: bool,
+    start_stage_limit: usize,
     pleg: Option<Arc<dyn kubelet_core::PodLifecycleEventGenerator>>,
     prober: Option<Arc<dyn kubelet_core::ProbeManager>>,
     default_prober: bool,
@@ -214,6 +215,7 @@ impl AgentBuilder {
             root_dir: PathBuf::from("/var/lib/kubelet"),
             runtime: None,
             runtime_layers: true,
+            start_stage_limit: 0,
             pleg: None,
             prober: None,
             default_prober: true,
@@ -266,6 +268,15 @@ impl AgentBuilder {
     /// Do not wrap the runtime in the deadline and metrics layers.
     pub fn without_runtime_layers(mut self) -> Self {
         self.runtime_layers = false;
+        self
+    }
+
+    /// At most `max` concurrent calls of each pod-start stage (RunPodSandbox, CreateContainer,
+    /// StartContainer; [`kubelet_core::layer::StageLimits`]), outside the deadline and metrics
+    /// layers, so a call's deadline and recorded duration start when it reaches the runtime.
+    /// 0 (the default) leaves them unbounded, as the kubelet does.
+    pub fn start_stage_limit(mut self, max: usize) -> Self {
+        self.start_stage_limit = max;
         self
     }
 
@@ -386,6 +397,7 @@ impl AgentBuilder {
             inner,
             runtime,
             runtime_layers,
+            start_stage_limit,
             pleg,
             prober,
             default_prober,
@@ -441,6 +453,11 @@ impl AgentBuilder {
                 kubelet_core::layer::Deadlines::new(c.runtime_request_timeout.as_duration());
             let metrics = kubelet_core::layer::OperationMetrics::new();
             metrics.layer(deadlines.layer(runtime))
+        } else {
+            runtime
+        };
+        let runtime = if start_stage_limit > 0 {
+            kubelet_core::layer::StageLimits::new(start_stage_limit).layer(runtime)
         } else {
             runtime
         };

@@ -83,6 +83,11 @@ struct Flags {
     /// runtime such as containerd (`unix:///run/containerd/containerd.sock`).
     #[arg(long = "container-runtime-endpoint")]
     container_runtime_endpoint: Option<String>,
+    /// At most this many concurrent calls of each pod-start stage (RunPodSandbox,
+    /// CreateContainer, StartContainer) reach the runtime; 0 leaves them unbounded, as the
+    /// kubelet does. Not a kubelet flag.
+    #[arg(long = "start-stage-limit", default_value_t = 0)]
+    start_stage_limit: usize,
     /// Sandbox (pause) image for CRI runtimes. CRI has no per-sandbox field for it: the agent
     /// makes sure it is present and warns when the runtime is configured with another one.
     #[arg(long = "pod-infra-container-image")]
@@ -279,7 +284,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     #[allow(unused_mut)]
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
-        .root_dir(&flags.root_dir);
+        .root_dir(&flags.root_dir)
+        .start_stage_limit(flags.start_stage_limit);
     #[cfg(feature = "probe")]
     {
         agent = agent.probe_errors_as_failures(flags.probe_errors_as_failures);

@@ -12,7 +12,6 @@
 
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,7 +22,7 @@ use nix::unistd::Pid;
 use serde_json::{Value, json};
 
 mod common;
-use common::{cmdline_has, container_pids, http_get, procs_with_arg};
+use common::{cmdline_has, container_pids, free_port, http_get, procs_with_arg};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
 const NODE: &str = "e2e-node";
@@ -63,11 +62,6 @@ struct Env {
     rust_log: &'static str,
     agent: Option<Child>,
     tokens: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
 }
 
 impl Env {

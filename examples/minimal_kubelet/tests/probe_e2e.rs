@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 mod common;
-use common::{container_pids, http_get};
+use common::{container_pids, free_port, http_get};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
 const NODE: &str = "probe-e2e-node";
@@ -47,11 +47,6 @@ struct Env {
     port: u16,
     agent: Option<Child>,
     tokens: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
 }
 
 impl Env {
