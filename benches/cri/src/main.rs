@@ -800,13 +800,6 @@ async fn event_latency(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
-    // The in-process agent's log, when asked for (`RUST_LOG=kubelet_core=debug`).
-    if std::env::var_os("RUST_LOG").is_some() {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-            .with_writer(std::io::stderr)
-            .init();
-    }
     let env = Env::start()?;
     let rt = Arc::new(
         CriRuntime::connect(CriConfig::new(format!("unix://{}", env.socket.display()))).await?,

@@ -105,6 +105,49 @@ pub trait Interceptor: Send + Sync + 'static {
     }
 }
 
+/// No interceptor: calls pass through (an optional part of a combined layer).
+impl<I: Interceptor> Interceptor for Option<I> {
+    fn intercept<'a, T: Send + 'a>(
+        &'a self,
+        call: Call,
+        fut: BoxFuture<'a, Result<T>>,
+    ) -> BoxFuture<'a, Result<T>> {
+        match self {
+            Some(i) => i.intercept(call, fut),
+            None => fut,
+        }
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        if let Some(i) = self {
+            i.register_metrics(registry);
+        }
+    }
+}
+
+/// Two interceptors in one layer: `(outer, inner)` runs `outer` around `inner`, as
+/// `outer.layer(inner.layer(runtime))` would, with one runtime wrapper instead of two.
+impl<A: Interceptor, B: Interceptor> Interceptor for (A, B) {
+    fn intercept<'a, T: Send + 'a>(
+        &'a self,
+        call: Call,
+        fut: BoxFuture<'a, Result<T>>,
+    ) -> BoxFuture<'a, Result<T>> {
+        self.0.intercept(call, self.1.intercept(call, fut))
+    }
+
+    fn register_metrics(&self, registry: &mut Registry) {
+        self.0.register_metrics(registry);
+        self.1.register_metrics(registry);
+    }
+}
+
+impl<A: Interceptor + Clone, B: Interceptor + Clone> RuntimeLayer for (A, B) {
+    fn layer(&self, inner: Arc<dyn ContainerRuntime>) -> Arc<dyn ContainerRuntime> {
+        Arc::new(Intercepted::new(inner, self.clone()))
+    }
+}
+
 /// A runtime whose every call runs through an [`Interceptor`].
 pub struct Intercepted<I> {
     inner: Arc<dyn ContainerRuntime>,

@@ -154,7 +154,7 @@ fn parse_value(text: &str) -> Result<serde_json::Value, String> {
         serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
     } else {
         check_yaml_nesting(text)?;
-        serde_yaml_ng::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
+        serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
     }
 }
 

@@ -448,16 +448,17 @@ impl AgentBuilder {
                 .await?
             }
         };
+        // The stage limits and the metrics share one layer, the limits outside: a call's
+        // deadline and recorded duration start when it reaches the runtime.
+        let limits = (start_stage_limit > 0)
+            .then(|| kubelet_core::layer::StageLimits::new(start_stage_limit));
         let runtime = if layered {
             let deadlines =
                 kubelet_core::layer::Deadlines::new(c.runtime_request_timeout.as_duration());
             let metrics = kubelet_core::layer::OperationMetrics::new();
-            metrics.layer(deadlines.layer(runtime))
-        } else {
-            runtime
-        };
-        let runtime = if start_stage_limit > 0 {
-            kubelet_core::layer::StageLimits::new(start_stage_limit).layer(runtime)
+            (limits, Some(metrics)).layer(deadlines.layer(runtime))
+        } else if limits.is_some() {
+            (limits, None::<kubelet_core::layer::OperationMetrics>).layer(runtime)
         } else {
             runtime
         };
