@@ -25,11 +25,11 @@
 //! cargo run --release -p cri-bench -- --events 300
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use async_trait::async_trait;
 use clap::Parser;
 use futures::StreamExt;
@@ -79,59 +79,8 @@ struct Flags {
     burst: usize,
 }
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh")
-}
-
-/// The private containerd; stopped and removed on drop.
-struct Env {
-    dir: PathBuf,
-    socket: PathBuf,
-    busybox: String,
-}
-
-impl Env {
-    fn start() -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("ksdk-cri-bench-")
-            .tempdir_in("/tmp")?
-            .keep();
-        let out = std::process::Command::new("bash")
-            .arg(script())
-            .arg("start")
-            .arg(&dir)
-            .output()
-            .context("running containerd-test-env.sh")?;
-        let mut env = Self {
-            socket: dir.join("containerd.sock"),
-            busybox: String::new(),
-            dir,
-        };
-        if !out.status.success() {
-            bail!(
-                "containerd-test-env.sh start: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        env.busybox = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("BUSYBOX_IMAGE="))
-            .unwrap_or_default()
-            .to_string();
-        Ok(env)
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
-}
+/// The private containerd.
+type Env = bench_support::ContainerdEnv;
 
 /// The bench pods, then whatever the harness sends (an empty list tears them down).
 struct Snapshots {
@@ -800,10 +749,8 @@ async fn event_latency(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let flags = Flags::parse();
-    let env = Env::start()?;
-    let rt = Arc::new(
-        CriRuntime::connect(CriConfig::new(format!("unix://{}", env.socket.display()))).await?,
-    );
+    let env = Env::start("start", "ksdk-cri-bench-")?;
+    let rt = Arc::new(CriRuntime::connect(CriConfig::new(env.endpoint())).await?);
     let v = rt.version().await?;
     println!(
         "runtime {} {} (CRI {}), {} pods, {} rounds",

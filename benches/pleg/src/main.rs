@@ -20,7 +20,7 @@
 //! ```
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -116,13 +116,14 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
                 cleanup?;
             }
             "containerd" | "containerd17" | "containerd17-native" => {
-                let env = Env::start(if name == "containerd" {
+                let start = if name == "containerd" {
                     "start"
                 } else {
                     "start17"
-                })?;
+                };
+                let env = Env::start(start, "ksdk-pleg-bench-")?;
                 let cri = kubelet_cri::CriRuntime::connect(
-                    kubelet_cri::CriConfig::new(format!("unix://{}", env.socket.display()))
+                    kubelet_cri::CriConfig::new(env.endpoint())
                         .request_timeout(Duration::from_secs(60))
                         .termination_message_dir(env.dir.join("kubelet/pods"))
                         .prefer_containerd_events(name == "containerd17-native"),
@@ -503,61 +504,5 @@ fn loadavg() -> String {
         .unwrap_or_default()
 }
 
-fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh")
-}
-
-/// The private containerd (as in benches/cri); stopped and removed on drop.
-struct Env {
-    dir: PathBuf,
-    socket: PathBuf,
-    busybox: String,
-    pid: Option<u32>,
-}
-
-impl Env {
-    /// `start` is the script's subcommand: `start` or `start17`.
-    fn start(start: &str) -> anyhow::Result<Self> {
-        let dir = tempfile::Builder::new()
-            .prefix("ksdk-pleg-bench-")
-            .tempdir_in("/tmp")?
-            .keep();
-        let out = std::process::Command::new("bash")
-            .arg(script())
-            .arg(start)
-            .arg(&dir)
-            .output()
-            .context("running containerd-test-env.sh")?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let var = |k: &str| {
-            stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(k).and_then(|l| l.strip_prefix('=')))
-                .unwrap_or_default()
-                .to_string()
-        };
-        let env = Self {
-            socket: dir.join("containerd.sock"),
-            busybox: var("BUSYBOX_IMAGE"),
-            pid: var("CONTAINERD_PID").parse().ok(),
-            dir,
-        };
-        if !out.status.success() {
-            bail!(
-                "containerd-test-env.sh {start}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(env)
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("bash")
-            .arg(script())
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
-}
+/// The private containerd (as in benches/cri).
+type Env = bench_support::ContainerdEnv;

@@ -40,13 +40,14 @@
 use std::collections::BTreeMap;
 use std::fs;
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use bench_support::{free_port, ms};
 use clap::Parser;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -366,7 +367,7 @@ fn main() -> anyhow::Result<()> {
     eprintln!("machine: {machine}");
 
     let containerd = if args.containerd {
-        let env = Containerd::start()?;
+        let env = Containerd::start("start", "startup-bench-containerd-")?;
         eprintln!("runtime: {}", env.version);
         Some(env)
     } else {
@@ -528,7 +529,7 @@ fn run_once(
     fs::create_dir_all(&manifests)?;
     let port = free_port()?;
     let agent_log = tmp.path().join("agent.log");
-    let endpoint = containerd.map(|c| format!("unix://{}", c.socket.display()));
+    let endpoint = containerd.map(Containerd::endpoint);
     let mut guard = AgentGuard::start(
         agent,
         &manifests,
@@ -702,7 +703,7 @@ fn run_once(
 
     // Idle CPU: no requests during the window.
     let tick = clock_ticks()?;
-    let runtime_pid = containerd.map(|c| c.pid);
+    let runtime_pid = containerd.and_then(|c| c.pid).map(|p| p as i32);
     if let Some(rp) = runtime_pid {
         out.insert("runtime_rss_kib", rss_kib(rp) as f64);
     }
@@ -790,69 +791,8 @@ fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64, u64)> {
     result.map(|()| (spawn_ms, rss, pss))
 }
 
-/// A private containerd from `scripts/containerd-test-env.sh`; stopped and removed on drop.
-struct Containerd {
-    dir: PathBuf,
-    socket: PathBuf,
-    busybox: String,
-    pid: i32,
-    version: String,
-}
-
-impl Containerd {
-    fn start() -> anyhow::Result<Self> {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh");
-        let dir = tempfile::Builder::new()
-            .prefix("startup-bench-containerd-")
-            .tempdir_in("/tmp")?
-            .keep();
-        let out = Command::new("bash")
-            .arg(&script)
-            .arg("start")
-            .arg(&dir)
-            .output()
-            .context("running containerd-test-env.sh")?;
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let value = |key: &str| {
-            stdout
-                .lines()
-                .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
-                .map(str::to_string)
-        };
-        let env = Self {
-            socket: value("CONTAINERD_SOCKET")
-                .map(PathBuf::from)
-                .unwrap_or_default(),
-            busybox: value("BUSYBOX_IMAGE").unwrap_or_default(),
-            pid: value("CONTAINERD_PID")
-                .and_then(|p| p.parse().ok())
-                .unwrap_or(0),
-            version: value("CONTAINERD_VERSION").unwrap_or_default(),
-            dir,
-        };
-        if !out.status.success() || env.pid == 0 || env.busybox.is_empty() {
-            bail!(
-                "containerd-test-env.sh start: {}{}",
-                String::from_utf8_lossy(&out.stderr),
-                stdout
-            );
-        }
-        Ok(env)
-    }
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        let script =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh");
-        let _ = Command::new("bash")
-            .arg(script)
-            .arg("stop")
-            .arg(&self.dir)
-            .status();
-    }
-}
+/// The private containerd of `--containerd`.
+type Containerd = bench_support::ContainerdEnv;
 
 /// The agent process; dropping it stops the agent and kills this harness's token processes.
 struct AgentGuard {
@@ -1026,11 +966,6 @@ fn wait_healthz(port: u16, child: &mut Child, limit: Duration) -> anyhow::Result
     }
 }
 
-/// A port that was free a moment ago.
-fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
 /// Pids whose argv (from `/proc/<pid>/cmdline`) matches.
 fn find_procs(pred: impl Fn(&[String]) -> bool) -> Vec<i32> {
     let Ok(dir) = fs::read_dir("/proc") else {
@@ -1108,10 +1043,6 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     let rank = (p * sorted.len() as f64).ceil() as usize;
     sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
 }
 
 /// The last 40 lines of a log file, for error messages.

@@ -1,6 +1,7 @@
 //! What the benchmark harnesses under `benches/` share, so that every harness computes its
 //! quantiles and reads memory the same way.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The `p` quantile (0 to 1) of `sorted` (ascending): the element at index
@@ -35,6 +36,79 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// A private containerd started by `scripts/containerd-test-env.sh` (root only): its root,
+/// state, socket and logs live under [`dir`](Self::dir); stopped and removed on drop.
+#[derive(Debug)]
+pub struct ContainerdEnv {
+    /// The environment's directory.
+    pub dir: PathBuf,
+    /// containerd's socket (`CONTAINERD_SOCKET`).
+    pub socket: PathBuf,
+    /// The busybox image reference the script imported (`BUSYBOX_IMAGE`).
+    pub busybox: String,
+    /// containerd's PID (`CONTAINERD_PID`).
+    pub pid: Option<u32>,
+    /// containerd's version (`CONTAINERD_VERSION`).
+    pub version: String,
+}
+
+impl ContainerdEnv {
+    /// Runs the script's `subcommand` (`start`, or `start17` for containerd 1.7) on a new
+    /// directory `/tmp/<prefix><pid>-<n>`.
+    pub fn start(subcommand: &str, prefix: &str) -> std::io::Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let dir = PathBuf::from(format!("/tmp/{prefix}{}-{nanos}", std::process::id()));
+        let out = std::process::Command::new("bash")
+            .arg(script())
+            .arg(subcommand)
+            .arg(&dir)
+            .output()?;
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let value = |key: &str| {
+            stdout
+                .lines()
+                .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                .unwrap_or_default()
+                .to_string()
+        };
+        let env = Self {
+            socket: PathBuf::from(value("CONTAINERD_SOCKET")),
+            busybox: value("BUSYBOX_IMAGE"),
+            pid: value("CONTAINERD_PID").parse().ok(),
+            version: value("CONTAINERD_VERSION"),
+            dir,
+        };
+        if !out.status.success() || env.busybox.is_empty() {
+            return Err(std::io::Error::other(format!(
+                "containerd-test-env.sh {subcommand}: {}{stdout}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(env)
+    }
+
+    /// `unix://<socket>`, for CRI clients and `--container-runtime-endpoint`.
+    pub fn endpoint(&self) -> String {
+        format!("unix://{}", self.socket.display())
+    }
+}
+
+impl Drop for ContainerdEnv {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
+}
+
+fn script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh")
 }
 
 #[cfg(test)]
