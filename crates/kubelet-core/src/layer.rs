@@ -19,7 +19,10 @@
 //!
 //! All are [`Interceptor`]s run by one delegating wrapper, [`Intercepted`], which forwards
 //! every method of the trait, optional capabilities included; a new capability method added to
-//! [`ContainerRuntime`] is forwarded there once.
+//! [`ContainerRuntime`] is forwarded there once. Interceptors compose: `(outer, inner)` is one
+//! interceptor (and one layer) running `outer` around `inner`, and `None` passes calls through,
+//! so `(Some(StageLimits::new(4)), OperationMetrics::new()).layer(runtime)` wraps the runtime once
+//! instead of twice.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -537,6 +540,40 @@ mod stage_limit_tests {
             t.await.expect("join").expect("call");
         }
         most.load(Ordering::SeqCst)
+    }
+
+    /// Records the order interceptors run in.
+    #[derive(Clone)]
+    struct Mark(&'static str, Arc<parking_lot::Mutex<Vec<&'static str>>>);
+
+    impl Interceptor for Mark {
+        fn intercept<'a, T: Send + 'a>(
+            &'a self,
+            _call: Call,
+            fut: BoxFuture<'a, Result<T>>,
+        ) -> BoxFuture<'a, Result<T>> {
+            Box::pin(async move {
+                self.1.lock().push(self.0);
+                let r = fut.await;
+                self.1.lock().push(self.0);
+                r
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pair_runs_its_first_interceptor_around_the_second_and_none_passes_through() {
+        let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let pair = (
+            Mark("outer", seen.clone()),
+            (None::<Mark>, Mark("inner", seen.clone())),
+        );
+        let call: BoxFuture<'static, Result<u8>> = Box::pin(async { Ok(7) });
+        assert_eq!(
+            pair.intercept(Call::new("version"), call).await.ok(),
+            Some(7)
+        );
+        assert_eq!(*seen.lock(), ["outer", "inner", "inner", "outer"]);
     }
 
     #[tokio::test(start_paused = true)]
