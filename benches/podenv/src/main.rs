@@ -111,6 +111,7 @@ fn main() {
                 container_type: "",
                 objects: &objects,
                 recorder: None,
+                seccomp_profile_root: std::path::Path::new("/var/lib/kubelet/seccomp"),
             };
             let out = make_environment(&pod, &c, &ctx);
             times.push(t.elapsed());

@@ -1,7 +1,7 @@
 //! What the node reports about the machine: CPUs, memory, the root filesystem, kernel, OS image,
 //! identifiers and addresses, read from `/proc`, `/sys` and `/etc` (cadvisor's sources).
 
-use std::net::{IpAddr, UdpSocket};
+use std::net::IpAddr;
 use std::path::Path;
 
 /// Facts about this machine, as the node status reports them.
@@ -127,21 +127,7 @@ pub fn hostname() -> String {
 
 /// The address of the interface holding the default route (no packet is sent), or `None`.
 pub fn default_route_ip() -> Option<IpAddr> {
-    for target in ["10.255.255.255:9", "[fd00::1]:9"] {
-        let bind = if target.starts_with('[') {
-            "[::]:0"
-        } else {
-            "0.0.0.0:0"
-        };
-        if let Ok(sock) = UdpSocket::bind(bind)
-            && sock.connect(target).is_ok()
-            && let Ok(addr) = sock.local_addr()
-            && !addr.ip().is_unspecified()
-        {
-            return Some(addr.ip());
-        }
-    }
-    None
+    kubelet_core::KubeletConfig::default_node_ip()
 }
 
 #[cfg(test)]

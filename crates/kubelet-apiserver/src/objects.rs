@@ -34,9 +34,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
+use kube::api::PostParams;
 use kube::{Api, Client};
 use kubelet_core::{Error, ErrorKind, KubeletHandle};
 use kubelet_core::{ObjectProvider, ReferencedObjects};
@@ -524,6 +526,18 @@ impl ObjectProvider for ApiObjects {
             .map_err(|e| api_error("configmap", namespace, name, e))?;
         self.store(key, Cached::ConfigMap(got.clone()));
         Ok(got)
+    }
+
+    async fn request_service_account_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        request: &TokenRequest,
+    ) -> kubelet_core::Result<TokenRequest> {
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        api.create_token_request(service_account, &PostParams::default(), request)
+            .await
+            .map_err(|e| api_error("serviceaccounts/token", namespace, service_account, e))
     }
 
     async fn secret(&self, namespace: &str, name: &str) -> kubelet_core::Result<Option<Secret>> {

@@ -41,7 +41,9 @@ pub struct KubeletConfig {
     pub housekeeping_period: Duration,
     /// `runtimeRequestTimeout` (2 m): added to the grace period of stop calls.
     pub runtime_request_timeout: Duration,
-    /// The node's IP, reported as `hostIP`; `None` reports the pod IP of host-network pods.
+    /// The node's IP, reported as every pod's `hostIP` and the downward API's `status.hostIP`
+    /// (the `kubelet` facade sets `--node-ip` or [`KubeletConfig::default_node_ip`]); `None`
+    /// reports the pod's own IP.
     pub node_ip: Option<String>,
     /// `clusterDNS`.
     pub cluster_dns: Vec<String>,
@@ -101,6 +103,23 @@ impl KubeletConfig {
             resolv_conf: PathBuf::from(&configuration.resolv_conf),
             ..Self::default()
         }
+    }
+
+    /// The node's IP when none is configured, as the kubelet picks it without `--node-ip`: the
+    /// local address of the default route (IPv4 first, then IPv6); `None` on a host without
+    /// one.
+    pub fn default_node_ip() -> Option<std::net::IpAddr> {
+        // Connecting a UDP socket sends nothing: it only selects the route and source address.
+        for (bind, target) in [("0.0.0.0:0", "10.255.255.255:9"), ("[::]:0", "[fd00::1]:9")] {
+            if let Ok(sock) = std::net::UdpSocket::bind(bind)
+                && sock.connect(target).is_ok()
+                && let Ok(addr) = sock.local_addr()
+                && !addr.ip().is_unspecified()
+            {
+                return Some(addr.ip());
+            }
+        }
+        None
     }
 
     /// Defaults with `root_dir` and `pod_log_dir` replaced.
@@ -182,7 +201,7 @@ impl KubeletBuilder {
             pleg: None,
             sources: Vec::new(),
             sinks: Vec::new(),
-            volume_plugins: vec![Arc::new(EmptyDirPlugin), Arc::new(HostPathPlugin)],
+            volume_plugins: vec![Arc::new(EmptyDirPlugin::new()), Arc::new(HostPathPlugin)],
             object_provider: None,
             prober: None,
             admit_handlers: Vec::new(),
@@ -348,6 +367,9 @@ impl KubeletBuilder {
         volume_plugins.push(Arc::new(ConfigMapPlugin::new(self.object_provider.clone())));
         volume_plugins.push(Arc::new(SecretPlugin::new(self.object_provider.clone())));
         volume_plugins.push(Arc::new(crate::object_volumes::DownwardApiPlugin::new()));
+        volume_plugins.push(Arc::new(crate::object_volumes::ProjectedPlugin::new(
+            self.object_provider.clone(),
+        )));
         Ok(Kubelet::assemble(crate::kubelet::Parts {
             node_name: self.node_name,
             config,

@@ -163,6 +163,14 @@ pub struct KubeletConfiguration {
     pub resolv_conf: String,
     /// `maxPods` (110): reported as the node's `pods` capacity.
     pub max_pods: i32,
+    /// `cgroupsPerQOS`: whether the agent builds the kubelet's QoS cgroup hierarchy
+    /// (`kubepods`, `burstable`, `besteffort`) with a cgroup per pod. The SDK does not build it
+    /// yet, so this is `false` (deliberate difference: the kubelet's default is `true`), and
+    /// `/configz` says so, so that tools checking the hierarchy do not expect it.
+    #[serde(rename = "cgroupsPerQOS")]
+    pub cgroups_per_qos: bool,
+    /// `cgroupDriver` (`cgroupfs`): how cgroups are managed; the SDK writes cgroupfs only.
+    pub cgroup_driver: String,
     /// `configMapAndSecretChangeDetectionStrategy` (`Watch`): `Watch`, `Cache` or `Get`, how
     /// the API-server integration learns of ConfigMap and Secret changes.
     pub config_map_and_secret_change_detection_strategy: String,
@@ -330,6 +338,8 @@ impl Default for KubeletConfiguration {
             cluster_domain: String::new(),
             resolv_conf: "/etc/resolv.conf".to_string(),
             max_pods: 110,
+            cgroups_per_qos: false,
+            cgroup_driver: "cgroupfs".into(),
             config_map_and_secret_change_detection_strategy: "Watch".to_string(),
             eviction_hard: None,
             eviction_soft: BTreeMap::new(),

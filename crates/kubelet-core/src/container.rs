@@ -14,6 +14,7 @@ use crate::pod;
 use crate::quantity;
 use crate::runtime::{
     ContainerConfig, ContainerMetadata, EnvVar, Labels, LinuxResources, Mount, SecurityContext,
+    SecurityProfile,
     labels,
 };
 
@@ -45,6 +46,15 @@ pub enum ContainerConfigError {
     ObjectUnavailable {
         /// What is missing.
         message: String,
+    },
+    /// `runAsNonRoot` is set and the container would run as UID 0 (the kubelet's
+    /// `verifyRunAsNonRoot`).
+    #[error("container's runAsUser breaks non-root policy (pod: {pod:?}, container: {container})")]
+    RunAsNonRoot {
+        /// The pod, as `name_namespace(uid)`.
+        pod: String,
+        /// The container.
+        container: String,
     },
     /// A volume mount names a volume the pod does not declare or that was not set up.
     #[error("volumeMount {mount:?}: volume {volume:?} is not available")]
@@ -120,6 +130,8 @@ pub struct ConfigContext<'a> {
     pub objects: &'a EnvObjects,
     /// Where to report skipped `envFrom` keys (`InvalidEnvironmentVariableNames`).
     pub recorder: Option<&'a EventRecorder>,
+    /// Where `Localhost` seccomp profiles are (`<root-dir>/seccomp`).
+    pub seccomp_profile_root: &'a std::path::Path,
 }
 
 fn field_ref(pod: &Pod, path: &str, ctx: &ConfigContext<'_>) -> Option<String> {
@@ -553,8 +565,7 @@ pub fn generate_container_config(
         ann.insert(labels::CONTAINER_TYPE.into(), ctx.container_type.into());
     }
 
-    let sc = c.security_context.as_ref();
-    let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let security = security_context(pod, c, ctx.seccomp_profile_root)?;
     Ok(ContainerConfig {
         metadata: ContainerMetadata {
             name: c.name.clone(),
@@ -572,15 +583,132 @@ pub fn generate_container_config(
         stdin: c.stdin.unwrap_or(false),
         tty: c.tty.unwrap_or(false),
         resources: linux_resources(c)?,
-        security: SecurityContext {
-            privileged: sc.and_then(|s| s.privileged).unwrap_or(false),
-            run_as_user: sc
-                .and_then(|s| s.run_as_user)
-                .or_else(|| psc.and_then(|s| s.run_as_user)),
-            run_as_group: sc
-                .and_then(|s| s.run_as_group)
-                .or_else(|| psc.and_then(|s| s.run_as_group)),
-        },
+        security,
+    })
+}
+
+/// Paths the kubelet masks in every container whose `procMount` is not `Unmasked`
+/// (`securitycontext.defaultMaskedPaths`).
+pub const DEFAULT_MASKED_PATHS: &[&str] = &[
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// Paths the kubelet makes read-only in every container whose `procMount` is not `Unmasked`
+/// (`securitycontext.defaultReadonlyPaths`).
+pub const DEFAULT_READONLY_PATHS: &[&str] = &[
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The AppArmor annotation of a container before the `appArmorProfile` field (1.30).
+const APPARMOR_ANNOTATION_PREFIX: &str = "container.apparmor.security.beta.kubernetes.io/";
+
+/// The container's effective security context (the kubelet's
+/// `determineEffectiveSecurityContext`): the container's fields, the pod's where the container
+/// sets none, the pod's `fsGroup` and `supplementalGroups` as supplemental groups,
+/// `no_new_privs` when `allowPrivilegeEscalation` is `false`, the default masked and read-only
+/// paths, and the seccomp and AppArmor profiles. Fails when `runAsNonRoot` meets UID 0.
+pub fn security_context(
+    pod: &Pod,
+    c: &Container,
+    seccomp_profile_root: &std::path::Path,
+) -> Result<SecurityContext, ContainerConfigError> {
+    let sc = c.security_context.as_ref();
+    let psc = pod.spec.as_ref().and_then(|s| s.security_context.as_ref());
+    let privileged = sc.and_then(|s| s.privileged).unwrap_or(false);
+    let run_as_user = sc
+        .and_then(|s| s.run_as_user)
+        .or_else(|| psc.and_then(|s| s.run_as_user));
+    let run_as_non_root = sc
+        .and_then(|s| s.run_as_non_root)
+        .or_else(|| psc.and_then(|s| s.run_as_non_root))
+        .unwrap_or(false);
+    if run_as_non_root && run_as_user == Some(0) {
+        return Err(ContainerConfigError::RunAsNonRoot {
+            pod: format!("{}_{}({})", pod::name(pod), pod::namespace(pod), pod::uid(pod)),
+            container: c.name.clone(),
+        });
+    }
+    let mut supplemental_groups = Vec::new();
+    if let Some(psc) = psc {
+        supplemental_groups.extend(psc.fs_group);
+        supplemental_groups.extend(psc.supplemental_groups.iter().flatten().copied());
+    }
+    let caps = sc.and_then(|s| s.capabilities.as_ref());
+    let unmasked = sc.and_then(|s| s.proc_mount.as_deref()) == Some("Unmasked");
+    let paths = |list: &[&str]| {
+        if unmasked {
+            Vec::new()
+        } else {
+            list.iter().map(|p| p.to_string()).collect()
+        }
+    };
+    let seccomp = sc
+        .and_then(|s| s.seccomp_profile.as_ref())
+        .or_else(|| psc.and_then(|s| s.seccomp_profile.as_ref()))
+        .map(|p| match p.type_.as_str() {
+            "RuntimeDefault" => SecurityProfile::RuntimeDefault,
+            "Localhost" => SecurityProfile::Localhost(
+                seccomp_profile_root
+                    .join(p.localhost_profile.as_deref().unwrap_or_default())
+                    .display()
+                    .to_string(),
+            ),
+            _ => SecurityProfile::Unconfined,
+        })
+        .unwrap_or_default();
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&format!("{APPARMOR_ANNOTATION_PREFIX}{}", c.name)));
+    let apparmor = sc
+        .and_then(|s| s.app_armor_profile.as_ref())
+        .or_else(|| psc.and_then(|s| s.app_armor_profile.as_ref()))
+        .map(|p| match p.type_.as_str() {
+            "RuntimeDefault" => SecurityProfile::RuntimeDefault,
+            "Localhost" => {
+                SecurityProfile::Localhost(p.localhost_profile.clone().unwrap_or_default())
+            }
+            _ => SecurityProfile::Unconfined,
+        })
+        .or_else(|| {
+            annotation.map(|a| match a.as_str() {
+                "runtime/default" => SecurityProfile::RuntimeDefault,
+                a => match a.strip_prefix("localhost/") {
+                    Some(name) => SecurityProfile::Localhost(name.to_string()),
+                    None => SecurityProfile::Unconfined,
+                },
+            })
+        });
+    Ok(SecurityContext {
+        privileged,
+        run_as_user,
+        run_as_group: sc
+            .and_then(|s| s.run_as_group)
+            .or_else(|| psc.and_then(|s| s.run_as_group)),
+        supplemental_groups,
+        readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
+        no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
+        add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
+        drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
+        masked_paths: paths(DEFAULT_MASKED_PATHS),
+        readonly_paths: paths(DEFAULT_READONLY_PATHS),
+        seccomp,
+        apparmor,
     })
 }
 
@@ -635,6 +763,7 @@ mod tests {
             container_type: "",
             objects: &EnvObjects::default(),
             recorder: None,
+            seccomp_profile_root: std::path::Path::new("/var/lib/kubelet/seccomp"),
         };
         let cfg = generate_container_config(&p, &c, &ctx).expect("config");
         assert_eq!(cfg.envs[1].value, "hello web on $(NODE)");
@@ -770,6 +899,7 @@ mod tests {
                 container_type: "",
                 objects,
                 recorder: Some(&recorder),
+                seccomp_profile_root: std::path::Path::new("/var/lib/kubelet/seccomp"),
             };
             let r = make_environment(&pod(), &c, &ctx)
                 .map(|v| v.into_iter().map(|e| (e.name, e.value)).collect())

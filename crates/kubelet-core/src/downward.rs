@@ -112,9 +112,11 @@ impl NodeCapacity {
 }
 
 /// The value of `resource` (`limits.cpu`, `requests.memory`, `limits.ephemeral-storage`, …) of
-/// container `c`, divided by `divisor` (default 1) and rounded up, as the kubelet's
-/// `ExtractContainerResourceValue`. An unset limit is the node's capacity (`node`); an unset
-/// request is 0.
+/// container `c`, divided by `divisor` and rounded up, as the kubelet's
+/// `ExtractContainerResourceValue`. An unset or zero divisor is 1 (the API server stores an
+/// unset divisor as `"0"`); otherwise it must be one the API accepts (`1m` or `1` for CPU, `1`,
+/// `1k` … `1E`, `1Ki` … `1Ei` for memory and storage). An unset limit is the node's allocatable
+/// (`node`); an unset request is 0.
 pub fn container_resource_value(
     c: &Container,
     resource: &str,
@@ -131,7 +133,7 @@ pub fn container_resource_value(
         _ => return Err(format!("unsupported container resource : {resource}")),
     };
     let set = map.and_then(|m| m.get(name));
-    let divisor = divisor.map(|d| d.0.as_str()).unwrap_or("1");
+    let divisor = divisor.map(|d| d.0.trim()).unwrap_or("");
     let bad = |q: &str| format!("invalid quantity {q:?} for {resource}");
     match name {
         "cpu" => {
@@ -140,8 +142,8 @@ pub fn container_resource_value(
                 None if kind == "limits" => node.cpu_milli,
                 None => 0,
             };
-            let d = quantity::parse_milli(divisor).map_err(|_| bad(divisor))?;
-            Ok(div_ceil(milli, d, resource)?.to_string())
+            let d = divisor_value(divisor, resource, quantity::parse_milli, CPU_DIVISORS)?;
+            Ok(div_ceil(milli, d).to_string())
         }
         "memory" | "ephemeral-storage" => {
             let bytes = match set {
@@ -150,18 +152,60 @@ pub fn container_resource_value(
                 None if kind == "limits" => node.ephemeral_storage_bytes,
                 None => 0,
             };
-            let d = quantity::parse_bytes(divisor).map_err(|_| bad(divisor))?;
-            Ok(div_ceil(bytes, d, resource)?.to_string())
+            let d = divisor_value(divisor, resource, quantity::parse_bytes, BYTE_DIVISORS)?;
+            Ok(div_ceil(bytes, d).to_string())
         }
         _ => Err(format!("unsupported container resource : {resource}")),
     }
 }
 
-fn div_ceil(v: i64, d: i64, resource: &str) -> Result<i64, String> {
-    if d <= 0 {
-        return Err(format!("divisor of {resource} must be positive"));
+/// The divisors the API accepts for CPU (`validContainerResourceDivisorForCPU`), in millicores.
+const CPU_DIVISORS: (&[i64], &str) = (&[1, 1000], "1m, 1");
+/// The divisors the API accepts for memory and storage, in bytes.
+const BYTE_DIVISORS: (&[i64], &str) = (
+    &[
+        1,
+        1_000,
+        1_000_000,
+        1_000_000_000,
+        1_000_000_000_000,
+        1_000_000_000_000_000,
+        1_000_000_000_000_000_000,
+        1 << 10,
+        1 << 20,
+        1 << 30,
+        1 << 40,
+        1 << 50,
+        1 << 60,
+    ],
+    "1, 1k, 1M, 1G, 1T, 1P, 1E, 1Ki, 1Mi, 1Gi, 1Ti, 1Pi, 1Ei",
+);
+
+/// `divisor` in the unit of `parse`: 1 (one core or one byte) when empty or zero, else one of
+/// `allowed`.
+fn divisor_value(
+    divisor: &str,
+    resource: &str,
+    parse: fn(&str) -> Result<i64, quantity::QuantityError>,
+    (allowed, names): (&[i64], &str),
+) -> Result<i64, String> {
+    let one = parse("1").unwrap_or(1);
+    if divisor.is_empty() {
+        return Ok(one);
     }
-    Ok(v.div_euclid(d) + i64::from(v.rem_euclid(d) != 0))
+    let value = parse(divisor)
+        .map_err(|_| format!("invalid divisor {divisor:?} for {resource}"))?;
+    match value {
+        0 => Ok(one),
+        v if allowed.contains(&v) => Ok(v),
+        _ => Err(format!(
+            "divisor {divisor:?} of {resource} is not supported (supported values: {names})"
+        )),
+    }
+}
+
+fn div_ceil(v: i64, d: i64) -> i64 {
+    v.div_euclid(d) + i64::from(v.rem_euclid(d) != 0)
 }
 
 #[cfg(test)]
@@ -239,6 +283,16 @@ mod tests {
         assert_eq!(v("limits.memory", Some("1Gi")).unwrap(), "8");
         assert_eq!(v("requests.cpu", None).unwrap(), "0");
         assert!(v("limits.gpu", None).is_err());
-        assert!(v("limits.cpu", Some("0")).is_err());
+        // The API server stores an unset divisor as "0": the kubelet reads it as 1.
+        assert_eq!(v("limits.cpu", Some("0")).unwrap(), "1");
+        assert_eq!(v("requests.memory", Some("0")).unwrap(), "67108864");
+        assert_eq!(v("limits.memory", Some("1G")).unwrap(), "9");
+        let err = v("limits.cpu", Some("-1")).unwrap_err();
+        assert!(err.contains("divisor \"-1\""), "{err}");
+        let err = v("limits.cpu", Some("1Mi")).unwrap_err();
+        assert!(err.contains("supported values: 1m, 1"), "{err}");
+        let err = v("limits.memory", Some("3")).unwrap_err();
+        assert!(err.contains("not supported"), "{err}");
+        assert!(v("limits.memory", Some("x")).is_err());
     }
 }

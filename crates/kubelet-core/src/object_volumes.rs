@@ -15,11 +15,14 @@
 //! Deliberate difference: the kubelet backs secret volumes with tmpfs; these write to the node
 //! filesystem under the pod directory (docs/architecture.md).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{KeyToPath, Pod, Volume};
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
+use parking_lot::Mutex;
 
 use crate::atomic_writer::{AtomicWriter, FileProjection, Payload};
 use crate::error::{Error, ErrorKind, Result};
@@ -82,11 +85,57 @@ fn make_payload(
     Ok(out)
 }
 
-async fn write(dir: &Path, payload: Payload) -> Result<bool> {
+/// Write `payload` and, when it changed and the pod has an `fsGroup`, give the volume's files
+/// to that group as the kubelet's `SetVolumeOwnership` does for read-only volumes.
+async fn write_owned(dir: &Path, payload: Payload, fs_group: Option<i64>) -> Result<bool> {
     let writer = AtomicWriter::new(dir);
-    tokio::task::spawn_blocking(move || writer.write(&payload))
-        .await
-        .map_err(|e| Error::internal(format!("volume writer task failed: {e}")))?
+    let root = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let changed = writer.write(&payload)?;
+        if changed && let Some(gid) = fs_group.and_then(|g| u32::try_from(g).ok()) {
+            set_volume_ownership(&root, gid);
+        }
+        Ok(changed)
+    })
+    .await
+    .map_err(|e| Error::internal(format!("volume writer task failed: {e}")))?
+}
+
+/// The pod's `fsGroup`.
+fn fs_group(pod: &Pod) -> Option<i64> {
+    pod.spec.as_ref()?.security_context.as_ref()?.fs_group
+}
+
+/// The kubelet's `SetVolumeOwnership` for a read-only volume: every file and directory below
+/// `dir` (symlinks left alone) gets group `gid` and the group read bit (`0440` added);
+/// directories also get setgid and the execute bits (`0110`). Best effort: without the
+/// privilege to change ownership the files keep the agent's group, logged once.
+fn set_volume_ownership(dir: &Path, gid: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.file_type().is_symlink() {
+            continue;
+        }
+        if let Err(e) = std::os::unix::fs::lchown(&path, None, Some(gid)) {
+            tracing::warn!(path = %path.display(), gid, error = %e, "setting the fsGroup of a volume failed");
+            return;
+        }
+        let mut mask = 0o440;
+        if meta.is_dir() {
+            mask |= 0o2110;
+            if let Ok(entries) = std::fs::read_dir(&path) {
+                stack.extend(entries.flatten().map(|e| e.path()));
+            }
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode | mask != mode {
+            let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode | mask));
+        }
+    }
 }
 
 async fn remove(dir: &Path) -> Result<()> {
@@ -94,6 +143,44 @@ async fn remove(dir: &Path) -> Result<()> {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The keys of ConfigMap `name` in the pod's namespace: `None` when it is missing and
+/// `optional`, the kubelet's `configmap "x" not found` when it is missing otherwise.
+async fn config_map_keys(
+    provider: &dyn ObjectProvider,
+    pod: &Pod,
+    name: &str,
+    optional: bool,
+) -> Result<Option<Keys>> {
+    match provider.config_map(pod::namespace(pod), name).await? {
+        Some(cm) => Ok(Some(
+            cm.data
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k, v.into_bytes()))
+                .chain(cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0)))
+                .collect(),
+        )),
+        None if optional => Ok(None),
+        None => Err(Error::not_found(format!("configmap {name:?} not found"))),
+    }
+}
+
+/// The keys of Secret `name` in the pod's namespace, as [`config_map_keys`].
+async fn secret_keys(
+    provider: &dyn ObjectProvider,
+    pod: &Pod,
+    name: &str,
+    optional: bool,
+) -> Result<Option<Keys>> {
+    match provider.secret(pod::namespace(pod), name).await? {
+        Some(s) => Ok(Some(
+            s.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect(),
+        )),
+        None if optional => Ok(None),
+        None => Err(Error::not_found(format!("secret {name:?} not found"))),
     }
 }
 
@@ -151,23 +238,7 @@ impl VolumePlugin for ConfigMapPlugin {
             .as_ref()
             .ok_or_else(|| no_provider("configMap", volume))?;
         let optional = src.optional.unwrap_or(false);
-        let keys = match provider.config_map(pod::namespace(pod), &src.name).await? {
-            Some(cm) => Some(
-                cm.data
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k, v.into_bytes()))
-                    .chain(cm.binary_data.into_iter().flatten().map(|(k, v)| (k, v.0)))
-                    .collect::<Keys>(),
-            ),
-            None if optional => None,
-            None => {
-                return Err(Error::not_found(format!(
-                    "configmap {:?} not found",
-                    src.name
-                )));
-            }
-        };
+        let keys = config_map_keys(provider.as_ref(), pod, &src.name, optional).await?;
         let payload = make_payload(
             keys.as_ref(),
             src.items.as_deref(),
@@ -175,7 +246,7 @@ impl VolumePlugin for ConfigMapPlugin {
             optional,
             "configmap references non-existent config key",
         )?;
-        if write(dir, payload).await? {
+        if write_owned(dir, payload, fs_group(pod)).await? {
             tracing::debug!(pod = %pod::full_name(pod), volume = %volume.name, "configMap volume written");
         }
         Ok(dir.to_path_buf())
@@ -237,17 +308,7 @@ impl VolumePlugin for SecretPlugin {
             )));
         }
         let optional = src.optional.unwrap_or(false);
-        let keys = match provider.secret(pod::namespace(pod), &name).await? {
-            Some(s) => Some(
-                s.data
-                    .into_iter()
-                    .flatten()
-                    .map(|(k, v)| (k, v.0))
-                    .collect::<Keys>(),
-            ),
-            None if optional => None,
-            None => return Err(Error::not_found(format!("secret {name:?} not found"))),
-        };
+        let keys = secret_keys(provider.as_ref(), pod, &name, optional).await?;
         let payload = make_payload(
             keys.as_ref(),
             src.items.as_deref(),
@@ -255,7 +316,7 @@ impl VolumePlugin for SecretPlugin {
             optional,
             "secret references non-existent secret key",
         )?;
-        if write(dir, payload).await? {
+        if write_owned(dir, payload, fs_group(pod)).await? {
             tracing::debug!(pod = %pod::full_name(pod), volume = %volume.name, "secret volume written");
         }
         Ok(dir.to_path_buf())
@@ -302,13 +363,31 @@ impl DownwardApiPlugin {
                 volume.name
             )));
         };
-        let default_mode = src.default_mode.unwrap_or(DEFAULT_MODE);
         let mut out = Payload::new();
-        for item in src.items.iter().flatten() {
+        self.add_items(
+            pod,
+            src.items.as_deref().unwrap_or_default(),
+            src.default_mode.unwrap_or(DEFAULT_MODE),
+            &volume.name,
+            &mut out,
+        )?;
+        Ok(out)
+    }
+
+    /// Add the files of downwardAPI `items` (of a `downwardAPI` volume or a projected source).
+    fn add_items(
+        &self,
+        pod: &Pod,
+        items: &[DownwardAPIVolumeFile],
+        default_mode: i32,
+        volume_name: &str,
+        out: &mut Payload,
+    ) -> Result<()> {
+        for item in items {
             let bad = |m: String| {
                 Error::invalid_argument(format!(
-                    "downwardAPI volume {:?}, item {:?}: {m}",
-                    volume.name, item.path
+                    "downwardAPI volume {volume_name:?}, item {:?}: {m}",
+                    item.path
                 ))
             };
             let value = if let Some(f) = &item.field_ref {
@@ -343,7 +422,7 @@ impl DownwardApiPlugin {
                 },
             );
         }
-        Ok(out)
+        Ok(())
     }
 }
 
@@ -359,13 +438,283 @@ impl VolumePlugin for DownwardApiPlugin {
 
     async fn set_up(&self, pod: &Pod, volume: &Volume, dir: &Path) -> Result<PathBuf> {
         let payload = self.payload(pod, volume)?;
-        if write(dir, payload).await? {
+        if write_owned(dir, payload, fs_group(pod)).await? {
             tracing::debug!(pod = %pod::full_name(pod), volume = %volume.name, "downwardAPI volume written");
         }
         Ok(dir.to_path_buf())
     }
 
     async fn tear_down(&self, _volume_name: &str, dir: &Path) -> Result<()> {
+        remove(dir).await
+    }
+}
+
+/// `projected` volumes (`kubernetes.io~projected`): the files of several sources in one
+/// directory, written with the same atomic layout and rewritten on every sync when they change:
+///
+/// * `configMap` and `secret` sources, as the single-source volumes (`items`, `optional`, the
+///   volume's `defaultMode` or an item's `mode`);
+/// * `downwardAPI` sources, as the `downwardAPI` volume;
+/// * `serviceAccountToken` sources: a token of the pod's service account from the TokenRequest
+///   API ([`ObjectProvider::request_service_account_token`]), bound to the pod, for the
+///   source's `audience` (the API server's audiences when empty) and `expirationSeconds`
+///   (3600 by default). A token is requested again once 80 % of its lifetime has passed or it
+///   is 24 hours old (the kubelet's token manager); when that fails and the old token is still
+///   valid, the old one stays (logged). Every pod of a Kubernetes ≥ 1.21 cluster has such a
+///   volume (`kube-api-access-*`: token, `ca.crt` from the `kube-root-ca.crt` ConfigMap and
+///   the namespace).
+///
+/// With the pod's `fsGroup` the files belong to that group, readable by it. `clusterTrustBundle`
+/// and `podCertificate` sources are rejected with a clear error.
+pub struct ProjectedPlugin {
+    provider: Option<Arc<dyn ObjectProvider>>,
+    downward: DownwardApiPlugin,
+    tokens: Mutex<HashMap<TokenKey, CachedToken>>,
+}
+
+impl std::fmt::Debug for ProjectedPlugin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProjectedPlugin")
+            .field("provider", &self.provider.is_some())
+            .field("cached_tokens", &self.tokens.lock().len())
+            .finish()
+    }
+}
+
+/// What a cached token was requested for: namespace, service account, audiences, lifetime
+/// and the pod it is bound to (the kubelet's token manager key).
+type TokenKey = (String, String, Vec<String>, i64, String);
+
+#[derive(Debug, Clone)]
+struct CachedToken {
+    token: String,
+    issued: jiff::Timestamp,
+    expires: jiff::Timestamp,
+}
+
+impl CachedToken {
+    /// Older than 80 % of its lifetime or than 24 hours (`requiresRefresh`).
+    fn requires_refresh(&self, now: jiff::Timestamp) -> bool {
+        let ttl = self.expires.duration_since(self.issued);
+        let age = now.duration_since(self.issued);
+        age >= jiff::SignedDuration::from_hours(24) || age * 5 >= ttl * 4
+    }
+}
+
+/// The lifetime a `serviceAccountToken` source asks for when it sets none (the API's default).
+pub const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+
+impl ProjectedPlugin {
+    /// A plugin reading objects and tokens from `provider`; `None` makes every source but
+    /// `downwardAPI` fail with a clear error.
+    pub fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
+        Self {
+            provider,
+            downward: DownwardApiPlugin::new(),
+            tokens: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Give containers without a limit `node` in `downwardAPI` sources.
+    pub fn with_node_capacity(mut self, node: crate::downward::NodeCapacity) -> Self {
+        self.downward = self.downward.with_node_capacity(node);
+        self
+    }
+
+    fn provider(&self, volume: &Volume) -> Result<&Arc<dyn ObjectProvider>> {
+        self.provider
+            .as_ref()
+            .ok_or_else(|| no_provider("projected", volume))
+    }
+
+    /// The token for `source` of `pod`, from the cache while it needs no refresh.
+    async fn token(
+        &self,
+        pod: &Pod,
+        volume: &Volume,
+        source: &k8s_openapi::api::core::v1::ServiceAccountTokenProjection,
+    ) -> Result<String> {
+        let namespace = pod::namespace(pod).to_string();
+        let service_account = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.clone())
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".into());
+        let audiences: Vec<String> = source
+            .audience
+            .iter()
+            .filter(|a| !a.is_empty())
+            .cloned()
+            .collect();
+        let expiration = source
+            .expiration_seconds
+            .unwrap_or(DEFAULT_TOKEN_EXPIRATION_SECONDS);
+        let key: TokenKey = (
+            namespace.clone(),
+            service_account.clone(),
+            audiences.clone(),
+            expiration,
+            pod::uid(pod).to_string(),
+        );
+        let now = jiff::Timestamp::now();
+        let cached = {
+            let mut tokens = self.tokens.lock();
+            // Expired tokens of any pod are of no use any more.
+            tokens.retain(|_, t| t.expires > now);
+            tokens.get(&key).cloned()
+        };
+        if let Some(t) = &cached
+            && !t.requires_refresh(now)
+        {
+            return Ok(t.token.clone());
+        }
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences,
+                expiration_seconds: Some(expiration),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(pod::name(pod).to_string()),
+                    uid: Some(pod::uid(pod).to_string()),
+                }),
+            },
+            ..Default::default()
+        };
+        let answer = self
+            .provider(volume)?
+            .request_service_account_token(&namespace, &service_account, &request)
+            .await
+            .and_then(|tr| {
+                let status = tr.status.ok_or_else(|| {
+                    Error::internal("the TokenRequest answer has no status".to_string())
+                })?;
+                Ok(CachedToken {
+                    token: status.token,
+                    issued: now,
+                    expires: status.expiration_timestamp.0,
+                })
+            });
+        match (answer, cached) {
+            (Ok(fresh), _) => {
+                let token = fresh.token.clone();
+                self.tokens.lock().insert(key, fresh);
+                Ok(token)
+            }
+            (Err(e), Some(old)) if old.expires > now => {
+                tracing::warn!(pod = %pod::full_name(pod), serviceAccount = %service_account, error = %e, "refreshing a service account token failed; the current one stays until it expires");
+                Ok(old.token)
+            }
+            (Err(e), _) => Err(Error::new(
+                e.kind(),
+                format!(
+                    "failed to fetch token for service account {namespace}/{service_account}: {}",
+                    e.message()
+                ),
+            )),
+        }
+    }
+
+    async fn payload(&self, pod: &Pod, volume: &Volume) -> Result<Payload> {
+        let Some(src) = &volume.projected else {
+            return Err(Error::invalid_argument(format!(
+                "volume {:?} is not a projected volume",
+                volume.name
+            )));
+        };
+        let default_mode = src.default_mode.unwrap_or(DEFAULT_MODE);
+        let mut out = Payload::new();
+        for source in src.sources.iter().flatten() {
+            if let Some(c) = &source.config_map {
+                let optional = c.optional.unwrap_or(false);
+                let keys =
+                    config_map_keys(self.provider(volume)?.as_ref(), pod, &c.name, optional)
+                        .await?;
+                out.extend(make_payload(
+                    keys.as_ref(),
+                    c.items.as_deref(),
+                    Some(default_mode),
+                    optional,
+                    "configmap references non-existent config key",
+                )?);
+            } else if let Some(sec) = &source.secret {
+                let optional = sec.optional.unwrap_or(false);
+                let keys =
+                    secret_keys(self.provider(volume)?.as_ref(), pod, &sec.name, optional)
+                        .await?;
+                out.extend(make_payload(
+                    keys.as_ref(),
+                    sec.items.as_deref(),
+                    Some(default_mode),
+                    optional,
+                    "secret references non-existent secret key",
+                )?);
+            } else if let Some(d) = &source.downward_api {
+                self.downward.add_items(
+                    pod,
+                    d.items.as_deref().unwrap_or_default(),
+                    default_mode,
+                    &volume.name,
+                    &mut out,
+                )?;
+            } else if let Some(t) = &source.service_account_token {
+                let token = self.token(pod, volume, t).await?;
+                out.insert(
+                    t.path.clone(),
+                    FileProjection {
+                        data: token.into_bytes(),
+                        mode: (default_mode as u32) & 0o7777,
+                    },
+                );
+            } else {
+                return Err(Error::new(
+                    ErrorKind::InvalidArgument,
+                    format!(
+                        "projected volume {:?}: a source of a kind this agent does not support (it supports configMap, secret, downwardAPI and serviceAccountToken)",
+                        volume.name
+                    ),
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Forget the tokens of the pod whose volume directory is `dir`
+    /// (`<root>/pods/<uid>/volumes/kubernetes.io~projected/<name>`).
+    fn forget_tokens_of(&self, dir: &Path) {
+        let uid = dir
+            .parent()
+            .and_then(Path::parent)
+            .and_then(Path::parent)
+            .and_then(Path::file_name)
+            .and_then(|u| u.to_str());
+        if let Some(uid) = uid {
+            self.tokens.lock().retain(|k, _| k.4 != uid);
+        }
+    }
+}
+
+#[async_trait]
+impl VolumePlugin for ProjectedPlugin {
+    fn name(&self) -> &str {
+        "kubernetes.io~projected"
+    }
+
+    fn can_support(&self, volume: &Volume) -> bool {
+        volume.projected.is_some()
+    }
+
+    async fn set_up(&self, pod: &Pod, volume: &Volume, dir: &Path) -> Result<PathBuf> {
+        let payload = self.payload(pod, volume).await?;
+        if write_owned(dir, payload, fs_group(pod)).await? {
+            tracing::debug!(pod = %pod::full_name(pod), volume = %volume.name, "projected volume written");
+        }
+        Ok(dir.to_path_buf())
+    }
+
+    async fn tear_down(&self, _volume_name: &str, dir: &Path) -> Result<()> {
+        self.forget_tokens_of(dir);
         remove(dir).await
     }
 }
@@ -690,5 +1039,272 @@ mod tests {
         assert_eq!(read("labels"), "tier=\"db\"", "the old content stays");
         plugin.tear_down("info", &dir).await.expect("tear down");
         assert!(!dir.exists());
+    }
+
+    /// Objects from a [`StaticObjects`], tokens numbered in order of request, or refused.
+    struct Tokens {
+        objects: StaticObjects,
+        issued: parking_lot::Mutex<Vec<TokenRequest>>,
+        lifetime: jiff::SignedDuration,
+        refuse: std::sync::atomic::AtomicBool,
+    }
+
+    #[async_trait]
+    impl ObjectProvider for Tokens {
+        async fn config_map(
+            &self,
+            ns: &str,
+            name: &str,
+        ) -> Result<Option<k8s_openapi::api::core::v1::ConfigMap>> {
+            self.objects.config_map(ns, name).await
+        }
+        async fn secret(&self, ns: &str, name: &str) -> Result<Option<Secret>> {
+            self.objects.secret(ns, name).await
+        }
+        async fn request_service_account_token(
+            &self,
+            namespace: &str,
+            service_account: &str,
+            request: &TokenRequest,
+        ) -> Result<TokenRequest> {
+            if self.refuse.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(Error::new(
+                    ErrorKind::PermissionDenied,
+                    "serviceaccounts \"sa\" is forbidden",
+                ));
+            }
+            let mut issued = self.issued.lock();
+            issued.push(request.clone());
+            Ok(TokenRequest {
+                status: Some(k8s_openapi::api::authentication::v1::TokenRequestStatus {
+                    token: format!("{namespace}/{service_account}#{}", issued.len()),
+                    expiration_timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        jiff::Timestamp::now() + self.lifetime,
+                    ),
+                }),
+                ..request.clone()
+            })
+        }
+    }
+
+    fn access_volume(expiration: Option<i64>) -> Volume {
+        use k8s_openapi::api::core::v1::{
+            ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile,
+            ObjectFieldSelector, ProjectedVolumeSource, ServiceAccountTokenProjection,
+            VolumeProjection,
+        };
+        Volume {
+            name: "kube-api-access-x1y2z".into(),
+            projected: Some(ProjectedVolumeSource {
+                default_mode: Some(0o644),
+                sources: Some(vec![
+                    VolumeProjection {
+                        service_account_token: Some(ServiceAccountTokenProjection {
+                            path: "token".into(),
+                            expiration_seconds: expiration,
+                            audience: None,
+                        }),
+                        ..Default::default()
+                    },
+                    VolumeProjection {
+                        config_map: Some(ConfigMapProjection {
+                            name: "kube-root-ca.crt".into(),
+                            items: Some(vec![KeyToPath {
+                                key: "ca.crt".into(),
+                                path: "ca.crt".into(),
+                                mode: None,
+                            }]),
+                            optional: None,
+                        }),
+                        ..Default::default()
+                    },
+                    VolumeProjection {
+                        downward_api: Some(DownwardAPIProjection {
+                            items: Some(vec![DownwardAPIVolumeFile {
+                                path: "namespace".into(),
+                                field_ref: Some(ObjectFieldSelector {
+                                    field_path: "metadata.namespace".into(),
+                                    api_version: Some("v1".into()),
+                                }),
+                                ..Default::default()
+                            }]),
+                        }),
+                        ..Default::default()
+                    },
+                ]),
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn sa_pod() -> Pod {
+        let mut p = pod();
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            service_account_name: Some("sa".into()),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[tokio::test]
+    async fn projected_volume_writes_token_ca_and_namespace_like_kube_api_access() {
+        let dir = tempdir();
+        let objects = StaticObjects::new();
+        let mut ca = cm(&[("ca.crt", "PEM")]);
+        ca.metadata.name = Some("kube-root-ca.crt".into());
+        objects.put_config_map(ca);
+        let provider = Arc::new(Tokens {
+            objects,
+            issued: parking_lot::Mutex::new(Vec::new()),
+            lifetime: jiff::SignedDuration::from_secs(3600),
+            refuse: false.into(),
+        });
+        let plugin = ProjectedPlugin::new(Some(provider.clone()));
+        let volume = access_volume(Some(3607));
+        assert!(plugin.can_support(&volume));
+        let vol = dir.join("v");
+        let out = plugin
+            .set_up(&sa_pod(), &volume, &vol)
+            .await
+            .expect("set up");
+        let read = |f: &str| std::fs::read_to_string(out.join(f)).expect("file");
+        assert_eq!(read("token"), "ns/sa#1");
+        assert_eq!(read("ca.crt"), "PEM");
+        assert_eq!(read("namespace"), "ns");
+        assert_eq!(mode(&out.join("token")), 0o644);
+        // The request is bound to the pod, with the source's lifetime and no audience.
+        {
+            let issued = provider.issued.lock();
+            let spec = &issued[0].spec;
+            assert_eq!(spec.expiration_seconds, Some(3607));
+            assert!(spec.audiences.is_empty());
+            let bound = spec.bound_object_ref.as_ref().expect("bound");
+            assert_eq!(
+                (bound.kind.as_deref(), bound.name.as_deref(), bound.uid.as_deref()),
+                (Some("Pod"), Some("p"), Some("u"))
+            );
+        }
+
+        // A young token is reused on the next sync.
+        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("resync");
+        assert_eq!(provider.issued.lock().len(), 1);
+        assert_eq!(read("token"), "ns/sa#1");
+
+        // When the API server refuses, the missing token fails the set-up with its reason.
+        provider
+            .refuse
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let mut other = sa_pod();
+        other.metadata.uid = Some("u2".into());
+        let err = plugin
+            .set_up(&other, &volume, &dir.join("w"))
+            .await
+            .expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(
+            err.message()
+                .contains("failed to fetch token for service account ns/sa"),
+            "{err}"
+        );
+
+        // A missing kube-root-ca.crt is the kubelet's error.
+        provider
+            .refuse
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        provider.objects.remove_config_map("ns", "kube-root-ca.crt");
+        let err = plugin
+            .set_up(&other, &volume, &dir.join("w"))
+            .await
+            .expect_err("no CA");
+        assert!(err.message().contains("configmap \"kube-root-ca.crt\" not found"), "{err}");
+
+        plugin.tear_down("v", &vol).await.expect("tear down");
+        assert!(!vol.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn tokens_are_requested_again_after_80_percent_of_their_life() {
+        let dir = tempdir();
+        let objects = StaticObjects::new();
+        let mut ca = cm(&[("ca.crt", "PEM")]);
+        ca.metadata.name = Some("kube-root-ca.crt".into());
+        objects.put_config_map(ca);
+        // Issued for 2 s: 80 % of that has passed after 1.6 s.
+        let provider = Arc::new(Tokens {
+            objects,
+            issued: parking_lot::Mutex::new(Vec::new()),
+            lifetime: jiff::SignedDuration::from_secs(2),
+            refuse: false.into(),
+        });
+        let plugin = ProjectedPlugin::new(Some(provider.clone()));
+        let volume = access_volume(None);
+        let vol = dir.join("v");
+        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("set up");
+        assert_eq!(
+            provider.issued.lock()[0].spec.expiration_seconds,
+            Some(DEFAULT_TOKEN_EXPIRATION_SECONDS)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1700)).await;
+        // A refused refresh keeps the token that is still valid.
+        provider
+            .refuse
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("old token kept");
+        assert_eq!(std::fs::read_to_string(vol.join("token")).expect("token"), "ns/sa#1");
+        provider
+            .refuse
+            .store(false, std::sync::atomic::Ordering::SeqCst);
+        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("refreshed");
+        assert_eq!(std::fs::read_to_string(vol.join("token")).expect("token"), "ns/sa#2");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn refresh_rule_is_80_percent_of_the_lifetime_or_a_day() {
+        let issued = jiff::Timestamp::now();
+        let t = CachedToken {
+            token: String::new(),
+            issued,
+            expires: issued + jiff::SignedDuration::from_secs(1000),
+        };
+        assert!(!t.requires_refresh(issued + jiff::SignedDuration::from_secs(799)));
+        assert!(t.requires_refresh(issued + jiff::SignedDuration::from_secs(800)));
+        let year = CachedToken {
+            expires: issued + jiff::SignedDuration::from_hours(24 * 365),
+            ..t
+        };
+        assert!(!year.requires_refresh(issued + jiff::SignedDuration::from_hours(23)));
+        assert!(year.requires_refresh(issued + jiff::SignedDuration::from_hours(24)));
+    }
+
+    #[tokio::test]
+    async fn fs_group_owns_projected_files_and_makes_them_group_readable() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: changing a file's group needs root");
+            return;
+        }
+        let dir = tempdir();
+        let store = StaticObjects::new();
+        store.put_config_map(cm(&[("a", "1")]));
+        let plugin = ConfigMapPlugin::new(Some(Arc::new(store)));
+        let mut volume = cm_volume(None, false);
+        if let Some(c) = volume.config_map.as_mut() {
+            c.default_mode = Some(0o400);
+        }
+        let mut p = pod();
+        p.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+            security_context: Some(k8s_openapi::api::core::v1::PodSecurityContext {
+                fs_group: Some(1234),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        let out = plugin.set_up(&p, &volume, &dir.join("v")).await.expect("set up");
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(out.join("a")).expect("a");
+        assert_eq!(meta.gid(), 1234);
+        assert_eq!(mode(&out.join("a")), 0o440);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use async_trait::async_trait;
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
 use parking_lot::RwLock;
 
@@ -40,6 +41,26 @@ pub trait ObjectProvider: Send + Sync + 'static {
     /// `pod` is gone: objects only it referenced need no tracking any more.
     fn unregister_pod(&self, pod: &Pod) {
         let _ = pod;
+    }
+    /// A token for `service_account` in `namespace` (the TokenRequest API,
+    /// `POST …/serviceaccounts/<name>/token`), for the `serviceAccountToken` sources of
+    /// projected volumes: `request.spec` carries the audiences, the lifetime and the pod the
+    /// token is bound to; the answer's `status` carries the token and its expiry. The default
+    /// fails with [`ErrorKind::Unimplemented`](crate::ErrorKind::Unimplemented): this provider
+    /// cannot issue tokens (an agent without an API server).
+    async fn request_service_account_token(
+        &self,
+        namespace: &str,
+        service_account: &str,
+        request: &TokenRequest,
+    ) -> Result<TokenRequest> {
+        let _ = request;
+        Err(crate::Error::new(
+            crate::ErrorKind::Unimplemented,
+            format!(
+                "cannot request a token for service account {namespace}/{service_account}: the object provider cannot issue service account tokens"
+            ),
+        ))
     }
     /// Every Service of the cluster, for the pods' service environment variables
     /// ([`crate::services`]); called for every container start, so it must be a cheap read

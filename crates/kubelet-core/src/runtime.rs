@@ -206,7 +206,9 @@ pub struct LinuxResources {
     pub memory_limit_in_bytes: i64,
 }
 
-/// Security settings the runtime applies.
+/// Security settings the runtime applies (CRI `LinuxContainerSecurityContext`), the pod's and
+/// the container's `securityContext` merged as the kubelet's `determineEffectiveSecurityContext`
+/// does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SecurityContext {
     /// Run privileged.
@@ -215,6 +217,39 @@ pub struct SecurityContext {
     pub run_as_user: Option<i64>,
     /// GID to run as.
     pub run_as_group: Option<i64>,
+    /// Additional groups of the process: the pod's `fsGroup`, then its `supplementalGroups`.
+    pub supplemental_groups: Vec<i64>,
+    /// `readOnlyRootFilesystem`: mount the root filesystem read-only.
+    pub readonly_rootfs: bool,
+    /// `no_new_privs`: set when `allowPrivilegeEscalation` is `false`.
+    pub no_new_privs: bool,
+    /// Capabilities to add (`capabilities.add`, names without the `CAP_` prefix as written).
+    pub add_capabilities: Vec<String>,
+    /// Capabilities to drop (`capabilities.drop`; `ALL` drops every one).
+    pub drop_capabilities: Vec<String>,
+    /// Paths to mask (the kubelet's defaults unless `procMount: Unmasked`).
+    pub masked_paths: Vec<String>,
+    /// Paths to make read-only (the kubelet's defaults unless `procMount: Unmasked`).
+    pub readonly_paths: Vec<String>,
+    /// The seccomp profile (`seccompProfile`; unconfined when unset, as the kubelet without
+    /// `seccompDefault`).
+    pub seccomp: SecurityProfile,
+    /// The AppArmor profile (`appArmorProfile` or the beta annotation); `None` leaves the
+    /// runtime's default.
+    pub apparmor: Option<SecurityProfile>,
+}
+
+/// A seccomp or AppArmor profile (CRI `SecurityProfile`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum SecurityProfile {
+    /// No profile.
+    #[default]
+    Unconfined,
+    /// The runtime's default profile.
+    RuntimeDefault,
+    /// A profile on the node: for seccomp the absolute path of its file
+    /// (`<root-dir>/seccomp/<localhostProfile>`), for AppArmor the profile's name.
+    Localhost(String),
 }
 
 /// Everything a runtime needs to create a container (CRI `ContainerConfig`).

@@ -47,6 +47,31 @@ pub(crate) enum SyncOutcome {
     Terminal,
 }
 
+/// The reason of a pod that ran past its `activeDeadlineSeconds` (phase and event).
+pub(crate) const DEADLINE_EXCEEDED_REASON: &str = "DeadlineExceeded";
+/// The kubelet's message for a pod that ran past its `activeDeadlineSeconds`.
+pub(crate) const DEADLINE_EXCEEDED_MESSAGE: &str =
+    "Pod was active on the node longer than the specified deadline";
+
+/// How long `p` may still be active before its `activeDeadlineSeconds` passes, counted from
+/// its `startTime` (the kubelet's `pastActiveDeadline`); zero once it has passed, `None` without
+/// a deadline or a start time.
+pub(crate) fn active_deadline_remaining(
+    p: &Pod,
+    start_time: Option<jiff::Timestamp>,
+    now: jiff::Timestamp,
+) -> Option<Duration> {
+    let deadline = p.spec.as_ref()?.active_deadline_seconds?;
+    let start = start_time?;
+    let active = now.duration_since(start);
+    let allowed = jiff::SignedDuration::from_secs(deadline.max(0));
+    Some(if active >= allowed {
+        Duration::ZERO
+    } else {
+        Duration::try_from(allowed - active).unwrap_or(Duration::ZERO)
+    })
+}
+
 /// The kubelet's `backOffPeriod` for failed syncs.
 const ERROR_BACKOFF: Duration = Duration::from_secs(10);
 /// The kubelet's `minimumGracePeriodInSeconds`.
@@ -307,8 +332,48 @@ impl Engine {
         })
     }
 
-    /// Sync a running pod toward its spec.
+    /// Sync a running pod toward its spec, within its `activeDeadlineSeconds` (the kubelet's
+    /// `activeDeadlineHandler`): a pod active longer than its deadline fails with reason
+    /// `DeadlineExceeded` and is killed; before that, the pod is synced again when the deadline
+    /// passes (an update that changes the deadline syncs the pod at once).
     pub(crate) async fn sync_pod(&self, p: &Pod, entry: CacheEntry) -> SyncOutcome {
+        let start_time = self
+            .status
+            .get(pod::uid(p))
+            .and_then(|s| s.start_time)
+            .or_else(|| p.status.as_ref().and_then(|s| s.start_time.clone()))
+            .map(|t| t.0);
+        let remaining = active_deadline_remaining(p, start_time, jiff::Timestamp::now());
+        if remaining == Some(Duration::ZERO) {
+            self.recorder.normal(
+                InvolvedObject::pod(p),
+                DEADLINE_EXCEEDED_REASON,
+                DEADLINE_EXCEEDED_MESSAGE,
+            );
+            self.status.set_terminal(
+                p,
+                Some((
+                    DEADLINE_EXCEEDED_REASON.into(),
+                    DEADLINE_EXCEEDED_MESSAGE.into(),
+                )),
+                None,
+            );
+            return SyncOutcome::Terminal;
+        }
+        let outcome = self.sync_pod_toward_spec(p, entry).await;
+        // A pod that has just got its start time has its deadline counted from now on.
+        let remaining = remaining.or_else(|| {
+            let start = self.status.get(pod::uid(p)).and_then(|s| s.start_time)?;
+            active_deadline_remaining(p, Some(start.0), jiff::Timestamp::now())
+        });
+        match (outcome, remaining) {
+            (SyncOutcome::Requeue(d), Some(r)) => SyncOutcome::Requeue(d.min(r)),
+            (SyncOutcome::Changed(d), Some(r)) => SyncOutcome::Changed(d.min(r)),
+            (outcome, _) => outcome,
+        }
+    }
+
+    async fn sync_pod_toward_spec(&self, p: &Pod, entry: CacheEntry) -> SyncOutcome {
         let uid = pod::uid(p).to_string();
         let rt = match entry.status {
             Ok(s) => s,
@@ -763,6 +828,7 @@ impl Engine {
             volume_paths,
             restart_count,
             container_type: kind,
+            seccomp_profile_root: &self.config.root_dir.join("seccomp"),
         };
         let config = match container::generate_container_config(p, c, &ctx) {
             Ok(mut cfg) => {
@@ -1424,8 +1490,14 @@ impl Engine {
             }
         }
         // Orphans carry name, namespace and UID from the runtime's labels, which is all the
-        // directory layout needs.
-        let _ = tokio::fs::remove_dir_all(self.pod_dir(p)).await;
+        // directory layout needs. Their memory-backed volumes are still mounted: unmount first.
+        let pod_dir = self.pod_dir(p);
+        let volumes_dir = pod_dir.join("volumes");
+        let _ = tokio::task::spawn_blocking(move || {
+            crate::volume::unmount_all_below(&volumes_dir)
+        })
+        .await;
+        let _ = tokio::fs::remove_dir_all(pod_dir).await;
         let _ = tokio::fs::remove_dir_all(self.log_dir(p)).await;
         if !orphan {
             self.status.remove_pod(p);

@@ -30,10 +30,110 @@ pub trait VolumePlugin: Send + Sync + 'static {
 
 fn _assert_volume_dyn(_: &dyn VolumePlugin) {}
 
-/// `emptyDir` with the default medium: a directory on the node filesystem that lives as long as
-/// the pod UID. `medium: Memory` needs a tmpfs mount and is rejected with a clear error.
-#[derive(Debug, Default, Clone)]
-pub struct EmptyDirPlugin;
+/// `emptyDir`: a directory that lives as long as the pod UID, made as the kubelet's
+/// `empty_dir` plugin makes it.
+///
+/// * The default medium is a directory on the node filesystem, mode 0777, so that containers
+///   running as any user can write to it.
+/// * `medium: Memory` is a tmpfs mounted by the agent (needs `CAP_SYS_ADMIN`; without it the
+///   set-up fails with the mount's error, reported as `FailedMount`). Its size is the node's
+///   allocatable memory, lowered to the pod's memory limit (when every container has one) and
+///   then to the volume's `sizeLimit` (each only when positive and smaller: a `sizeLimit` above
+///   the node's memory leaves the node's size), as the kubelet's `SizeMemoryBackedVolumes`.
+///   It is unmounted when the pod's volumes are torn down.
+/// * Other media (`HugePages`, …) are rejected with a clear error.
+#[derive(Debug, Clone)]
+pub struct EmptyDirPlugin {
+    node_memory_bytes: i64,
+}
+
+impl Default for EmptyDirPlugin {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl EmptyDirPlugin {
+    /// A plugin that sizes memory-backed volumes against this host's `MemTotal`.
+    pub fn new() -> Self {
+        Self {
+            node_memory_bytes: crate::downward::NodeCapacity::of_host().memory_bytes,
+        }
+    }
+
+    /// Size memory-backed volumes against `bytes` (the node's allocatable memory) instead.
+    pub fn with_node_memory(mut self, bytes: i64) -> Self {
+        self.node_memory_bytes = bytes;
+        self
+    }
+
+    /// The size of the tmpfs of `volume` of `pod` in bytes (the kubelet's
+    /// `calculateEmptyDirMemorySize`); `None` leaves the kernel's default (half the RAM).
+    pub fn memory_volume_size(&self, pod: &Pod, volume: &Volume) -> Option<i64> {
+        let mut size = self.node_memory_bytes;
+        let lower = |size: &mut i64, v: Option<i64>| {
+            if let Some(v) = v
+                && v > 0
+                && v <= *size
+            {
+                *size = v;
+            }
+        };
+        if size > 0 {
+            lower(&mut size, pod_memory_limit(pod));
+        } else {
+            size = pod_memory_limit(pod).unwrap_or(0);
+        }
+        let size_limit = volume
+            .empty_dir
+            .as_ref()
+            .and_then(|e| e.size_limit.as_ref())
+            .and_then(|q| crate::quantity::parse_bytes(&q.0).ok());
+        if size > 0 {
+            lower(&mut size, size_limit);
+        } else {
+            size = size_limit.unwrap_or(0);
+        }
+        (size > 0).then_some(size)
+    }
+}
+
+/// The pod's memory limit as its cgroup gets it: the sum of its containers' limits (at least
+/// the largest init container's), only when every container has one.
+fn pod_memory_limit(pod: &Pod) -> Option<i64> {
+    let limit = |c: &k8s_openapi::api::core::v1::Container| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.limits.as_ref())
+            .and_then(|l| l.get("memory"))
+            .and_then(|q| crate::quantity::parse_bytes(&q.0).ok())
+            .filter(|v| *v > 0)
+    };
+    let spec = pod.spec.as_ref()?;
+    let mut sum = 0i64;
+    for c in &spec.containers {
+        sum = sum.saturating_add(limit(c)?);
+    }
+    let mut init_max = 0i64;
+    for c in spec.init_containers.iter().flatten() {
+        let l = limit(c)?;
+        if crate::pod::is_sidecar(c) {
+            sum = sum.saturating_add(l);
+        } else {
+            init_max = init_max.max(l);
+        }
+    }
+    Some(sum.max(init_max))
+}
+
+/// True when `dir` is the root of a mount (its device differs from its parent's).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(m), Some(parent)) = (std::fs::symlink_metadata(dir), dir.parent()) else {
+        return false;
+    };
+    std::fs::metadata(parent).is_ok_and(|p| p.dev() != m.dev())
+}
 
 #[async_trait]
 impl VolumePlugin for EmptyDirPlugin {
@@ -45,13 +145,14 @@ impl VolumePlugin for EmptyDirPlugin {
         volume.empty_dir.is_some()
     }
 
-    async fn set_up(&self, _pod: &Pod, volume: &Volume, dir: &Path) -> Result<PathBuf> {
+    async fn set_up(&self, pod: &Pod, volume: &Volume, dir: &Path) -> Result<PathBuf> {
+        use std::os::unix::fs::PermissionsExt;
         let medium = volume
             .empty_dir
             .as_ref()
             .and_then(|e| e.medium.clone())
             .unwrap_or_default();
-        if !medium.is_empty() {
+        if !medium.is_empty() && medium != "Memory" {
             return Err(Error::new(
                 ErrorKind::InvalidArgument,
                 format!(
@@ -61,16 +162,115 @@ impl VolumePlugin for EmptyDirPlugin {
             ));
         }
         tokio::fs::create_dir_all(dir).await?;
+        if medium == "Memory" {
+            let size = self.memory_volume_size(pod, volume);
+            let target = dir.to_path_buf();
+            let name = volume.name.clone();
+            tokio::task::spawn_blocking(move || mount_tmpfs(&target, size, &name))
+                .await
+                .map_err(|e| Error::internal(format!("tmpfs mount task failed: {e}")))??;
+            return Ok(dir.to_path_buf());
+        }
+        // The kubelet makes the directory 0777 whatever the umask, so that containers of any
+        // user can write to it.
+        tokio::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).await?;
         Ok(dir.to_path_buf())
     }
 
     async fn tear_down(&self, _volume_name: &str, dir: &Path) -> Result<()> {
+        let target = dir.to_path_buf();
+        tokio::task::spawn_blocking(move || unmount_if_mounted(&target))
+            .await
+            .map_err(|e| Error::internal(format!("tmpfs unmount task failed: {e}")))??;
         match tokio::fs::remove_dir_all(dir).await {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Mounts a tmpfs of `size` bytes (the kernel's default without one) at `dir`, unless one is
+/// there already (a later sync, or an agent restarted while the pod runs).
+fn mount_tmpfs(dir: &Path, size: Option<i64>, volume: &str) -> Result<()> {
+    use nix::mount::{MsFlags, mount};
+    if is_mount_point(dir) {
+        return Ok(());
+    }
+    let options = size.map(|s| format!("size={s}"));
+    mount(
+        Some("tmpfs"),
+        dir,
+        Some("tmpfs"),
+        MsFlags::empty(),
+        options.as_deref(),
+    )
+    .map_err(|errno| {
+        Error::new(
+            ErrorKind::FailedPrecondition,
+            format!(
+                "emptyDir volume {volume:?} (medium Memory): mounting a tmpfs at {}: {errno}",
+                dir.display()
+            ),
+        )
+    })?;
+    tracing::debug!(dir = %dir.display(), ?size, "tmpfs mounted for a memory-backed emptyDir");
+    Ok(())
+}
+
+/// Unmounts `dir` when something is mounted there (a memory-backed `emptyDir`).
+fn unmount_if_mounted(dir: &Path) -> Result<()> {
+    use nix::mount::{MntFlags, umount2};
+    if !is_mount_point(dir) {
+        return Ok(());
+    }
+    umount2(dir, MntFlags::empty()).map_err(|errno| {
+        Error::new(
+            ErrorKind::FailedPrecondition,
+            format!("unmounting the tmpfs at {}: {errno}", dir.display()),
+        )
+    })
+}
+
+/// Unmounts everything mounted below `dir` (deepest first): the tmpfs of memory-backed
+/// `emptyDir`s of a pod whose directory is removed without its spec (an orphan found after a
+/// restart). Best effort: failures are logged.
+pub(crate) fn unmount_all_below(dir: &Path) {
+    let Ok(mounts) = std::fs::read_to_string("/proc/self/mounts") else {
+        return;
+    };
+    let mut below: Vec<PathBuf> = mounts
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .map(|p| PathBuf::from(unescape_mount_path(p)))
+        .filter(|p| p.starts_with(dir) && p != dir)
+        .collect();
+    below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    for p in below {
+        if let Err(e) = nix::mount::umount2(&p, nix::mount::MntFlags::empty()) {
+            tracing::warn!(path = %p.display(), error = %e, "unmounting below a removed pod directory failed");
+        }
+    }
+}
+
+/// `/proc/self/mounts` writes space, tab, newline and backslash as `\ooo` octal escapes.
+fn unescape_mount_path(p: &str) -> String {
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            out.push((b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0'));
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// `hostPath`: a path on the host, with the kubelet's `type` checks

@@ -297,15 +297,50 @@ pub(crate) fn container_config_in(
         tty: c.tty,
         linux: Some(cri::LinuxContainerConfig {
             resources: Some(c.resources.as_ref().map(resources_in).unwrap_or_default()),
-            security_context: Some(cri::LinuxContainerSecurityContext {
-                privileged: security.privileged,
-                namespace_options: Some(namespace_options(sandbox.host_network)),
-                run_as_user: security.run_as_user.map(|value| cri::Int64Value { value }),
-                run_as_group: security.run_as_group.map(|value| cri::Int64Value { value }),
-                ..Default::default()
-            }),
+            security_context: Some(security_context_in(security, sandbox)),
         }),
         ..Default::default()
+    }
+}
+
+/// The CRI security context of a container (the kubelet's `convertToRuntimeSecurityContext`).
+fn security_context_in(
+    security: &core::SecurityContext,
+    sandbox: &core::PodSandboxConfig,
+) -> cri::LinuxContainerSecurityContext {
+    let caps = (!security.add_capabilities.is_empty() || !security.drop_capabilities.is_empty())
+        .then(|| cri::Capability {
+            add_capabilities: security.add_capabilities.clone(),
+            drop_capabilities: security.drop_capabilities.clone(),
+            ..Default::default()
+        });
+    cri::LinuxContainerSecurityContext {
+        capabilities: caps,
+        privileged: security.privileged,
+        namespace_options: Some(namespace_options(sandbox.host_network)),
+        run_as_user: security.run_as_user.map(|value| cri::Int64Value { value }),
+        run_as_group: security.run_as_group.map(|value| cri::Int64Value { value }),
+        readonly_rootfs: security.readonly_rootfs,
+        supplemental_groups: security.supplemental_groups.clone(),
+        no_new_privs: security.no_new_privs,
+        masked_paths: security.masked_paths.clone(),
+        readonly_paths: security.readonly_paths.clone(),
+        seccomp: Some(security_profile_in(&security.seccomp)),
+        apparmor: security.apparmor.as_ref().map(security_profile_in),
+        ..Default::default()
+    }
+}
+
+fn security_profile_in(p: &core::SecurityProfile) -> cri::SecurityProfile {
+    use cri::security_profile::ProfileType;
+    let (kind, localhost_ref) = match p {
+        core::SecurityProfile::Unconfined => (ProfileType::Unconfined, String::new()),
+        core::SecurityProfile::RuntimeDefault => (ProfileType::RuntimeDefault, String::new()),
+        core::SecurityProfile::Localhost(r) => (ProfileType::Localhost, r.clone()),
+    };
+    cri::SecurityProfile {
+        profile_type: kind as i32,
+        localhost_ref,
     }
 }
 
@@ -463,7 +498,13 @@ mod tests {
             security: core::SecurityContext {
                 privileged: true,
                 run_as_user: Some(1000),
-                run_as_group: None,
+                readonly_rootfs: true,
+                no_new_privs: true,
+                supplemental_groups: vec![2000, 3000],
+                drop_capabilities: vec!["ALL".into()],
+                add_capabilities: vec!["NET_BIND_SERVICE".into()],
+                seccomp: core::SecurityProfile::Localhost("/var/lib/kubelet/seccomp/p.json".into()),
+                ..Default::default()
             },
             ..Default::default()
         };
@@ -483,6 +524,18 @@ mod tests {
         assert!(s.privileged);
         assert_eq!(s.run_as_user.map(|v| v.value), Some(1000));
         assert!(s.run_as_group.is_none());
+        assert!(s.readonly_rootfs && s.no_new_privs);
+        assert_eq!(s.supplemental_groups, vec![2000, 3000]);
+        let caps = s.capabilities.unwrap();
+        assert_eq!(caps.drop_capabilities, vec!["ALL"]);
+        assert_eq!(caps.add_capabilities, vec!["NET_BIND_SERVICE"]);
+        let seccomp = s.seccomp.unwrap();
+        assert_eq!(
+            seccomp.profile_type,
+            cri::security_profile::ProfileType::Localhost as i32
+        );
+        assert_eq!(seccomp.localhost_ref, "/var/lib/kubelet/seccomp/p.json");
+        assert!(s.apparmor.is_none());
     }
 
     #[test]

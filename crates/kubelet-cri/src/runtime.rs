@@ -437,6 +437,13 @@ impl CriRuntime {
             path: file.clone(),
             source,
         })?;
+        // As the kubelet: writable by any user, so that a container that does not run as root
+        // can write its message.
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+            .map_err(|source| CriError::PrepareHostFile {
+                path: file.clone(),
+                source,
+            })?;
         Ok(Some(cri::Mount {
             container_path: target.clone(),
             host_path: file.to_string_lossy().into_owned(),

@@ -75,6 +75,12 @@ pub(crate) struct ContainerRecord {
     pub(crate) cgroup: Option<CgroupPaths>,
     pub(crate) uid: Option<u32>,
     pub(crate) gid: Option<u32>,
+    /// Supplemental groups (the pod's `fsGroup` and `supplementalGroups`).
+    #[serde(default)]
+    pub(crate) groups: Vec<u32>,
+    /// `allowPrivilegeEscalation: false`: the process starts with `no_new_privs`.
+    #[serde(default)]
+    pub(crate) no_new_privs: bool,
     pub(crate) termination_message_path: Option<PathBuf>,
     /// `stdin: true`: the shim gives the process a FIFO as standard input, which attach
     /// writes to.

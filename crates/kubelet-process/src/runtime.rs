@@ -94,6 +94,26 @@ struct Ledger {
     removing: HashSet<String>,
 }
 
+/// The parts of a container's security context a host process cannot get (the process runtime
+/// applies user, group, supplemental groups and `no_new_privs`).
+fn unsupported_security(s: &kubelet_core::runtime::SecurityContext) -> Vec<&'static str> {
+    use kubelet_core::runtime::SecurityProfile;
+    let mut out = Vec::new();
+    if s.readonly_rootfs {
+        out.push("readOnlyRootFilesystem");
+    }
+    if !s.add_capabilities.is_empty() || !s.drop_capabilities.is_empty() {
+        out.push("capabilities");
+    }
+    if s.seccomp != SecurityProfile::Unconfined {
+        out.push("seccompProfile");
+    }
+    if s.apparmor.as_ref().is_some_and(|p| *p != SecurityProfile::Unconfined) {
+        out.push("appArmorProfile");
+    }
+    out
+}
+
 /// Make the child `cmd` spawns write itself (`0`) into every `cgroup.procs` of `files` before
 /// it execs: exec'd commands and exec probes run in the container's cgroup.
 fn join_cgroup_before_exec(cmd: &mut tokio::process::Command, files: &[PathBuf]) {
@@ -676,6 +696,18 @@ impl ProcessRuntime {
                 ),
             );
         }
+        let unsupported = unsupported_security(&config.security);
+        if !unsupported.is_empty() {
+            self.recorder.warning(
+                Self::pod_object(&sandbox, name),
+                "SecurityContextNotSupported",
+                format!(
+                    "container {name}: the process runtime runs host processes and cannot apply \
+                     {}; the process runs without them",
+                    unsupported.join(", ")
+                ),
+            );
+        }
         let to_u32 = |v: Option<i64>| v.and_then(|v| u32::try_from(v).ok());
         let rec = ContainerRecord {
             id: id.clone(),
@@ -703,6 +735,13 @@ impl ProcessRuntime {
             cgroup,
             uid: to_u32(config.security.run_as_user),
             gid: to_u32(config.security.run_as_group),
+            groups: config
+                .security
+                .supplemental_groups
+                .iter()
+                .filter_map(|g| u32::try_from(*g).ok())
+                .collect(),
+            no_new_privs: config.security.no_new_privs,
             termination_message_path: config
                 .annotations
                 .get(labels::CONTAINER_TERMINATION_MESSAGE_PATH)

@@ -148,6 +148,55 @@ fn stdin_fifo(dir: &Path) -> std::io::Result<(std::fs::File, std::fs::File)> {
     Ok((read, keeper))
 }
 
+/// The container's user, group, supplemental groups and `no_new_privs`. Without supplemental
+/// groups std changes the user and group (dropping the agent's groups); with them a hook does it
+/// in the child, groups first. Both run before the parent-death hook, which a credential change
+/// would clear.
+fn set_credentials(cmd: &mut Command, rec: &ContainerRecord) {
+    use nix::unistd::{Gid, Uid};
+    if rec.groups.is_empty() {
+        if let Some(gid) = rec.gid {
+            cmd.gid(gid);
+        }
+        if let Some(uid) = rec.uid {
+            cmd.uid(uid);
+        }
+    } else {
+        let groups: Vec<Gid> = rec.groups.iter().map(|g| Gid::from_raw(*g)).collect();
+        let gid = rec.gid.map(Gid::from_raw);
+        let uid = rec.uid.map(Uid::from_raw);
+        let hook = move || -> std::io::Result<()> {
+            let os = |e: nix::errno::Errno| std::io::Error::from_raw_os_error(e as i32);
+            nix::unistd::setgroups(&groups).map_err(os)?;
+            if let Some(g) = gid {
+                nix::unistd::setgid(g).map_err(os)?;
+            }
+            if let Some(u) = uid {
+                nix::unistd::setuid(u).map_err(os)?;
+            }
+            Ok(())
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: the hook runs in the child between fork and exec; it makes only the
+        // setgroups, setgid and setuid system calls on memory allocated before the fork, and
+        // takes no lock.
+        unsafe {
+            cmd.pre_exec(hook);
+        }
+    }
+    if rec.no_new_privs {
+        let hook = || -> std::io::Result<()> {
+            nix::sys::prctl::set_no_new_privs()
+                .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+        };
+        #[allow(unsafe_code)]
+        // SAFETY: the hook runs in the child between fork and exec and makes one prctl call.
+        unsafe {
+            cmd.pre_exec(hook);
+        }
+    }
+}
+
 fn run_container(dir: &Path) -> ExitCode {
     // Leave the agent's session and process group: Ctrl-C or a terminal hang-up aimed at the
     // agent must not reach its containers.
@@ -204,12 +253,7 @@ fn run_container(dir: &Path) -> ExitCode {
         .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(gid) = rec.gid {
-        cmd.gid(gid);
-    }
-    if let Some(uid) = rec.uid {
-        cmd.uid(uid);
-    }
+    set_credentials(&mut cmd, &rec);
     crate::pidfd::die_with_parent(&mut cmd, std::process::id());
     let mut child = match cmd.spawn() {
         Ok(c) => c,

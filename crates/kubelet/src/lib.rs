@@ -192,6 +192,7 @@ pub struct AgentBuilder {
     cluster: Option<(PathBuf, Option<kubelet_apiserver::ApiServerConfig>)>,
     default_server: bool,
     cert_dir: Option<PathBuf>,
+    node_ip: Option<std::net::IpAddr>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -230,7 +231,17 @@ impl AgentBuilder {
             cluster: None,
             default_server: true,
             cert_dir: None,
+            node_ip: None,
         }
+    }
+
+    /// `--node-ip`: the node's IP, every pod's `status.hostIP` (and the downward API's), and
+    /// the node's `InternalIP` when joining a cluster. Default: the IP the cluster settings
+    /// name, else the local address of the default route
+    /// ([`KubeletConfig::default_node_ip`]).
+    pub fn node_ip(mut self, ip: std::net::IpAddr) -> Self {
+        self.node_ip = Some(ip);
+        self
     }
 
     /// `--cert-dir`: where the kubelet API's self-signed serving certificate is kept when
@@ -412,6 +423,7 @@ impl AgentBuilder {
             cluster,
             default_server,
             cert_dir,
+            node_ip,
         } = self;
         for unknown in c.unknown_feature_gates() {
             tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
@@ -432,7 +444,16 @@ impl AgentBuilder {
             path: root_dir.clone(),
             source,
         })?;
-        let mut builder = inner.config(KubeletConfig::from_configuration(&c, &root_dir));
+        #[cfg(feature = "apiserver")]
+        let node_ip = node_ip.or_else(|| {
+            cluster
+                .as_ref()
+                .and_then(|(_, config)| config.as_ref()?.node_ip.as_deref()?.parse().ok())
+        });
+        let node_ip = node_ip.or_else(KubeletConfig::default_node_ip);
+        let mut engine_config = KubeletConfig::from_configuration(&c, &root_dir);
+        engine_config.node_ip = node_ip.map(|ip| ip.to_string());
+        let mut builder = inner.config(engine_config);
 
         let (runtime, layered) = match runtime {
             Some(r) => (r, runtime_layers),
@@ -515,6 +536,9 @@ impl AgentBuilder {
                 .parse::<kubelet_apiserver::ChangeDetection>()?;
             let mut config = config
                 .unwrap_or_else(|| kubelet_apiserver::ApiServerConfig::from_configuration(&c));
+            if let Some(ip) = node_ip {
+                config.node_ip = Some(ip.to_string());
+            }
             if !default_server {
                 config.kubelet_port = None;
             }

@@ -21,9 +21,10 @@ pub(crate) struct ClusterFlags {
     /// Labels added when the node registers, `key=value,key2=value2`.
     #[arg(long = "node-labels", default_value = "")]
     node_labels: String,
-    /// The node's InternalIP (default: the address of the default route).
+    /// The node's IP: its InternalIP and every pod's hostIP (default: the address of the
+    /// default route).
     #[arg(long = "node-ip")]
-    node_ip: Option<String>,
+    pub(crate) node_ip: Option<std::net::IpAddr>,
     /// How often the node status is computed and posted when it changed.
     #[arg(long = "node-status-update-frequency", default_value = "10s", value_parser = crate::parse_duration)]
     node_status_update_frequency: Duration,
@@ -63,8 +64,8 @@ pub(crate) fn api_server_config(
     let mut config = ApiServerConfig::from_configuration(configuration)
         .node_labels(parse_node_labels(&flags.node_labels).context("--node-labels")?)
         .root_dir(root_dir);
-    if let Some(ip) = &flags.node_ip {
-        config = config.node_ip(ip);
+    if let Some(ip) = flags.node_ip {
+        config = config.node_ip(ip.to_string());
     }
     Ok(Some((path.clone(), config)))
 }

@@ -304,6 +304,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if let Some(config) = cluster {
         agent = agent.cluster(&config.0, config.1);
     }
+    #[cfg(feature = "apiserver")]
+    if let Some(ip) = flags.cluster.node_ip {
+        agent = agent.node_ip(ip);
+    }
     if let Some(dir) = &flags.server.cert_dir {
         agent = agent.cert_dir(dir);
     }
