@@ -729,3 +729,142 @@ async fn a_removed_pod_is_killed_while_its_worker_waits_for_a_newer_runtime_view
     shutdown.cancel();
     let _ = task.await;
 }
+
+/// `activeDeadlineSeconds`: a pod active longer than its deadline fails with the kubelet's
+/// reason and message and its containers are stopped; a deadline added by an update applies
+/// too. Real time: the deadline counts from the pod's wall-clock `startTime`.
+#[tokio::test]
+async fn pods_past_their_active_deadline_fail_with_deadline_exceeded() {
+    let mut with_deadline = pod("u1", "Always", vec![], vec![container("app")]);
+    if let Some(spec) = with_deadline.spec.as_mut() {
+        spec.active_deadline_seconds = Some(1);
+    }
+    let without = pod("u2", "Always", vec![], vec![container("app")]);
+    let h = Harness::start(Some(vec![with_deadline.clone(), without.clone()]));
+    let st = h
+        .wait_status("u1", "Failed", |s| phase(s) == "Failed")
+        .await;
+    assert_eq!(st.reason.as_deref(), Some("DeadlineExceeded"));
+    assert_eq!(
+        st.message.as_deref(),
+        Some("Pod was active on the node longer than the specified deadline")
+    );
+    assert!(
+        h.sink
+            .events()
+            .iter()
+            .any(|e| e.reason == "DeadlineExceeded" && e.involved.name == "pod-u1"),
+        "no DeadlineExceeded event"
+    );
+    let id = h.rt.find_container("u1", "app").expect("container");
+    let begin = std::time::Instant::now();
+    while !h.rt.calls().iter().any(|c| c.starts_with(&format!("stop_container {id}"))) {
+        assert!(begin.elapsed() < Duration::from_secs(30), "container not stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The other pod runs on; a deadline added to it by an update applies.
+    assert_eq!(
+        h.sink.latest("u2").map(|s| phase(&s).to_string()).as_deref(),
+        Some("Running")
+    );
+    let mut updated = without;
+    if let Some(spec) = updated.spec.as_mut() {
+        spec.active_deadline_seconds = Some(1);
+    }
+    h.pods.send_replace(Some(vec![with_deadline, updated]));
+    let st = h
+        .wait_status("u2", "Failed after the update", |s| phase(s) == "Failed")
+        .await;
+    assert_eq!(st.reason.as_deref(), Some("DeadlineExceeded"));
+    h.stop().await;
+}
+
+/// `emptyDir` as the kubelet makes it: the default medium is a 0777 directory; `medium:
+/// Memory` is a tmpfs sized by `sizeLimit` (lowered to it from the node's memory), unmounted
+/// and removed with the pod. The tmpfs needs root: without it the pod reports `FailedMount`
+/// and the other pod runs on.
+#[tokio::test]
+async fn empty_dirs_are_world_writable_and_memory_ones_are_sized_tmpfs_mounts() {
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume, VolumeMount};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use std::os::unix::fs::PermissionsExt;
+    let root = nix::unistd::geteuid().is_root();
+    let mut p = pod("ed1", "Always", vec![], vec![container("app")]);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.volumes = Some(vec![
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Default::default()
+            },
+            Volume {
+                name: "mem".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: Some(Quantity("3Mi".into())),
+                }),
+                ..Default::default()
+            },
+        ]);
+        spec.containers[0].volume_mounts = Some(vec![
+            VolumeMount {
+                name: "scratch".into(),
+                mount_path: "/scratch".into(),
+                ..Default::default()
+            },
+            VolumeMount {
+                name: "mem".into(),
+                mount_path: "/mem".into(),
+                ..Default::default()
+            },
+        ]);
+    }
+    let other = pod("ed2", "Always", vec![], vec![container("app")]);
+    let h = Harness::start(Some(vec![p, other.clone()]));
+    let volumes = std::env::temp_dir()
+        .join(format!("kubelet-core-engine-{}", std::process::id()))
+        .join("root/pods/ed1/volumes/kubernetes.io~empty-dir");
+    h.wait_status("ed2", "the other pod Running", |s| phase(s) == "Running")
+        .await;
+    if !root {
+        let begin = std::time::Instant::now();
+        while !h.sink.events().iter().any(|e| {
+            e.reason == "FailedMount" && e.involved.name == "pod-ed1" && e.message.contains("tmpfs")
+        }) {
+            assert!(begin.elapsed() < Duration::from_secs(30), "no FailedMount");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        eprintln!("tmpfs part skipped: mounting needs root");
+        h.stop().await;
+        return;
+    }
+    h.wait_status("ed1", "Running", |s| phase(s) == "Running")
+        .await;
+    let mode = std::fs::metadata(volumes.join("scratch"))
+        .expect("scratch")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o777, "default medium mode {mode:o}");
+    let mem = volumes.join("mem");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let line = mounts
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some(mem.to_str().expect("utf-8")))
+        .unwrap_or_else(|| panic!("{} is not mounted", mem.display()));
+    assert!(line.starts_with("tmpfs "), "{line}");
+    assert!(line.contains("size=3072k"), "{line}");
+    std::fs::write(mem.join("f"), b"x").expect("write to the tmpfs");
+
+    // Removing the pod unmounts the tmpfs and removes the volume.
+    h.pods.send_replace(Some(vec![other]));
+    let begin = std::time::Instant::now();
+    while std::fs::read_to_string("/proc/self/mounts")
+        .expect("mounts")
+        .contains(mem.to_str().expect("utf-8"))
+        || mem.exists()
+    {
+        assert!(begin.elapsed() < Duration::from_secs(60), "tmpfs still mounted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.stop().await;
+}
