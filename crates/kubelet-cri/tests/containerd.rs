@@ -746,3 +746,114 @@ async fn a_termination_message_file_reaches_the_status() {
     let _ = Arc::clone(&rt);
     agent.stop().await;
 }
+
+/// The container security context and the kubelet's volume and file modes reach containerd:
+/// a read-only root filesystem, `no_new_privs` for `allowPrivilegeEscalation: false`, the pod's
+/// `fsGroup` and `supplementalGroups`, dropped capabilities, a memory-backed `emptyDir` as a
+/// tmpfs, and a termination message file a non-root user can write (each container reports
+/// what it sees through it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn security_context_tmpfs_and_termination_messages_reach_the_container() {
+    use k8s_openapi::api::core::v1::{Capabilities, EmptyDirVolumeSource, PodSecurityContext};
+    let Some(env) =
+        ContainerdEnv::start("security_context_tmpfs_and_termination_messages_reach_the_container")
+    else {
+        return;
+    };
+    let rt = env.runtime().await;
+    let report = |name: &str, script: &str| {
+        container(name, &env.busybox, &format!("({script}) > /dev/termination-log 2>&1"))
+    };
+    let mut ro = report(
+        "ro",
+        "if touch /probe 2>/dev/null; then echo writable; else echo read-only; fi",
+    );
+    ro.security_context = Some(SecurityContext {
+        read_only_root_filesystem: Some(true),
+        ..Default::default()
+    });
+    let mut nnp = report("nnp", "grep NoNewPrivs /proc/self/status; id -u; id -G");
+    nnp.security_context = Some(SecurityContext {
+        allow_privilege_escalation: Some(false),
+        ..Default::default()
+    });
+    let mut caps = report("caps", "grep CapEff /proc/self/status");
+    caps.security_context = Some(SecurityContext {
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            add: None,
+        }),
+        ..Default::default()
+    });
+    let mut mem = report("mem", "grep ' /mem ' /proc/mounts; ls -ld /scratch");
+    mem.volume_mounts = Some(vec![
+        VolumeMount {
+            name: "mem".into(),
+            mount_path: "/mem".into(),
+            ..Default::default()
+        },
+        VolumeMount {
+            name: "scratch".into(),
+            mount_path: "/scratch".into(),
+            ..Default::default()
+        },
+    ]);
+    let mut p = pod("sec", true, vec![ro, nnp, caps, mem]);
+    if let Some(spec) = p.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+        spec.security_context = Some(PodSecurityContext {
+            run_as_user: Some(1000),
+            fs_group: Some(2000),
+            supplemental_groups: Some(vec![3000]),
+            ..Default::default()
+        });
+        spec.volumes = Some(vec![
+            Volume {
+                name: "mem".into(),
+                empty_dir: Some(EmptyDirVolumeSource {
+                    medium: Some("Memory".into()),
+                    size_limit: Some(Quantity("5Mi".into())),
+                }),
+                ..Default::default()
+            },
+            Volume {
+                name: "scratch".into(),
+                empty_dir: Some(Default::default()),
+                ..Default::default()
+            },
+        ]);
+    }
+    let (_tx, rx) = watch::channel(vec![p]);
+    let agent = Agent::start(&env, rt.clone(), rx);
+    let st = agent
+        .wait_for("sec", LONG, "Succeeded", |s| {
+            matches!(phase(s), "Succeeded" | "Failed")
+        })
+        .await;
+    let message = |name: &str| {
+        st.container_statuses
+            .iter()
+            .flatten()
+            .find(|c| c.name == name)
+            .and_then(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(phase(&st), "Succeeded", "{st:#?}");
+    // Every container runs as UID 1000 and could still write its message (a 0666 file).
+    assert_eq!(message("ro").trim(), "read-only");
+    let nnp = message("nnp");
+    assert!(nnp.contains("NoNewPrivs:\t1"), "{nnp}");
+    let mut lines = nnp.lines().skip(1);
+    assert_eq!(lines.next(), Some("1000"), "{nnp}");
+    let groups = lines.next().unwrap_or_default();
+    assert!(
+        groups.split(' ').any(|g| g == "2000") && groups.split(' ').any(|g| g == "3000"),
+        "groups {groups:?}"
+    );
+    assert_eq!(message("caps").trim(), "CapEff:\t0000000000000000");
+    let mem = message("mem");
+    assert!(mem.starts_with("tmpfs /mem tmpfs"), "{mem}");
+    assert!(mem.contains("size=5120k"), "{mem}");
+    assert!(mem.contains("drwxrwxrwx"), "{mem}");
+    agent.stop().await;
+}
