@@ -2,9 +2,10 @@
 # A private kube-apiserver (with its own etcd) for the kubelet-apiserver tests and benchmarks.
 #
 #   apiserver-test-env.sh install              install Debian's etcd-server, golang-go, openssl,
-#                                              curl, rsync, jq and build kube-apiserver 1.20.2 from
-#                                              Debian's kubernetes source package, once: the binary
-#                                              is cached (root + apt-get only)
+#                                              curl, rsync, jq and build kube-apiserver and
+#                                              kube-controller-manager 1.20.2 from Debian's
+#                                              kubernetes source package, once: the binaries are
+#                                              cached (root + apt-get only)
 #   apiserver-test-env.sh start ENVDIR [NODE]  start an etcd and a kube-apiserver whose data,
 #                                              certificates, kubeconfigs and logs all live under
 #                                              ENVDIR (created, must not be in use), on free ports
@@ -25,15 +26,24 @@
 # so the Node authorizer and NodeRestriction apply as in a real cluster; NODE defaults to $NODE_NAME
 # or kubelet-sdk-node. The admin credentials are in system:masters.
 #
-# Environment: KUBE_APISERVER_BIN (the cached binary, default
-# /var/cache/kubelet-sdk/kube-apiserver-1.20.2; a working binary there is never rebuilt),
-# KUBELET_SDK_ENV_OWNER_PID (start: stop the environment when that process is gone).
-# No controller-manager or scheduler runs: pods need spec.nodeName, and the ServiceAccount
-# admission plugin is off (no token controller would create the tokens it waits for).
+# Environment: KUBE_APISERVER_BIN and KUBE_CONTROLLER_MANAGER_BIN (the cached binaries, default
+# /var/cache/kubelet-sdk/kube-{apiserver,controller-manager}-1.20.2; working binaries there are
+# never rebuilt), KUBELET_SDK_ENV_OWNER_PID (start: stop the environment when that process is
+# gone), KUBELET_SDK_SERVICE_ACCOUNTS=1 (start: behave as a Kubernetes >= 1.21 cluster does for
+# service accounts, see below).
+# No scheduler runs: pods need spec.nodeName. By default no controller-manager runs either and
+# the ServiceAccount admission plugin is off, as in Kubernetes 1.20 it would wait for legacy
+# token Secrets. With KUBELET_SDK_SERVICE_ACCOUNTS=1 the environment is what a current cluster
+# gives every pod: the gate BoundServiceAccountTokenVolume is on (alpha in 1.20, on from 1.21)
+# and ServiceAccount admission gives every pod a projected `kube-api-access-*` volume (a
+# TokenRequest token, `kube-root-ca.crt` and the namespace); a kube-controller-manager runs the
+# `serviceaccount` controller (the `default` ServiceAccount of every namespace) and the
+# `root-ca-cert-publisher` (the `kube-root-ca.crt` ConfigMap of every namespace).
 set -euo pipefail
 
 KUBE_VERSION="1.20.2"
 KUBE_APISERVER_BIN="${KUBE_APISERVER_BIN:-/var/cache/kubelet-sdk/kube-apiserver-$KUBE_VERSION}"
+KUBE_CONTROLLER_MANAGER_BIN="${KUBE_CONTROLLER_MANAGER_BIN:-/var/cache/kubelet-sdk/kube-controller-manager-$KUBE_VERSION}"
 GOCODE="/usr/share/gocode/src"
 PORT_CLAIMS="${TMPDIR:-/tmp}/kubelet-sdk-apiserver-ports-$(id -u)"
 
@@ -42,9 +52,12 @@ die() {
     exit 1
 }
 
-# The binary is usable when it runs and reports the expected version.
+# A binary is usable when it runs and reports the expected version.
+bin_ok() {
+    [ -x "$1" ] && "$1" --version 2>/dev/null | grep -q "v$KUBE_VERSION"
+}
 binary_ok() {
-    [ -x "$KUBE_APISERVER_BIN" ] && "$KUBE_APISERVER_BIN" --version 2>/dev/null | grep -q "v$KUBE_VERSION"
+    bin_ok "$KUBE_APISERVER_BIN" && bin_ok "$KUBE_CONTROLLER_MANAGER_BIN"
 }
 
 # Adds deb-src entries for every bookworm* deb entry when apt has no bookworm deb-src at all.
@@ -98,13 +111,18 @@ apt_install() {
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-# Builds kube-apiserver from Debian's kubernetes source package into $KUBE_APISERVER_BIN.
-build_apiserver() {
+# Builds the missing ones of kube-apiserver and kube-controller-manager from Debian's kubernetes
+# source package into $KUBE_APISERVER_BIN and $KUBE_CONTROLLER_MANAGER_BIN.
+build_binaries() {
+    local what=() names=()
+    bin_ok "$KUBE_APISERVER_BIN" || { what+=(cmd/kube-apiserver); names+=(kube-apiserver); }
+    bin_ok "$KUBE_CONTROLLER_MANAGER_BIN" || { what+=(cmd/kube-controller-manager); names+=(kube-controller-manager); }
+    [ "${#what[@]}" -gt 0 ] || return 0
     local work
     work=$(mktemp -d "${KUBELET_SDK_BUILD_DIR:-/var/tmp}/kubelet-sdk-apiserver-build.XXXXXX")
     # shellcheck disable=SC2064
     [ "${KUBELET_SDK_KEEP_BUILD:-0}" = 1 ] || trap "rm -rf '$work'" EXIT
-    echo "apiserver-test-env: building kube-apiserver $KUBE_VERSION in $work (a few minutes)" >&2
+    echo "apiserver-test-env: building ${names[*]} $KUBE_VERSION in $work (a few minutes)" >&2
     (cd "$work" && apt-get source -qq kubernetes >/dev/null 2>"$work/source.log") ||
         { tail -20 "$work/source.log" >&2; die "apt-get source kubernetes failed"; }
     local src
@@ -123,14 +141,20 @@ build_apiserver() {
         cd "$src"
         export KUBE_GIT_VERSION="v$KUBE_VERSION" KUBE_GIT_TREE_STATE=clean KUBE_GIT_COMMIT=debian
         export GOCACHE="$work/gocache" GOPATH="$work/gopath" GOFLAGS= GO111MODULE=off
-        make WHAT=cmd/kube-apiserver >"$work/build.log" 2>&1
-    ) || { tail -40 "$work/build.log" >&2; die "make WHAT=cmd/kube-apiserver failed (log above)"; }
-    local built
-    built=$(find "$src/_output" -type f -name kube-apiserver -perm -u+x | head -1)
-    [ -n "$built" ] || die "the build produced no kube-apiserver"
-    mkdir -p "$(dirname "$KUBE_APISERVER_BIN")"
-    cp "$built" "$KUBE_APISERVER_BIN.tmp"
-    mv -f "$KUBE_APISERVER_BIN.tmp" "$KUBE_APISERVER_BIN"
+        make WHAT="${what[*]}" >"$work/build.log" 2>&1
+    ) || { tail -40 "$work/build.log" >&2; die "make WHAT=${what[*]} failed (log above)"; }
+    local name built dest
+    for name in "${names[@]}"; do
+        built=$(find "$src/_output" -type f -name "$name" -perm -u+x | head -1)
+        [ -n "$built" ] || die "the build produced no $name"
+        case $name in
+        kube-apiserver) dest=$KUBE_APISERVER_BIN ;;
+        *) dest=$KUBE_CONTROLLER_MANAGER_BIN ;;
+        esac
+        mkdir -p "$(dirname "$dest")"
+        cp "$built" "$dest.tmp"
+        mv -f "$dest.tmp" "$dest"
+    done
 }
 
 cmd_install() {
@@ -149,10 +173,11 @@ cmd_install() {
     fi
     if [ "${#missing[@]}" -eq 0 ] && binary_ok; then
         echo "KUBE_APISERVER_BIN=$KUBE_APISERVER_BIN"
+        echo "KUBE_CONTROLLER_MANAGER_BIN=$KUBE_CONTROLLER_MANAGER_BIN"
         return 0
     fi
     if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-        binary_ok || die "no kube-apiserver at $KUBE_APISERVER_BIN and cannot build one (needs root and apt-get)"
+        binary_ok || die "no kube-apiserver at $KUBE_APISERVER_BIN or kube-controller-manager at $KUBE_CONTROLLER_MANAGER_BIN, and cannot build them (needs root and apt-get)"
         die "missing ${missing[*]} and cannot install them (needs root and apt-get)"
     fi
     # Tests start environments in parallel: one installer at a time (the lock is per binary, so
@@ -170,12 +195,14 @@ cmd_install() {
     flock -u 9
     exec 9>&-
     if ! binary_ok; then
-        build_apiserver
-        binary_ok || die "the built $KUBE_APISERVER_BIN does not run"
+        build_binaries
+        bin_ok "$KUBE_APISERVER_BIN" || die "the built $KUBE_APISERVER_BIN does not run"
+        bin_ok "$KUBE_CONTROLLER_MANAGER_BIN" || die "the built $KUBE_CONTROLLER_MANAGER_BIN does not run"
     fi
     flock -u 8
     exec 8>&-
     echo "KUBE_APISERVER_BIN=$KUBE_APISERVER_BIN"
+    echo "KUBE_CONTROLLER_MANAGER_BIN=$KUBE_CONTROLLER_MANAGER_BIN"
 }
 
 # True when something listens on TCP port $1 (IPv4 or IPv6).
@@ -415,6 +442,23 @@ EOF
     kubeconfig "$env/admin.kubeconfig" "$url" "$pki" admin
     kubeconfig "$env/node.kubeconfig" "$url" "$pki" node
 
+    local admission_and_gates="--disable-admission-plugins=ServiceAccount"
+    if [ "${KUBELET_SDK_SERVICE_ACCOUNTS:-0}" = 1 ]; then
+        admission_and_gates="--feature-gates=BoundServiceAccountTokenVolume=true"
+        cat >"$env/controller-manager.args" <<EOF
+--kubeconfig=$env/admin.kubeconfig
+--controllers=serviceaccount,root-ca-cert-publisher
+--root-ca-file=$pki/ca.crt
+--service-account-private-key-file=$pki/sa.key
+--feature-gates=BoundServiceAccountTokenVolume=true
+--leader-elect=false
+--bind-address=127.0.0.1
+--port=0
+--secure-port=0
+--logtostderr=true
+--v=1
+EOF
+    fi
     cat >"$env/apiserver.args" <<EOF
 --etcd-servers=http://127.0.0.1:$etcd_port
 --bind-address=127.0.0.1
@@ -428,7 +472,7 @@ EOF
 --token-auth-file=$env/tokens.csv
 --authorization-mode=Node,RBAC
 --enable-admission-plugins=NodeRestriction
---disable-admission-plugins=ServiceAccount
+$admission_and_gates
 --endpoint-reconciler-type=none
 --service-cluster-ip-range=10.0.0.0/24
 --service-account-issuer=https://kubernetes.default.svc
@@ -455,8 +499,34 @@ EOF
     fi
     launch_etcd "$env"
     launch_apiserver "$env"
+    [ -f "$env/controller-manager.args" ] && launch_controller_manager "$env"
     write_env "$env"
     cat "$env/env"
+}
+
+# Starts the controller-manager of ENVDIR and waits until the `default` namespace has its
+# `default` ServiceAccount and its `kube-root-ca.crt` ConfigMap.
+launch_controller_manager() {
+    local env=$1 url pki="$env/pki"
+    url=$(sed -n 's/^APISERVER_URL=//p' "$env/ports")
+    local args=()
+    mapfile -t args <"$env/controller-manager.args"
+    setsid "$KUBE_CONTROLLER_MANAGER_BIN" "${args[@]}" >>"$env/controller-manager.log" 2>&1 </dev/null &
+    local pid=$!
+    echo "$pid" >"$env/controller-manager.pid"
+    local i
+    for i in $(seq 1 600); do
+        if curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+            "$url/api/v1/namespaces/default/serviceaccounts/default" >/dev/null 2>&1 &&
+            curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+                "$url/api/v1/namespaces/default/configmaps/kube-root-ca.crt" >/dev/null 2>&1; then
+            return 0
+        fi
+        kill -0 "$pid" 2>/dev/null || { tail -30 "$env/controller-manager.log" >&2; die "kube-controller-manager exited during start"; }
+        sleep 0.1
+    done
+    tail -30 "$env/controller-manager.log" >&2
+    die "kube-controller-manager made no default ServiceAccount and kube-root-ca.crt within 60 s"
 }
 
 cmd_stop_apiserver() {
@@ -521,6 +591,7 @@ cmd_stop() {
     if pid=$(cat "$env/watchdog.pid" 2>/dev/null) && [ "$pid" != "$PPID" ] && [ "$pid" != "$$" ]; then
         kill -TERM "$pid" 2>/dev/null || true
     fi
+    stop_pid "$env/controller-manager.pid" "$env"
     stop_pid "$env/apiserver.pid" "$env"
     stop_pid "$env/etcd.pid" "$env"
     release_ports "$env"

@@ -101,6 +101,26 @@ async fn write_owned(dir: &Path, payload: Payload, fs_group: Option<i64>) -> Res
     .map_err(|e| Error::internal(format!("volume writer task failed: {e}")))?
 }
 
+/// The user every container of the pod runs as, when they all set the same one (the kubelet's
+/// `FsUserFrom`): the owner of service-account token files.
+fn fs_user(pod: &Pod) -> Option<i64> {
+    let spec = pod.spec.as_ref()?;
+    let pod_user = spec.security_context.as_ref().and_then(|s| s.run_as_user);
+    let mut user = None;
+    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+        let u = c
+            .security_context
+            .as_ref()
+            .and_then(|s| s.run_as_user)
+            .or(pod_user)?;
+        match user {
+            Some(prev) if prev != u => return None,
+            _ => user = Some(u),
+        }
+    }
+    user
+}
+
 /// The pod's `fsGroup`.
 fn fs_group(pod: &Pod) -> Option<i64> {
     pod.spec.as_ref()?.security_context.as_ref()?.fs_group
@@ -660,11 +680,18 @@ impl ProjectedPlugin {
                 )?;
             } else if let Some(t) = &source.service_account_token {
                 let token = self.token(pod, volume, t).await?;
+                // As the kubelet: only the pod's user (and its fsGroup) may read the token
+                // when the pod has one.
+                let mode = if fs_user(pod).is_some() || fs_group(pod).is_some() {
+                    0o600
+                } else {
+                    (default_mode as u32) & 0o7777
+                };
                 out.insert(
                     t.path.clone(),
                     FileProjection {
                         data: token.into_bytes(),
-                        mode: (default_mode as u32) & 0o7777,
+                        mode,
                     },
                 );
             } else {
@@ -707,8 +734,23 @@ impl VolumePlugin for ProjectedPlugin {
 
     async fn set_up(&self, pod: &Pod, volume: &Volume, dir: &Path) -> Result<PathBuf> {
         let payload = self.payload(pod, volume).await?;
+        let tokens: Vec<String> = volume
+            .projected
+            .iter()
+            .flat_map(|p| p.sources.iter().flatten())
+            .filter_map(|s| s.service_account_token.as_ref().map(|t| t.path.clone()))
+            .collect();
         if write_owned(dir, payload, fs_group(pod)).await? {
             tracing::debug!(pod = %pod::full_name(pod), volume = %volume.name, "projected volume written");
+            // The token files belong to the pod's user when all its containers share one.
+            if let Some(uid) = fs_user(pod).and_then(|u| u32::try_from(u).ok()) {
+                for path in &tokens {
+                    let file = dir.join(path);
+                    if let Err(e) = std::os::unix::fs::chown(&file, Some(uid), None) {
+                        tracing::warn!(pod = %pod::full_name(pod), file = %file.display(), uid, error = %e, "giving the token file to the pod's user failed");
+                    }
+                }
+            }
         }
         Ok(dir.to_path_buf())
     }
@@ -1257,6 +1299,56 @@ mod tests {
             .store(false, std::sync::atomic::Ordering::SeqCst);
         plugin.set_up(&sa_pod(), &volume, &vol).await.expect("refreshed");
         assert_eq!(std::fs::read_to_string(vol.join("token")).expect("token"), "ns/sa#2");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn token_files_of_pods_with_one_user_are_readable_by_that_user_only() {
+        let dir = tempdir();
+        let objects = StaticObjects::new();
+        let mut ca = cm(&[("ca.crt", "PEM")]);
+        ca.metadata.name = Some("kube-root-ca.crt".into());
+        objects.put_config_map(ca);
+        let provider = Arc::new(Tokens {
+            objects,
+            issued: parking_lot::Mutex::new(Vec::new()),
+            lifetime: jiff::SignedDuration::from_secs(3600),
+            refuse: false.into(),
+        });
+        let plugin = ProjectedPlugin::new(Some(provider));
+        let mut p = sa_pod();
+        if let Some(spec) = p.spec.as_mut() {
+            spec.security_context = Some(k8s_openapi::api::core::v1::PodSecurityContext {
+                run_as_user: Some(1000),
+                ..Default::default()
+            });
+            spec.containers = vec![k8s_openapi::api::core::v1::Container {
+                name: "app".into(),
+                ..Default::default()
+            }];
+        }
+        assert_eq!(fs_user(&p), Some(1000));
+        let out = plugin
+            .set_up(&p, &access_volume(None), &dir.join("v"))
+            .await
+            .expect("set up");
+        assert_eq!(mode(&out.join("token")), 0o600);
+        assert_eq!(mode(&out.join("ca.crt")), 0o644);
+        if nix::unistd::geteuid().is_root() {
+            use std::os::unix::fs::MetadataExt;
+            assert_eq!(std::fs::metadata(out.join("token")).expect("token").uid(), 1000);
+        }
+        // Containers with different users: no single owner.
+        if let Some(spec) = p.spec.as_mut() {
+            let mut other = spec.containers[0].clone();
+            other.name = "other".into();
+            other.security_context = Some(k8s_openapi::api::core::v1::SecurityContext {
+                run_as_user: Some(2000),
+                ..Default::default()
+            });
+            spec.containers.push(other);
+        }
+        assert_eq!(fs_user(&p), None);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

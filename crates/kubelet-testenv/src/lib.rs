@@ -173,6 +173,19 @@ impl ApiServerEnv {
 
     /// Starts one with node credentials (`system:node:<node>`) for `node`.
     pub fn start_for_node(test: &str, node: &str) -> Option<Self> {
+        Self::start_env(test, node, false)
+    }
+
+    /// Starts one that treats service accounts as a Kubernetes ≥ 1.21 cluster does: the gate
+    /// `BoundServiceAccountTokenVolume` on, ServiceAccount admission giving every pod a
+    /// projected `kube-api-access-*` volume (TokenRequest token, `kube-root-ca.crt`, namespace),
+    /// and a kube-controller-manager making each namespace's `default` ServiceAccount and
+    /// `kube-root-ca.crt` ConfigMap (`KUBELET_SDK_SERVICE_ACCOUNTS=1` of the script).
+    pub fn start_with_service_accounts(test: &str, node: &str) -> Option<Self> {
+        Self::start_env(test, node, true)
+    }
+
+    fn start_env(test: &str, node: &str, service_accounts: bool) -> Option<Self> {
         let skip = |why: String| -> Option<Self> {
             if required() {
                 panic!("{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1 makes this a failure)");
@@ -193,6 +206,10 @@ impl ApiServerEnv {
             .arg(&dir)
             .arg(node)
             .env("KUBELET_SDK_ENV_OWNER_PID", std::process::id().to_string())
+            .env(
+                "KUBELET_SDK_SERVICE_ACCOUNTS",
+                if service_accounts { "1" } else { "0" },
+            )
             .output();
         let out = match out {
             Ok(o) if o.status.success() => o,
