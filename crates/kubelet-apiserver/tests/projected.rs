@@ -55,7 +55,10 @@ fn main() -> ExitCode {
 /// A pod that prints its namespace file and what the API server answers to its token. The
 /// process runtime has no mount namespace: the process reads the volume at its host path.
 fn pod(name: &str, service_account: Option<&str>, root: &Path, url: &str) -> Pod {
-    let vols = format!("{}/pods/$POD_UID/volumes/kubernetes.io~projected", root.display());
+    let vols = format!(
+        "{}/pods/$POD_UID/volumes/kubernetes.io~projected",
+        root.display()
+    );
     let script = format!(
         "d=$(echo {vols}/kube-api-access-*); \
          echo \"namespace=$(cat $d/namespace)\"; \
@@ -238,11 +241,13 @@ async fn run() {
     );
     // The node asked for it, bound to the pod (NodeRestriction checks the binding).
     assert!(
-        env.audit_events().iter().any(|e| e.user == format!("system:node:{NODE}")
-            && e.verb == "create"
-            && e.resource == "serviceaccounts"
-            && e.subresource == "token"
-            && e.code == 201),
+        env.audit_events()
+            .iter()
+            .any(|e| e.user == format!("system:node:{NODE}")
+                && e.verb == "create"
+                && e.resource == "serviceaccounts"
+                && e.subresource == "token"
+                && e.code == 201),
         "no token request by the node in the audit log"
     );
 

@@ -14,8 +14,7 @@ use crate::pod;
 use crate::quantity;
 use crate::runtime::{
     ContainerConfig, ContainerMetadata, EnvVar, Labels, LinuxResources, Mount, SecurityContext,
-    SecurityProfile,
-    labels,
+    SecurityProfile, labels,
 };
 
 /// Why a container config could not be generated (the kubelet's `CreateContainerConfigError`).
@@ -638,7 +637,12 @@ pub fn security_context(
         .unwrap_or(false);
     if run_as_non_root && run_as_user == Some(0) {
         return Err(ContainerConfigError::RunAsNonRoot {
-            pod: format!("{}_{}({})", pod::name(pod), pod::namespace(pod), pod::uid(pod)),
+            pod: format!(
+                "{}_{}({})",
+                pod::name(pod),
+                pod::namespace(pod),
+                pod::uid(pod)
+            ),
             container: c.name.clone(),
         });
     }
@@ -701,7 +705,9 @@ pub fn security_context(
             .and_then(|s| s.run_as_group)
             .or_else(|| psc.and_then(|s| s.run_as_group)),
         supplemental_groups,
-        readonly_rootfs: sc.and_then(|s| s.read_only_root_filesystem).unwrap_or(false),
+        readonly_rootfs: sc
+            .and_then(|s| s.read_only_root_filesystem)
+            .unwrap_or(false),
         no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
         add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
         drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),

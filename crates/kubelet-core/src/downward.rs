@@ -193,8 +193,8 @@ fn divisor_value(
     if divisor.is_empty() {
         return Ok(one);
     }
-    let value = parse(divisor)
-        .map_err(|_| format!("invalid divisor {divisor:?} for {resource}"))?;
+    let value =
+        parse(divisor).map_err(|_| format!("invalid divisor {divisor:?} for {resource}"))?;
     match value {
         0 => Ok(one),
         v if allowed.contains(&v) => Ok(v),

@@ -107,7 +107,12 @@ fn fs_user(pod: &Pod) -> Option<i64> {
     let spec = pod.spec.as_ref()?;
     let pod_user = spec.security_context.as_ref().and_then(|s| s.run_as_user);
     let mut user = None;
-    for c in spec.init_containers.iter().flatten().chain(&spec.containers) {
+    for c in spec
+        .init_containers
+        .iter()
+        .flatten()
+        .chain(&spec.containers)
+    {
         let u = c
             .security_context
             .as_ref()
@@ -197,7 +202,11 @@ async fn secret_keys(
 ) -> Result<Option<Keys>> {
     match provider.secret(pod::namespace(pod), name).await? {
         Some(s) => Ok(Some(
-            s.data.into_iter().flatten().map(|(k, v)| (k, v.0)).collect(),
+            s.data
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k, v.0))
+                .collect(),
         )),
         None if optional => Ok(None),
         None => Err(Error::not_found(format!("secret {name:?} not found"))),
@@ -648,9 +657,8 @@ impl ProjectedPlugin {
         for source in src.sources.iter().flatten() {
             if let Some(c) = &source.config_map {
                 let optional = c.optional.unwrap_or(false);
-                let keys =
-                    config_map_keys(self.provider(volume)?.as_ref(), pod, &c.name, optional)
-                        .await?;
+                let keys = config_map_keys(self.provider(volume)?.as_ref(), pod, &c.name, optional)
+                    .await?;
                 out.extend(make_payload(
                     keys.as_ref(),
                     c.items.as_deref(),
@@ -661,8 +669,7 @@ impl ProjectedPlugin {
             } else if let Some(sec) = &source.secret {
                 let optional = sec.optional.unwrap_or(false);
                 let keys =
-                    secret_keys(self.provider(volume)?.as_ref(), pod, &sec.name, optional)
-                        .await?;
+                    secret_keys(self.provider(volume)?.as_ref(), pod, &sec.name, optional).await?;
                 out.extend(make_payload(
                     keys.as_ref(),
                     sec.items.as_deref(),
@@ -1131,9 +1138,8 @@ mod tests {
 
     fn access_volume(expiration: Option<i64>) -> Volume {
         use k8s_openapi::api::core::v1::{
-            ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile,
-            ObjectFieldSelector, ProjectedVolumeSource, ServiceAccountTokenProjection,
-            VolumeProjection,
+            ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, ObjectFieldSelector,
+            ProjectedVolumeSource, ServiceAccountTokenProjection, VolumeProjection,
         };
         Volume {
             name: "kube-api-access-x1y2z".into(),
@@ -1222,13 +1228,20 @@ mod tests {
             assert!(spec.audiences.is_empty());
             let bound = spec.bound_object_ref.as_ref().expect("bound");
             assert_eq!(
-                (bound.kind.as_deref(), bound.name.as_deref(), bound.uid.as_deref()),
+                (
+                    bound.kind.as_deref(),
+                    bound.name.as_deref(),
+                    bound.uid.as_deref()
+                ),
                 (Some("Pod"), Some("p"), Some("u"))
             );
         }
 
         // A young token is reused on the next sync.
-        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("resync");
+        plugin
+            .set_up(&sa_pod(), &volume, &vol)
+            .await
+            .expect("resync");
         assert_eq!(provider.issued.lock().len(), 1);
         assert_eq!(read("token"), "ns/sa#1");
 
@@ -1258,7 +1271,11 @@ mod tests {
             .set_up(&other, &volume, &dir.join("w"))
             .await
             .expect_err("no CA");
-        assert!(err.message().contains("configmap \"kube-root-ca.crt\" not found"), "{err}");
+        assert!(
+            err.message()
+                .contains("configmap \"kube-root-ca.crt\" not found"),
+            "{err}"
+        );
 
         plugin.tear_down("v", &vol).await.expect("tear down");
         assert!(!vol.exists());
@@ -1282,7 +1299,10 @@ mod tests {
         let plugin = ProjectedPlugin::new(Some(provider.clone()));
         let volume = access_volume(None);
         let vol = dir.join("v");
-        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("set up");
+        plugin
+            .set_up(&sa_pod(), &volume, &vol)
+            .await
+            .expect("set up");
         assert_eq!(
             provider.issued.lock()[0].spec.expiration_seconds,
             Some(DEFAULT_TOKEN_EXPIRATION_SECONDS)
@@ -1292,13 +1312,25 @@ mod tests {
         provider
             .refuse
             .store(true, std::sync::atomic::Ordering::SeqCst);
-        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("old token kept");
-        assert_eq!(std::fs::read_to_string(vol.join("token")).expect("token"), "ns/sa#1");
+        plugin
+            .set_up(&sa_pod(), &volume, &vol)
+            .await
+            .expect("old token kept");
+        assert_eq!(
+            std::fs::read_to_string(vol.join("token")).expect("token"),
+            "ns/sa#1"
+        );
         provider
             .refuse
             .store(false, std::sync::atomic::Ordering::SeqCst);
-        plugin.set_up(&sa_pod(), &volume, &vol).await.expect("refreshed");
-        assert_eq!(std::fs::read_to_string(vol.join("token")).expect("token"), "ns/sa#2");
+        plugin
+            .set_up(&sa_pod(), &volume, &vol)
+            .await
+            .expect("refreshed");
+        assert_eq!(
+            std::fs::read_to_string(vol.join("token")).expect("token"),
+            "ns/sa#2"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -1336,7 +1368,10 @@ mod tests {
         assert_eq!(mode(&out.join("ca.crt")), 0o644);
         if nix::unistd::geteuid().is_root() {
             use std::os::unix::fs::MetadataExt;
-            assert_eq!(std::fs::metadata(out.join("token")).expect("token").uid(), 1000);
+            assert_eq!(
+                std::fs::metadata(out.join("token")).expect("token").uid(),
+                1000
+            );
         }
         // Containers with different users: no single owner.
         if let Some(spec) = p.spec.as_mut() {
@@ -1392,7 +1427,10 @@ mod tests {
             }),
             ..Default::default()
         });
-        let out = plugin.set_up(&p, &volume, &dir.join("v")).await.expect("set up");
+        let out = plugin
+            .set_up(&p, &volume, &dir.join("v"))
+            .await
+            .expect("set up");
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(out.join("a")).expect("a");
         assert_eq!(meta.gid(), 1234);

@@ -1493,10 +1493,8 @@ impl Engine {
         // directory layout needs. Their memory-backed volumes are still mounted: unmount first.
         let pod_dir = self.pod_dir(p);
         let volumes_dir = pod_dir.join("volumes");
-        let _ = tokio::task::spawn_blocking(move || {
-            crate::volume::unmount_all_below(&volumes_dir)
-        })
-        .await;
+        let _ = tokio::task::spawn_blocking(move || crate::volume::unmount_all_below(&volumes_dir))
+            .await;
         let _ = tokio::fs::remove_dir_all(pod_dir).await;
         let _ = tokio::fs::remove_dir_all(self.log_dir(p)).await;
         if !orphan {

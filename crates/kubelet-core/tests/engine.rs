@@ -758,13 +758,24 @@ async fn pods_past_their_active_deadline_fail_with_deadline_exceeded() {
     );
     let id = h.rt.find_container("u1", "app").expect("container");
     let begin = std::time::Instant::now();
-    while !h.rt.calls().iter().any(|c| c.starts_with(&format!("stop_container {id}"))) {
-        assert!(begin.elapsed() < Duration::from_secs(30), "container not stopped");
+    while !h
+        .rt
+        .calls()
+        .iter()
+        .any(|c| c.starts_with(&format!("stop_container {id}")))
+    {
+        assert!(
+            begin.elapsed() < Duration::from_secs(30),
+            "container not stopped"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The other pod runs on; a deadline added to it by an update applies.
     assert_eq!(
-        h.sink.latest("u2").map(|s| phase(&s).to_string()).as_deref(),
+        h.sink
+            .latest("u2")
+            .map(|s| phase(&s).to_string())
+            .as_deref(),
         Some("Running")
     );
     let mut updated = without;
@@ -863,7 +874,10 @@ async fn empty_dirs_are_world_writable_and_memory_ones_are_sized_tmpfs_mounts() 
         .contains(mem.to_str().expect("utf-8"))
         || mem.exists()
     {
-        assert!(begin.elapsed() < Duration::from_secs(60), "tmpfs still mounted");
+        assert!(
+            begin.elapsed() < Duration::from_secs(60),
+            "tmpfs still mounted"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     h.stop().await;

@@ -762,7 +762,11 @@ async fn security_context_tmpfs_and_termination_messages_reach_the_container() {
     };
     let rt = env.runtime().await;
     let report = |name: &str, script: &str| {
-        container(name, &env.busybox, &format!("({script}) > /dev/termination-log 2>&1"))
+        container(
+            name,
+            &env.busybox,
+            &format!("({script}) > /dev/termination-log 2>&1"),
+        )
     };
     let mut ro = report(
         "ro",

@@ -108,7 +108,10 @@ fn unsupported_security(s: &kubelet_core::runtime::SecurityContext) -> Vec<&'sta
     if s.seccomp != SecurityProfile::Unconfined {
         out.push("seccompProfile");
     }
-    if s.apparmor.as_ref().is_some_and(|p| *p != SecurityProfile::Unconfined) {
+    if s.apparmor
+        .as_ref()
+        .is_some_and(|p| *p != SecurityProfile::Unconfined)
+    {
         out.push("appArmorProfile");
     }
     out

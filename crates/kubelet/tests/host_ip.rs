@@ -71,7 +71,11 @@ async fn host_ip_is_the_node_ip_not_the_pod_ip() {
     let st = status_with(Some(ip)).await;
     assert_eq!(st.host_ip.as_deref(), Some("192.0.2.10"));
     assert_eq!(
-        st.host_ips.iter().flatten().map(|h| h.ip.as_str()).collect::<Vec<_>>(),
+        st.host_ips
+            .iter()
+            .flatten()
+            .map(|h| h.ip.as_str())
+            .collect::<Vec<_>>(),
         ["192.0.2.10"]
     );
     assert_ne!(st.pod_ip.as_deref(), Some("192.0.2.10"));
