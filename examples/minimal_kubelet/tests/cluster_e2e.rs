@@ -368,3 +368,68 @@ fn an_unknown_change_detection_strategy_is_a_startup_error_naming_the_accepted_v
         "{err}"
     );
 }
+
+/// An ordinary pod of a current cluster (admission gives it the projected
+/// `kube-api-access-*` volume: token, `kube-root-ca.crt`, namespace) starts on the node, and
+/// its `hostIP` is the node's IP from `--node-ip`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ordinary_pod_of_a_current_cluster_starts_with_its_service_account_volume() {
+    let test = "an_ordinary_pod_of_a_current_cluster_starts_with_its_service_account_volume";
+    let Some(env) = ApiServerEnv::start_with_service_accounts(test, "mk-current") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let token = format!("mk-current-{}", std::process::id());
+    let agent = Agent::start(&env, &token, &["--node-ip", "127.0.0.1"]);
+    let admin = admin_client(&env).await;
+    let pods: Api<Pod> = Api::namespaced(admin, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "ordinary" },
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 3,
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.2; done", &token],
+            }],
+        },
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    let volume = created
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .and_then(|v| v.iter().find(|v| v.name.starts_with("kube-api-access-")))
+        .map(|v| v.name.clone())
+        .expect("admission added the kube-api-access volume");
+    let running = eventually("ordinary Running", Duration::from_secs(30), || async {
+        let p = pods.get("ordinary").await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    let status = running.status.unwrap();
+    assert_eq!(status.host_ip.as_deref(), Some("127.0.0.1"));
+    let uid = running.metadata.uid.unwrap();
+    let files = agent
+        ._dir
+        .path()
+        .join("root/pods")
+        .join(uid)
+        .join("volumes/kubernetes.io~projected")
+        .join(volume);
+    assert_eq!(
+        std::fs::read_to_string(files.join("namespace")).unwrap(),
+        "default"
+    );
+    assert!(
+        !std::fs::read_to_string(files.join("token"))
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        std::fs::read_to_string(files.join("ca.crt"))
+            .unwrap()
+            .contains("BEGIN CERTIFICATE")
+    );
+}
