@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
+use k8s_openapi::api::authentication::v1::TokenReview;
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
@@ -65,13 +65,18 @@ impl TokenReviewAuthenticator {
 #[async_trait]
 impl TokenAuthenticator for TokenReviewAuthenticator {
     async fn authenticate_token(&self, token: &str) -> Result<Option<UserInfo>, AuthError> {
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_string()),
-                audiences: (!self.audiences.is_empty()).then(|| self.audiences.clone()),
-            },
-            ..Default::default()
-        };
+        // Built through JSON: `spec.token` is optional before Kubernetes 1.37 and required
+        // from then on, and the application picks the version.
+        let mut spec = serde_json::json!({ "token": token });
+        if !self.audiences.is_empty() {
+            spec["audiences"] = serde_json::json!(self.audiences);
+        }
+        let review: TokenReview = serde_json::from_value(serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": spec,
+        }))
+        .map_err(|e| AuthError::Webhook(format!("building a TokenReview: {e}")))?;
         let api: Api<TokenReview> = Api::all(self.client.clone());
         let answer = bounded("TokenReview", api.create(&PostParams::default(), &review)).await?;
         let Some(status) = answer.status else {

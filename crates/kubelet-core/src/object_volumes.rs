@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{DownwardAPIVolumeFile, KeyToPath, Pod, Volume};
 use parking_lot::Mutex;
 
@@ -530,6 +530,28 @@ impl CachedToken {
     }
 }
 
+/// The token and its expiry from a TokenRequest answer.
+fn issued_token(answer: &TokenRequest, now: jiff::Timestamp) -> Result<CachedToken> {
+    let value = serde_json::to_value(answer)
+        .map_err(|e| Error::internal(format!("reading the TokenRequest answer: {e}")))?;
+    let status = &value["status"];
+    let token = status["token"]
+        .as_str()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| Error::internal("the TokenRequest answer has no token".to_string()))?;
+    let expires = status["expirationTimestamp"]
+        .as_str()
+        .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+        .ok_or_else(|| {
+            Error::internal("the TokenRequest answer has no expiration timestamp".to_string())
+        })?;
+    Ok(CachedToken {
+        token: token.to_string(),
+        issued: now,
+        expires,
+    })
+}
+
 /// The lifetime a `serviceAccountToken` source asks for when it sets none (the API's default).
 pub const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
 
@@ -598,33 +620,28 @@ impl ProjectedPlugin {
         {
             return Ok(t.token.clone());
         }
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences,
-                expiration_seconds: Some(expiration),
-                bound_object_ref: Some(BoundObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    name: Some(pod::name(pod).to_string()),
-                    uid: Some(pod::uid(pod).to_string()),
-                }),
+        // Built and read through JSON: the shape of `TokenRequest` differs between the
+        // Kubernetes versions the application may pick (its fields became optional in 1.37).
+        let request: TokenRequest = serde_json::from_value(serde_json::json!({
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {
+                "audiences": audiences,
+                "expirationSeconds": expiration,
+                "boundObjectRef": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "name": pod::name(pod),
+                    "uid": pod::uid(pod),
+                },
             },
-            ..Default::default()
-        };
+        }))
+        .map_err(|e| Error::internal(format!("building a TokenRequest: {e}")))?;
         let answer = self
             .provider(volume)?
             .request_service_account_token(&namespace, &service_account, &request)
             .await
-            .and_then(|tr| {
-                let status = tr.status.ok_or_else(|| {
-                    Error::internal("the TokenRequest answer has no status".to_string())
-                })?;
-                Ok(CachedToken {
-                    token: status.token,
-                    issued: now,
-                    expires: status.expiration_timestamp.0,
-                })
-            });
+            .and_then(|tr| issued_token(&tr, now));
         match (answer, cached) {
             (Ok(fresh), _) => {
                 let token = fresh.token.clone();
