@@ -49,6 +49,15 @@
 //! ```
 //!
 //! Features: `process`, `probe`, `eviction`, `server` (default), `cri`, `apiserver`, `testing`.
+//!
+//! # The Kubernetes version is yours
+//!
+//! No crate of the SDK enables a `k8s-openapi` version feature: the application does, next to
+//! this crate, as with `kube` (`k8s-openapi = { version = "0.29", features = ["v1_33"] }`). The
+//! SDK builds with every version `k8s-openapi` 0.29 has, `v1_33` (the oldest) to `v1_37` (the
+//! newest); without one, `k8s-openapi` stops the build with its own message saying to pick one.
+//! An application on an older `k8s-openapi` (0.28 and before, Kubernetes ≤ 1.32) has two copies
+//! of it in its build, and the SDK's one has no version: the same message.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
