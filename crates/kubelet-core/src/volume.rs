@@ -383,6 +383,59 @@ mod tests {
         }
     }
 
+    #[test]
+    fn memory_volumes_are_sized_as_the_kubelet_sizes_them() {
+        use k8s_openapi::api::core::v1::{
+            Container, EmptyDirVolumeSource, PodSpec, ResourceRequirements,
+        };
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let plugin = EmptyDirPlugin::new().with_node_memory(1 << 30);
+        let volume = |limit: Option<&str>| Volume {
+            name: "m".into(),
+            empty_dir: Some(EmptyDirVolumeSource {
+                medium: Some("Memory".into()),
+                size_limit: limit.map(|l| Quantity(l.into())),
+            }),
+            ..Default::default()
+        };
+        let container = |limit: Option<&str>| Container {
+            resources: limit.map(|l| ResourceRequirements {
+                limits: Some([("memory".to_string(), Quantity(l.into()))].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let pod = |limits: &[Option<&str>]| Pod {
+            spec: Some(PodSpec {
+                containers: limits.iter().map(|l| container(*l)).collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let size = |p: &Pod, v: &Volume| plugin.memory_volume_size(p, v);
+        // The node's memory without limits.
+        assert_eq!(size(&pod(&[None]), &volume(None)), Some(1 << 30));
+        // The pod's limit when every container has one.
+        assert_eq!(
+            size(&pod(&[Some("64Mi"), Some("64Mi")]), &volume(None)),
+            Some(128 << 20)
+        );
+        assert_eq!(
+            size(&pod(&[Some("64Mi"), None]), &volume(None)),
+            Some(1 << 30)
+        );
+        // sizeLimit when smaller; a sizeLimit above the node's memory is ignored.
+        assert_eq!(
+            size(&pod(&[Some("64Mi")]), &volume(Some("3Mi"))),
+            Some(3 << 20)
+        );
+        assert_eq!(size(&pod(&[None]), &volume(Some("4Gi"))), Some(1 << 30));
+        assert_eq!(
+            size(&pod(&[Some("64Mi")]), &volume(Some("1Gi"))),
+            Some(64 << 20)
+        );
+    }
+
     #[tokio::test]
     async fn host_path_type_checks_follow_the_kubelet() {
         let tmp = std::env::temp_dir().join(format!("hp-test-{}", std::process::id()));

@@ -1132,3 +1132,52 @@ async fn a_new_runtime_kills_the_containers_whose_state_is_gone() {
         );
     }
 }
+
+/// What a host process can get of its security context is applied (`no_new_privs`, and as root
+/// the user and the supplemental groups); what it cannot (read-only root filesystem,
+/// capabilities, seccomp) is named in a `SecurityContextNotSupported` warning.
+#[tokio::test]
+async fn security_settings_a_process_can_take_are_applied_and_the_rest_reported() {
+    use kubelet_core::runtime::{SecurityContext, SecurityProfile};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (recorder, mut events) = EventRecorder::channel(16);
+    let rt = ProcessRuntime::with_recorder(config(tmp.path()).use_cgroups(false), recorder)
+        .expect("runtime");
+    let root = nix::unistd::geteuid().is_root();
+    let (sid, _cid, sb) = run(&rt, tmp.path(), "u-sec", |sb| {
+        let mut c = container_config(
+            sb,
+            "a",
+            "grep NoNewPrivs /proc/self/status; echo \"uid=$(id -u) groups=$(id -G)\"; sleep 100",
+        );
+        c.security = SecurityContext {
+            no_new_privs: true,
+            run_as_user: root.then_some(1000),
+            run_as_group: root.then_some(1000),
+            supplemental_groups: if root { vec![2000, 3000] } else { Vec::new() },
+            readonly_rootfs: true,
+            drop_capabilities: vec!["ALL".into()],
+            seccomp: SecurityProfile::RuntimeDefault,
+            ..Default::default()
+        };
+        c
+    })
+    .await;
+    let log = sb.log_directory.join("a/0.log");
+    let text = wait_log(&log, "uid=").await;
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    if root {
+        assert!(text.contains("uid=1000 groups=1000 2000 3000"), "{text}");
+    }
+    let ev = events.try_recv().expect("a warning");
+    assert_eq!(ev.type_, EventType::Warning);
+    assert_eq!(ev.reason, "SecurityContextNotSupported");
+    assert!(
+        ev.message
+            .contains("readOnlyRootFilesystem, capabilities, seccompProfile"),
+        "{}",
+        ev.message
+    );
+    rt.stop_pod_sandbox(&sid).await.expect("stop");
+    rt.remove_pod_sandbox(&sid).await.expect("remove");
+}
