@@ -301,6 +301,14 @@ pub fn verb(method: &http::Method) -> &'static str {
     }
 }
 
+/// The endpoints that run a command in a container or stream into it: `/exec`, `/attach`,
+/// `/portForward` and `/run`.
+pub fn is_command_path(path: &str) -> bool {
+    ["/exec", "/attach", "/portForward", "/run"]
+        .iter()
+        .any(|p| is_subpath(path, p))
+}
+
 fn is_subpath(path: &str, prefix: &str) -> bool {
     path == prefix
         || path
@@ -347,11 +355,20 @@ pub fn request_attributes(
     node: &str,
     fine_grained: bool,
 ) -> Vec<Attributes> {
+    // Running a command or opening a stream into a container is a `create` whatever the
+    // method: a WebSocket exec is a GET upgrade, and `get nodes/proxy` (what monitoring agents
+    // commonly hold) must not run commands. Stricter than the Go kubelet, which authorizes a
+    // WebSocket exec with `get`.
+    let verb = if is_command_path(path) {
+        "create"
+    } else {
+        verb(method)
+    };
     subresources(path, fine_grained)
         .into_iter()
         .map(|sub| Attributes {
             user: user.clone(),
-            verb: verb(method).to_string(),
+            verb: verb.to_string(),
             api_group: String::new(),
             api_version: "v1".to_string(),
             resource: "nodes".to_string(),
@@ -426,6 +443,37 @@ mod tests {
         // A prefix that is not a path segment is not a subpath.
         assert_eq!(subresources("/metricsfoo", true), ["proxy"]);
         assert_eq!(subresources("/podsx", true), ["proxy"]);
+    }
+
+    #[test]
+    fn command_endpoints_need_create_whatever_the_method() {
+        let user = UserInfo::new("monitor".to_string(), Vec::new());
+        for path in [
+            "/exec/ns/pod/c",
+            "/attach/ns/pod/c",
+            "/portForward/ns/pod",
+            "/run/ns/pod/c",
+        ] {
+            for method in [http::Method::GET, http::Method::POST] {
+                let attrs = request_attributes(&user, &method, path, "n1", true);
+                assert!(
+                    attrs
+                        .iter()
+                        .all(|a| a.verb == "create" && a.subresource == "proxy"),
+                    "{method} {path}: {attrs:?}"
+                );
+            }
+        }
+        let attrs = request_attributes(
+            &user,
+            &http::Method::GET,
+            "/containerLogs/ns/p/c",
+            "n1",
+            true,
+        );
+        assert_eq!(attrs[0].verb, "get");
+        assert!(!is_command_path("/runningpods/"));
+        assert!(!is_command_path("/execute"));
     }
 
     #[test]

@@ -266,6 +266,13 @@ async fn ready_sandbox(ctx: &Context, pod: &Pod) -> Result<String, Refusal> {
 /// Answer a streaming request (authorized already).
 pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
+    // `/run` runs a command: POST only, as the kubelet registers it.
+    if kind == Kind::Run && req.method() != http::Method::POST {
+        let mut r = plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed\n");
+        r.headers_mut()
+            .insert(http::header::ALLOW, HeaderValue::from_static("POST"));
+        return r;
+    }
     let query = parse_query(req.uri().query().unwrap_or(""));
     let Some(target) = parse_target(kind, &path) else {
         return not_found("404 page not found".to_string());

@@ -69,13 +69,15 @@ impl TokenAuthenticator for Tokens {
         Ok(match token {
             "admin-token" => Some(UserInfo::new("admin", vec![])),
             "viewer-token" => Some(UserInfo::new("viewer", vec![])),
+            "monitor-token" => Some(UserInfo::new("monitor", vec![])),
             "down-token" => return Err(AuthError::Webhook("connection refused".into())),
             _ => None,
         })
     }
 }
 
-/// Allows `admin` and members of `ops`; records what it was asked.
+/// Allows `admin` and members of `ops`, and `monitor` to `get` only (as `get nodes/proxy`);
+/// records what it was asked.
 #[derive(Default)]
 struct Policy {
     asked: Mutex<Vec<Attributes>>,
@@ -85,7 +87,10 @@ struct Policy {
 impl Authorizer for Policy {
     async fn authorize(&self, a: &Attributes) -> Result<Decision, AuthError> {
         self.asked.lock().push(a.clone());
-        if a.user.name == "admin" || a.user.groups.iter().any(|g| g == "ops") {
+        if a.user.name == "admin"
+            || a.user.groups.iter().any(|g| g == "ops")
+            || (a.user.name == "monitor" && a.verb == "get")
+        {
             Ok(Decision::Allow)
         } else {
             Ok(Decision::Deny("not in ops".into()))
@@ -404,6 +409,72 @@ async fn requests_are_authenticated_and_authorized_as_the_kubelet_does() {
     let before = agent.policy.asked.lock().len();
     https(&agent, "/pods", Some("admin-token"), None).await;
     assert_eq!(agent.policy.asked.lock().len(), before);
+
+    // Commands need `create`: `get nodes/proxy` reads logs but runs nothing, neither through a
+    // WebSocket exec (a GET upgrade) nor through `/run`; `/run` takes POST only.
+    assert_eq!(
+        https(&agent, "/pods", Some("monitor-token"), None)
+            .await
+            .code,
+        200
+    );
+    let ws_exec = |token: &str| {
+        format!(
+            "GET /exec/default/p1/app?command=id&output=1 HTTP/1.1\r\nHost: localhost\r\n\
+             Authorization: Bearer {token}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+             Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\
+             Sec-WebSocket-Protocol: v4.channel.k8s.io\r\n\r\n"
+        )
+    };
+    let (api, server_ca) = (agent.api, agent.server_ca.clone());
+    let raw = |text: String| async move {
+        let tcp = TcpStream::connect(api).await.unwrap();
+        let mut tls = tls_client(&server_ca, None)
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .expect("TLS handshake");
+        tls.write_all(text.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(20), tls.read(&mut buf))
+            .await
+            .expect("an answer")
+            .unwrap();
+        parse_reply(&buf[..n])
+    };
+    let denied = raw(ws_exec("monitor-token")).await;
+    assert_eq!(denied.code, 403, "{}", denied.body);
+    assert_eq!(
+        https(
+            &agent,
+            "/run/default/p1/app?cmd=id",
+            Some("monitor-token"),
+            None
+        )
+        .await
+        .code,
+        403
+    );
+    let asked = agent.policy.asked.lock().clone();
+    assert!(
+        asked
+            .iter()
+            .filter(|a| a.user.name == "monitor" && a.path.starts_with("/exec/"))
+            .all(|a| a.verb == "create"),
+        "{asked:?}"
+    );
+    let get_run = https(
+        &agent,
+        "/run/default/p1/app?cmd=id",
+        Some("admin-token"),
+        None,
+    )
+    .await;
+    assert_eq!(get_run.code, 405);
+    assert!(
+        get_run.headers.to_ascii_lowercase().contains("allow: post"),
+        "{}",
+        get_run.headers
+    );
 
     // /configz shows the effective configuration; the read-only port has no debugging set.
     let r = https(&agent, "/configz", Some("admin-token"), None).await;
