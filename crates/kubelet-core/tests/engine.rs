@@ -771,13 +771,8 @@ async fn pods_past_their_active_deadline_fail_with_deadline_exceeded() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // The other pod runs on; a deadline added to it by an update applies.
-    assert_eq!(
-        h.sink
-            .latest("u2")
-            .map(|s| phase(&s).to_string())
-            .as_deref(),
-        Some("Running")
-    );
+    h.wait_status("u2", "the other pod Running", |s| phase(s) == "Running")
+        .await;
     let mut updated = without;
     if let Some(spec) = updated.spec.as_mut() {
         spec.active_deadline_seconds = Some(1);
