@@ -71,6 +71,34 @@ pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
 }
 
+/// A pod's total of a per-container amount as the kubelet aggregates requests and limits
+/// (`PodRequests`/`PodLimits`, without pod-level resources or overhead): the sum of the regular
+/// containers and the sidecars, at least any init container's amount plus the sidecars started
+/// before it. `None` when `per_container` is `None` for any container (a limit some container
+/// does not set leaves the pod unlimited).
+pub fn aggregate_resource(
+    pod: &Pod,
+    per_container: impl Fn(&Container) -> Option<i64>,
+) -> Option<i64> {
+    let spec = pod.spec.as_ref()?;
+    let mut sum = 0i64;
+    for c in &spec.containers {
+        sum = sum.saturating_add(per_container(c)?);
+    }
+    let mut sidecars = 0i64;
+    let mut init_max = 0i64;
+    for c in spec.init_containers.iter().flatten() {
+        let v = per_container(c)?;
+        if is_sidecar(c) {
+            sidecars = sidecars.saturating_add(v);
+            init_max = init_max.max(sidecars);
+        } else {
+            init_max = init_max.max(sidecars.saturating_add(v));
+        }
+    }
+    Some(sum.saturating_add(sidecars).max(init_max))
+}
+
 /// The pod's regular containers.
 pub fn containers(pod: &Pod) -> &[Container] {
     pod.spec

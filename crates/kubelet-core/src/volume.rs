@@ -98,32 +98,17 @@ impl EmptyDirPlugin {
     }
 }
 
-/// The pod's memory limit as its cgroup gets it: the sum of its containers' limits (at least
-/// the largest init container's), only when every container has one.
+/// The pod's memory limit as its cgroup gets it (`PodLimits`), only when every container has
+/// one.
 fn pod_memory_limit(pod: &Pod) -> Option<i64> {
-    let limit = |c: &k8s_openapi::api::core::v1::Container| {
+    crate::pod::aggregate_resource(pod, |c| {
         c.resources
             .as_ref()
             .and_then(|r| r.limits.as_ref())
             .and_then(|l| l.get("memory"))
             .and_then(|q| crate::quantity::parse_bytes(&q.0).ok())
             .filter(|v| *v > 0)
-    };
-    let spec = pod.spec.as_ref()?;
-    let mut sum = 0i64;
-    for c in &spec.containers {
-        sum = sum.saturating_add(limit(c)?);
-    }
-    let mut init_max = 0i64;
-    for c in spec.init_containers.iter().flatten() {
-        let l = limit(c)?;
-        if crate::pod::is_sidecar(c) {
-            sum = sum.saturating_add(l);
-        } else {
-            init_max = init_max.max(l);
-        }
-    }
-    Some(sum.max(init_max))
+    })
 }
 
 /// True when `dir` is the root of a mount (its device differs from its parent's).

@@ -223,24 +223,10 @@ pub fn pod_request(pod: &Pod, resource: &str) -> i64 {
     {
         return v + overhead;
     }
-    let mut sum: i64 = spec
-        .containers
-        .iter()
-        .map(|c| container_request(c, resource))
-        .sum();
-    let mut sidecars = 0i64;
-    let mut init_max = 0i64;
-    for c in spec.init_containers.iter().flatten() {
-        let r = container_request(c, resource);
-        if kubelet_core::pod::is_sidecar(c) {
-            sidecars += r;
-            init_max = init_max.max(sidecars);
-        } else {
-            init_max = init_max.max(sidecars + r);
-        }
-    }
-    sum += sidecars;
-    sum.max(init_max) + overhead
+    let total =
+        kubelet_core::pod::aggregate_resource(pod, |c| Some(container_request(c, resource)))
+            .unwrap_or(0);
+    total + overhead
 }
 
 fn usage_for(resource: Resource, u: &PodUsage) -> Option<i64> {
