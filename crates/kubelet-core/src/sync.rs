@@ -337,13 +337,23 @@ impl Engine {
     /// `DeadlineExceeded` and is killed; before that, the pod is synced again when the deadline
     /// passes (an update that changes the deadline syncs the pod at once).
     pub(crate) async fn sync_pod(&self, p: &Pod, entry: CacheEntry) -> SyncOutcome {
-        let start_time = self
-            .status
-            .get(pod::uid(p))
-            .and_then(|s| s.start_time)
-            .or_else(|| p.status.as_ref().and_then(|s| s.start_time.clone()))
-            .map(|t| t.0);
-        let remaining = active_deadline_remaining(p, start_time, jiff::Timestamp::now());
+        let has_deadline = p
+            .spec
+            .as_ref()
+            .is_some_and(|s| s.active_deadline_seconds.is_some());
+        if !has_deadline {
+            return self.sync_pod_toward_spec(p, entry).await;
+        }
+        // The start time as the status manager has it (a copy of the status: only for the
+        // pods that have a deadline).
+        let start_time = || {
+            self.status
+                .get(pod::uid(p))
+                .and_then(|s| s.start_time)
+                .or_else(|| p.status.as_ref().and_then(|s| s.start_time.clone()))
+                .map(|t| t.0)
+        };
+        let remaining = active_deadline_remaining(p, start_time(), jiff::Timestamp::now());
         if remaining == Some(Duration::ZERO) {
             self.recorder.normal(
                 InvolvedObject::pod(p),
@@ -362,10 +372,8 @@ impl Engine {
         }
         let outcome = self.sync_pod_toward_spec(p, entry).await;
         // A pod that has just got its start time has its deadline counted from now on.
-        let remaining = remaining.or_else(|| {
-            let start = self.status.get(pod::uid(p)).and_then(|s| s.start_time)?;
-            active_deadline_remaining(p, Some(start.0), jiff::Timestamp::now())
-        });
+        let remaining = remaining
+            .or_else(|| active_deadline_remaining(p, start_time(), jiff::Timestamp::now()));
         match (outcome, remaining) {
             (SyncOutcome::Requeue(d), Some(r)) => SyncOutcome::Requeue(d.min(r)),
             (SyncOutcome::Changed(d), Some(r)) => SyncOutcome::Changed(d.min(r)),
