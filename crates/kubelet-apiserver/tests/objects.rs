@@ -20,6 +20,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{log_text, wait_until};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapEnvSource, ConfigMapVolumeSource, Container, DownwardAPIVolumeFile,
@@ -39,27 +40,14 @@ use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use kubelet_testenv::ApiServerEnv;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+
 const NODE: &str = "objects-node";
 const NS: &str = "default";
 const TEST: &str = "pod_sees_config_map_and_secret_from_the_api_server_and_volume_follows_updates";
 
 fn main() -> ExitCode {
-    if let Some(code) = kubelet_process::shim::maybe_run_shim() {
-        return code;
-    }
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.as_deref().is_some_and(|f| !TEST.contains(f)) {
-        println!("test {TEST} ... filtered out");
-        return ExitCode::SUCCESS;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    rt.block_on(run());
-    println!("test {TEST} ... ok");
-    ExitCode::SUCCESS
+    common::run_one(TEST, run)
 }
 
 fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
@@ -176,32 +164,6 @@ fn pod(root: &Path) -> Pod {
     p.metadata.name = Some("objects".into());
     p.metadata.labels = Some([("tier".to_string(), "web".to_string())].into());
     p
-}
-
-/// The container's log (CRI format), all attempts.
-fn log_text(logs: &Path) -> String {
-    let mut out = String::new();
-    let Ok(pods) = std::fs::read_dir(logs) else {
-        return out;
-    };
-    for p in pods.flatten() {
-        let dir = p.path().join("app");
-        for f in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-            out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
-        }
-    }
-    out
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn run() {

@@ -16,6 +16,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{log_text, wait_until};
 use k8s_openapi::api::core::v1::{
     Container, EnvVar, EnvVarSource, ObjectFieldSelector, Pod, PodSpec, ServiceAccount,
 };
@@ -29,27 +30,14 @@ use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use kubelet_testenv::ApiServerEnv;
 use tokio_util::sync::CancellationToken;
 
+mod common;
+
 const NODE: &str = "projected-node";
 const NS: &str = "default";
 const TEST: &str = "every_pod_gets_a_service_account_token_it_can_call_the_api_server_with";
 
 fn main() -> ExitCode {
-    if let Some(code) = kubelet_process::shim::maybe_run_shim() {
-        return code;
-    }
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    if filter.as_deref().is_some_and(|f| !TEST.contains(f)) {
-        println!("test {TEST} ... filtered out");
-        return ExitCode::SUCCESS;
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
-    rt.block_on(run());
-    println!("test {TEST} ... ok");
-    ExitCode::SUCCESS
+    common::run_one(TEST, run)
 }
 
 /// A pod that prints its namespace file and what the API server answers to its token. The
@@ -95,32 +83,6 @@ fn pod(name: &str, service_account: Option<&str>, root: &Path, url: &str) -> Pod
     };
     p.metadata.name = Some(name.into());
     p
-}
-
-/// The logs of the pods' containers (CRI format), all attempts.
-fn log_text(logs: &Path) -> String {
-    let mut out = String::new();
-    for p in std::fs::read_dir(logs).into_iter().flatten().flatten() {
-        for f in std::fs::read_dir(p.path().join("app"))
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            out.push_str(&std::fs::read_to_string(f.path()).unwrap_or_default());
-        }
-    }
-    out
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn run() {

@@ -1107,11 +1107,11 @@ mod tests {
         assert!(!dir.exists());
     }
 
-    /// Objects from a [`StaticObjects`], tokens numbered in order of request, or refused.
+    /// Objects from a [`StaticObjects`], tokens valid for an hour numbered in order of request, or
+    /// refused.
     struct Tokens {
         objects: StaticObjects,
         issued: parking_lot::Mutex<Vec<TokenRequest>>,
-        lifetime: jiff::SignedDuration,
         refuse: std::sync::atomic::AtomicBool,
     }
 
@@ -1145,12 +1145,25 @@ mod tests {
                 status: Some(k8s_openapi::api::authentication::v1::TokenRequestStatus {
                     token: format!("{namespace}/{service_account}#{}", issued.len()),
                     expiration_timestamp: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        jiff::Timestamp::now() + self.lifetime,
+                        jiff::Timestamp::now() + jiff::SignedDuration::from_hours(1),
                     ),
                 }),
                 ..request.clone()
             })
         }
+    }
+
+    /// A provider with the namespace's `kube-root-ca.crt` that issues tokens valid for an hour.
+    fn token_provider() -> Arc<Tokens> {
+        let objects = StaticObjects::new();
+        let mut ca = cm(&[("ca.crt", "PEM")]);
+        ca.metadata.name = Some("kube-root-ca.crt".into());
+        objects.put_config_map(ca);
+        Arc::new(Tokens {
+            objects,
+            issued: parking_lot::Mutex::new(Vec::new()),
+            refuse: false.into(),
+        })
     }
 
     fn access_volume(expiration: Option<i64>) -> Volume {
@@ -1214,16 +1227,7 @@ mod tests {
     #[tokio::test]
     async fn projected_volume_writes_token_ca_and_namespace_like_kube_api_access() {
         let dir = tempdir();
-        let objects = StaticObjects::new();
-        let mut ca = cm(&[("ca.crt", "PEM")]);
-        ca.metadata.name = Some("kube-root-ca.crt".into());
-        objects.put_config_map(ca);
-        let provider = Arc::new(Tokens {
-            objects,
-            issued: parking_lot::Mutex::new(Vec::new()),
-            lifetime: jiff::SignedDuration::from_secs(3600),
-            refuse: false.into(),
-        });
+        let provider = token_provider();
         let plugin = ProjectedPlugin::new(Some(provider.clone()));
         let volume = access_volume(Some(3607));
         assert!(plugin.can_support(&volume));
@@ -1302,17 +1306,7 @@ mod tests {
     #[tokio::test]
     async fn tokens_are_requested_again_after_80_percent_of_their_life() {
         let dir = tempdir();
-        let objects = StaticObjects::new();
-        let mut ca = cm(&[("ca.crt", "PEM")]);
-        ca.metadata.name = Some("kube-root-ca.crt".into());
-        objects.put_config_map(ca);
-        // Issued for an hour.
-        let provider = Arc::new(Tokens {
-            objects,
-            issued: parking_lot::Mutex::new(Vec::new()),
-            lifetime: jiff::SignedDuration::from_hours(1),
-            refuse: false.into(),
-        });
+        let provider = token_provider();
         let plugin = ProjectedPlugin::new(Some(provider.clone()));
         let volume = access_volume(None);
         let vol = dir.join("v");
@@ -1359,16 +1353,7 @@ mod tests {
     #[tokio::test]
     async fn token_files_of_pods_with_one_user_are_readable_by_that_user_only() {
         let dir = tempdir();
-        let objects = StaticObjects::new();
-        let mut ca = cm(&[("ca.crt", "PEM")]);
-        ca.metadata.name = Some("kube-root-ca.crt".into());
-        objects.put_config_map(ca);
-        let provider = Arc::new(Tokens {
-            objects,
-            issued: parking_lot::Mutex::new(Vec::new()),
-            lifetime: jiff::SignedDuration::from_secs(3600),
-            refuse: false.into(),
-        });
+        let provider = token_provider();
         let plugin = ProjectedPlugin::new(Some(provider));
         let mut p = sa_pod();
         if let Some(spec) = p.spec.as_mut() {
