@@ -59,15 +59,39 @@ impl ApiStatusSink {
             tracing::trace!(pod = %podutil::full_name(pod), "status unchanged in the API; no patch");
             return Ok(());
         };
-        match patch_pod_status(
+        let mut result = patch_pod_status(
             &self.shared.client,
             podutil::namespace(pod),
             podutil::name(pod),
             patch,
             &self.shared.unknown_status_fields,
         )
-        .await
-        {
+        .await;
+        // The patch is a diff from the status in our copy of the pod, which the watch may not
+        // have brought up to date with our last write: merged lists then keep items the patch
+        // did not know to delete (two pod IPs of one family), and the API server refuses the
+        // result. Diff again from the pod as the API server has it now, once.
+        if matches!(&result, Err(e) if is_status(e, 422)) {
+            let api: kube::Api<Pod> =
+                kube::Api::namespaced(self.shared.client.clone(), podutil::namespace(pod));
+            if let Ok(fresh) = api.get(podutil::name(pod)).await
+                && podutil::uid(&fresh) == uid
+            {
+                tracing::debug!(pod = %podutil::full_name(pod), "status patch refused; diffing again from the API server's copy");
+                let Some(patch) = pod_status_patch(uid, fresh.status.as_ref(), status) else {
+                    return Ok(());
+                };
+                result = patch_pod_status(
+                    &self.shared.client,
+                    podutil::namespace(pod),
+                    podutil::name(pod),
+                    patch,
+                    &self.shared.unknown_status_fields,
+                )
+                .await;
+            }
+        }
+        match result {
             Ok(_) => {
                 tracing::debug!(pod = %podutil::full_name(pod), phase = status.phase.as_deref().unwrap_or(""), "patched pod status");
                 Ok(())

@@ -317,13 +317,13 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         .as_ref()
         .and_then(|s| s.host_network)
         .unwrap_or(false);
-    let mut pod_ips: Vec<String> = input.runtime.ips.clone();
-    if pod_ips.is_empty()
-        && host_network
-        && let Some(ip) = input.host_ip
-    {
-        pod_ips.push(ip.to_string());
-    }
+    // A host-network pod has the node's address, as with the kubelet on a CRI runtime (whose
+    // host-network sandboxes report no IP): a runtime that reports its own idea of the host's
+    // address must not make the pod's IP differ from its hostIP or change between syncs.
+    let pod_ips: Vec<String> = match input.host_ip {
+        Some(ip) if host_network => vec![ip.to_string()],
+        _ => input.runtime.ips.clone(),
+    };
     let (pod_ip, pod_ips) = if pod_ips.is_empty() {
         // The sandbox is gone (the pod finished): keep reporting the IPs it had.
         (
@@ -1601,6 +1601,22 @@ mod tests {
         assert_eq!(s.host_ip.as_deref(), Some("192.168.1.10"));
         assert_eq!(s.start_time, Some(Time(ts(100))));
         assert_eq!(s.qos_class.as_deref(), Some("BestEffort"));
+    }
+
+    #[test]
+    fn host_network_pod_has_the_node_address_whatever_the_runtime_reports() {
+        let mut p = pod("Always", vec![], &["a"]);
+        p.spec.as_mut().expect("spec").host_network = Some(true);
+        // The runtime reports the host's address as it sees it; the node's configured address wins.
+        let s = Gen::new(&p, rt(vec![rc("a", "ida", Running, 0, 0, 0)])).run();
+        assert_eq!(s.pod_ip.as_deref(), Some("192.168.1.10"));
+        let ips: Vec<_> = s.pod_ips.iter().flatten().map(|i| i.ip.as_str()).collect();
+        assert_eq!(ips, ["192.168.1.10"]);
+        // Before the sandbox exists (no runtime IPs) the address is already the node's.
+        let mut empty = rt(vec![]);
+        empty.ips.clear();
+        let s = Gen::new(&p, empty).run();
+        assert_eq!(s.pod_ip.as_deref(), Some("192.168.1.10"));
     }
 
     #[test]
