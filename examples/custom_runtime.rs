@@ -13,14 +13,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use kubelet::core::runtime::{
+use kubelet::Timestamp;
+use kubelet::prelude::*;
+use kubelet_api::conformance::{ConformanceConfig, run_conformance};
+use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStatus, ExecResult,
     Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus, RuntimeStatus,
     RuntimeVersion, SandboxFilter, SandboxState, labels_match,
 };
-use kubelet::core::testing::conformance::{ConformanceConfig, run_conformance};
-use kubelet::prelude::*;
-use kubelet::{Error, ErrorKind, Result, Timestamp};
+use kubelet_api::{Error, ErrorKind, Result};
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 

@@ -25,6 +25,7 @@
 //! cargo run --release -p cri-bench -- --events 300
 //! ```
 
+use kubelet_api::AgentHandle;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,12 +34,13 @@ use anyhow::bail;
 use async_trait::async_trait;
 use clap::Parser;
 use futures::StreamExt;
-use kubelet_core::k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     ContainerConfig, ContainerEventKind, ContainerFilter, ContainerMetadata, ContainerState,
     PodSandboxConfig, PodSandboxMetadata, SandboxFilter, labels,
 };
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_api::{ContainerRuntime, PodSource, SourceSender};
+use kubelet_core::k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_cri::{CriConfig, CriRuntime};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig, PlegKind, new_pleg};
 use tokio_util::sync::CancellationToken;
@@ -153,7 +155,7 @@ fn direct_configs(
     tag: &str,
 ) -> (PodSandboxConfig, ContainerConfig) {
     let uid = format!("direct-{tag}-{i}");
-    let mut l = kubelet_core::runtime::Labels::new();
+    let mut l = kubelet_api::runtime::Labels::new();
     l.insert(labels::POD_UID.into(), uid.clone());
     l.insert(labels::POD_NAME.into(), format!("direct-{i}"));
     l.insert(labels::POD_NAMESPACE.into(), "default".into());
@@ -381,7 +383,7 @@ async fn through_agent(
     let teardown = Instant::now();
     later_tx.send(Vec::new())?;
     let deadline = teardown + Duration::from_secs(300);
-    let bench = |labels: &kubelet_core::runtime::Labels| {
+    let bench = |labels: &kubelet_api::runtime::Labels| {
         labels
             .get(labels::POD_UID)
             .is_some_and(|u| u.starts_with("bench-uid-"))
@@ -398,7 +400,7 @@ async fn through_agent(
             .count();
         let ready = rt
             .list_pod_sandboxes(&SandboxFilter {
-                state: Some(kubelet_core::runtime::SandboxState::Ready),
+                state: Some(kubelet_api::runtime::SandboxState::Ready),
                 ..Default::default()
             })
             .await?

@@ -25,7 +25,7 @@ use anyhow::{Context, bail};
 use async_trait::async_trait;
 use clap::Parser;
 use k8s_openapi::api::core::v1::Pod;
-use kubelet_core::KillPodOptions;
+use kubelet_api::KillPodOptions;
 use kubelet_eviction::{
     ActivePod, CgroupFs, EvictionConfig, EvictionError, EvictionManager, EvictionSettings,
     MachineStats, MachineStatsConfig, ManagerEvent, PodControl, parse_threshold_flag,

@@ -27,11 +27,11 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use jiff::Timestamp;
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     ContainerConfig, ContainerFilter, ContainerMetadata, Labels, PodSandboxConfig,
     PodSandboxMetadata, SandboxFilter, labels,
 };
-use kubelet_core::{ContainerRuntime, PodLifecycleEventGenerator, PodLifecycleEventType};
+use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_pleg::{EventedPleg, EventedPlegConfig, GenericPleg, GenericPlegConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;

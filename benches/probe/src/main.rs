@@ -30,8 +30,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use kubelet_core::runtime::{ContainerConfig, PodSandboxConfig};
-use kubelet_core::{ContainerRuntime, EventRecorder, ProbeType};
+use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
+use kubelet_api::{ContainerRuntime, EventRecorder, ProbeType};
 use kubelet_probe::{
     ContainerObservation, HttpGetSpec, Observation, Outcome, ProbeHandler, ProbeRegistration,
     ProbeSpec, ProbeTargets, ProbeTiming, Prober, ProberConfig, Scheme, StaticTargets,

@@ -77,9 +77,10 @@ mod serve {
 
     use async_trait::async_trait;
     use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+    use kubelet_api::{ContainerRuntime, PodSource, SourceSender};
     use kubelet_core::configuration::KubeletConfiguration;
     use kubelet_core::testing::FakeRuntime;
-    use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+    use kubelet_core::{KubeletBuilder, KubeletConfig};
     use kubelet_server::{KubeletServer, ServerConfig};
     use tokio_util::sync::CancellationToken;
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use kubelet_core::{EventRecorder, InvolvedObject};
+use kubelet_api::{EventRecorder, InvolvedObject};
 use parking_lot::RwLock;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;

@@ -132,9 +132,9 @@ impl ApiServerError {
     }
 }
 
-impl From<ApiServerError> for kubelet_core::Error {
+impl From<ApiServerError> for kubelet_api::Error {
     fn from(e: ApiServerError) -> Self {
-        use kubelet_core::ErrorKind;
+        use kubelet_api::ErrorKind;
         let kind = match e.status_code() {
             Some(404) => ErrorKind::NotFound,
             Some(409) => ErrorKind::AlreadyExists,
@@ -143,7 +143,7 @@ impl From<ApiServerError> for kubelet_core::Error {
             Some(_) => ErrorKind::Internal,
             None => ErrorKind::Unavailable,
         };
-        kubelet_core::Error::new(kind, e.to_string()).with_source(e)
+        kubelet_api::Error::new(kind, e.to_string()).with_source(e)
     }
 }
 

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Event as ApiEvent, EventSource, ObjectReference
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
-use kubelet_core::Event;
+use kubelet_api::Event;
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -255,7 +255,7 @@ impl EventPoster {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubelet_core::{EventType, InvolvedObject};
+    use kubelet_api::{EventType, InvolvedObject};
     use std::collections::BTreeMap;
 
     #[tokio::test(start_paused = true)]

@@ -15,7 +15,7 @@
 //!   precondition, deletion of finished pods after a graceful deletion, events with the kubelet's
 //!   rate limits ([`events`]), and mirror pods for static pods ([`mirror`]);
 //! * **ConfigMaps and Secrets** ([`objects`]): [`ApiObjects`], the agent's
-//!   [`ObjectProvider`](kubelet_core::ObjectProvider) for env references and `configMap` /
+//!   [`ObjectProvider`](kubelet_api::ObjectProvider) for env references and `configMap` /
 //!   `secret` volumes (GETs with the node's credentials and a TTL cache);
 //! * **the kubelet API's webhook authentication and authorization** ([`review`]):
 //!   `TokenReview` and `SubjectAccessReview` implementations of `kubelet-server`'s
@@ -30,7 +30,8 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use kubelet_apiserver::{ApiServer, ApiServerConfig};
-//! use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodLifecycleEventGenerator};
+//! use kubelet_core::{KubeletBuilder, KubeletConfig};
+//! use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn agent(runtime: Arc<dyn ContainerRuntime>, pleg: Arc<dyn PodLifecycleEventGenerator>)

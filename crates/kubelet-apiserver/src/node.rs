@@ -16,8 +16,9 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kubelet_core::runtime::{RuntimeStatus, RuntimeVersion};
-use kubelet_core::{ContainerRuntime, KubeletHandle, PlegHealth};
+use kubelet_api::AgentHandle;
+use kubelet_api::runtime::{RuntimeStatus, RuntimeVersion};
+use kubelet_api::{ContainerRuntime, PlegHealth};
 
 use crate::config::ApiServerConfig;
 use crate::machine::MachineInfo;
@@ -63,7 +64,7 @@ where
 #[derive(Clone)]
 pub struct NodeStatusInputs {
     runtime: Arc<dyn ContainerRuntime>,
-    handle: Option<KubeletHandle>,
+    handle: Option<std::sync::Arc<dyn AgentHandle>>,
     conditions: Vec<Arc<dyn NodeConditionSource>>,
 }
 
@@ -88,7 +89,7 @@ impl NodeStatusInputs {
 
     /// The agent's handle, for the PLEG's health ("PLEG is not healthy" makes the node
     /// NotReady).
-    pub fn kubelet(mut self, handle: KubeletHandle) -> Self {
+    pub fn kubelet(mut self, handle: std::sync::Arc<dyn AgentHandle>) -> Self {
         self.handle = Some(handle);
         self
     }
@@ -110,7 +111,7 @@ impl NodeStatusInputs {
             pleg: self
                 .handle
                 .as_ref()
-                .map_or(PlegHealth::Healthy, KubeletHandle::pleg_health),
+                .map_or(PlegHealth::Healthy, |h| h.pleg_health()),
             extra: self
                 .conditions
                 .iter()
@@ -420,7 +421,7 @@ pub fn node_status_patch(status: &NodeStatus) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kubelet_core::runtime::RuntimeCondition;
+    use kubelet_api::runtime::RuntimeCondition;
 
     fn facts() -> NodeFacts {
         NodeFacts {

@@ -9,7 +9,7 @@
 //!   references it, so 1,000 pods sharing 10 ConfigMaps keep 10 watches. Reads come from the
 //!   watch. An immutable object is read once and no longer watched. When a watched object
 //!   changes (or is deleted), every registered pod that references it is asked to sync at once
-//!   ([`KubeletHandle::sync_pod`], given through [`ApiObjects::sync_pods_through`]), so its
+//!   ([`AgentHandle::sync_pod`], given through [`ApiObjects::sync_pods_through`]), so its
 //!   volume files follow within the time of one sync. The kubelet instead waits for the pod's
 //!   next periodic sync (up to `syncFrequency`, 1 minute): a deliberate difference.
 //!   A read waits at most 1 s for a new watch's first list (the kubelet's limit) and then, or
@@ -40,8 +40,9 @@ use kube::api::PostParams;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
-use kubelet_core::{Error, ErrorKind, KubeletHandle};
-use kubelet_core::{ObjectProvider, ReferencedObjects};
+use kubelet_api::AgentHandle;
+use kubelet_api::{Error, ErrorKind};
+use kubelet_api::{ObjectProvider, ReferencedObjects};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -142,7 +143,7 @@ struct State {
     /// How many registered pods reference each object.
     refs: HashMap<Key, usize>,
     /// Where to ask for pod syncs when a watched object changes.
-    kubelet: Option<KubeletHandle>,
+    kubelet: Option<std::sync::Arc<dyn AgentHandle>>,
 }
 
 fn keys<'a>(namespace: &'a str, r: &'a ReferencedObjects) -> impl Iterator<Item = Key> + 'a {
@@ -380,7 +381,7 @@ impl ApiObjects {
 
     /// With the `Watch` strategy, ask `kubelet` to sync the pods that use an object as soon as
     /// a watch sees it change. The API-server plugin does this when it starts.
-    pub fn sync_pods_through(&self, kubelet: KubeletHandle) {
+    pub fn sync_pods_through(&self, kubelet: std::sync::Arc<dyn AgentHandle>) {
         self.state.lock().kubelet = Some(kubelet);
     }
 
@@ -499,14 +500,13 @@ fn api_error(kind: &str, namespace: &str, name: &str, e: kube::Error) -> Error {
 impl ObjectProvider for ApiObjects {
     fn services(
         &self,
-    ) -> kubelet_core::Result<Option<Vec<std::sync::Arc<k8s_openapi::api::core::v1::Service>>>>
-    {
+    ) -> kubelet_api::Result<Option<Vec<std::sync::Arc<k8s_openapi::api::core::v1::Service>>>> {
         match &self.services {
             None => Ok(None),
             Some(cache) => cache
                 .services()
                 .map(Some)
-                .map_err(|m| kubelet_core::Error::new(kubelet_core::ErrorKind::Unavailable, m)),
+                .map_err(|m| kubelet_api::Error::new(kubelet_api::ErrorKind::Unavailable, m)),
         }
     }
 
@@ -514,7 +514,7 @@ impl ObjectProvider for ApiObjects {
         &self,
         namespace: &str,
         name: &str,
-    ) -> kubelet_core::Result<Option<ConfigMap>> {
+    ) -> kubelet_api::Result<Option<ConfigMap>> {
         let key = (Kind::ConfigMap, namespace.to_string(), name.to_string());
         if let Some(Cached::ConfigMap(c)) = self.lookup(&key).await {
             return Ok(c);
@@ -533,14 +533,14 @@ impl ObjectProvider for ApiObjects {
         namespace: &str,
         service_account: &str,
         request: &TokenRequest,
-    ) -> kubelet_core::Result<TokenRequest> {
+    ) -> kubelet_api::Result<TokenRequest> {
         let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
         api.create_token_request(service_account, &PostParams::default(), request)
             .await
             .map_err(|e| api_error("serviceaccounts/token", namespace, service_account, e))
     }
 
-    async fn secret(&self, namespace: &str, name: &str) -> kubelet_core::Result<Option<Secret>> {
+    async fn secret(&self, namespace: &str, name: &str) -> kubelet_api::Result<Option<Secret>> {
         let key = (Kind::Secret, namespace.to_string(), name.to_string());
         if let Some(Cached::Secret(s)) = self.lookup(&key).await {
             return Ok(s);
@@ -559,7 +559,7 @@ impl ObjectProvider for ApiObjects {
             return;
         };
         let version = pod.metadata.resource_version.clone();
-        let namespace = kubelet_core::pod::namespace(pod).to_string();
+        let namespace = kubelet_api::pod::namespace(pod).to_string();
         let mut st = self.state.lock();
         match st.pods.get(&uid) {
             Some((v, _, _)) if *v == version => {}

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use kubelet_core::configuration::KubeletConfiguration;
-use kubelet_core::{
+use kubelet_api::{
     AgentPlugin, NodeConditionReader, ObjectProvider, PluginContext, PodSource, StatusSink,
 };
+use kubelet_core::configuration::KubeletConfiguration;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::ApiServer;
@@ -40,7 +40,7 @@ impl AgentPlugin for ApiServer {
         &self,
         ctx: PluginContext,
         shutdown: CancellationToken,
-    ) -> kubelet_core::Result<()> {
+    ) -> kubelet_api::Result<()> {
         *self.shared.recorder.write() = Some(ctx.recorder());
         self.shared.objects.sync_pods_through(ctx.handle());
         let inputs = NodeStatusInputs::new(ctx.runtime())

@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use kubelet_core::pod as podutil;
-use kubelet_core::{Event, StatusSink};
+use kubelet_api::pod as podutil;
+use kubelet_api::{Event, StatusSink};
 
 use crate::agent::Shared;
 use crate::error::{ApiServerError, is_status};
@@ -111,7 +111,7 @@ impl ApiStatusSink {
 
 #[async_trait]
 impl StatusSink for ApiStatusSink {
-    async fn update_pod_status(&self, pod: &Pod, status: &PodStatus) -> kubelet_core::Result<()> {
+    async fn update_pod_status(&self, pod: &Pod, status: &PodStatus) -> kubelet_api::Result<()> {
         if podutil::is_mirror(pod) {
             return Ok(());
         }
@@ -127,14 +127,14 @@ impl StatusSink for ApiStatusSink {
         Ok(())
     }
 
-    async fn pod_removed(&self, pod: &Pod) -> kubelet_core::Result<()> {
+    async fn pod_removed(&self, pod: &Pod) -> kubelet_api::Result<()> {
         if podutil::is_static(pod) {
             self.shared.mirrors.remove_static(pod);
         }
         Ok(())
     }
 
-    async fn record_event(&self, event: &Event) -> kubelet_core::Result<()> {
+    async fn record_event(&self, event: &Event) -> kubelet_api::Result<()> {
         self.shared.events.post(&self.shared.client, event).await?;
         Ok(())
     }

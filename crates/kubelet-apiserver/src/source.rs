@@ -19,9 +19,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::watcher::{self, Event};
-use kubelet_core::pod as podutil;
-use kubelet_core::sources;
-use kubelet_core::{PodSource, SourceSender};
+use kubelet_api::pod as podutil;
+use kubelet_api::sources;
+use kubelet_api::{PodSource, SourceSender};
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::Shared;
@@ -158,7 +158,7 @@ mod tests {
         p.metadata.name = Some(uid.into());
         if mirror {
             p.metadata.annotations = Some(BTreeMap::from([(
-                kubelet_core::annotations::CONFIG_MIRROR.to_string(),
+                kubelet_api::annotations::CONFIG_MIRROR.to_string(),
                 "h".to_string(),
             )]));
         }

@@ -20,9 +20,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{ContainerFilter, ContainerState, labels};
 use kubelet_apiserver::{ApiServer, ApiServerConfig, NodeStatusInputs};
-use kubelet_core::runtime::{ContainerFilter, ContainerState, labels};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_podconfig::FileSource;
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
@@ -167,7 +168,7 @@ impl Agent {
             .status_sink(api.status_sink())
             .build()
             .expect("agent");
-        let inputs = NodeStatusInputs::new(dyn_runtime).kubelet(kubelet.handle());
+        let inputs = NodeStatusInputs::new(dyn_runtime).kubelet(Arc::new(kubelet.handle()));
         let shutdown = CancellationToken::new();
         let tasks = vec![
             tokio::spawn(kubelet.run(shutdown.clone())),
@@ -485,16 +486,16 @@ async fn agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_p
 
     // The same event twice is one object with count 2.
     let sink = agent.api.status_sink();
-    let repeated = kubelet_core::Event {
-        involved: kubelet_core::InvolvedObject::node(&node),
-        type_: kubelet_core::EventType::Warning,
+    let repeated = kubelet_api::Event {
+        involved: kubelet_api::InvolvedObject::node(&node),
+        type_: kubelet_api::EventType::Warning,
         reason: "TestRepeated".into(),
         message: "the same event twice".into(),
         timestamp: jiff::Timestamp::now(),
         annotations: BTreeMap::new(),
     };
     for _ in 0..2 {
-        kubelet_core::StatusSink::record_event(&*sink, &repeated)
+        kubelet_api::StatusSink::record_event(&*sink, &repeated)
             .await
             .expect("event posted");
     }

@@ -29,12 +29,13 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kubelet_api::{ContainerRuntime, ErrorKind, ObjectProvider};
 use kubelet_apiserver::{
     ApiObjects, ApiServer, ApiServerConfig, ChangeDetection, NodeStatusInputs,
     client_from_kubeconfig,
 };
 use kubelet_core::testing::RecordingSink;
-use kubelet_core::{ContainerRuntime, ErrorKind, KubeletBuilder, KubeletConfig, ObjectProvider};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use kubelet_testenv::ApiServerEnv;
@@ -248,8 +249,8 @@ async fn run() {
         .object_provider(Arc::new(objects.clone()))
         .build()
         .expect("build");
-    objects.sync_pods_through(kubelet.handle());
-    let inputs = NodeStatusInputs::new(dyn_runtime.clone()).kubelet(kubelet.handle());
+    objects.sync_pods_through(Arc::new(kubelet.handle()));
+    let inputs = NodeStatusInputs::new(dyn_runtime.clone()).kubelet(Arc::new(kubelet.handle()));
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
     let node_loop = tokio::spawn({

@@ -22,9 +22,10 @@ use k8s_openapi::api::core::v1::{
 };
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use kubelet_api::ContainerRuntime;
 use kubelet_apiserver::{ApiObjects, ApiServer, ApiServerConfig, client_from_kubeconfig};
 use kubelet_core::testing::RecordingSink;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use kubelet_testenv::ApiServerEnv;
@@ -167,7 +168,7 @@ async fn run() {
         .object_provider(Arc::new(objects.clone()))
         .build()
         .expect("build");
-    objects.sync_pods_through(kubelet.handle());
+    objects.sync_pods_through(Arc::new(kubelet.handle()));
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
 

@@ -12,8 +12,8 @@
 use k8s_openapi::api::core::v1::{Container, Pod, PodIP, PodSpec, PodStatus};
 use kube::Api;
 use kube::api::PostParams;
+use kubelet_api::StatusSink;
 use kubelet_apiserver::ApiServer;
-use kubelet_core::StatusSink;
 use kubelet_testenv::ApiServerEnv;
 
 const NODE: &str = "status-patch-node";

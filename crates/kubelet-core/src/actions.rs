@@ -6,9 +6,11 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::pod::{self, RestartPolicy};
-use crate::probe::{ProbeResult, ProbeType};
-use crate::runtime::{ContainerState, ContainerStatus, PodRuntimeStatus, SandboxState, labels};
+use kubelet_api::pod::{self, RestartPolicy};
+use kubelet_api::runtime::{
+    ContainerState, ContainerStatus, PodRuntimeStatus, SandboxState, labels,
+};
+use kubelet_api::{ProbeResult, ProbeType};
 
 /// Why a container is killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -446,8 +448,8 @@ fn compute_init_container_actions(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{ContainerMetadata, PodSandboxMetadata, PodSandboxStatus};
     use k8s_openapi::api::core::v1::{PodSpec, Probe};
+    use kubelet_api::runtime::{ContainerMetadata, PodSandboxMetadata, PodSandboxStatus};
 
     fn container(name: &str) -> Container {
         Container {
@@ -494,7 +496,7 @@ mod tests {
             .find(|c| c.name == name)
             .cloned()
             .unwrap_or_else(|| container(name));
-        let mut annotations = crate::runtime::Labels::new();
+        let mut annotations = kubelet_api::runtime::Labels::new();
         annotations.insert(
             labels::CONTAINER_HASH.into(),
             format!("{:x}", pod::container_hash(&spec)),

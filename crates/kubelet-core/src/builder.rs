@@ -6,22 +6,27 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 
-use crate::ContainerRuntime;
-use crate::admission::{KillPodOptions, PodAdmitHandler};
-use crate::config::PodSource;
 use crate::error::KubeletError;
-use crate::event::EventRecorder;
 use crate::kubelet::{Command, Kubelet};
 use crate::layer::RuntimeLayer;
 use crate::merge::PodConfig;
 use crate::object_volumes::{ConfigMapPlugin, SecretPlugin};
-use crate::objects::ObjectProvider;
-use crate::pleg::{PlegHealth, PodLifecycleEventGenerator};
-use crate::plugin::{AgentPlugin, NodeConditionReader, PluginStates, PluginStatus};
-use crate::probe::ProbeManager;
-use crate::sink::StatusSink;
-use crate::status_manager::{StatusManager, StatusReader};
-use crate::volume::{EmptyDirPlugin, HostPathPlugin, VolumePlugin};
+use crate::plugin::PluginStates;
+use crate::status_manager::StatusManager;
+use crate::volume::{EmptyDirPlugin, HostPathPlugin};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::EventRecorder;
+use kubelet_api::ObjectProvider;
+use kubelet_api::PodSource;
+use kubelet_api::ProbeManager;
+use kubelet_api::StatusReader;
+use kubelet_api::StatusSink;
+use kubelet_api::VolumePlugin;
+use kubelet_api::{
+    AgentHandle, AgentPlugin, NodeConditionReader, NotRunning, PluginStatus, SyncLoopStalled,
+};
+use kubelet_api::{KillPodOptions, PodAdmitHandler};
+use kubelet_api::{PlegHealth, PodLifecycleEventGenerator};
 
 /// Engine settings, with the kubelet's defaults.
 #[derive(Debug, Clone)]
@@ -138,9 +143,9 @@ impl KubeletConfig {
 /// subsystems.
 ///
 /// ```no_run
-/// # async fn demo(runtime: std::sync::Arc<dyn kubelet_core::ContainerRuntime>,
-/// #               pleg: std::sync::Arc<dyn kubelet_core::PodLifecycleEventGenerator>,
-/// #               source: std::sync::Arc<dyn kubelet_core::PodSource>) -> Result<(), kubelet_core::KubeletError> {
+/// # async fn demo(runtime: std::sync::Arc<dyn kubelet_api::ContainerRuntime>,
+/// #               pleg: std::sync::Arc<dyn kubelet_api::PodLifecycleEventGenerator>,
+/// #               source: std::sync::Arc<dyn kubelet_api::PodSource>) -> Result<(), kubelet_core::KubeletError> {
 /// use kubelet_core::{KubeletBuilder, KubeletConfig};
 /// use tokio_util::sync::CancellationToken;
 /// let kubelet = KubeletBuilder::new("node-1")
@@ -168,7 +173,7 @@ pub struct KubeletBuilder {
     layers: Vec<Arc<dyn RuntimeLayer>>,
     metrics: prometheus_client::registry::Registry,
     recorder: EventRecorder,
-    events: mpsc::Receiver<crate::event::Event>,
+    events: mpsc::Receiver<kubelet_api::Event>,
 }
 
 impl std::fmt::Debug for KubeletBuilder {
@@ -255,7 +260,7 @@ impl KubeletBuilder {
 
     /// Where ConfigMaps and Secrets come from (the kubelet's configmap and secret managers):
     /// used for `envFrom` / `valueFrom` references and for `configMap` / `secret` volumes, e.g.
-    /// `kubelet_apiserver`'s provider or [`StaticObjects`](crate::objects::StaticObjects).
+    /// `kubelet_apiserver`'s provider or [`StaticObjects`](kubelet_api::StaticObjects).
     /// Without one, containers referencing them fail with `CreateContainerConfigError` and such
     /// volumes with `FailedMount`, each with a message saying no provider is configured.
     pub fn object_provider(mut self, provider: Arc<dyn ObjectProvider>) -> Self {
@@ -422,7 +427,8 @@ fn validate_node_name(name: &str) -> Result<(), KubeletError> {
     Ok(())
 }
 
-/// A cloneable handle to a built agent: read statuses, check health, kill pods (eviction).
+/// A cloneable handle to a built agent, the engine's [`AgentHandle`]: read statuses, check
+/// health, sync and kill pods (eviction).
 #[derive(Clone)]
 pub struct KubeletHandle {
     pub(crate) cmd_tx: mpsc::Sender<Command>,
@@ -440,55 +446,39 @@ impl std::fmt::Debug for KubeletHandle {
     }
 }
 
-/// The agent is not running (never started or already stopped).
-#[derive(Debug, Clone, Copy, thiserror::Error)]
-#[error("the kubelet is not running")]
-pub struct NotRunning;
-
-impl KubeletHandle {
-    /// Pod statuses as the agent last generated them.
-    pub fn statuses(&self) -> StatusReader {
+#[async_trait::async_trait]
+impl AgentHandle for KubeletHandle {
+    fn statuses(&self) -> StatusReader {
         self.statuses.clone()
     }
 
-    /// Health of the PLEG ("PLEG is not healthy" makes a node NotReady).
-    pub fn pleg_health(&self) -> PlegHealth {
+    fn pleg_health(&self) -> PlegHealth {
         self.pleg.healthy()
     }
 
-    /// Health of the sync loop (the kubelet's `SyncLoopHealthCheck`): an error when the loop
-    /// entered its last iteration longer ago than `threshold` (the kubelet uses
-    /// max(2 × `syncFrequency`, 5 min)); healthy before the loop first runs.
-    pub fn sync_loop_health(&self, threshold: std::time::Duration) -> Result<(), String> {
+    fn sync_loop_health(&self, threshold: Duration) -> Result<(), SyncLoopStalled> {
         match self.sync_loop.last() {
-            Some(t) if t.elapsed() > threshold => {
-                Err("sync Loop took longer than expected".to_string())
-            }
+            Some(t) if t.elapsed() > threshold => Err(SyncLoopStalled {
+                since: t.elapsed(),
+                threshold,
+            }),
             _ => Ok(()),
         }
     }
 
-    /// Each plugin's name and state, in registration order.
-    pub fn plugins(&self) -> Vec<PluginStatus> {
+    fn plugins(&self) -> Vec<PluginStatus> {
         self.plugins.list()
     }
 
-    /// The agent's metrics registry (everything registered at build), for a `/metrics`
-    /// endpoint.
-    pub fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
+    fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
         self.metrics.clone()
     }
 
-    /// Ask for a sync of pod `uid` soon, as if its worker had been woken by a runtime event:
-    /// its volumes are set up again (a changed ConfigMap reaches its files) and its containers
-    /// checked. Never blocks; an unknown or finished pod is ignored, and requests made before
-    /// the loop drains them are merged.
-    pub fn sync_pod(&self, uid: &str) {
+    fn sync_pod(&self, uid: &str) {
         self.sync_requests.request(uid);
     }
 
-    /// Kill pod `uid` with `options` (the eviction path); returns once the pod has terminated.
-    pub async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning> {
+    async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning> {
         let (done, wait) = oneshot::channel();
         self.cmd_tx
             .send(Command::KillPod {

@@ -8,14 +8,15 @@ use std::path::PathBuf;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::event::{EventRecorder, InvolvedObject};
-use crate::objects::{EnvObjects, Lookup};
-use crate::pod;
+use crate::env_objects::EnvObjects;
 use crate::quantity;
-use crate::runtime::{
+use kubelet_api::Lookup;
+use kubelet_api::pod;
+use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, EnvVar, Labels, LinuxResources, Mount, SecurityContext,
     SecurityProfile, labels,
 };
+use kubelet_api::{EventRecorder, InvolvedObject};
 
 /// Why a container config could not be generated (the kubelet's `CreateContainerConfigError`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -780,12 +781,13 @@ mod tests {
 
     mod env_objects {
         use super::super::*;
-        use crate::objects::{EnvObjects, Lookup};
+        use crate::env_objects::EnvObjects;
         use k8s_openapi::ByteString;
         use k8s_openapi::api::core::v1::{
             ConfigMap, ConfigMapEnvSource, ConfigMapKeySelector, EnvFromSource, EnvVar as KEnv,
             EnvVarSource, Secret, SecretEnvSource, SecretKeySelector,
         };
+        use kubelet_api::Lookup;
         use std::collections::BTreeMap;
 
         fn pod() -> Pod {
@@ -1083,7 +1085,7 @@ mod tests {
         #[tokio::test]
         async fn provider_failures_are_reported_and_objects_fetched_once() {
             use crate::error::{Error, Result};
-            use crate::objects::ObjectProvider;
+            use kubelet_api::ObjectProvider;
             use std::sync::atomic::{AtomicUsize, Ordering};
             struct Flaky(AtomicUsize);
             #[async_trait::async_trait]

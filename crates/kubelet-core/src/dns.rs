@@ -19,7 +19,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::runtime::DnsConfig;
+use kubelet_api::runtime::DnsConfig;
 
 /// The resolver's limits (`validation.MaxDNSNameservers`, `MaxDNSSearchPaths`,
 /// `MaxDNSSearchListChars`).
@@ -115,7 +115,7 @@ pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> PodDns {
             reason: "MissingClusterDNS",
             message: format!(
                 "pod: {:?}. kubelet does not have ClusterDNS IP configured and cannot create Pod using {policy:?} policy. Falling back to \"Default\" policy.",
-                crate::pod::full_name(pod)
+                kubelet_api::pod::full_name(pod)
             ),
         });
         kind = Kind::Host;
@@ -128,7 +128,7 @@ pub fn pod_dns(settings: &DnsSettings, pod: &Pod) -> PodDns {
             let mut searches = Vec::new();
             if !settings.cluster_domain.is_empty() {
                 let d = &settings.cluster_domain;
-                searches.push(format!("{}.svc.{d}", crate::pod::namespace(pod)));
+                searches.push(format!("{}.svc.{d}", kubelet_api::pod::namespace(pod)));
                 searches.push(format!("svc.{d}"));
                 searches.push(d.clone());
             }

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::pod;
 use crate::quantity;
+use kubelet_api::pod;
 
 /// The value of `path` for a `downwardAPI` volume item: `metadata.name`, `metadata.namespace`,
 /// `metadata.uid`, `metadata.labels`, `metadata.annotations` (each map as sorted `key="value"`

@@ -26,7 +26,7 @@ pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> PodHostname {
     let name = spec
         .and_then(|s| s.hostname.clone())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| crate::pod::name(pod).to_string());
+        .unwrap_or_else(|| kubelet_api::pod::name(pod).to_string());
     let mut hostname = name;
     if hostname.len() > HOSTNAME_MAX_LEN {
         let mut cut = HOSTNAME_MAX_LEN;
@@ -41,7 +41,12 @@ pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> PodHostname {
     let domain = spec
         .and_then(|s| s.subdomain.as_deref())
         .filter(|s| !s.is_empty())
-        .map(|sub| format!("{sub}.{}.svc.{cluster_domain}", crate::pod::namespace(pod)));
+        .map(|sub| {
+            format!(
+                "{sub}.{}.svc.{cluster_domain}",
+                kubelet_api::pod::namespace(pod)
+            )
+        });
     PodHostname { hostname, domain }
 }
 

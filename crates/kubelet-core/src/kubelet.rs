@@ -12,25 +12,26 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::ContainerRuntime;
-use crate::admission::{KillPodOptions, PodAdmitHandler};
 use crate::builder::{KubeletConfig, KubeletHandle};
-use crate::cache::PodCache;
-use crate::config::{PodOp, PodUpdate};
-use crate::event::{Event, EventRecorder, InvolvedObject};
 use crate::merge::PodConfig;
-use crate::pleg::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
-use crate::plugin::{
-    AgentPlugin, NodeConditionReader, PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStates,
-    panic_message,
-};
-use crate::pod;
-use crate::probe::{ProbeContext, ProbeManager, ProbeUpdate};
-use crate::runtime::labels;
-use crate::status_manager::{StatusManager, StatusReader};
+use crate::plugin::{PluginStates, panic_message};
+use crate::status_manager::StatusManager;
 use crate::sync::Engine;
-use crate::volume::VolumePlugin;
 use crate::worker::{WorkerState, worker_loop};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::PodCache;
+use kubelet_api::StatusReader;
+use kubelet_api::VolumePlugin;
+use kubelet_api::pod;
+use kubelet_api::runtime::labels;
+use kubelet_api::{
+    AgentDirs, AgentPlugin, NodeConditionReader, PLUGIN_STOP_GRACE, PluginContext, PluginState,
+};
+use kubelet_api::{Event, EventRecorder, InvolvedObject};
+use kubelet_api::{KillPodOptions, PodAdmitHandler};
+use kubelet_api::{PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType};
+use kubelet_api::{PodOp, PodUpdate};
+use kubelet_api::{ProbeContext, ProbeManager, ProbeUpdate};
 
 pub(crate) enum Command {
     KillPod {
@@ -51,7 +52,7 @@ pub(crate) struct Parts {
     pub(crate) recorder: EventRecorder,
     pub(crate) events: mpsc::Receiver<Event>,
     pub(crate) volume_plugins: Vec<Arc<dyn VolumePlugin>>,
-    pub(crate) object_provider: Option<Arc<dyn crate::objects::ObjectProvider>>,
+    pub(crate) object_provider: Option<Arc<dyn kubelet_api::ObjectProvider>>,
     pub(crate) prober: Option<Arc<dyn ProbeManager>>,
     pub(crate) probe_updates: Option<mpsc::Receiver<ProbeUpdate>>,
     pub(crate) admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
@@ -147,7 +148,7 @@ impl Kubelet {
         }
     }
 
-    /// The agent's metrics registry (see [`KubeletHandle::metrics`]).
+    /// The agent's metrics registry (see [`AgentHandle::metrics`](kubelet_api::AgentHandle::metrics)).
     pub fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
         self.parts.metrics.clone()
     }
@@ -223,15 +224,18 @@ impl Kubelet {
             let t = inner.clone();
             tasks.spawn(async move { p.run(ctx, t).await });
         }
-        let plugin_ctx = PluginContext {
-            node_name: node_name.clone(),
-            config: config.clone(),
-            runtime: runtime.clone(),
-            recorder: recorder.clone(),
-            handle,
+        let plugin_ctx = PluginContext::new(
+            node_name.clone(),
+            AgentDirs {
+                root_dir: config.root_dir.clone(),
+                pod_log_dir: config.pod_log_dir.clone(),
+            },
+            runtime.clone(),
+            recorder.clone(),
+            Arc::new(handle),
             conditions,
             metrics,
-        };
+        );
         let plugin_token = CancellationToken::new();
         let mut plugin_tasks = JoinSet::new();
         for (index, plugin) in plugins.iter().enumerate() {
@@ -345,8 +349,8 @@ async fn run_plugin(
     shutdown: CancellationToken,
 ) {
     let name = plugin.name().to_string();
-    let recorder = ctx.recorder.clone();
-    let node = ctx.node_name.clone();
+    let recorder = ctx.recorder();
+    let node = ctx.node_name().to_string();
     states.set(index, PluginState::Running);
     tracing::debug!(plugin = %name, "starting plugin");
     let outcome = std::panic::AssertUnwindSafe(plugin.run(ctx, shutdown))

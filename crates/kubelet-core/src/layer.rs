@@ -49,9 +49,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::ContainerRuntime;
 use crate::error::{Error, ErrorKind, Result};
-use crate::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
     ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
     PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
@@ -172,7 +172,7 @@ impl<I: Interceptor> Intercepted<I> {
 
 #[async_trait]
 impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
-    fn streaming(&self) -> Option<&dyn crate::StreamingRuntime> {
+    fn streaming(&self) -> Option<&dyn kubelet_api::StreamingRuntime> {
         self.inner.streaming()
     }
     async fn version(&self) -> Result<RuntimeVersion> {

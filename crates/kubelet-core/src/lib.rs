@@ -1,17 +1,19 @@
-//! `kubelet-core`: the vocabulary and the engine of the kubelet SDK.
+//! `kubelet-core`: the engine of the kubelet SDK.
 //!
-//! This crate holds what every other crate of the SDK plugs into:
+//! The engine runs pods on any [`ContainerRuntime`](kubelet_api::ContainerRuntime) with the
+//! kubelet's behaviour; the seams it plugs together (the runtime, pod sources, status sinks,
+//! volume plugins, the object provider, agent plugins, the PLEG, prober and admission) live in
+//! the seam crate `kubelet-api`, which an implementor depends on alone. This crate holds:
 //!
-//! * the **traits** outsiders implement: [`ContainerRuntime`] (CRI-shaped, container level),
-//!   [`PodSource`], [`StatusSink`], [`VolumePlugin`], [`ObjectProvider`] (ConfigMaps and
-//!   Secrets), and the subsystem seams
-//!   [`PodLifecycleEventGenerator`], [`ProbeManager`], [`PodAdmitHandler`];
-//! * the **runtime model** ([`runtime`]) with the kubelet's labels and annotations, so a restarted
-//!   agent adopts running containers instead of recreating them;
-//! * the **engine**: the pod config merge ([`merge`]), the sync loop and one worker task per pod
-//!   ([`Kubelet`]), the pure decision function [`actions::compute_pod_actions`], CrashLoopBackOff
+//! * the pod config merge ([`merge`]), the sync loop and one worker task per pod ([`Kubelet`]),
+//!   the pure decision function [`actions::compute_pod_actions`], CrashLoopBackOff
 //!   ([`backoff`]), status generation ([`status_gen`]) and the [`StatusManager`];
-//! * the [`KubeletBuilder`] that assembles them.
+//! * volumes (`emptyDir`, `hostPath`, ConfigMap, Secret, downward API and projected volumes:
+//!   [`EmptyDirPlugin`], [`object_volumes`]), the pod's cluster environment ([`dns`],
+//!   [`hosts`], [`services`], [`downward`]) and container configs ([`container`]);
+//! * runtime layers ([`layer`]), the typed [`configuration::KubeletConfiguration`];
+//! * the [`KubeletBuilder`] that assembles them, and [`KubeletHandle`], the running agent's
+//!   [`AgentHandle`](kubelet_api::AgentHandle).
 //!
 //! Start with [`KubeletBuilder`]. Nothing here spawns work behind the host's back: the agent is
 //! the future returned by [`Kubelet::run`], stopped by a cancellation token, and stopping it
@@ -25,7 +27,8 @@
 //! use std::time::Duration;
 //! use kubelet_core::k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 //! use kubelet_core::testing::{FakeRuntime, RecordingSink};
-//! use kubelet_core::{KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+//! use kubelet_core::{KubeletBuilder, KubeletConfig};
+//! use kubelet_api::{PodSource, SourceSender};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! /// A source with one fixed pod.
@@ -93,66 +96,32 @@ pub mod layer;
 pub mod listener;
 pub mod merge;
 pub mod object_volumes;
-pub mod pod;
 pub mod quantity;
-pub mod runtime;
 pub mod services;
 pub mod status_gen;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-// The engine and the seams: every public item is re-exported below, so each has one path.
-mod admission;
+// The engine: every public item is re-exported below, so each has one path.
 mod builder;
-mod cache;
-mod config;
-mod container_runtime;
+mod env_objects;
 mod error;
-mod event;
 mod kubelet;
-mod objects;
-mod pleg;
 mod plugin;
 mod pod_start;
-mod probe;
-mod sink;
 mod status_manager;
-mod streaming;
 mod sync;
 mod volume;
 mod worker;
 
-pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
-pub use builder::{
-    KubeletBuilder, KubeletConfig, KubeletHandle, NotRunning, container_log_dir_for,
-};
-pub use cache::{CacheEntry, PodCache, PodCacheWriter, pod_cache};
-pub use config::{
-    PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot, annotations, sources,
-};
-pub use container_runtime::ContainerRuntime;
-pub use error::{Error, ErrorKind, KubeletError, Result};
-pub use event::{Event, EventRecorder, EventType, InvolvedObject};
+pub use builder::{KubeletBuilder, KubeletConfig, KubeletHandle, container_log_dir_for};
+pub use env_objects::EnvObjects;
+pub use error::KubeletError;
 pub use kubelet::Kubelet;
-pub use objects::{EnvObjects, Lookup, ObjectProvider, ReferencedObjects, StaticObjects};
-pub use pleg::{
-    PLEG_CHANNEL_CAPACITY, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,
-    PodLifecycleEventType,
-};
-pub use plugin::{
-    AgentPlugin, NodeConditionReader, PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStatus,
-};
-pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
-pub use sink::StatusSink;
 pub use status_manager::{
-    MAX_POD_TERMINATION_MESSAGE_LENGTH, PodWithStatus, SYNC_PERIOD, StatusManager, StatusReader,
-    normalize_status,
+    MAX_POD_TERMINATION_MESSAGE_LENGTH, SYNC_PERIOD, StatusManager, normalize_status,
 };
-pub use streaming::{
-    DuplexStream, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
-    StreamReader, StreamWriter, StreamingRuntime, TerminalSize,
-};
-pub use volume::{EmptyDirPlugin, HostPathPlugin, VolumePlugin};
+pub use volume::{EmptyDirPlugin, HostPathPlugin};
 
 /// Re-export of the Kubernetes API types the SDK is built on.
 pub use k8s_openapi;

@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use kubelet_core::merge::PodStorage;
-//! use kubelet_core::{EventRecorder, PodOp, SourceSnapshot};
+//! use kubelet_api::{EventRecorder, PodOp, SourceSnapshot};
 //! use k8s_openapi::api::core::v1::Pod;
 //!
 //! let mut storage = PodStorage::new(["file"]);
@@ -38,10 +38,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{PodOp, PodSource, PodUpdate, SourceSender, SourceSnapshot, annotations};
 use crate::error::KubeletError;
-use crate::event::{EventRecorder, InvolvedObject};
-use crate::pod;
+use kubelet_api::pod;
+use kubelet_api::{EventRecorder, InvolvedObject};
+use kubelet_api::{PodOp, PodSource, PodUpdate, SourceSender, SourceSnapshot, annotations};
 
 /// Capacity of the merged update channel, as the kubelet's (`PodConfig` buffers 50 updates).
 pub const UPDATE_CHANNEL_CAPACITY: usize = 50;
@@ -390,9 +390,9 @@ impl SourcesSeen {
 /// Runs a set of [`PodSource`]s and merges their snapshots into [`PodUpdate`]s.
 ///
 /// ```no_run
-/// # async fn demo(source: std::sync::Arc<dyn kubelet_core::PodSource>) -> Result<(), kubelet_core::KubeletError> {
+/// # async fn demo(source: std::sync::Arc<dyn kubelet_api::PodSource>) -> Result<(), kubelet_core::KubeletError> {
 /// use kubelet_core::merge::PodConfig;
-/// use kubelet_core::EventRecorder;
+/// use kubelet_api::EventRecorder;
 /// use tokio_util::sync::CancellationToken;
 ///
 /// let mut config = PodConfig::new(EventRecorder::log_only());
@@ -477,7 +477,7 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
     } = config;
     let mut storage = PodStorage::new(sources.iter().map(|s| s.name().to_string()));
     seen.set(&storage);
-    let names = crate::config::NameIndex::default();
+    let names = kubelet_api::NameIndex::default();
     let (tx, mut rx) = mpsc::channel::<SourceSnapshot>(UPDATE_CHANNEL_CAPACITY);
     // Sources stop when shutdown is cancelled or when this future ends for another reason.
     let sources_token = shutdown.child_token();
@@ -547,9 +547,9 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::EventType;
     use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use kubelet_api::EventType;
     use proptest::prelude::*;
 
     fn mk(name: &str, uid: &str) -> Pod {

@@ -26,9 +26,9 @@ use parking_lot::Mutex;
 
 use crate::atomic_writer::{AtomicWriter, FileProjection, Payload};
 use crate::error::{Error, ErrorKind, Result};
-use crate::objects::ObjectProvider;
-use crate::pod;
-use crate::volume::VolumePlugin;
+use kubelet_api::ObjectProvider;
+use kubelet_api::VolumePlugin;
+use kubelet_api::pod;
 
 /// Mode of projected files when the volume sets none (the API's default).
 pub const DEFAULT_MODE: i32 = 0o644;
@@ -788,11 +788,11 @@ impl VolumePlugin for ProjectedPlugin {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::objects::StaticObjects;
     use k8s_openapi::ByteString;
     use k8s_openapi::api::core::v1::{
         ConfigMap, ConfigMapVolumeSource, Secret, SecretVolumeSource,
     };
+    use kubelet_api::StaticObjects;
     use std::collections::BTreeMap;
     use std::os::unix::fs::PermissionsExt;
 

@@ -9,7 +9,7 @@
 //! ```
 //! use std::collections::HashMap;
 //! use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-//! use kubelet_core::runtime::PodRuntimeStatus;
+//! use kubelet_api::runtime::PodRuntimeStatus;
 //! use kubelet_core::status_gen::{StatusInput, generate_pod_status};
 //!
 //! let pod = Pod {
@@ -48,9 +48,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::pod::{self as podutil, RestartPolicy};
-use crate::probe::{ProbeResult, ProbeType};
-use crate::runtime::{self, PodRuntimeStatus, labels};
+use kubelet_api::pod::{self as podutil, RestartPolicy};
+use kubelet_api::runtime::{self, PodRuntimeStatus, labels};
+use kubelet_api::{ProbeResult, ProbeType};
 
 /// A pod's phase (`status.phase`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1446,7 +1446,7 @@ mod tests {
         let mut p = pod("Always", vec![], &["a"]);
         p.metadata.annotations = Some(
             [(
-                crate::config::annotations::CONFIG_SOURCE.to_string(),
+                kubelet_api::annotations::CONFIG_SOURCE.to_string(),
                 "file".to_string(),
             )]
             .into(),

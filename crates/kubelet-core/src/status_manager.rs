@@ -10,17 +10,16 @@ use futures::stream::FuturesUnordered;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use parking_lot::{Mutex, RwLock};
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::event::Event;
-use crate::pod::{self as podutil, RestartPolicy};
-use crate::sink::StatusSink;
 use crate::status_gen::{
     self, COND_CONTAINERS_READY, COND_READY, PodPhase, is_kubelet_condition, is_shared_condition,
     is_terminal_phase,
 };
+use kubelet_api::pod::{self as podutil, RestartPolicy};
+use kubelet_api::{Event, StatusReader, StatusSink, StatusWriter};
 
 /// How often failed deliveries are retried and every sink is reconciled (`syncPeriod`).
 pub const SYNC_PERIOD: Duration = Duration::from_secs(10);
@@ -29,58 +28,6 @@ pub const SYNC_PERIOD: Duration = Duration::from_secs(10);
 pub const MAX_POD_TERMINATION_MESSAGE_LENGTH: usize = 12 * 1024;
 /// Events queued per sink before new ones are dropped (with a log line).
 const EVENT_QUEUE_PER_SINK: usize = 1024;
-
-/// A pod and the status the agent last generated for it.
-#[derive(Debug, Clone)]
-pub struct PodWithStatus {
-    /// The pod as its source delivered it.
-    pub pod: Arc<Pod>,
-    /// The latest generated status.
-    pub status: Arc<PodStatus>,
-}
-
-/// Cloneable reader of the status manager's cache (used by probers, the read-only port, and
-/// embedders). Reads never block the engine for more than a map lookup.
-#[derive(Debug, Clone, Default)]
-pub struct StatusReader {
-    pub(crate) inner: Arc<RwLock<HashMap<String, PodWithStatus>>>,
-}
-
-impl StatusReader {
-    /// Status of pod `uid`, if the agent has generated one.
-    pub fn get(&self, uid: &str) -> Option<PodWithStatus> {
-        self.inner.read().get(uid).cloned()
-    }
-
-    /// Every pod with its status, sorted by namespace and name.
-    pub fn list(&self) -> Vec<PodWithStatus> {
-        let mut v: Vec<PodWithStatus> = self.inner.read().values().cloned().collect();
-        v.sort_by(|a, b| {
-            (
-                a.pod.metadata.namespace.as_deref(),
-                a.pod.metadata.name.as_deref(),
-            )
-                .cmp(&(
-                    b.pod.metadata.namespace.as_deref(),
-                    b.pod.metadata.name.as_deref(),
-                ))
-        });
-        v
-    }
-}
-
-impl StatusReader {
-    fn put(&self, pod: Arc<Pod>, status: Arc<PodStatus>) {
-        let uid = podutil::uid(&pod).to_string();
-        self.inner
-            .write()
-            .insert(uid, PodWithStatus { pod, status });
-    }
-
-    fn remove(&self, uid: &str) {
-        self.inner.write().remove(uid);
-    }
-}
 
 /// Delivery state of one pod for one sink.
 #[derive(Debug, Clone, Copy, Default)]
@@ -130,7 +77,7 @@ impl Entry {
 struct Shared {
     sinks: Vec<Arc<dyn StatusSink>>,
     pods: Mutex<HashMap<String, Entry>>,
-    reader: StatusReader,
+    reader: StatusWriter,
     changed: watch::Sender<u64>,
     running: AtomicBool,
 }
@@ -153,7 +100,8 @@ struct Shared {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use kubelet_core::{EventRecorder, StatusManager, StatusSink};
+/// use kubelet_core::StatusManager;
+/// use kubelet_api::{EventRecorder, StatusSink};
 /// use tokio_util::sync::CancellationToken;
 ///
 /// # async fn example(sink: Arc<dyn StatusSink>) {
@@ -211,7 +159,7 @@ impl StatusManager {
             shared: Arc::new(Shared {
                 sinks,
                 pods: Mutex::new(HashMap::new()),
-                reader: StatusReader::default(),
+                reader: StatusWriter::new(),
                 changed,
                 running: AtomicBool::new(false),
             }),
@@ -220,7 +168,7 @@ impl StatusManager {
 
     /// A reader of the accepted statuses (for probers, the read-only port, embedders).
     pub fn reader(&self) -> StatusReader {
-        self.shared.reader.clone()
+        self.shared.reader.reader()
     }
 
     /// The latest accepted status of pod `uid`, if the pod is known and not removed.
@@ -934,8 +882,8 @@ mod tests {
     use k8s_openapi::api::core::v1::{Container, ContainerStateRunning, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use crate::event::{EventRecorder, InvolvedObject};
     use crate::status_gen::COND_DISRUPTION_TARGET;
+    use kubelet_api::{EventRecorder, InvolvedObject};
 
     /// A sink that records calls, and can fail or stall on demand.
     #[derive(Default)]
@@ -963,14 +911,18 @@ mod tests {
 
     #[async_trait]
     impl StatusSink for TestSink {
-        async fn update_pod_status(&self, pod: &Pod, status: &PodStatus) -> crate::Result<()> {
+        async fn update_pod_status(
+            &self,
+            pod: &Pod,
+            status: &PodStatus,
+        ) -> kubelet_api::Result<()> {
             self.attempts.fetch_add(1, Ordering::SeqCst);
             if self.stall.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             }
             if self.fail.load(Ordering::SeqCst) {
-                return Err(crate::Error::new(
-                    crate::ErrorKind::Unavailable,
+                return Err(kubelet_api::Error::new(
+                    kubelet_api::ErrorKind::Unavailable,
                     "sink down",
                 ));
             }
@@ -979,11 +931,11 @@ mod tests {
                 .push((podutil::uid(pod).to_string(), status.clone()));
             Ok(())
         }
-        async fn pod_removed(&self, pod: &Pod) -> crate::Result<()> {
+        async fn pod_removed(&self, pod: &Pod) -> kubelet_api::Result<()> {
             self.removed.lock().push(podutil::uid(pod).to_string());
             Ok(())
         }
-        async fn record_event(&self, event: &Event) -> crate::Result<()> {
+        async fn record_event(&self, event: &Event) -> kubelet_api::Result<()> {
             self.events.lock().push(event.reason.clone());
             Ok(())
         }
@@ -1386,7 +1338,7 @@ mod tests {
         let mut p = pod("u1", "Always");
         p.metadata.annotations = Some(
             [(
-                crate::config::annotations::CONFIG_SOURCE.to_string(),
+                kubelet_api::annotations::CONFIG_SOURCE.to_string(),
                 "file".to_string(),
             )]
             .into(),

@@ -13,26 +13,27 @@ use parking_lot::Mutex;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::ContainerRuntime;
 use crate::actions::{self, KillReason};
-use crate::admission::KillPodOptions;
 use crate::backoff::Backoff;
 use crate::builder::KubeletConfig;
-use crate::cache::{CacheEntry, PodCache};
 use crate::container::{self, ConfigContext};
-use crate::event::{EventRecorder, InvolvedObject};
+use crate::env_objects::EnvObjects;
 use crate::http::{HttpClient, HttpError, HttpGetSpec, Scheme, host_port};
-use crate::objects::{EnvObjects, ObjectProvider};
-use crate::pleg::PodLifecycleEventGenerator;
-use crate::pod;
-use crate::probe::{ProbeManager, ProbeResult, ProbeType};
-use crate::runtime::{
+use crate::status_gen::{self, StatusInput};
+use crate::status_manager::StatusManager;
+use kubelet_api::ContainerRuntime;
+use kubelet_api::KillPodOptions;
+use kubelet_api::ObjectProvider;
+use kubelet_api::PodLifecycleEventGenerator;
+use kubelet_api::VolumePlugin;
+use kubelet_api::pod;
+use kubelet_api::runtime::{
     ContainerState, ContainerStatus, DnsConfig, ImageSpec, PodRuntimeStatus, PodSandboxConfig,
     PodSandboxMetadata, PortMapping, SandboxState, get_pod_status,
 };
-use crate::status_gen::{self, StatusInput};
-use crate::status_manager::StatusManager;
-use crate::volume::VolumePlugin;
+use kubelet_api::{CacheEntry, PodCache};
+use kubelet_api::{EventRecorder, InvolvedObject};
+use kubelet_api::{ProbeManager, ProbeResult, ProbeType};
 
 /// What a pod worker does after a sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -817,7 +818,7 @@ impl Engine {
         let restart_count = previous
             .map(|prev| {
                 prev.annotations
-                    .get(crate::runtime::labels::CONTAINER_RESTART_COUNT)
+                    .get(kubelet_api::runtime::labels::CONTAINER_RESTART_COUNT)
                     .and_then(|v| v.parse::<u32>().ok())
                     .unwrap_or(prev.metadata.attempt)
                     + 1
@@ -1285,7 +1286,7 @@ impl Engine {
         p: &Pod,
         c: &Container,
         pod_ips: &[String],
-    ) -> Option<crate::runtime::Mount> {
+    ) -> Option<kubelet_api::runtime::Mount> {
         let host_network = p
             .spec
             .as_ref()
@@ -1321,7 +1322,7 @@ impl Engine {
             tracing::warn!(path = %path.display(), error = %e, "writing the pod's hosts file failed; the container keeps the runtime's");
             return None;
         }
-        Some(crate::runtime::Mount {
+        Some(kubelet_api::runtime::Mount {
             container_path: PathBuf::from("/etc/hosts"),
             host_path: path,
             readonly: false,
@@ -1418,7 +1419,7 @@ impl Engine {
                     .iter()
                     .filter_map(|c| {
                         c.annotations
-                            .get(crate::runtime::labels::POD_TERMINATION_GRACE_PERIOD)
+                            .get(kubelet_api::runtime::labels::POD_TERMINATION_GRACE_PERIOD)
                             .and_then(|g| g.parse::<i64>().ok())
                     })
                     .min()

@@ -9,9 +9,9 @@
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> kubelet_core::Result<()> {
-//! use kubelet_core::ContainerRuntime;
-//! use kubelet_core::runtime::{ContainerConfig, ContainerMetadata, PodSandboxConfig};
+//! # async fn main() -> kubelet_api::Result<()> {
+//! use kubelet_api::ContainerRuntime;
+//! use kubelet_api::runtime::{ContainerConfig, ContainerMetadata, PodSandboxConfig};
 //! use kubelet_core::testing::FakeRuntime;
 //!
 //! let rt = FakeRuntime::new();
@@ -43,17 +43,16 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::ContainerRuntime;
 use crate::error::{Error, ErrorKind, Result};
-use crate::event::Event;
-use crate::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::Event;
+use kubelet_api::StatusSink;
+use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStats, ContainerStatus,
     ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus,
     RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
-use crate::sink::StatusSink;
 
-pub mod conformance;
 mod faulty;
 pub use faulty::FaultyRuntime;
 
@@ -579,7 +578,7 @@ fn sandbox_list_entry(s: &FakeSandbox) -> PodSandbox {
 fn filter_keys(
     id: Option<&String>,
     sandbox: Option<&String>,
-    sel: &crate::runtime::Labels,
+    sel: &kubelet_api::runtime::Labels,
 ) -> Vec<String> {
     id.into_iter()
         .chain(sandbox)
@@ -991,12 +990,16 @@ impl WatchSource {
 }
 
 #[async_trait]
-impl crate::PodSource for WatchSource {
+impl kubelet_api::PodSource for WatchSource {
     fn name(&self) -> &str {
-        crate::sources::FILE
+        kubelet_api::sources::FILE
     }
 
-    async fn run(&self, out: crate::SourceSender, shutdown: tokio_util::sync::CancellationToken) {
+    async fn run(
+        &self,
+        out: kubelet_api::SourceSender,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
         let mut rx = self.rx.clone();
         loop {
             let snapshot = rx.borrow_and_update().clone();
@@ -1019,7 +1022,7 @@ impl crate::PodSource for WatchSource {
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// use std::time::Duration;
-/// use kubelet_core::StatusSink;
+/// use kubelet_api::StatusSink;
 /// use kubelet_core::k8s_openapi::api::core::v1::{Pod, PodStatus};
 /// use kubelet_core::testing::RecordingSink;
 ///
@@ -1189,7 +1192,7 @@ impl StatusSink for RecordingSink {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::{ContainerMetadata, Labels, PodSandboxMetadata};
+    use kubelet_api::runtime::{ContainerMetadata, Labels, PodSandboxMetadata};
 
     fn sandbox_config(uid: &str) -> PodSandboxConfig {
         let mut l = Labels::new();

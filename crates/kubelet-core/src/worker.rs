@@ -16,9 +16,9 @@ use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::admission::KillPodOptions;
-use crate::pod;
 use crate::sync::{Engine, SyncOutcome};
+use kubelet_api::KillPodOptions;
+use kubelet_api::pod;
 
 /// Where a pod worker is in its pod's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
+use kubelet_api::conformance::{ConformanceConfig, Outcome, run_conformance};
 use kubelet_core::testing::FakeRuntime;
-use kubelet_core::testing::conformance::{ConformanceConfig, Outcome, run_conformance};
 
 #[tokio::test]
 async fn the_fake_runtime_passes_the_conformance_suite_without_exec_and_logs() {

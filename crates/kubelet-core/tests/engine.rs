@@ -5,11 +5,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
+use kubelet_api::{ContainerRuntime, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator};
 use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
-use kubelet_core::{
-    ContainerRuntime, Kubelet, KubeletBuilder, KubeletConfig, PlegHealth, PodLifecycleEvent,
-    PodLifecycleEventGenerator,
-};
+use kubelet_core::{Kubelet, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -482,7 +480,7 @@ async fn pod_removed_and_added_again_runs_again() {
         let now = h.rt.find_container("u1", "app");
         if now.is_some() && now != Some(first.clone()) {
             let st = h.rt.container_status(&now.clone().expect("id")).await;
-            if st.is_ok_and(|s| s.state == kubelet_core::runtime::ContainerState::Running) {
+            if st.is_ok_and(|s| s.state == kubelet_api::runtime::ContainerState::Running) {
                 break;
             }
         }
@@ -504,7 +502,7 @@ async fn a_runtime_without_images_is_never_asked_to_pull_and_records_no_image_ev
     rt.set_images_present_by_default(false);
     rt.fail_always(
         kubelet_core::testing::FakeOp::PullImage,
-        kubelet_core::ErrorKind::Unavailable,
+        kubelet_api::ErrorKind::Unavailable,
         "no registry",
     );
     let mut c = container("app");
@@ -536,7 +534,7 @@ async fn failing_image_pulls_back_off_with_image_pull_backoff() {
     rt.set_images_present_by_default(false);
     rt.fail_always(
         kubelet_core::testing::FakeOp::PullImage,
-        kubelet_core::ErrorKind::Unavailable,
+        kubelet_api::ErrorKind::Unavailable,
         "registry unreachable",
     );
     let mut c = container("app");
@@ -591,7 +589,7 @@ impl PodLifecycleEventGenerator for OnRequestPleg {
     fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<PodLifecycleEvent>> {
         self.inner.take_events()
     }
-    fn cache(&self) -> kubelet_core::PodCache {
+    fn cache(&self) -> kubelet_api::PodCache {
         self.inner.cache()
     }
     fn healthy(&self) -> PlegHealth {
@@ -667,7 +665,7 @@ impl PodLifecycleEventGenerator for ListedOncePleg {
     fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<PodLifecycleEvent>> {
         self.0.take_events()
     }
-    fn cache(&self) -> kubelet_core::PodCache {
+    fn cache(&self) -> kubelet_api::PodCache {
         self.0.cache()
     }
     fn healthy(&self) -> PlegHealth {

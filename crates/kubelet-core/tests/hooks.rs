@@ -10,8 +10,9 @@ use k8s_openapi::api::core::v1::{
     Container, HTTPGetAction, HTTPHeader, Lifecycle, LifecycleHandler, Pod, PodSpec,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kubelet_api::ContainerRuntime;
 use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use parking_lot::Mutex;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -131,7 +132,7 @@ impl Agent {
         }
     }
 
-    async fn event(&self, reason: &str) -> kubelet_core::Event {
+    async fn event(&self, reason: &str) -> kubelet_api::Event {
         match self
             .sink
             .wait_for_event(|e| e.reason == reason, Duration::from_secs(30))

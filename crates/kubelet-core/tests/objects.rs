@@ -11,10 +11,9 @@ use k8s_openapi::api::core::v1::{
     ConfigMap, ConfigMapKeySelector, ConfigMapVolumeSource, Container, EnvVar, EnvVarSource, Pod,
     PodSpec, PodStatus, Volume, VolumeMount,
 };
+use kubelet_api::{ContainerRuntime, PodSource, SourceSender, StaticObjects};
 use kubelet_core::testing::{FakeRuntime, RecordingSink};
-use kubelet_core::{
-    ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender, StaticObjects,
-};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use tokio_util::sync::CancellationToken;
 

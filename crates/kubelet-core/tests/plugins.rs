@@ -5,18 +5,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use kubelet_api::AgentHandle;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, NodeCondition, Pod, PodSpec};
+use kubelet_api::{
+    AdmitResult, AgentPlugin, PluginContext, PluginState, PodAdmitHandler, PodSource, SourceSender,
+};
 use kubelet_core::prometheus_client::metrics::counter::Counter;
 use kubelet_core::prometheus_client::registry::Registry;
 use kubelet_core::testing::{FakeRuntime, RecordingSink};
-use kubelet_core::{
-    AdmitResult, AgentPlugin, KubeletBuilder, KubeletConfig, KubeletError, PluginContext,
-    PluginState, PodAdmitHandler, PodSource, SourceSender,
-};
+use kubelet_core::{KubeletBuilder, KubeletConfig, KubeletError};
 use kubelet_pleg::GenericPleg;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -100,7 +101,7 @@ impl AgentPlugin for Contributor {
         &self,
         ctx: PluginContext,
         shutdown: CancellationToken,
-    ) -> kubelet_core::Result<()> {
+    ) -> kubelet_api::Result<()> {
         assert_eq!(ctx.node_name(), "node-1");
         *self.seen_conditions.lock() = ctx
             .node_conditions()
@@ -132,8 +133,8 @@ impl AgentPlugin for Failing {
             ..Default::default()
         }]
     }
-    async fn run(&self, _: PluginContext, _: CancellationToken) -> kubelet_core::Result<()> {
-        Err(kubelet_core::Error::unavailable("backend unreachable"))
+    async fn run(&self, _: PluginContext, _: CancellationToken) -> kubelet_api::Result<()> {
+        Err(kubelet_api::Error::unavailable("backend unreachable"))
     }
 }
 
@@ -145,7 +146,7 @@ impl AgentPlugin for Panicking {
     fn name(&self) -> &str {
         "panicking"
     }
-    async fn run(&self, _: PluginContext, _: CancellationToken) -> kubelet_core::Result<()> {
+    async fn run(&self, _: PluginContext, _: CancellationToken) -> kubelet_api::Result<()> {
         tokio::time::sleep(Duration::from_millis(10)).await;
         panic!("plugin bug");
     }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 
 use jiff::Timestamp;
-use kubelet_core::runtime as core;
+use kubelet_api::runtime as core;
 
 use crate::proto::v1 as cri;
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use kubelet_core::{Error, ErrorKind};
+use kubelet_api::{Error, ErrorKind};
 
 /// What went wrong talking to a CRI runtime.
 #[derive(Debug, thiserror::Error)]

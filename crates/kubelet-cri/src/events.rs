@@ -1,5 +1,5 @@
 //! Container lifecycle events for an evented PLEG: what
-//! [`CriRuntime::container_events`](kubelet_core::ContainerRuntime::container_events) streams.
+//! [`CriRuntime::container_events`](kubelet_api::ContainerRuntime::container_events) streams.
 //!
 //! Two sources, chosen automatically and remembered per [`CriRuntime`](crate::CriRuntime) (and
 //! its clones): CRI's where the runtime has it, else containerd's; or containerd's first with
@@ -85,8 +85,8 @@ use futures::StreamExt;
 use futures::channel::oneshot;
 use futures::stream::FuturesUnordered;
 use jiff::Timestamp;
-use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
-use kubelet_core::{Error, ErrorKind};
+use kubelet_api::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
+use kubelet_api::{Error, ErrorKind};
 use prost::Message;
 use tonic::codec::Streaming;
 use tonic::transport::Channel;
@@ -350,7 +350,7 @@ fn message_stream<T, O, F>(
     inner: Streaming<T>,
     map: F,
     on_error: fn(tonic::Status) -> CriError,
-) -> futures::stream::BoxStream<'static, kubelet_core::Result<O>>
+) -> futures::stream::BoxStream<'static, kubelet_api::Result<O>>
 where
     T: Send + 'static,
     O: Send + 'static,
@@ -426,7 +426,7 @@ fn containerd_stream(
 /// [`crate::exits`]), and again once CRI has recorded it.
 struct NativeEvents {
     /// `None` once the subscription ended or failed.
-    source: Option<futures::stream::BoxStream<'static, kubelet_core::Result<Decoded>>>,
+    source: Option<futures::stream::BoxStream<'static, kubelet_api::Result<Decoded>>>,
     /// Events in confirmation.
     pending: FuturesUnordered<BoxFuture<ContainerEvent>>,
     /// Per ID, the completion of the newest event in `pending` (the next event of the ID waits
@@ -440,7 +440,7 @@ struct NativeEvents {
 }
 
 impl NativeEvents {
-    fn take(&mut self, item: kubelet_core::Result<Decoded>) {
+    fn take(&mut self, item: kubelet_api::Result<Decoded>) {
         let confirm = self.confirm.clone();
         match item {
             Err(e) => {
@@ -501,7 +501,7 @@ impl NativeEvents {
 }
 
 impl futures::Stream for NativeEvents {
-    type Item = kubelet_core::Result<ContainerEvent>;
+    type Item = kubelet_api::Result<ContainerEvent>;
 
     fn poll_next(
         mut self: Pin<&mut Self>,
@@ -1130,7 +1130,7 @@ mod tests {
                 if topic == "/tasks/exit" && type_url == "containerd.events.TaskExit"),
             "{e}"
         );
-        assert_eq!(e.kind(), kubelet_core::ErrorKind::Internal);
+        assert_eq!(e.kind(), kubelet_api::ErrorKind::Internal);
         // No container ID.
         let empty = envelope("/tasks/start", "containerd.events.TaskStart", Vec::new());
         assert!(matches!(
@@ -1239,7 +1239,7 @@ mod tests {
         events.enqueue("a".into(), async move { a_exit });
         let b_exit = event("b", ContainerEventKind::Stopped);
         events.enqueue("b".into(), async move { b_exit });
-        let next = |e: Option<kubelet_core::Result<ContainerEvent>>| {
+        let next = |e: Option<kubelet_api::Result<ContainerEvent>>| {
             let e = e.expect("an item").expect("an event");
             (e.container_id, e.kind)
         };

@@ -30,15 +30,15 @@
 //! it would have before hints (a `StopPodSandbox` during the plugin's task deletion was seen to
 //! fail with the shim's connection closed).
 //!
-//! [`ContainerRuntime::container_status`]: kubelet_core::ContainerRuntime::container_status
-//! [`ContainerRuntime::list_containers`]: kubelet_core::ContainerRuntime::list_containers
+//! [`ContainerRuntime::container_status`]: kubelet_api::ContainerRuntime::container_status
+//! [`ContainerRuntime::list_containers`]: kubelet_api::ContainerRuntime::list_containers
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
-use kubelet_core::runtime::{self as core, ContainerState, labels};
+use kubelet_api::runtime::{self as core, ContainerState, labels};
 use tracing::warn;
 
 /// The longest a hint is applied without CRI agreeing with it.

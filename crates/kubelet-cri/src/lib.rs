@@ -1,6 +1,6 @@
 //! `kubelet-cri`: run pods on containerd (or any CRI v1 runtime) with the kubelet SDK.
 //!
-//! [`CriRuntime`] implements [`kubelet_core::ContainerRuntime`] over CRI v1 (`runtime.v1`)
+//! [`CriRuntime`] implements [`kubelet_api::ContainerRuntime`] over CRI v1 (`runtime.v1`)
 //! `RuntimeService` and `ImageService`, with tonic over a unix socket. Hand it to
 //! [`KubeletBuilder::runtime`](kubelet_core::KubeletBuilder::runtime) and the engine runs pods on
 //! the runtime: sandboxes (host network or the runtime's CNI pod network), image pulls, containers
@@ -10,14 +10,14 @@
 //!
 //! Start with [`CriConfig::new`] and [`CriRuntime::connect`]. Every call has a deadline
 //! ([`CriConfig::request_timeout`], 2 minutes as the kubelet's `runtimeRequestTimeout`);
-//! failures carry the core [`ErrorKind`](kubelet_core::ErrorKind)s (`NotFound`, `Unavailable`,
+//! failures carry the core [`ErrorKind`](kubelet_api::ErrorKind)s (`NotFound`, `Unavailable`,
 //! `DeadlineExceeded`, …). The connection is remade when the runtime restarts.
 //!
 //! The wire types are generated in-tree ([`proto`]): building needs no `protoc`.
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_core::ContainerRuntime;
+//! use kubelet_api::ContainerRuntime;
 //! use kubelet_cri::{CriConfig, CriRuntime};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -7,7 +7,7 @@
 //! it on containerd releases without CRI `GetContainerEvents`.
 //!
 //! These are the edge of the crate: [`CriRuntime`](crate::CriRuntime) converts them to and from
-//! the `kubelet_core::runtime` model, and no other crate of the SDK sees them.
+//! the `kubelet_api::runtime` model, and no other crate of the SDK sees them.
 
 /// Package `runtime.v1`.
 #[allow(

@@ -6,12 +6,12 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{
     self as core, ContainerState, ExecResult, ImageSpec, PodSandboxConfig, RuntimeStatus,
     RuntimeVersion, labels,
 };
-use kubelet_core::{Error, ErrorKind, Result};
+use kubelet_api::{Error, ErrorKind, Result};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::{debug, warn};
 
@@ -639,13 +639,13 @@ fn ok_if_not_found(r: Result<(), CriError>) -> Result<()> {
 /// Exec, attach and port-forward: the runtime's streaming server URL for each request (CRI
 /// `Exec`, `Attach`, `PortForward`), to which the agent's server proxies the client.
 #[async_trait]
-impl kubelet_core::StreamingRuntime for CriRuntime {
+impl kubelet_api::StreamingRuntime for CriRuntime {
     async fn exec(
         &self,
         container_id: &str,
         cmd: &[String],
-        options: kubelet_core::StreamOptions,
-    ) -> Result<kubelet_core::StreamEndpoint> {
+        options: kubelet_api::StreamOptions,
+    ) -> Result<kubelet_api::StreamEndpoint> {
         let mut c = self.runtime.clone();
         let req = cri::ExecRequest {
             container_id: container_id.to_string(),
@@ -658,14 +658,14 @@ impl kubelet_core::StreamingRuntime for CriRuntime {
         let resp = self
             .unary("Exec", None, move |r| async move { c.exec(r).await }, req)
             .await?;
-        Ok(kubelet_core::StreamEndpoint::Url(resp.url))
+        Ok(kubelet_api::StreamEndpoint::Url(resp.url))
     }
 
     async fn attach(
         &self,
         container_id: &str,
-        options: kubelet_core::StreamOptions,
-    ) -> Result<kubelet_core::StreamEndpoint> {
+        options: kubelet_api::StreamOptions,
+    ) -> Result<kubelet_api::StreamEndpoint> {
         let mut c = self.runtime.clone();
         let req = cri::AttachRequest {
             container_id: container_id.to_string(),
@@ -682,14 +682,14 @@ impl kubelet_core::StreamingRuntime for CriRuntime {
                 req,
             )
             .await?;
-        Ok(kubelet_core::StreamEndpoint::Url(resp.url))
+        Ok(kubelet_api::StreamEndpoint::Url(resp.url))
     }
 
     async fn port_forward(
         &self,
         sandbox_id: &str,
         ports: &[u16],
-    ) -> Result<kubelet_core::PortForwardEndpoint> {
+    ) -> Result<kubelet_api::PortForwardEndpoint> {
         let mut c = self.runtime.clone();
         let req = cri::PortForwardRequest {
             pod_sandbox_id: sandbox_id.to_string(),
@@ -703,14 +703,14 @@ impl kubelet_core::StreamingRuntime for CriRuntime {
                 req,
             )
             .await?;
-        Ok(kubelet_core::PortForwardEndpoint::Url(resp.url))
+        Ok(kubelet_api::PortForwardEndpoint::Url(resp.url))
     }
 }
 
 #[async_trait]
 impl ContainerRuntime for CriRuntime {
     /// CRI runtimes serve streams themselves (see the `StreamingRuntime` implementation).
-    fn streaming(&self) -> Option<&dyn kubelet_core::StreamingRuntime> {
+    fn streaming(&self) -> Option<&dyn kubelet_api::StreamingRuntime> {
         Some(self)
     }
 

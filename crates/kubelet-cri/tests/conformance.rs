@@ -4,7 +4,7 @@
 mod common;
 
 use common::ContainerdEnv;
-use kubelet_core::testing::conformance::{ConformanceConfig, run_conformance};
+use kubelet_api::conformance::{ConformanceConfig, run_conformance};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cri_runtime_passes_the_conformance_suite_on_containerd() {

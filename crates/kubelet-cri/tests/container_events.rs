@@ -15,9 +15,9 @@ use common::{
     sandbox_config, start_pod,
 };
 use futures::StreamExt;
-use kubelet_core::ContainerRuntime;
-use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{ContainerEventKind, ContainerState};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::ErrorKind;
+use kubelet_api::runtime::{ContainerEventKind, ContainerState};
 use kubelet_cri::{CriConfig, CriRuntime};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +95,7 @@ async fn container_lifecycle_produces_events_and_a_restart_breaks_the_stream_unt
     // it tens of milliseconds later: until then the exit hint of the event answers), also to a
     // listing by state.
     let listed = rt
-        .list_containers(&kubelet_core::runtime::ContainerFilter {
+        .list_containers(&kubelet_api::runtime::ContainerFilter {
             state: Some(ContainerState::Running),
             ..Default::default()
         })

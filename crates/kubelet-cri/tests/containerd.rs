@@ -18,9 +18,9 @@ use k8s_openapi::api::core::v1::{
     SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kubelet_core::ContainerRuntime;
-use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::ErrorKind;
+use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, ContainerState, ImageSpec, Labels, PodSandboxConfig,
     PodSandboxMetadata, RuntimeStatus, SandboxState,
 };
@@ -30,7 +30,7 @@ const LONG: Duration = Duration::from_secs(90);
 
 fn sandbox_config(uid: &str, host_network: bool, env: &ContainerdEnv) -> PodSandboxConfig {
     let mut labels = Labels::new();
-    labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
+    labels.insert(kubelet_api::runtime::labels::POD_UID.into(), uid.into());
     PodSandboxConfig {
         metadata: PodSandboxMetadata {
             name: format!("direct-{uid}"),
@@ -130,12 +130,12 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
         command: vec!["/bin/sh".into(), "-c".into()],
         args: vec!["echo started; exec sleep 1000".into()],
         working_dir: "/tmp".into(),
-        envs: vec![kubelet_core::runtime::EnvVar {
+        envs: vec![kubelet_api::runtime::EnvVar {
             name: "GREETING".into(),
             value: "hello".into(),
         }],
         log_path: "app/0.log".into(),
-        resources: Some(kubelet_core::runtime::LinuxResources {
+        resources: Some(kubelet_api::runtime::LinuxResources {
             memory_limit_in_bytes: 64 << 20,
             cpu_shares: 256,
             cpu_period: 100_000,
@@ -195,7 +195,7 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
     assert!(stats.writable_layer_bytes.is_some(), "{stats:?}");
 
     let listed = rt
-        .list_containers(&kubelet_core::runtime::ContainerFilter {
+        .list_containers(&kubelet_api::runtime::ContainerFilter {
             pod_sandbox_id: Some(bridge.clone()),
             ..Default::default()
         })

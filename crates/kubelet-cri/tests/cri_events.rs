@@ -16,10 +16,10 @@ use common::{
     run_until_events, start_pod,
 };
 use futures::StreamExt;
-use kubelet_core::ContainerRuntime;
-use kubelet_core::ErrorKind;
-use kubelet_core::runtime::{ContainerEventKind, ContainerState};
-use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::ErrorKind;
+use kubelet_api::runtime::{ContainerEventKind, ContainerState};
+use kubelet_api::{PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_cri::events::ContainerEventSource;
 use kubelet_pleg::{EventedPleg, EventedPlegConfig};
 use tokio_util::sync::CancellationToken;

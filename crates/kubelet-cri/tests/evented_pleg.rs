@@ -16,12 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{ContainerdEnv, WITHIN, pod_container, run_until_events, sandbox_config, start_pod};
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::ContainerState;
-use kubelet_core::testing::FaultyRuntime;
-use kubelet_core::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::ContainerState;
+use kubelet_api::{
     PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,
 };
+use kubelet_core::testing::FaultyRuntime;
 use kubelet_cri::CriRuntime;
 use kubelet_pleg::{EventedPleg, EventedPlegConfig, GenericPlegConfig, PlegMode};
 use tokio::sync::mpsc::Receiver;

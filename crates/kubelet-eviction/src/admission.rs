@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Pod, Toleration};
-use kubelet_core::{AdmitResult, PodAdmitHandler};
+use kubelet_api::{AdmitResult, PodAdmitHandler};
 use parking_lot::RwLock;
 
 use crate::decide::is_critical;
@@ -43,7 +43,7 @@ pub fn admit(
     let names: Vec<&str> = conditions.iter().map(|c| c.as_str()).collect();
     let message = format!("The node had condition: [{}]. ", names.join(" "));
     tracing::info!(
-        pod = %kubelet_core::pod::full_name(pod),
+        pod = %kubelet_api::pod::full_name(pod),
         conditions = ?names,
         "Failed to admit pod to node: node has pressure conditions"
     );

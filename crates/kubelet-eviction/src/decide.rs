@@ -160,7 +160,7 @@ pub fn reclaimable_threshold(thresholds: &[Threshold]) -> Option<&Threshold> {
 /// `static_pods_are_critical`, the kubelet's rule) or priority ≥ [`SYSTEM_CRITICAL_PRIORITY`].
 pub fn is_critical(pod: &Pod, static_pods_are_critical: bool) -> bool {
     if static_pods_are_critical
-        && (kubelet_core::pod::is_static(pod) || kubelet_core::pod::is_mirror(pod))
+        && (kubelet_api::pod::is_static(pod) || kubelet_api::pod::is_mirror(pod))
     {
         return true;
     }
@@ -223,9 +223,8 @@ pub fn pod_request(pod: &Pod, resource: &str) -> i64 {
     {
         return v + overhead;
     }
-    let total =
-        kubelet_core::pod::aggregate_resource(pod, |c| Some(container_request(c, resource)))
-            .unwrap_or(0);
+    let total = kubelet_api::pod::aggregate_resource(pod, |c| Some(container_request(c, resource)))
+        .unwrap_or(0);
     total + overhead
 }
 
@@ -312,7 +311,7 @@ pub fn eviction_message(
         return (message, annotations);
     };
     for cu in &u.containers {
-        let Some(c) = kubelet_core::pod::containers(pod)
+        let Some(c) = kubelet_api::pod::containers(pod)
             .iter()
             .find(|c| c.name == cu.name)
         else {
@@ -764,7 +763,7 @@ mod tests {
         ];
         let mut v: Vec<&(Pod, Option<PodUsage>)> = pods.iter().collect();
         rank(Resource::Memory, &mut v, |p| &p.0, |p| p.1.as_ref());
-        let names: Vec<&str> = v.iter().map(|p| kubelet_core::pod::name(&p.0)).collect();
+        let names: Vec<&str> = v.iter().map(|p| kubelet_api::pod::name(&p.0)).collect();
         assert_eq!(
             names,
             vec![
@@ -795,7 +794,7 @@ mod tests {
         ];
         let mut v: Vec<&(Pod, Option<PodUsage>)> = pods.iter().collect();
         rank(Resource::Pids, &mut v, |p| &p.0, |p| p.1.as_ref());
-        let names: Vec<&str> = v.iter().map(|p| kubelet_core::pod::name(&p.0)).collect();
+        let names: Vec<&str> = v.iter().map(|p| kubelet_api::pod::name(&p.0)).collect();
         assert_eq!(names, vec!["many", "few", "many-important"]);
     }
 

@@ -21,7 +21,7 @@
 //!   or while the cgroup v1 threshold eventfd watches), woken early by kernel notifications
 //!   (cgroup v1 memory threshold eventfd, PSI trigger, inotify on cgroup v2 `memory.events`);
 //!   evicts one pod per
-//!   round through [`PodControl`] (implemented for the engine's `KubeletHandle`).
+//!   round through [`PodControl`] (implemented for the agent's `AgentHandle`).
 //!
 //! With the engine, add an [`EvictionPlugin`] to the agent's builder: it gives the agent its
 //! admission handler, pressure conditions and metrics, and the agent runs its loop with the

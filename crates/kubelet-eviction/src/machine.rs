@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kubelet_core::runtime::ImageFsInfo;
-use kubelet_core::{ContainerRuntime, ErrorKind};
+use kubelet_api::runtime::ImageFsInfo;
+use kubelet_api::{ContainerRuntime, ErrorKind};
 use parking_lot::Mutex;
 use tokio::time::Instant;
 
@@ -677,7 +677,7 @@ impl StatsProvider for MachineStats {
             if let Some(root) = &self.config.root_dir {
                 let vols = root
                     .join("pods")
-                    .join(kubelet_core::pod::uid(&p.pod))
+                    .join(kubelet_api::pod::uid(&p.pod))
                     .join("volumes");
                 if let Some((b, i)) = disk_usage(&vols) {
                     any = true;
@@ -698,11 +698,11 @@ impl StatsProvider for MachineStats {
             if let Some(logs) = &self.config.pod_log_dir {
                 let dir = logs.join(format!(
                     "{}_{}_{}",
-                    kubelet_core::pod::namespace(&p.pod),
-                    kubelet_core::pod::name(&p.pod),
-                    kubelet_core::pod::uid(&p.pod)
+                    kubelet_api::pod::namespace(&p.pod),
+                    kubelet_api::pod::name(&p.pod),
+                    kubelet_api::pod::uid(&p.pod)
                 ));
-                for c in kubelet_core::pod::containers(&p.pod) {
+                for c in kubelet_api::pod::containers(&p.pod) {
                     let Some((b, i)) = disk_usage(&dir.join(&c.name)) else {
                         continue;
                     };
@@ -719,7 +719,7 @@ impl StatsProvider for MachineStats {
                 }
             }
             if any {
-                out.insert(kubelet_core::pod::uid(&p.pod).to_string(), usage);
+                out.insert(kubelet_api::pod::uid(&p.pod).to_string(), usage);
             }
         }
         out

@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
-use kubelet_core::{
-    EventRecorder, EventType, InvolvedObject, KillPodOptions, KubeletHandle, PodAdmitHandler,
+use kubelet_api::{
+    AgentHandle, EventRecorder, EventType, InvolvedObject, KillPodOptions, PodAdmitHandler,
 };
 use parking_lot::RwLock;
 use prometheus_client::registry::Registry;
@@ -27,8 +27,9 @@ use crate::notify::KernelWakers;
 use crate::signal::{NodeCondition, Signal};
 use crate::stats::{ActivePod, MemoryCgroup, Observations, PodUsage, StatsProvider};
 
-/// The pods the manager may evict and the way to kill them. Implemented for
-/// [`KubeletHandle`]; implement it to use the manager without the engine.
+/// The pods the manager may evict and the way to kill them. Implemented for the agent's
+/// [`AgentHandle`] (`PluginContext::handle`); implement it to use the manager without the
+/// engine.
 #[async_trait]
 pub trait PodControl: Send + Sync + 'static {
     /// Pods admitted and not terminated, with their runtime container IDs.
@@ -40,7 +41,7 @@ pub trait PodControl: Send + Sync + 'static {
 fn _assert_control_dyn(_: &dyn PodControl) {}
 
 #[async_trait]
-impl PodControl for KubeletHandle {
+impl PodControl for Arc<dyn AgentHandle> {
     async fn active_pods(&self) -> Vec<ActivePod> {
         self.statuses()
             .list()
@@ -75,8 +76,8 @@ impl PodControl for KubeletHandle {
     }
 
     async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError> {
-        let uid = kubelet_core::pod::uid(pod);
-        KubeletHandle::kill_pod(self, uid, options)
+        let uid = kubelet_api::pod::uid(pod);
+        AgentHandle::kill_pod(self.as_ref(), uid, options)
             .await
             .map_err(|_| EvictionError::KillPod {
                 uid: uid.to_string(),
@@ -88,9 +89,9 @@ impl PodControl for KubeletHandle {
 #[async_trait]
 pub trait NodeReclaimer: Send + Sync + 'static {
     /// Remove every dead container (`DeleteAllUnusedContainers`).
-    async fn delete_unused_containers(&self) -> kubelet_core::Result<()>;
+    async fn delete_unused_containers(&self) -> kubelet_api::Result<()>;
     /// Remove unused images (`DeleteUnusedImages`).
-    async fn delete_unused_images(&self) -> kubelet_core::Result<()>;
+    async fn delete_unused_images(&self) -> kubelet_api::Result<()>;
 }
 
 /// How the node's filesystems are laid out, which decides what node-level reclaim runs.
@@ -410,7 +411,7 @@ impl EvictionManager {
         let usage = self.stats.pod_usage(&active).await;
         let mut ranked: Vec<(&ActivePod, Option<&PodUsage>)> = active
             .iter()
-            .map(|p| (p, usage.get(kubelet_core::pod::uid(&p.pod))))
+            .map(|p| (p, usage.get(kubelet_api::pod::uid(&p.pod))))
             .collect();
         rank(resource, &mut ranked, |e| e.0.pod.as_ref(), |e| e.1);
         for (p, u) in ranked {
@@ -419,7 +420,7 @@ impl EvictionManager {
                 continue;
             }
             if is_critical(pod, self.config.static_pods_are_critical) {
-                tracing::info!(pod = %kubelet_core::pod::full_name(pod), "cannot evict a critical pod");
+                tracing::info!(pod = %kubelet_api::pod::full_name(pod), "cannot evict a critical pod");
                 continue;
             }
             let grace =
@@ -451,7 +452,7 @@ impl EvictionManager {
         let now = Instant::now();
         let mut m = self.recently_evicted.lock();
         m.retain(|_, at| now.saturating_duration_since(*at) < POD_CLEANUP_TIMEOUT);
-        m.contains_key(kubelet_core::pod::uid(pod))
+        m.contains_key(kubelet_api::pod::uid(pod))
     }
 
     /// Kill `pod` as an eviction: event, metric, `DisruptionTarget`, `Failed`/`Evicted`.
@@ -466,13 +467,13 @@ impl EvictionManager {
     ) -> Eviction {
         self.recently_evicted
             .lock()
-            .insert(kubelet_core::pod::uid(pod).to_string(), Instant::now());
+            .insert(kubelet_api::pod::uid(pod).to_string(), Instant::now());
         let eviction = Eviction {
-            uid: kubelet_core::pod::uid(pod).to_string(),
+            uid: kubelet_api::pod::uid(pod).to_string(),
             pod: format!(
                 "{}/{}",
-                kubelet_core::pod::namespace(pod),
-                kubelet_core::pod::name(pod)
+                kubelet_api::pod::namespace(pod),
+                kubelet_api::pod::name(pod)
             ),
             signal: signal.to_string(),
             message: message.clone(),
@@ -521,14 +522,14 @@ impl EvictionManager {
             if self.was_recently_evicted(&p.pod) {
                 continue;
             }
-            let Some(u) = usage.get(kubelet_core::pod::uid(&p.pod)) else {
+            let Some(u) = usage.get(kubelet_api::pod::uid(&p.pod)) else {
                 continue;
             };
             let Some(v) = local_storage_violation(&p.pod, u) else {
                 continue;
             };
             if is_critical(&p.pod, self.config.static_pods_are_critical) {
-                tracing::info!(pod = %kubelet_core::pod::full_name(&p.pod), "cannot evict a critical pod");
+                tracing::info!(pod = %kubelet_api::pod::full_name(&p.pod), "cannot evict a critical pod");
                 continue;
             }
             out.push(

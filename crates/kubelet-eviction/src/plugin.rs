@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::NodeCondition as ApiNodeCondition;
+use kubelet_api::{AgentPlugin, PluginContext, PodAdmitHandler};
 use kubelet_core::configuration::KubeletConfiguration;
 use kubelet_core::prometheus_client::registry::Registry;
-use kubelet_core::{AgentPlugin, PluginContext, PodAdmitHandler};
 use parking_lot::RwLock;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -158,16 +158,16 @@ impl AgentPlugin for EvictionPlugin {
         &self,
         ctx: PluginContext,
         shutdown: CancellationToken,
-    ) -> kubelet_core::Result<()> {
+    ) -> kubelet_api::Result<()> {
         let stats = match &self.stats {
             Some(s) => s.clone(),
             None => {
                 let mut machine = self.machine.clone();
                 if machine.root_dir.is_none() {
-                    machine = machine.root_dir(&ctx.config().root_dir);
+                    machine = machine.root_dir(&ctx.dirs().root_dir);
                 }
                 if machine.pod_log_dir.is_none() {
-                    machine = machine.pod_log_dir(&ctx.config().pod_log_dir);
+                    machine = machine.pod_log_dir(&ctx.dirs().pod_log_dir);
                 }
                 Arc::new(MachineStats::new(machine).with_runtime(ctx.runtime()))
             }

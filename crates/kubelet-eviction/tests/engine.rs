@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kubelet_api::{PodSource, SourceSender};
 use kubelet_core::testing::{FakeRuntime, RecordingSink};
-use kubelet_core::{KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_eviction::{
     ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionPlugin, EvictionSettings,
     Observations, PodUsage, Signal, SignalObservation, StatsProvider, parse_threshold_flag,
@@ -79,7 +80,7 @@ impl StatsProvider for Memory {
                         .collect(),
                     ..Default::default()
                 };
-                (kubelet_core::pod::uid(&p.pod).to_string(), usage)
+                (kubelet_api::pod::uid(&p.pod).to_string(), usage)
             })
             .collect()
     }

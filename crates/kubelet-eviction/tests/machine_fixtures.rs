@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::ContainerStats;
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::ContainerStats;
 use kubelet_core::testing::{FakeOp, FakeRuntime};
 use kubelet_eviction::machine::disk_usage;
 use kubelet_eviction::stats::MemoryCgroup;
@@ -255,9 +255,9 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
     write(&vol.join("blob"), &"x".repeat(64 * 1024));
     write(&logs.join("default_web_uid-1/app/0.log"), "hello\n");
     let rt = Arc::new(FakeRuntime::new());
-    let sb = kubelet_core::runtime::PodSandboxConfig::default();
+    let sb = kubelet_api::runtime::PodSandboxConfig::default();
     let sid = rt.run_pod_sandbox(&sb).await.unwrap();
-    let cfg = kubelet_core::runtime::ContainerConfig::default();
+    let cfg = kubelet_api::runtime::ContainerConfig::default();
     let cid = rt.create_container(&sid, &cfg, &sb).await.unwrap();
     rt.set_container_stats(
         &cid,
@@ -329,8 +329,8 @@ fn other_fs() -> std::path::PathBuf {
     }
 }
 
-fn fs_usage(mountpoint: &Path) -> kubelet_core::runtime::FilesystemUsage {
-    kubelet_core::runtime::FilesystemUsage {
+fn fs_usage(mountpoint: &Path) -> kubelet_api::runtime::FilesystemUsage {
+    kubelet_api::runtime::FilesystemUsage {
         mountpoint: mountpoint.to_path_buf(),
         used_bytes: Some(1 << 20),
         inodes_used: Some(10),
@@ -358,7 +358,7 @@ async fn imagefs_is_read_at_the_mountpoint_the_runtime_reports() {
     proc_fixture(&proc);
     let image_dir = other_fs();
     let rt = Arc::new(FakeRuntime::new());
-    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo {
+    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo {
         image_filesystems: vec![fs_usage(&image_dir)],
         container_filesystems: vec![],
     }));
@@ -391,7 +391,7 @@ async fn imagefs_is_read_at_the_mountpoint_the_runtime_reports() {
     assert_eq!(stats.fs_layout().await, expected);
 
     // Images apart, writable layers on nodefs: a split layout.
-    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo {
+    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo {
         image_filesystems: vec![fs_usage(&image_dir)],
         container_filesystems: vec![fs_usage(tmp.path())],
     }));
@@ -425,7 +425,7 @@ async fn without_a_runtime_image_filesystem_imagefs_is_nodefs_or_the_configured_
     assert_eq!(stats.fs_layout().await, FsLayout::Single);
 
     // An empty report means the same.
-    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo::default()));
+    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo::default()));
     assert_eq!(
         stats.image_fs().await,
         Some(ImageFsSource::NodeFs(tmp.path().to_path_buf()))
@@ -463,7 +463,7 @@ async fn a_failing_or_stuck_runtime_keeps_the_last_reported_image_filesystem() {
     proc_fixture(&proc);
     let image_dir = other_fs();
     let rt = Arc::new(FakeRuntime::new());
-    rt.set_image_fs_info(Some(kubelet_core::runtime::ImageFsInfo {
+    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo {
         image_filesystems: vec![fs_usage(&image_dir)],
         container_filesystems: vec![],
     }));
@@ -474,7 +474,7 @@ async fn a_failing_or_stuck_runtime_keeps_the_last_reported_image_filesystem() {
 
     rt.fail_always(
         FakeOp::ImageFsInfo,
-        kubelet_core::ErrorKind::Unavailable,
+        kubelet_api::ErrorKind::Unavailable,
         "runtime restarting",
     );
     assert_eq!(stats.image_fs().await, reported);

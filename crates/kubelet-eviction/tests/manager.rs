@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kubelet_core::KillPodOptions;
+use kubelet_api::KillPodOptions;
 use kubelet_eviction::{
     ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionManager, EvictionSettings,
     FsLayout, ManagerEvent, NodeCondition, NodeReclaimer, Observations, PodControl, PodUsage,
@@ -79,10 +79,8 @@ impl PodControl for Recording {
             .collect()
     }
     async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError> {
-        let uid = kubelet_core::pod::uid(pod).to_string();
-        self.pods
-            .lock()
-            .retain(|p| kubelet_core::pod::uid(p) != uid);
+        let uid = kubelet_api::pod::uid(pod).to_string();
+        self.pods.lock().retain(|p| kubelet_api::pod::uid(p) != uid);
         self.kills
             .lock()
             .push((uid.clone(), options, Instant::now()));
@@ -222,7 +220,7 @@ async fn a_hard_threshold_evicts_the_top_ranked_pod_with_one_second_grace() {
 
 #[tokio::test(start_paused = true)]
 async fn the_evicted_event_carries_the_kubelets_annotations() {
-    let (recorder, mut events) = kubelet_core::EventRecorder::channel(16);
+    let (recorder, mut events) = kubelet_api::EventRecorder::channel(16);
     let mut s = setup(
         config("memory.available<100Mi", "", ""),
         vec![pod("hog", 0, Some("50Mi"), false)],
@@ -260,7 +258,7 @@ async fn the_evicted_event_carries_the_kubelets_annotations() {
 
     let evicted = events.try_recv().unwrap();
     assert_eq!(evicted.reason, "Evicted");
-    assert_eq!(evicted.type_, kubelet_core::EventType::Warning);
+    assert_eq!(evicted.type_, kubelet_api::EventType::Warning);
     assert_eq!(
         (
             evicted.involved.kind.as_str(),
@@ -484,11 +482,11 @@ struct FreeingReclaimer {
 
 #[async_trait]
 impl NodeReclaimer for FreeingReclaimer {
-    async fn delete_unused_containers(&self) -> kubelet_core::Result<()> {
+    async fn delete_unused_containers(&self) -> kubelet_api::Result<()> {
         self.calls.lock().push("containers");
         Ok(())
     }
-    async fn delete_unused_images(&self) -> kubelet_core::Result<()> {
+    async fn delete_unused_images(&self) -> kubelet_api::Result<()> {
         self.calls.lock().push("images");
         if self.frees {
             self.stats.set(Signal::NodeFsAvailable, 500, 1000);
@@ -593,7 +591,7 @@ impl PodControl for Immortal {
             .collect()
     }
     async fn kill_pod(&self, pod: &Pod, _options: KillPodOptions) -> Result<(), EvictionError> {
-        self.1.lock().push(kubelet_core::pod::uid(pod).to_string());
+        self.1.lock().push(kubelet_api::pod::uid(pod).to_string());
         Ok(())
     }
 }

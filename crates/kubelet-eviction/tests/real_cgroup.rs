@@ -14,8 +14,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kubelet_core::runtime::SandboxFilter;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_api::AgentHandle;
+use kubelet_api::runtime::SandboxFilter;
+use kubelet_api::{ContainerRuntime, PodSource, SourceSender};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_eviction::{
     CgroupFs, EvictionConfig, EvictionPlugin, EvictionSettings, MachineStats, MachineStatsConfig,
     ManagerEvent, parse_threshold_flag,

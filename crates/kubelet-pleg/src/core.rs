@@ -5,8 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use kubelet_core::runtime::{self, PodRuntimeStatus, RuntimePod, SandboxState, labels};
-use kubelet_core::{
+use kubelet_api::runtime::{self, PodRuntimeStatus, RuntimePod, SandboxState, labels};
+use kubelet_api::{
     ContainerRuntime, PLEG_CHANNEL_CAPACITY, PlegHealth, PodCache, PodCacheWriter,
     PodLifecycleEvent, PodLifecycleEventType,
 };
@@ -147,11 +147,11 @@ impl std::fmt::Debug for Core {
 }
 
 /// The result of one listing: when it started and what it found.
-pub(crate) type Listing = (Instant, kubelet_core::Result<Vec<RuntimePod>>);
+pub(crate) type Listing = (Instant, kubelet_api::Result<Vec<RuntimePod>>);
 
 impl Core {
     pub(crate) fn new(runtime: Arc<dyn ContainerRuntime>, config: GenericPlegConfig) -> Self {
-        let (cache, reader) = kubelet_core::pod_cache();
+        let (cache, reader) = kubelet_api::pod_cache();
         let (events_tx, events_rx) = mpsc::channel(PLEG_CHANNEL_CAPACITY);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(config.max_concurrent_inspections.max(1)));

@@ -3,10 +3,10 @@
 
 use std::collections::HashMap;
 
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     Container, ContainerState, PodRuntimeStatus, PodSandbox, RuntimePod, SandboxState,
 };
-use kubelet_core::{PodLifecycleEvent, PodLifecycleEventType};
+use kubelet_api::{PodLifecycleEvent, PodLifecycleEventType};
 
 /// The PLEG's coarse view of a container or sandbox (`plegContainerState`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

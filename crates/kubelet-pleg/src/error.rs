@@ -12,7 +12,7 @@ pub enum PlegError {
     ListPods {
         /// The runtime's error.
         #[source]
-        source: kubelet_core::Error,
+        source: kubelet_api::Error,
     },
     /// Inspecting one changed pod failed; its error is cached and it is inspected again at the
     /// next relist.
@@ -22,7 +22,7 @@ pub enum PlegError {
         uid: String,
         /// The runtime's error.
         #[source]
-        source: kubelet_core::Error,
+        source: kubelet_api::Error,
     },
     /// Inspecting one changed pod took longer than the per-pod inspection timeout; handled like
     /// [`PlegError::InspectPod`].

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use kubelet_core::runtime::{ContainerEvent, ContainerEventStream};
-use kubelet_core::{
+use kubelet_api::runtime::{ContainerEvent, ContainerEventStream};
+use kubelet_api::{
     ContainerRuntime, ErrorKind, PlegHealth, PodCache, PodLifecycleEvent,
     PodLifecycleEventGenerator,
 };
@@ -143,7 +143,7 @@ pub enum PlegMode {
 /// It subscribes to the runtime's container events
 /// ([`ContainerRuntime::container_events`]): CRI `GetContainerEvents`, containerd's task events,
 /// the process runtime's exit notifications. Each event makes it inspect the event's pod
-/// ([`get_pod_status`](kubelet_core::runtime::get_pod_status)), store the status in the cache
+/// ([`get_pod_status`](kubelet_api::runtime::get_pod_status)), store the status in the cache
 /// stamped with the inspection's start (an older status never replaces a newer one), and diff
 /// the pod against the same per-pod records the relist uses, so it sends exactly the events a
 /// relist would have sent, once: an event the relist already accounted for (or a duplicate
@@ -277,7 +277,7 @@ impl EventedPleg {
         }
     }
 
-    async fn subscribe(&self) -> kubelet_core::Result<ContainerEventStream> {
+    async fn subscribe(&self) -> kubelet_api::Result<ContainerEventStream> {
         match tokio::time::timeout(
             self.config.relist.inspect_timeout,
             self.core.runtime.container_events(),
@@ -285,7 +285,7 @@ impl EventedPleg {
         .await
         {
             Ok(r) => r,
-            Err(_) => Err(kubelet_core::Error::new(
+            Err(_) => Err(kubelet_api::Error::new(
                 ErrorKind::DeadlineExceeded,
                 "subscribing to container events timed out",
             )),
@@ -501,7 +501,7 @@ enum Link {
 
 impl Link {
     /// The next event of the stream; never ready without one.
-    async fn next_event(&mut self) -> Option<kubelet_core::Result<ContainerEvent>> {
+    async fn next_event(&mut self) -> Option<kubelet_api::Result<ContainerEvent>> {
         match self {
             Link::Up { stream, .. } => stream.next().await,
             Link::Due(_) | Link::Unsupported => std::future::pending().await,
@@ -623,13 +623,13 @@ fn link_step(
 mod tests {
     use std::collections::BTreeMap;
 
-    use kubelet_core::runtime::{
+    use kubelet_api::runtime::{
         Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStatus,
         ExecResult, Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
         PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
     };
+    use kubelet_api::{PodLifecycleEventType, Result};
     use kubelet_core::testing::FakeRuntime;
-    use kubelet_core::{PodLifecycleEventType, Result};
 
     use super::*;
 

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kubelet_core::{
+use kubelet_api::{
     ContainerRuntime, PlegHealth, PodCache, PodLifecycleEvent, PodLifecycleEventGenerator,
 };
 use prometheus_client::registry::Registry;
@@ -122,10 +122,10 @@ pub struct RelistReport {
 /// The generic (relist) pod lifecycle event generator.
 ///
 /// Every [`relist_period`](GenericPlegConfig::relist_period) after the previous relist finished,
-/// it lists every sandbox and container ([`get_pods`](kubelet_core::runtime::get_pods)),
+/// it lists every sandbox and container ([`get_pods`](kubelet_api::runtime::get_pods)),
 /// compares each container's and sandbox's state with the previous list, and for each pod that
 /// changed (or whose previous inspection failed) fetches its full status
-/// ([`get_pod_status`](kubelet_core::runtime::get_pod_status)) into the pod cache, stamped with
+/// ([`get_pod_status`](kubelet_api::runtime::get_pod_status)) into the pod cache, stamped with
 /// the time its inspection started, before sending its events. After each relist the cache's
 /// global timestamp is raised, so [`PodCache::get_newer_than`] returns for unchanged pods too.
 ///

@@ -1,8 +1,8 @@
 //! `kubelet-pleg`: the pod lifecycle event generator (PLEG) of the kubelet SDK.
 //!
-//! A PLEG watches a [`ContainerRuntime`](kubelet_core::ContainerRuntime), keeps the pod status
-//! cache ([`kubelet_core::PodCache`]) current, and tells the engine which pods changed through
-//! [`PodLifecycleEvent`](kubelet_core::PodLifecycleEvent)s (`ContainerStarted`, `ContainerDied`,
+//! A PLEG watches a [`ContainerRuntime`](kubelet_api::ContainerRuntime), keeps the pod status
+//! cache ([`kubelet_api::PodCache`]) current, and tells the engine which pods changed through
+//! [`PodLifecycleEvent`](kubelet_api::PodLifecycleEvent)s (`ContainerStarted`, `ContainerDied`,
 //! `ContainerRemoved`). Start with [`GenericPleg`]: the kubelet's relist PLEG, which lists every
 //! sandbox and container once per second, diffs the result against the previous list, inspects
 //! the pods that changed, and publishes their statuses. A dead container is therefore noticed
@@ -12,7 +12,7 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_core::{ContainerRuntime, PodLifecycleEventGenerator};
+//! use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator};
 //! use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 //! use tokio_util::sync::CancellationToken;
 //!
@@ -34,7 +34,7 @@
 //! ```
 //!
 //! [`EventedPleg`] is the kubelet's `EventedPLEG` feature: the runtime's pushed container events
-//! ([`ContainerRuntime::container_events`](kubelet_core::ContainerRuntime::container_events))
+//! ([`ContainerRuntime::container_events`](kubelet_api::ContainerRuntime::container_events))
 //! drive inspections, the relist runs every 300 s as the safety net, and repeated stream failures
 //! fall back to the 1 s relist until the stream works again.
 //!
@@ -63,7 +63,7 @@ pub use generic::{
     GENERIC_PLEG_RELIST_PERIOD, GENERIC_PLEG_RELIST_THRESHOLD, GenericPleg, GenericPlegConfig,
     RelistReport,
 };
-pub use kubelet_core::PLEG_CHANNEL_CAPACITY;
+pub use kubelet_api::PLEG_CHANNEL_CAPACITY;
 pub use metrics::PlegMetrics;
 pub use select::{PlegKind, new_pleg};
 

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator};
 use kubelet_core::configuration::KubeletConfiguration;
-use kubelet_core::{ContainerRuntime, PodLifecycleEventGenerator};
 
 use crate::evented::{EventedPleg, EventedPlegConfig};
 use crate::generic::{GenericPleg, GenericPlegConfig};

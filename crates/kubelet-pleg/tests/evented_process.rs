@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{sandbox_config, shell_container};
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::ContainerState;
-use kubelet_core::testing::FaultyRuntime;
-use kubelet_core::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::ContainerState;
+use kubelet_api::{
     PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator, PodLifecycleEventType,
 };
+use kubelet_core::testing::FaultyRuntime;
 use kubelet_pleg::{EventedPleg, EventedPlegConfig, GenericPlegConfig, PlegMode};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio::sync::mpsc::Receiver;

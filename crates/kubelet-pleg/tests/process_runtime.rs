@@ -10,12 +10,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, ContainerState, PodSandboxConfig, PodSandboxMetadata,
     labels,
 };
-use kubelet_core::{PodLifecycleEventGenerator, PodLifecycleEventType};
+use kubelet_api::{PodLifecycleEventGenerator, PodLifecycleEventType};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio::time::Instant;

@@ -3,16 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, ContainerState, Labels, PodSandboxConfig,
     PodSandboxMetadata, labels,
 };
-use kubelet_core::testing::{FakeOp, FakeRuntime};
-use kubelet_core::{
+use kubelet_api::{
     Error, ErrorKind, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,
     PodLifecycleEventType::{self, *},
 };
+use kubelet_core::testing::{FakeOp, FakeRuntime};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig, PlegError};
 use tokio::sync::mpsc::Receiver;
 use tokio::time::Instant;

@@ -42,9 +42,9 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use k8s_openapi::api::core::v1::Pod;
+use kubelet_api::sources;
+use kubelet_api::{EventRecorder, InvolvedObject, PodSource, SourceSender};
 use kubelet_core::merge::REASON_FAILED_VALIDATION;
-use kubelet_core::sources;
-use kubelet_core::{EventRecorder, InvolvedObject, PodSource, SourceSender};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -424,19 +424,19 @@ impl State {
     fn resolve_duplicates(&mut self, pods: &mut BTreeMap<PathBuf, Pod>) {
         let mut owners: HashMap<String, PathBuf> = HashMap::new();
         for (file, pod) in pods.iter() {
-            let name = kubelet_core::pod::full_name(pod);
+            let name = kubelet_api::pod::full_name(pod);
             if self.owners.get(&name) == Some(file) {
                 owners.insert(name, file.clone());
             }
         }
         for (file, pod) in pods.iter() {
             owners
-                .entry(kubelet_core::pod::full_name(pod))
+                .entry(kubelet_api::pod::full_name(pod))
                 .or_insert_with(|| file.clone());
         }
         let mut losers = Vec::new();
         for (file, pod) in pods.iter() {
-            let name = kubelet_core::pod::full_name(pod);
+            let name = kubelet_api::pod::full_name(pod);
             if let Some(owner) = owners.get(&name).filter(|o| *o != file) {
                 losers.push((file.clone(), owner.clone(), pod.clone()));
             }
@@ -445,10 +445,10 @@ impl State {
             pods.remove(&file);
             let message = format!(
                 "static pod {:?} of {} is ignored: {} already defines a pod of that name in namespace {:?}",
-                kubelet_core::pod::name(&pod),
+                kubelet_api::pod::name(&pod),
                 file.display(),
                 owner.display(),
-                kubelet_core::pod::namespace(&pod)
+                kubelet_api::pod::namespace(&pod)
             );
             if self.reported.get(&file) != Some(&message) {
                 tracing::warn!(path = %file.display(), owner = %owner.display(), "duplicate static pod name; ignoring the file");

@@ -25,10 +25,10 @@ use bytes::Bytes;
 use hyper::Uri;
 use hyper::header::{HeaderName, HeaderValue};
 use k8s_openapi::api::core::v1::Pod;
+use kubelet_api::sources;
+use kubelet_api::{InvolvedObject, PodSource, SourceSender};
 use kubelet_core::http::{HttpClient, HttpGetSpec, Scheme};
 use kubelet_core::merge::REASON_FAILED_VALIDATION;
-use kubelet_core::sources;
-use kubelet_core::{InvolvedObject, PodSource, SourceSender};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::PodConfigError;

@@ -50,11 +50,11 @@ pub mod validation;
 pub use error::PodConfigError;
 pub use file::{FileSource, FileSourceConfig};
 pub use http::{HttpSource, HttpSourceConfig};
-pub use kubelet_core::merge::{PodConfig, PodStorage, SourcesSeen};
-pub use kubelet_core::{Event, EventRecorder, EventType, InvolvedObject};
-pub use kubelet_core::{
+pub use kubelet_api::{Event, EventRecorder, EventType, InvolvedObject};
+pub use kubelet_api::{
     PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot, annotations, sources,
 };
+pub use kubelet_core::merge::{PodConfig, PodStorage, SourcesSeen};
 pub use manifest::{
     MAX_MANIFEST_SIZE, ManifestOrigin, apply_defaults, apply_defaults_with, decode_pod,
     decode_pods, load_manifest, load_pods,

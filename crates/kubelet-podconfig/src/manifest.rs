@@ -6,7 +6,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus, Toleration};
-use kubelet_core::annotations;
+use kubelet_api::annotations;
 
 use crate::error::PodConfigError;
 use crate::validation::{self, ValidationOptions};

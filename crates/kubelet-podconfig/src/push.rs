@@ -47,8 +47,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
+use kubelet_api::{PodSource, SourceSender};
 use kubelet_core::listener::AcceptorConfig;
-use kubelet_core::{PodSource, SourceSender};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex as AsyncMutex;
@@ -542,14 +542,14 @@ impl Handler {
     /// of this name: the merge would keep both names apart by UID, and a clash is refused here
     /// with a reason instead.
     fn owned_elsewhere(&self, pod: &Pod) -> Option<Resp> {
-        let owner = self.out.other_owner(&kubelet_core::pod::full_name(pod))?;
-        let name = kubelet_core::pod::name(pod);
+        let owner = self.out.other_owner(&kubelet_api::pod::full_name(pod))?;
+        let name = kubelet_api::pod::name(pod);
         Some(status_response(
             StatusCode::CONFLICT,
             "AlreadyExists",
             format!(
                 "pod {name:?} in namespace {:?} is already defined by the {owner:?} source; pushed pods may not reuse its name",
-                kubelet_core::pod::namespace(pod)
+                kubelet_api::pod::namespace(pod)
             ),
             Some(details(name, None)),
         ))

@@ -4,7 +4,7 @@
 //! Start with [`Prober`]:
 //!
 //! * **With the engine**, hand it to `KubeletBuilder::prober`: it implements
-//!   [`kubelet_core::ProbeManager`], reads pod statuses from the status manager and runs exec
+//!   [`kubelet_api::ProbeManager`], reads pod statuses from the status manager and runs exec
 //!   probes through the runtime's `exec_sync`. Readiness then drives `ready` and the pod's
 //!   Ready conditions; liveness and startup failures make the engine restart the container.
 //! * **Alone**, register probes ([`Prober::add_pod`] with a Kubernetes pod, or
@@ -20,7 +20,7 @@
 //! deletion) and, if a probe must run, starts its I/O as a short task, at most
 //! [`ProberConfig::max_concurrent`] at a time. Results count toward `successThreshold` /
 //! `failureThreshold` as in the kubelet; events (`Unhealthy`, `ProbeWarning`) go to the
-//! [`EventRecorder`](kubelet_core::EventRecorder) and the metrics `prober_probe_total` and
+//! [`EventRecorder`](kubelet_api::EventRecorder) and the metrics `prober_probe_total` and
 //! `prober_probe_duration_seconds` to a prometheus-client registry
 //! ([`Prober::register_metrics`]).
 //!
@@ -30,7 +30,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use std::time::Duration;
-//! use kubelet_core::{EventRecorder, ProbeResult, ProbeType};
+//! use kubelet_api::{EventRecorder, ProbeResult, ProbeType};
 //! use kubelet_probe::{
 //!     ContainerObservation, ProbeHandler, ProbeRegistration, ProbeSpec, ProbeTiming, Prober,
 //!     StaticTargets,

@@ -13,8 +13,8 @@ use async_trait::async_trait;
 use futures::FutureExt;
 use futures::future::poll_fn;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
-use kubelet_core::{EventRecorder, InvolvedObject};
-use kubelet_core::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
+use kubelet_api::{EventRecorder, InvolvedObject};
+use kubelet_api::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use rand::Rng;
@@ -164,14 +164,14 @@ impl ProbeRegistration {
         let Some(spec) = &pod.spec else {
             return Vec::new();
         };
-        let uid = kubelet_core::pod::uid(pod);
+        let uid = kubelet_api::pod::uid(pod);
         let never = spec.restart_policy.as_deref() == Some("Never");
         let regular = spec.containers.iter().map(|c| (c, "containers"));
         let sidecars = spec
             .init_containers
             .iter()
             .flatten()
-            .filter(|c| kubelet_core::pod::is_sidecar(c))
+            .filter(|c| kubelet_api::pod::is_sidecar(c))
             .map(|c| (c, "initContainers"));
         let mut out = Vec::new();
         for (c, field) in regular.chain(sidecars) {
@@ -398,7 +398,7 @@ impl Prober {
     /// Start workers for every probe of `pod` (no-op for a pod already added; probe specs
     /// cannot be changed in place, as in the kubelet).
     pub fn add_pod(&self, pod: &Pod) {
-        let uid = kubelet_core::pod::uid(pod);
+        let uid = kubelet_api::pod::uid(pod);
         if !self.shared.known_pods.lock().insert(uid.to_string()) {
             return;
         }
@@ -1602,7 +1602,7 @@ mod tests {
             ev.message,
             "Readiness probe warning: Probe terminated redirects, Response body: moved"
         );
-        assert_eq!(ev.type_, kubelet_core::EventType::Warning);
+        assert_eq!(ev.type_, kubelet_api::EventType::Warning);
         w.after_probe("c1", fail(), Duration::ZERO, &mut out);
         let ev = events.try_recv().unwrap();
         assert_eq!(ev.reason, "Unhealthy");

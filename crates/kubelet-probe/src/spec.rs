@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, EnvVar, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kubelet_core::ProbeType;
+use kubelet_api::ProbeType;
 
 use kubelet_core::http::SpecError;
 

@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kubelet_core::ContainerRuntime;
-use kubelet_core::StatusReader;
-use kubelet_core::runtime::ExecResult;
+use kubelet_api::ContainerRuntime;
+use kubelet_api::StatusReader;
+use kubelet_api::runtime::ExecResult;
 use kubelet_core::status_gen::strip_container_id;
 use parking_lot::RwLock;
 use tokio::time::Instant;
@@ -117,9 +117,7 @@ async fn runtime_exec(
 ) -> Result<ExecResult, ExecFailure> {
     match runtime.exec_sync(container_id, cmd, timeout).await {
         Ok(r) => Ok(r),
-        Err(e) if e.kind() == kubelet_core::ErrorKind::DeadlineExceeded => {
-            Err(ExecFailure::Timeout)
-        }
+        Err(e) if e.kind() == kubelet_api::ErrorKind::DeadlineExceeded => Err(ExecFailure::Timeout),
         Err(e) => Err(ExecFailure::Error(e.to_string())),
     }
 }

@@ -12,8 +12,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ExecAction, HTTPGetAction, PodStatus, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kubelet_api::ContainerRuntime;
 use kubelet_core::testing::{RecordingSink, WatchSource};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_probe::Prober;
 use tokio_util::sync::CancellationToken;

@@ -12,8 +12,9 @@ use k8s_openapi::api::core::v1::{
     Container, ContainerStatus, HTTPGetAction, Pod, PodSpec, PodStatus, Probe, TCPSocketAction,
 };
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kubelet_api::ContainerRuntime;
 use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_probe::Prober;
 use tokio::sync::watch;
@@ -354,7 +355,7 @@ async fn a_container_its_liveness_probe_keeps_killing_backs_off_like_a_crashing_
     let agent = Agent::start(pod("live-2", c));
     // Every liveness check fails.
     agent.rt.set_exec_handler(|_, _| {
-        Ok(kubelet_core::runtime::ExecResult {
+        Ok(kubelet_api::runtime::ExecResult {
             exit_code: 1,
             ..Default::default()
         })

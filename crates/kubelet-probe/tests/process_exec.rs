@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, ExecAction, Pod, PodSpec, PodStatus, Probe};
-use kubelet_core::runtime::{ContainerConfig, PodSandboxConfig};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
 use kubelet_core::testing::{RecordingSink, WatchSource};
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_probe::{Outcome, ProbeHandler, Prober, StaticTargets};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
@@ -311,7 +312,7 @@ fn exec_liveness_restarts_through_the_engine(
             .await
             .unwrap()
             .into_iter()
-            .filter(|c| c.state == kubelet_core::runtime::ContainerState::Running)
+            .filter(|c| c.state == kubelet_api::runtime::ContainerState::Running)
             .count();
         assert_eq!(left, 0, "no container left running");
     }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kubelet_core::runtime::ExecResult;
-use kubelet_core::{Event, EventRecorder, ProbeResult, ProbeType, ProbeUpdate};
+use kubelet_api::runtime::ExecResult;
+use kubelet_api::{Event, EventRecorder, ProbeResult, ProbeType, ProbeUpdate};
 use kubelet_probe::{
     ContainerObservation, ExecFailure, Observation, ProbeHandler, ProbeRegistration, ProbeSpec,
     ProbeTargets, ProbeTiming, Prober, ProberConfig, StaticTargets,
@@ -440,7 +440,7 @@ async fn probe_metrics_use_the_kubelet_names_and_labels() {
         "app",
         ContainerObservation::running("c1", Instant::now(), None),
     );
-    let involved = kubelet_core::InvolvedObject {
+    let involved = kubelet_api::InvolvedObject {
         kind: "Pod".into(),
         namespace: "ns".into(),
         name: "web".into(),

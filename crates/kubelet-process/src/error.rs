@@ -1,10 +1,10 @@
 //! [`ProcessError`]: what can go wrong inside the process runtime, and its mapping onto
-//! [`kubelet_core::Error`] at the trait boundary.
+//! [`kubelet_api::Error`] at the trait boundary.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use kubelet_core::{Error, ErrorKind};
+use kubelet_api::{Error, ErrorKind};
 
 /// Errors of the process runtime's own operations.
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +150,7 @@ fn errno_name(e: &std::io::Error) -> &'static str {
 }
 
 impl ProcessError {
-    /// The [`ErrorKind`] this error maps to at the [`ContainerRuntime`](kubelet_core::ContainerRuntime)
+    /// The [`ErrorKind`] this error maps to at the [`ContainerRuntime`](kubelet_api::ContainerRuntime)
     /// boundary.
     pub fn kind(&self) -> ErrorKind {
         match self {

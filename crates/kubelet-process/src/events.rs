@@ -25,7 +25,7 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use jiff::Timestamp;
-use kubelet_core::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
+use kubelet_api::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
 
 use crate::error::ProcessError;
 use crate::record::{
@@ -145,7 +145,7 @@ pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, Proc
                 ev = w.stream.next() => match ev {
                     Some(Ok(ev)) => w.handle(ev.wd, ev.mask, ev.name),
                     Some(Err(e)) => {
-                        let err = kubelet_core::Error::from(watch_err(&w.root, e));
+                        let err = kubelet_api::Error::from(watch_err(&w.root, e));
                         return Some((Err(err), Some(w)));
                     }
                     None => return None,

@@ -1,7 +1,7 @@
 //! `kubelet-process`: the kubelet SDK's built-in container runtime. Each container runs as a
 //! supervised process on the host; no images, no namespaces.
 //!
-//! Start with [`ProcessRuntime`] (a [`ContainerRuntime`](kubelet_core::ContainerRuntime)) and
+//! Start with [`ProcessRuntime`] (a [`ContainerRuntime`](kubelet_api::ContainerRuntime)) and
 //! [`ProcessRuntimeConfig`]; hand the runtime to the engine's builder.
 //!
 //! # What a "container" is here
@@ -31,14 +31,14 @@
 //!   container runs unlimited and a Warning event `ResourceLimitsNotEnforced` says so.
 //!
 //! # Events
-//! [`container_events`](kubelet_core::ContainerRuntime::container_events) reports container
+//! [`container_events`](kubelet_api::ContainerRuntime::container_events) reports container
 //! and sandbox changes as they happen, from inotify on the state directory (the records the
 //! runtime and the shims rename into place), for an evented PLEG. A new agent watches the
 //! containers a previous agent left running and learns their exits too.
 //!
 //! # Exec, attach and port-forward
 //!
-//! The runtime serves them itself ([`ContainerRuntime::streaming`](kubelet_core::ContainerRuntime::streaming)):
+//! The runtime serves them itself ([`ContainerRuntime::streaming`](kubelet_api::ContainerRuntime::streaming)):
 //! exec runs the command like an exec probe (the container's environment, working directory,
 //! user and cgroup; a pseudo-terminal with `tty`); attach follows the container's log and, for
 //! `stdin: true` containers, writes to the FIFO the shim gives the process as standard input;
@@ -68,8 +68,8 @@
 //!
 //! # Example
 //! ```no_run
-//! use kubelet_core::ContainerRuntime;
-//! use kubelet_core::runtime::{ContainerConfig, PodSandboxConfig};
+//! use kubelet_api::ContainerRuntime;
+//! use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
 //! use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {

@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use jiff::Timestamp;
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerMetadata,
     ContainerState, ContainerStats, ContainerStatus, EnvVar, ExecResult, Image, ImageSpec,
     LinuxResources, Mount, PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
     RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
-use kubelet_core::{ContainerRuntime, EventRecorder, InvolvedObject};
+use kubelet_api::{ContainerRuntime, EventRecorder, InvolvedObject};
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
@@ -96,8 +96,8 @@ struct Ledger {
 
 /// The parts of a container's security context a host process cannot get (the process runtime
 /// applies user, group, supplemental groups and `no_new_privs`).
-fn unsupported_security(s: &kubelet_core::runtime::SecurityContext) -> Vec<&'static str> {
-    use kubelet_core::runtime::SecurityProfile;
+fn unsupported_security(s: &kubelet_api::runtime::SecurityContext) -> Vec<&'static str> {
+    use kubelet_api::runtime::SecurityProfile;
     let mut out = Vec::new();
     if s.readonly_rootfs {
         out.push("readOnlyRootFilesystem");
@@ -1546,7 +1546,7 @@ fn sandbox_of(rec: &SandboxRecord) -> PodSandbox {
 
 #[async_trait]
 impl ContainerRuntime for ProcessRuntime {
-    async fn version(&self) -> kubelet_core::Result<RuntimeVersion> {
+    async fn version(&self) -> kubelet_api::Result<RuntimeVersion> {
         Ok(RuntimeVersion {
             runtime_name: "process".to_string(),
             runtime_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -1554,23 +1554,23 @@ impl ContainerRuntime for ProcessRuntime {
         })
     }
 
-    async fn status(&self) -> kubelet_core::Result<RuntimeStatus> {
+    async fn status(&self) -> kubelet_api::Result<RuntimeStatus> {
         Ok(RuntimeStatus::all_ready())
     }
 
-    async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> kubelet_core::Result<String> {
+    async fn run_pod_sandbox(&self, config: &PodSandboxConfig) -> kubelet_api::Result<String> {
         Ok(self.run_sandbox(config)?)
     }
 
-    async fn stop_pod_sandbox(&self, sandbox_id: &str) -> kubelet_core::Result<()> {
+    async fn stop_pod_sandbox(&self, sandbox_id: &str) -> kubelet_api::Result<()> {
         Ok(self.stop_sandbox(sandbox_id).await?)
     }
 
-    async fn remove_pod_sandbox(&self, sandbox_id: &str) -> kubelet_core::Result<()> {
+    async fn remove_pod_sandbox(&self, sandbox_id: &str) -> kubelet_api::Result<()> {
         Ok(self.remove_sandbox(sandbox_id).await?)
     }
 
-    async fn pod_sandbox_status(&self, sandbox_id: &str) -> kubelet_core::Result<PodSandboxStatus> {
+    async fn pod_sandbox_status(&self, sandbox_id: &str) -> kubelet_api::Result<PodSandboxStatus> {
         let rec = self.sandbox(sandbox_id)?;
         let s = sandbox_of(&rec);
         Ok(PodSandboxStatus {
@@ -1589,7 +1589,7 @@ impl ContainerRuntime for ProcessRuntime {
     async fn list_pod_sandboxes(
         &self,
         filter: &SandboxFilter,
-    ) -> kubelet_core::Result<Vec<PodSandbox>> {
+    ) -> kubelet_api::Result<Vec<PodSandbox>> {
         let records = match &filter.id {
             Some(id) => match self.sandbox(id) {
                 Ok(r) => vec![r],
@@ -1611,14 +1611,14 @@ impl ContainerRuntime for ProcessRuntime {
         sandbox_id: &str,
         config: &ContainerConfig,
         _sandbox_config: &PodSandboxConfig,
-    ) -> kubelet_core::Result<String> {
+    ) -> kubelet_api::Result<String> {
         self.create(sandbox_id, config).map_err(|e| {
             tracing::warn!(sandbox = %sandbox_id, containerName = %config.metadata.name, error = %e, "create_container failed");
             e.into()
         })
     }
 
-    async fn start_container(&self, container_id: &str) -> kubelet_core::Result<()> {
+    async fn start_container(&self, container_id: &str) -> kubelet_api::Result<()> {
         self.start(container_id).await.map_err(|e| {
             tracing::warn!(containerID = %container_id, error = %e, "start_container failed");
             e.into()
@@ -1629,18 +1629,18 @@ impl ContainerRuntime for ProcessRuntime {
         &self,
         container_id: &str,
         timeout: Duration,
-    ) -> kubelet_core::Result<()> {
+    ) -> kubelet_api::Result<()> {
         Ok(self.stop(container_id, timeout).await?)
     }
 
-    async fn remove_container(&self, container_id: &str) -> kubelet_core::Result<()> {
+    async fn remove_container(&self, container_id: &str) -> kubelet_api::Result<()> {
         Ok(self.remove(container_id).await?)
     }
 
     async fn list_containers(
         &self,
         filter: &ContainerFilter,
-    ) -> kubelet_core::Result<Vec<Container>> {
+    ) -> kubelet_api::Result<Vec<Container>> {
         let records = match &filter.id {
             Some(id) => match self.container(id) {
                 Ok(r) => vec![r],
@@ -1687,7 +1687,7 @@ impl ContainerRuntime for ProcessRuntime {
         Ok(out)
     }
 
-    async fn container_status(&self, container_id: &str) -> kubelet_core::Result<ContainerStatus> {
+    async fn container_status(&self, container_id: &str) -> kubelet_api::Result<ContainerStatus> {
         let rec = self.container(container_id)?;
         Ok(self.status_of(&rec)?)
     }
@@ -1697,7 +1697,7 @@ impl ContainerRuntime for ProcessRuntime {
         container_id: &str,
         cmd: &[String],
         timeout: Duration,
-    ) -> kubelet_core::Result<ExecResult> {
+    ) -> kubelet_api::Result<ExecResult> {
         Ok(self.exec(container_id, cmd, timeout).await?)
     }
 
@@ -1707,11 +1707,11 @@ impl ContainerRuntime for ProcessRuntime {
     }
 
     /// Exec, attach and port-forward served in process (see the crate documentation).
-    fn streaming(&self) -> Option<&dyn kubelet_core::StreamingRuntime> {
+    fn streaming(&self) -> Option<&dyn kubelet_api::StreamingRuntime> {
         Some(self)
     }
 
-    async fn image_status(&self, image: &ImageSpec) -> kubelet_core::Result<Option<Image>> {
+    async fn image_status(&self, image: &ImageSpec) -> kubelet_api::Result<Option<Image>> {
         Ok(Some(Image {
             id: image.image.clone(),
             repo_tags: vec![image.image.clone()],
@@ -1723,17 +1723,17 @@ impl ContainerRuntime for ProcessRuntime {
         &self,
         image: &ImageSpec,
         _sandbox_config: &PodSandboxConfig,
-    ) -> kubelet_core::Result<String> {
+    ) -> kubelet_api::Result<String> {
         Ok(image.image.clone())
     }
 
     /// Container and sandbox events from inotify on the state directory; see the
     /// [crate documentation](crate#events).
-    async fn container_events(&self) -> kubelet_core::Result<ContainerEventStream> {
+    async fn container_events(&self) -> kubelet_api::Result<ContainerEventStream> {
         Ok(crate::events::container_events(&self.config.root_dir)?)
     }
 
-    async fn container_stats(&self, container_id: &str) -> kubelet_core::Result<ContainerStats> {
+    async fn container_stats(&self, container_id: &str) -> kubelet_api::Result<ContainerStats> {
         Ok(self.stats(container_id)?)
     }
 }

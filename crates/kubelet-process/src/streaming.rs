@@ -22,7 +22,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kubelet_core::{
+use kubelet_api::{
     DuplexStream, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
     StreamingRuntime, TerminalSize,
 };
@@ -223,23 +223,23 @@ impl ProcessRuntime {
             return Ok(ExecSession {
                 stdin: opts
                     .stdin
-                    .then(|| Box::pin(master.clone()) as kubelet_core::StreamWriter),
+                    .then(|| Box::pin(master.clone()) as kubelet_api::StreamWriter),
                 stdout: Some(Box::pin(master)),
                 stderr: None,
                 resize: Some(resize_tx),
                 exit: Box::pin(async move {
                     let spawned = child_rx.await.map_err(|_| {
-                        kubelet_core::Error::internal("exec session ended before it started")
+                        kubelet_api::Error::internal("exec session ended before it started")
                     })?;
                     let mut child = spawned.map_err(|source| {
-                        kubelet_core::Error::from(ProcessError::ExecSpawn {
+                        kubelet_api::Error::from(ProcessError::ExecSpawn {
                             id: id.clone(),
                             source,
                         })
                     })?;
                     let mut guard = KillOnDrop(child.id().map(|p| p as i32));
                     let status = child.wait().await.map_err(|source| {
-                        kubelet_core::Error::from(ProcessError::ExecSpawn { id, source })
+                        kubelet_api::Error::from(ProcessError::ExecSpawn { id, source })
                     })?;
                     if let Some(pg) = guard.0.take() {
                         let _ = killpg(Pid::from_raw(pg), Signal::SIGKILL);
@@ -270,15 +270,15 @@ impl ProcessRuntime {
                 stdin: child
                     .stdin
                     .take()
-                    .map(|s| Box::pin(s) as kubelet_core::StreamWriter),
+                    .map(|s| Box::pin(s) as kubelet_api::StreamWriter),
                 stdout: child
                     .stdout
                     .take()
-                    .map(|s| Box::pin(s) as kubelet_core::StreamReader),
+                    .map(|s| Box::pin(s) as kubelet_api::StreamReader),
                 stderr: child
                     .stderr
                     .take()
-                    .map(|s| Box::pin(s) as kubelet_core::StreamReader),
+                    .map(|s| Box::pin(s) as kubelet_api::StreamReader),
                 resize: None,
                 exit: Box::pin(std::future::pending()),
             };
@@ -291,7 +291,7 @@ impl ProcessRuntime {
             exit: Box::pin(async move {
                 let mut guard = guard;
                 let status = child.wait().await.map_err(|source| {
-                    kubelet_core::Error::from(ProcessError::ExecSpawn { id, source })
+                    kubelet_api::Error::from(ProcessError::ExecSpawn { id, source })
                 })?;
                 // Whatever the command left in its group goes with it, as a CRI exec ends.
                 let code = exit_code(status);
@@ -325,7 +325,7 @@ impl ProcessRuntime {
                 .open(&fifo)
                 .map_err(state_err)?;
             let pipe = tokio::net::unix::pipe::Sender::from_file(w).map_err(state_err)?;
-            Some(Box::pin(pipe) as kubelet_core::StreamWriter)
+            Some(Box::pin(pipe) as kubelet_api::StreamWriter)
         } else {
             None
         };
@@ -350,8 +350,8 @@ impl ProcessRuntime {
         });
         Ok(ExecSession {
             stdin,
-            stdout: want_out.then(|| Box::pin(out_rx) as kubelet_core::StreamReader),
-            stderr: want_err.then(|| Box::pin(err_rx) as kubelet_core::StreamReader),
+            stdout: want_out.then(|| Box::pin(out_rx) as kubelet_api::StreamReader),
+            stderr: want_err.then(|| Box::pin(err_rx) as kubelet_api::StreamReader),
             resize: None,
             exit: Box::pin(async move { Ok(done_rx.await.unwrap_or(0)) }),
         })
@@ -443,13 +443,13 @@ struct HostDialer {
 
 #[async_trait]
 impl PortDialer for HostDialer {
-    async fn dial(&self, port: u16) -> kubelet_core::Result<Box<dyn DuplexStream>> {
+    async fn dial(&self, port: u16) -> kubelet_api::Result<Box<dyn DuplexStream>> {
         match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
             Ok(s) => {
                 let _ = s.set_nodelay(true);
                 Ok(Box::new(s))
             }
-            Err(e) => Err(kubelet_core::Error::unavailable(format!(
+            Err(e) => Err(kubelet_api::Error::unavailable(format!(
                 "error forwarding port {port} to pod {}, uid : dial tcp4 127.0.0.1:{port}: {e}",
                 self.sandbox_id
             ))),
@@ -464,7 +464,7 @@ impl StreamingRuntime for ProcessRuntime {
         container_id: &str,
         cmd: &[String],
         options: StreamOptions,
-    ) -> kubelet_core::Result<StreamEndpoint> {
+    ) -> kubelet_api::Result<StreamEndpoint> {
         Ok(StreamEndpoint::Session(self.exec_session(
             container_id,
             cmd,
@@ -476,7 +476,7 @@ impl StreamingRuntime for ProcessRuntime {
         &self,
         container_id: &str,
         options: StreamOptions,
-    ) -> kubelet_core::Result<StreamEndpoint> {
+    ) -> kubelet_api::Result<StreamEndpoint> {
         Ok(StreamEndpoint::Session(
             self.attach_session(container_id, options)?,
         ))
@@ -486,7 +486,7 @@ impl StreamingRuntime for ProcessRuntime {
         &self,
         sandbox_id: &str,
         _ports: &[u16],
-    ) -> kubelet_core::Result<PortForwardEndpoint> {
+    ) -> kubelet_api::Result<PortForwardEndpoint> {
         if !self.has_sandbox(sandbox_id) {
             return Err(ProcessError::SandboxNotFound(sandbox_id.to_string()).into());
         }

@@ -1,7 +1,7 @@
 //! The process runtime passes the SDK's runtime conformance suite (the contract the engine
 //! relies on), with real processes.
 
-use kubelet_core::testing::conformance::{ConformanceConfig, run_conformance};
+use kubelet_api::conformance::{ConformanceConfig, run_conformance};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_kubelet-process-shim");

@@ -5,8 +5,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use kubelet_core::ContainerRuntime;
-use kubelet_core::runtime::{ContainerConfig, ContainerState, PodSandboxConfig};
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{ContainerConfig, ContainerState, PodSandboxConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 
 fn main() -> ExitCode {

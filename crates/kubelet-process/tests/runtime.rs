@@ -4,12 +4,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, EnvVar, ImageSpec,
     LinuxResources, Mount, PodSandboxConfig, PodSandboxMetadata, SandboxFilter, SandboxState,
     labels,
 };
-use kubelet_core::{ContainerRuntime, ErrorKind, EventRecorder, EventType};
+use kubelet_api::{ContainerRuntime, ErrorKind, EventRecorder, EventType};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig};
 
 const SHIM: &str = env!("CARGO_BIN_EXE_kubelet-process-shim");
@@ -401,7 +401,7 @@ async fn list_filters_by_id_state_sandbox_and_labels() {
 
     let sel = |k: &str, v: &str| BTreeMap::from([(k.to_string(), v.to_string())]);
     let ids =
-        |v: Vec<kubelet_core::runtime::Container>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
+        |v: Vec<kubelet_api::runtime::Container>| v.into_iter().map(|c| c.id).collect::<Vec<_>>();
     let all = rt
         .list_containers(&ContainerFilter::default())
         .await
@@ -465,9 +465,7 @@ async fn list_filters_by_id_state_sandbox_and_labels() {
     assert_eq!(s.len(), 1);
     assert_eq!(s[0].state, SandboxState::NotReady);
     assert_eq!(s[0].metadata.uid, "u-lb");
-    let pods = kubelet_core::runtime::get_pods(&rt)
-        .await
-        .expect("get_pods");
+    let pods = kubelet_api::runtime::get_pods(&rt).await.expect("get_pods");
     assert_eq!(pods.len(), 2);
     rt.stop_pod_sandbox(&sa).await.expect("stop");
     cleanup(&rt).await;
@@ -728,20 +726,20 @@ fn send(pid: u32, sig: nix::sys::signal::Signal) {
 }
 
 /// Wait up to 5 s for a `Stopped` event of container `cid`.
-async fn stopped_event(events: &mut kubelet_core::runtime::ContainerEventStream, cid: &str) {
+async fn stopped_event(events: &mut kubelet_api::runtime::ContainerEventStream, cid: &str) {
     next_event_for(
         events,
         cid,
-        kubelet_core::runtime::ContainerEventKind::Stopped,
+        kubelet_api::runtime::ContainerEventKind::Stopped,
         Duration::from_secs(5),
     )
     .await;
 }
 
 async fn next_event_for(
-    events: &mut kubelet_core::runtime::ContainerEventStream,
+    events: &mut kubelet_api::runtime::ContainerEventStream,
     cid: &str,
-    kind: kubelet_core::runtime::ContainerEventKind,
+    kind: kubelet_api::runtime::ContainerEventKind,
     within: Duration,
 ) {
     use futures::StreamExt;
@@ -1138,7 +1136,7 @@ async fn a_new_runtime_kills_the_containers_whose_state_is_gone() {
 /// capabilities, seccomp) is named in a `SecurityContextNotSupported` warning.
 #[tokio::test]
 async fn security_settings_a_process_can_take_are_applied_and_the_rest_reported() {
-    use kubelet_core::runtime::{SecurityContext, SecurityProfile};
+    use kubelet_api::runtime::{SecurityContext, SecurityProfile};
     let tmp = tempfile::tempdir().expect("tempdir");
     let (recorder, mut events) = EventRecorder::channel(16);
     let rt = ProcessRuntime::with_recorder(config(tmp.path()).use_cgroups(false), recorder)

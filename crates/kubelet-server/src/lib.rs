@@ -1,5 +1,5 @@
 //! `kubelet-server`: the kubelet's HTTP API for an SDK agent, as an agent plugin
-//! ([`kubelet_core::AgentPlugin`]).
+//! ([`kubelet_api::AgentPlugin`]).
 //!
 //! Three listeners, as the kubelet's (`pkg/kubelet/server`):
 //!
@@ -13,7 +13,7 @@
 //!   [`logs`]), `/runningpods/`, `/logs/` (the node's `/var/log`, `enableSystemLogHandler`),
 //!   and the streaming endpoints `/exec`, `/attach`, `/portForward` and `/run`: `kubectl
 //!   exec`, `cp`, `attach` and `port-forward` over SPDY/3.1 ([`spdy`]) or WebSocket, served from
-//!   the runtime's [`StreamingRuntime`](kubelet_core::StreamingRuntime) or proxied to a CRI
+//!   the runtime's [`StreamingRuntime`](kubelet_api::StreamingRuntime) or proxied to a CRI
 //!   runtime's streaming server;
 //! * the **read-only port** (`readOnlyPort`, off by default): the same `/healthz`, `/pods`,
 //!   `/metrics` without TLS or authentication; the debugging paths answer 405;
@@ -78,8 +78,8 @@ use async_trait::async_trait;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use kubelet_api::{AgentPlugin, PluginContext};
 use kubelet_core::configuration::KubeletConfiguration;
-use kubelet_core::{AgentPlugin, PluginContext};
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
@@ -508,7 +508,7 @@ impl AgentPlugin for KubeletServer {
         &self,
         ctx: PluginContext,
         shutdown: CancellationToken,
-    ) -> kubelet_core::Result<()> {
+    ) -> kubelet_api::Result<()> {
         let listeners = std::mem::take(&mut *self.listeners.lock());
         let shared = Arc::new(Shared {
             ctx: routes::Context {

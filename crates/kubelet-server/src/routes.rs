@@ -12,10 +12,12 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
+use kubelet_api::AgentHandle;
+use kubelet_api::runtime::ContainerState;
+use kubelet_api::{ContainerRuntime, PlegHealth};
+use kubelet_core::k8s_openapi;
 use kubelet_core::prometheus_client;
-use kubelet_core::runtime::ContainerState;
 use kubelet_core::status_gen::strip_container_id;
-use kubelet_core::{ContainerRuntime, KubeletHandle, PlegHealth, k8s_openapi};
 use tokio::sync::mpsc;
 
 use crate::logs::{LogCursor, LogOptions, QueryError, ReadOptions};
@@ -27,7 +29,7 @@ pub(crate) fn find_pod(
     namespace: &str,
     name: &str,
     uid: Option<&str>,
-) -> Option<kubelet_core::PodWithStatus> {
+) -> Option<kubelet_api::PodWithStatus> {
     ctx.handle
         .statuses()
         .list()
@@ -61,7 +63,7 @@ pub(crate) enum Port {
 
 /// What the handlers read.
 pub(crate) struct Context {
-    pub(crate) handle: KubeletHandle,
+    pub(crate) handle: std::sync::Arc<dyn AgentHandle>,
     pub(crate) runtime: Arc<dyn ContainerRuntime>,
     pub(crate) debugging: bool,
     pub(crate) system_logs: bool,
@@ -179,10 +181,10 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
         "/healthz/ping" | "/healthz/log" | "/healthz/syncloop" | "/healthz/pleg" => {
             healthz(ctx, path.strip_prefix("/healthz/"), query)
         }
-        "/pods" | "/pods/" => pods(&ctx.handle),
-        "/metrics" => metrics(&ctx.handle, None),
+        "/pods" | "/pods/" => pods(ctx.handle.as_ref()),
+        "/metrics" => metrics(ctx.handle.as_ref(), None),
         "/metrics/probes" => metrics(
-            &ctx.handle,
+            ctx.handle.as_ref(),
             Some(&["prober_probe", "process_start_time_seconds"]),
         ),
         "/configz" if port == Port::Main => match &ctx.configz {
@@ -216,7 +218,9 @@ fn healthz(ctx: &Context, only: Option<&str>, query: &str) -> Response<Body> {
         ("log", Ok(())),
         (
             "syncloop",
-            ctx.handle.sync_loop_health(ctx.sync_loop_threshold),
+            ctx.handle
+                .sync_loop_health(ctx.sync_loop_threshold)
+                .map_err(|e| e.to_string()),
         ),
         ("pleg", pleg),
     ];
@@ -274,7 +278,7 @@ struct PodList<'a> {
     items: &'a [Pod],
 }
 
-fn pods(handle: &KubeletHandle) -> Response<Body> {
+fn pods(handle: &dyn AgentHandle) -> Response<Body> {
     let items: Vec<Pod> = handle
         .statuses()
         .list()
@@ -301,7 +305,7 @@ fn pods(handle: &KubeletHandle) -> Response<Body> {
 }
 
 async fn running_pods(ctx: &Context) -> Response<Body> {
-    match kubelet_core::runtime::get_pods(ctx.runtime.as_ref()).await {
+    match kubelet_api::runtime::get_pods(ctx.runtime.as_ref()).await {
         Ok(pods) => {
             let items: Vec<serde_json::Value> = pods
                 .into_iter()
@@ -344,7 +348,7 @@ fn metric_name(line: &str) -> &str {
     rest.split([' ', '{']).next().unwrap_or("")
 }
 
-fn metrics(handle: &KubeletHandle, only: Option<&[&str]>) -> Response<Body> {
+fn metrics(handle: &dyn AgentHandle, only: Option<&[&str]>) -> Response<Body> {
     let mut body = String::new();
     if let Err(e) = prometheus_client::encoding::text::encode(&mut body, &handle.metrics()) {
         return plain(StatusCode::INTERNAL_SERVER_ERROR, format!("{e}\n"));

@@ -1,7 +1,7 @@
 //! `/exec`, `/attach`, `/portForward` and `/run`: the kubelet's streaming endpoints.
 //!
 //! The pod and container are found as for `/containerLogs`. The runtime's
-//! [`StreamingRuntime`](kubelet_core::StreamingRuntime) answers with in-process streams, which
+//! [`StreamingRuntime`](kubelet_api::StreamingRuntime) answers with in-process streams, which
 //! are served here over the client's protocol, or with its streaming server's URL, to which
 //! the upgraded connection is proxied ([`crate::proxy`]). Protocols:
 //! - SPDY/3.1 ([`crate::spdy`]) with `X-Stream-Protocol-Version` `v4.channel.k8s.io`,
@@ -22,12 +22,13 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
-use kubelet_core::runtime::{SandboxFilter, SandboxState, labels};
-use kubelet_core::status_gen::strip_container_id;
-use kubelet_core::{
+use kubelet_api::runtime::{SandboxFilter, SandboxState, labels};
+use kubelet_api::{
     ErrorKind, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
-    TerminalSize, k8s_openapi,
+    TerminalSize,
 };
+use kubelet_core::k8s_openapi;
+use kubelet_core::status_gen::strip_container_id;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::io::ReaderStream;
@@ -173,7 +174,7 @@ fn bad_request(message: impl Into<String>) -> Response<Body> {
 }
 
 /// A runtime error as the kubelet's answer.
-fn runtime_error(e: &kubelet_core::Error) -> Response<Body> {
+fn runtime_error(e: &kubelet_api::Error) -> Response<Body> {
     match e.kind() {
         ErrorKind::NotFound => not_found(e.message().to_string()),
         ErrorKind::Unimplemented => status(
@@ -426,7 +427,7 @@ pub(crate) fn exit_status_json(code: i32, command: &str) -> String {
 /// What the error stream (or channel) carries when a session ends: the Status with `v4`
 /// (and WebSocket `v5`), else a plain message on failure and nothing on success.
 pub(crate) fn error_stream_message(
-    result: &kubelet_core::Result<i32>,
+    result: &kubelet_api::Result<i32>,
     status: bool,
     command: &str,
 ) -> Option<String> {
@@ -609,7 +610,7 @@ async fn forward_resizes(data: &mut mpsc::Receiver<Bytes>, tx: mpsc::Sender<Term
     }
 }
 
-async fn copy_out(r: kubelet_core::StreamReader, w: StreamWriter) {
+async fn copy_out(r: kubelet_api::StreamReader, w: StreamWriter) {
     let mut chunks = ReaderStream::with_capacity(r, 32 * 1024);
     while let Some(Ok(chunk)) = chunks.next().await {
         if w.write(&chunk).await.is_err() {
@@ -845,14 +846,11 @@ mod tests {
 
     #[async_trait::async_trait]
     impl PortDialer for LocalDialer {
-        async fn dial(
-            &self,
-            port: u16,
-        ) -> kubelet_core::Result<Box<dyn kubelet_core::DuplexStream>> {
+        async fn dial(&self, port: u16) -> kubelet_api::Result<Box<dyn kubelet_api::DuplexStream>> {
             tokio::net::TcpStream::connect(("127.0.0.1", port))
                 .await
-                .map(|s| Box::new(s) as Box<dyn kubelet_core::DuplexStream>)
-                .map_err(|e| kubelet_core::Error::unavailable(e.to_string()))
+                .map(|s| Box::new(s) as Box<dyn kubelet_api::DuplexStream>)
+                .map_err(|e| kubelet_api::Error::unavailable(e.to_string()))
         }
     }
 

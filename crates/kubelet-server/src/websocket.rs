@@ -22,7 +22,7 @@ use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use kubelet_core::{ExecSession, PortDialer, StreamOptions};
+use kubelet_api::{ExecSession, PortDialer, StreamOptions};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_tungstenite::WebSocketStream;
@@ -264,7 +264,7 @@ async fn serve_remotecommand(
                 RESIZE => {
                     resize_buf.extend_from_slice(&data);
                     let mut it = serde_json::Deserializer::from_slice(&resize_buf)
-                        .into_iter::<kubelet_core::TerminalSize>();
+                        .into_iter::<kubelet_api::TerminalSize>();
                     let mut used = 0;
                     let mut bad = false;
                     let mut sizes = Vec::new();
@@ -307,7 +307,7 @@ async fn serve_remotecommand(
         }
     });
 
-    let pump = |r: Option<kubelet_core::StreamReader>, channel: u8| {
+    let pump = |r: Option<kubelet_api::StreamReader>, channel: u8| {
         let tx = out_tx.clone();
         tokio::spawn(async move {
             let Some(r) = r else { return };

@@ -13,9 +13,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kubelet_api::{ContainerRuntime, PodSource, SourceSender};
 use kubelet_core::configuration::KubeletConfiguration;
 use kubelet_core::testing::FakeRuntime;
-use kubelet_core::{ContainerRuntime, KubeletBuilder, KubeletConfig, PodSource, SourceSender};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::GenericPleg;
 use kubelet_server::{
     Attributes, AuthError, Authorizer, Decision, KubeletServer, ServerConfig, TokenAuthenticator,

@@ -65,21 +65,24 @@ use std::sync::Arc;
 
 pub use async_trait::async_trait;
 pub use jiff::Timestamp;
+pub use kubelet_api::{
+    AgentPlugin, ContainerRuntime, Error, ErrorKind, NodeConditionReader, PluginContext,
+    PluginState, PluginStatus, PodSource, Result, StatusSink, VolumePlugin,
+};
 pub use kubelet_core::configuration::KubeletConfiguration;
 pub use kubelet_core::k8s_openapi;
 pub use kubelet_core::layer::RuntimeLayer;
 pub use kubelet_core::prometheus_client;
-pub use kubelet_core::{
-    AgentPlugin, ContainerRuntime, Error, ErrorKind, Kubelet, KubeletBuilder, KubeletConfig,
-    KubeletError, KubeletHandle, NodeConditionReader, PluginContext, PluginState, PluginStatus,
-    PodSource, Result, StatusSink, VolumePlugin,
-};
+pub use kubelet_core::{Kubelet, KubeletBuilder, KubeletConfig, KubeletError, KubeletHandle};
 pub use tokio_util::sync::CancellationToken;
 
+/// The seam crate: the traits a runtime, source, sink, volume plugin or agent plugin
+/// implements, and the runtime model.
+pub use kubelet_api as seams;
 /// The API-server integration crate.
 #[cfg(feature = "apiserver")]
 pub use kubelet_apiserver as apiserver;
-/// The engine and vocabulary crate.
+/// The engine crate.
 pub use kubelet_core as core;
 /// The CRI runtime crate.
 #[cfg(feature = "cri")]
@@ -108,10 +111,10 @@ pub mod prelude {
         AgentBuilder, AgentError, AgentPlugin, CancellationToken, ContainerRuntime,
         KubeletConfiguration, KubeletHandle, PluginContext, PodSource, StatusSink, async_trait,
     };
+    /// The runtime model (`runtime::Container`, `runtime::PodSandboxConfig`).
+    pub use kubelet_api::runtime;
     /// The Kubernetes core/v1 API types (`api::Pod`, `api::Container`).
     pub use kubelet_core::k8s_openapi::api::core::v1 as api;
-    /// The runtime model (`runtime::Container`, `runtime::PodSandboxConfig`).
-    pub use kubelet_core::runtime;
     pub use std::sync::Arc;
 }
 
@@ -185,8 +188,8 @@ pub struct AgentBuilder {
     runtime: Option<Arc<dyn ContainerRuntime>>,
     runtime_layers: bool,
     start_stage_limit: usize,
-    pleg: Option<Arc<dyn kubelet_core::PodLifecycleEventGenerator>>,
-    prober: Option<Arc<dyn kubelet_core::ProbeManager>>,
+    pleg: Option<Arc<dyn kubelet_api::PodLifecycleEventGenerator>>,
+    prober: Option<Arc<dyn kubelet_api::ProbeManager>>,
     default_prober: bool,
     probe_errors_as_failures: bool,
     default_eviction: bool,
@@ -274,7 +277,7 @@ impl AgentBuilder {
 
     /// The agent's event recorder, for parts made before the agent (a custom runtime's
     /// warnings).
-    pub fn recorder(&self) -> kubelet_core::EventRecorder {
+    pub fn recorder(&self) -> kubelet_api::EventRecorder {
         self.inner.recorder()
     }
 
@@ -301,13 +304,13 @@ impl AgentBuilder {
     }
 
     /// Use `pleg` instead of the one made from the runtime.
-    pub fn pleg(mut self, pleg: Arc<dyn kubelet_core::PodLifecycleEventGenerator>) -> Self {
+    pub fn pleg(mut self, pleg: Arc<dyn kubelet_api::PodLifecycleEventGenerator>) -> Self {
         self.pleg = Some(pleg);
         self
     }
 
     /// Use `prober` instead of the default one.
-    pub fn prober(mut self, prober: Arc<dyn kubelet_core::ProbeManager>) -> Self {
+    pub fn prober(mut self, prober: Arc<dyn kubelet_api::ProbeManager>) -> Self {
         self.prober = Some(prober);
         self
     }
@@ -574,7 +577,7 @@ impl AgentBuilder {
     }
 }
 
-fn make_prober(errors_as_failures: bool) -> Option<Arc<dyn kubelet_core::ProbeManager>> {
+fn make_prober(errors_as_failures: bool) -> Option<Arc<dyn kubelet_api::ProbeManager>> {
     #[cfg(feature = "probe")]
     {
         let config = kubelet_probe::ProberConfig::default().errors_as_failures(errors_as_failures);

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use kubelet::k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kubelet::{AgentBuilder, ContainerRuntime, KubeletConfiguration};
-use kubelet_core::Result;
+use kubelet_api::Result;
 use kubelet_core::layer::{Call, Intercepted, Interceptor};
 use kubelet_core::testing::{FakeRuntime, WatchSource};
 use tokio_util::sync::CancellationToken;

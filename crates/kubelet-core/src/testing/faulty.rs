@@ -12,9 +12,9 @@ use futures::StreamExt;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::ContainerRuntime;
 use crate::error::{Error, Result};
-use crate::runtime::{
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
     ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
     PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
@@ -35,9 +35,9 @@ use crate::runtime::{
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> kubelet_core::Result<()> {
+/// # async fn main() -> kubelet_api::Result<()> {
 /// use std::sync::Arc;
-/// use kubelet_core::ContainerRuntime;
+/// use kubelet_api::ContainerRuntime;
 /// use kubelet_core::testing::{FakeRuntime, FaultyRuntime};
 ///
 /// let faulty = FaultyRuntime::new(Arc::new(FakeRuntime::new()));
@@ -121,7 +121,7 @@ impl ContainerRuntime for FaultyRuntime {
     fn pulls_images(&self) -> bool {
         self.inner.pulls_images()
     }
-    fn streaming(&self) -> Option<&dyn crate::StreamingRuntime> {
+    fn streaming(&self) -> Option<&dyn kubelet_api::StreamingRuntime> {
         self.inner.streaming()
     }
     async fn version(&self) -> Result<RuntimeVersion> {

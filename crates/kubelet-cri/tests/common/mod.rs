@@ -12,16 +12,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     ContainerConfig, ContainerEvent, ContainerEventKind, ContainerEventStream, ContainerFilter,
     ContainerMetadata, ContainerState, Labels, PodSandboxConfig, PodSandboxMetadata, SandboxFilter,
     labels,
 };
+use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator, PodSource, SourceSender};
 use kubelet_core::testing::RecordingSink;
-use kubelet_core::{
-    ContainerRuntime, KubeletBuilder, KubeletConfig, PodLifecycleEventGenerator, PodSource,
-    SourceSender,
-};
+use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_cri::{CriConfig, CriRuntime};
 use kubelet_pleg::{EventedPleg, GenericPleg, GenericPlegConfig, PlegMode};
 use tokio::sync::watch;
@@ -395,7 +393,7 @@ fn uid_selector(uid: &str) -> BTreeMap<String, String> {
 pub async fn sandboxes_of(
     rt: &dyn ContainerRuntime,
     uid: &str,
-) -> Vec<kubelet_core::runtime::PodSandbox> {
+) -> Vec<kubelet_api::runtime::PodSandbox> {
     rt.list_pod_sandboxes(&SandboxFilter {
         label_selector: uid_selector(uid),
         ..Default::default()
@@ -408,7 +406,7 @@ pub async fn sandboxes_of(
 pub async fn containers_of(
     rt: &dyn ContainerRuntime,
     uid: &str,
-) -> Vec<kubelet_core::runtime::Container> {
+) -> Vec<kubelet_api::runtime::Container> {
     rt.list_containers(&ContainerFilter {
         label_selector: uid_selector(uid),
         ..Default::default()
@@ -424,13 +422,13 @@ pub const WITHIN: Duration = Duration::from_secs(30);
 /// labels.
 pub fn sandbox_config(uid: &str, env: &ContainerdEnv) -> PodSandboxConfig {
     let mut labels = Labels::new();
-    labels.insert(kubelet_core::runtime::labels::POD_UID.into(), uid.into());
+    labels.insert(kubelet_api::runtime::labels::POD_UID.into(), uid.into());
     labels.insert(
-        kubelet_core::runtime::labels::POD_NAME.into(),
+        kubelet_api::runtime::labels::POD_NAME.into(),
         format!("events-{uid}"),
     );
     labels.insert(
-        kubelet_core::runtime::labels::POD_NAMESPACE.into(),
+        kubelet_api::runtime::labels::POD_NAMESPACE.into(),
         "default".into(),
     );
     PodSandboxConfig {
@@ -556,7 +554,7 @@ pub async fn exit_is_reported_early_as_cri_records_it(
     seen: &mut Vec<ContainerEvent>,
     id: &str,
     code: i32,
-) -> kubelet_core::runtime::ContainerStatus {
+) -> kubelet_api::runtime::ContainerStatus {
     let early = rt
         .container_status(id)
         .await

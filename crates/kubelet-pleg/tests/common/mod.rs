@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use kubelet_core::runtime::{
+use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, PodSandboxConfig, PodSandboxMetadata, labels,
 };
 

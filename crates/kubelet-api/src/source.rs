@@ -73,15 +73,16 @@ pub struct SourceSender {
     names: NameIndex,
 }
 
-/// Which source holds each pod full name (`name_namespace`), as of the last merge.
+/// Which source holds each pod full name (`name_namespace`), as of the last merge: written by
+/// the merge, read through [`SourceSender::other_owner`]. Cloning shares the index.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct NameIndex(
+pub struct NameIndex(
     std::sync::Arc<parking_lot::RwLock<std::collections::HashMap<String, String>>>,
 );
 
 impl NameIndex {
     /// `source` now holds exactly `names`.
-    pub(crate) fn set(&self, source: &str, names: Vec<String>) {
+    pub fn set(&self, source: &str, names: Vec<String>) {
         let mut map = self.0.write();
         map.retain(|_, s| s != source);
         for n in names {
@@ -114,7 +115,8 @@ impl SourceSender {
         }
     }
 
-    pub(crate) fn with_names(mut self, names: NameIndex) -> Self {
+    /// The sender reading pod name ownership from `names` (the merge's index).
+    pub fn with_names(mut self, names: NameIndex) -> Self {
         self.names = names;
         self
     }
@@ -158,7 +160,7 @@ impl SourceSender {
 /// Pod configuration: the vocabulary of pod sources ([`PodSource`], [`SourceSender`]) and of the
 /// merged update stream ([`PodUpdate`], [`PodOp`]).
 ///
-/// A source delivers full snapshots of its pods; the merge ([`crate::merge`]) turns per-source
+/// A source delivers full snapshots of its pods; the engine's merge (`kubelet_core::merge`) turns per-source
 /// snapshots into the kubelet's incremental operations and tracks which sources have been seen.
 #[async_trait]
 pub trait PodSource: Send + Sync + 'static {

@@ -39,7 +39,7 @@ impl AdmitResult {
 ///
 /// Admission: every handler sees a pod before it is started; one rejection fails the pod with the
 /// handler's reason and message, as the kubelet's `canAdmitPod`. Eviction: an eviction manager
-/// kills pods through [`KubeletHandle::kill_pod`](crate::KubeletHandle::kill_pod) with
+/// kills pods through [`AgentHandle::kill_pod`](crate::AgentHandle::kill_pod) with
 /// [`KillPodOptions`].
 pub trait PodAdmitHandler: Send + Sync + 'static {
     /// Decide for `pod`, given the pods already admitted and not terminated.

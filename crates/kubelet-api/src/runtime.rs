@@ -587,7 +587,7 @@ pub struct RuntimePod {
 }
 
 /// The runtime-side status of one pod (the kubelet's `kubecontainer.PodStatus`): the input of
-/// [`compute_pod_actions`](crate::actions::compute_pod_actions) and status generation.
+/// the engine's `compute_pod_actions` and status generation.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PodRuntimeStatus {
     /// Pod UID.

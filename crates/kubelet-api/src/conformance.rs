@@ -3,8 +3,8 @@
 //! have `critest`.
 //!
 //! ```no_run
-//! use kubelet_core::testing::conformance::{ConformanceConfig, run_conformance};
-//! # async fn demo(runtime: &dyn kubelet_core::ContainerRuntime) {
+//! use kubelet_api::conformance::{ConformanceConfig, run_conformance};
+//! # async fn demo(runtime: &dyn kubelet_api::ContainerRuntime) {
 //! let dir = tempfile_dir();
 //! let report = run_conformance(runtime, &ConformanceConfig::new("busybox", dir)).await;
 //! report.assert_passed();

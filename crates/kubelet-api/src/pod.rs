@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 
-use crate::config::{annotations, sources};
+use crate::source::{annotations, sources};
 
 /// The pod's UID, empty if unset.
 pub fn uid(pod: &Pod) -> &str {

@@ -1,6 +1,6 @@
 //! The [`ObjectProvider`] seam: where the engine gets the ConfigMaps and Secrets that pods
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -63,7 +63,7 @@ pub trait ObjectProvider: Send + Sync + 'static {
         ))
     }
     /// Every Service of the cluster, for the pods' service environment variables
-    /// ([`crate::services`]); called for every container start, so it must be a cheap read
+    /// (the engine's `services` module); called for every container start, so it must be a cheap read
     /// (a watch cache). `Ok(None)`, the default: this provider knows no Services (no variables,
     /// as a kubelet without an API server). An error (the cache has not been filled yet) fails
     /// the start of an API pod with `CreateContainerConfigError`, retried; static pods start
@@ -131,8 +131,9 @@ impl ReferencedObjects {
     }
 }
 
-/// ConfigMap and Secret names container `c`'s environment references.
-fn container_refs(c: &Container) -> (Vec<String>, Vec<String>) {
+/// ConfigMap and Secret names container `c`'s environment references (`envFrom` and
+/// `valueFrom`), in the order of the spec, with duplicates.
+pub fn container_refs(c: &Container) -> (Vec<String>, Vec<String>) {
     let mut cms = Vec::new();
     let mut secrets = Vec::new();
     for from in c.env_from.iter().flatten() {
@@ -155,9 +156,8 @@ fn container_refs(c: &Container) -> (Vec<String>, Vec<String>) {
     (cms, secrets)
 }
 
-/// The outcome of looking one object up.
+/// The outcome of looking one object up (a closed set: exists, does not, or failed).
 #[derive(Debug, Clone, PartialEq)]
-#[non_exhaustive]
 pub enum Lookup<T> {
     /// The object exists.
     Found(T),
@@ -165,144 +165,6 @@ pub enum Lookup<T> {
     NotFound,
     /// The provider failed; the message is reported as the container's config error.
     Failed(String),
-}
-
-/// The ConfigMaps and Secrets one container's environment references, fetched before its
-/// config is generated (config generation itself is synchronous).
-///
-/// `EnvObjects::default()` stands for "no provider configured": every reference then fails
-/// with the kubelet's "no kubeClient defined" error.
-#[derive(Debug, Clone)]
-pub struct EnvObjects {
-    provider_configured: bool,
-    config_maps: HashMap<String, Lookup<ConfigMap>>,
-    secrets: HashMap<String, Lookup<Secret>>,
-    service_env: Result<BTreeMap<String, String>, String>,
-}
-
-impl Default for EnvObjects {
-    fn default() -> Self {
-        Self {
-            provider_configured: false,
-            config_maps: HashMap::new(),
-            secrets: HashMap::new(),
-            service_env: Ok(BTreeMap::new()),
-        }
-    }
-}
-
-impl EnvObjects {
-    /// Fetch every object `c` of `pod` references from `provider`, each once, and the service
-    /// environment variables of the pod's namespace.
-    pub async fn fetch(provider: &dyn ObjectProvider, pod: &Pod, c: &Container) -> Self {
-        let namespace = pod::namespace(pod);
-        let (cms, secrets) = container_refs(c);
-        let links = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.enable_service_links)
-            .unwrap_or(true);
-        let service_env = match provider.services() {
-            Ok(Some(all)) => Ok(crate::services::service_env(&all, namespace, links)),
-            Ok(None) => Ok(BTreeMap::new()),
-            // A static pod does not wait for the API server (it may be the API server): it
-            // starts without service variables, as the kubelet's.
-            Err(_) if pod::is_static(pod) => Ok(BTreeMap::new()),
-            Err(e) => Err(e.to_string()),
-        };
-        let mut out = Self {
-            provider_configured: true,
-            service_env,
-            ..Self::default()
-        };
-        for name in cms {
-            if out.config_maps.contains_key(&name) {
-                continue;
-            }
-            let l = match provider.config_map(namespace, &name).await {
-                Ok(Some(o)) => Lookup::Found(o),
-                Ok(None) => Lookup::NotFound,
-                Err(e) => Lookup::Failed(e.to_string()),
-            };
-            out.config_maps.insert(name, l);
-        }
-        for name in secrets {
-            if out.secrets.contains_key(&name) {
-                continue;
-            }
-            let l = match provider.secret(namespace, &name).await {
-                Ok(Some(o)) => Lookup::Found(o),
-                Ok(None) => Lookup::NotFound,
-                Err(e) => Lookup::Failed(e.to_string()),
-            };
-            out.secrets.insert(name, l);
-        }
-        out
-    }
-
-    /// Objects given directly (for tests and callers that fetched them already): names absent
-    /// from the maps are not found.
-    pub fn from_objects(
-        config_maps: impl IntoIterator<Item = ConfigMap>,
-        secrets: impl IntoIterator<Item = Secret>,
-    ) -> Self {
-        Self {
-            provider_configured: true,
-            config_maps: config_maps
-                .into_iter()
-                .map(|o| {
-                    (
-                        o.metadata.name.clone().unwrap_or_default(),
-                        Lookup::Found(o),
-                    )
-                })
-                .collect(),
-            secrets: secrets
-                .into_iter()
-                .map(|o| {
-                    (
-                        o.metadata.name.clone().unwrap_or_default(),
-                        Lookup::Found(o),
-                    )
-                })
-                .collect(),
-            service_env: Ok(BTreeMap::new()),
-        }
-    }
-
-    /// The service environment variables, or why they could not be made.
-    pub fn service_env(&self) -> Result<&BTreeMap<String, String>, &str> {
-        self.service_env.as_ref().map_err(String::as_str)
-    }
-
-    /// Objects given directly with these service variables (for tests).
-    pub fn with_service_env(mut self, env: BTreeMap<String, String>) -> Self {
-        self.service_env = Ok(env);
-        self
-    }
-
-    /// True when a provider was configured.
-    pub fn provider_configured(&self) -> bool {
-        self.provider_configured
-    }
-
-    /// The lookup of ConfigMap `name`.
-    pub fn config_map(&self, name: &str) -> Lookup<&ConfigMap> {
-        lookup(&self.config_maps, name)
-    }
-
-    /// The lookup of Secret `name`.
-    pub fn secret(&self, name: &str) -> Lookup<&Secret> {
-        lookup(&self.secrets, name)
-    }
-}
-
-fn lookup<'a, T>(map: &'a HashMap<String, Lookup<T>>, name: &str) -> Lookup<&'a T> {
-    match map.get(name) {
-        Some(Lookup::Found(o)) => Lookup::Found(o),
-        Some(Lookup::Failed(m)) => Lookup::Failed(m.clone()),
-        Some(Lookup::NotFound) | None => Lookup::NotFound,
-    }
 }
 
 /// An in-memory [`ObjectProvider`]: objects set by the host (a standalone agent with
@@ -389,53 +251,6 @@ mod tests {
         ConfigMapEnvSource, ConfigMapVolumeSource, EnvFromSource, EnvVar, EnvVarSource,
         LocalObjectReference, PodSpec, SecretKeySelector, SecretVolumeSource, Volume,
     };
-
-    /// A provider whose Service list has not arrived yet.
-    struct Unsynced;
-
-    #[async_trait]
-    impl ObjectProvider for Unsynced {
-        async fn config_map(&self, _: &str, _: &str) -> Result<Option<ConfigMap>> {
-            Ok(None)
-        }
-        async fn secret(&self, _: &str, _: &str) -> Result<Option<Secret>> {
-            Ok(None)
-        }
-        fn services(&self) -> Result<Option<Vec<std::sync::Arc<Service>>>> {
-            Err(crate::Error::new(
-                crate::ErrorKind::Unavailable,
-                "services have not yet been read at least once, cannot construct envvars",
-            ))
-        }
-    }
-
-    #[tokio::test]
-    async fn api_pods_wait_for_the_service_list_and_static_pods_do_not() {
-        let c = Container::default();
-        let mut api = Pod::default();
-        api.metadata.annotations = Some(
-            [(
-                crate::config::annotations::CONFIG_SOURCE.to_string(),
-                "api".to_string(),
-            )]
-            .into(),
-        );
-        let e = EnvObjects::fetch(&Unsynced, &api, &c).await;
-        assert!(
-            e.service_env()
-                .is_err_and(|m| m.contains("have not yet been read"))
-        );
-        let mut file = Pod::default();
-        file.metadata.annotations = Some(
-            [(
-                crate::config::annotations::CONFIG_SOURCE.to_string(),
-                "file".to_string(),
-            )]
-            .into(),
-        );
-        let e = EnvObjects::fetch(&Unsynced, &file, &c).await;
-        assert!(e.service_env().is_ok_and(|m| m.is_empty()));
-    }
 
     #[test]
     fn referenced_objects_cover_volumes_env_and_pull_secrets() {

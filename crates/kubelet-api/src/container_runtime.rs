@@ -20,7 +20,7 @@ use crate::runtime::{
 ///
 /// # The contract the engine relies on
 ///
-/// `kubelet_core::testing::conformance` (feature `testing`) checks all of it
+/// `kubelet_api::conformance` (feature `testing`) checks all of it
 /// against a runtime in one call; `examples/custom_runtime.rs` is a toy runtime that passes it.
 ///
 /// * **Identity is in the labels.** The engine keeps no state of its own: it rebuilds pods from
@@ -169,7 +169,7 @@ pub trait ContainerRuntime: Send + Sync + 'static {
 
     /// Register the runtime's own metrics (the CRI runtime's `kubelet_runtime_operations_*`)
     /// in the agent's registry; called once by
-    /// [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers nothing.
+    /// the engine's `KubeletBuilder::build`. The default registers nothing.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let _ = registry;
     }

@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::ContainerRuntime;
-use crate::status_manager::StatusReader;
+use crate::status::StatusReader;
 
 /// Probe kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,7 +86,7 @@ pub trait ProbeManager: Send + Sync + 'static {
     /// Run the probe workers until `shutdown` is cancelled.
     async fn run(&self, ctx: ProbeContext, shutdown: CancellationToken);
     /// Register the prober's metrics (`prober_probe_total`, …) in the agent's registry; called
-    /// once by [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers
+    /// once by the engine's `KubeletBuilder::build`. The default registers
     /// nothing.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let _ = registry;

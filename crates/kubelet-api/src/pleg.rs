@@ -69,7 +69,7 @@ pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
     }
 
     /// Register the PLEG's metrics (`kubelet_pleg_*`) in the agent's registry; called once by
-    /// [`KubeletBuilder::build`](crate::KubeletBuilder::build). The default registers nothing.
+    /// the engine's `KubeletBuilder::build`. The default registers nothing.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let _ = registry;
     }

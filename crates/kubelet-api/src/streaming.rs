@@ -18,7 +18,7 @@
 //!
 //! ```no_run
 //! use std::process::Stdio;
-//! use kubelet_core::{
+//! use kubelet_api::{
 //!     Error, ExecSession, PortForwardEndpoint, Result, StreamEndpoint, StreamOptions,
 //!     StreamingRuntime,
 //! };

@@ -1,0 +1,320 @@
+//! The agent plugin seam: one way for a subsystem to plug into the agent, and
+//! [`AgentHandle`], what a plugin may ask of the running agent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use k8s_openapi::api::core::v1::NodeCondition;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::ContainerRuntime;
+use crate::admission::{KillPodOptions, PodAdmitHandler};
+use crate::event::EventRecorder;
+use crate::objects::ObjectProvider;
+use crate::pleg::PlegHealth;
+use crate::sink::StatusSink;
+use crate::source::PodSource;
+use crate::status::StatusReader;
+
+/// How long plugins' loops get to return after the agent's shutdown before they are dropped.
+pub const PLUGIN_STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// A subsystem plugged into the agent. See the documentation below for when each method is
+/// called, the start order and the failure policy.
+///
+/// ```
+/// use kubelet_api::{AgentPlugin, PluginContext};
+/// use tokio_util::sync::CancellationToken;
+///
+/// /// Logs how many pods the agent reports, once a minute.
+/// struct PodCounter;
+///
+/// #[async_trait::async_trait]
+/// impl AgentPlugin for PodCounter {
+///     fn name(&self) -> &str { "pod-counter" }
+///     async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> kubelet_api::Result<()> {
+///         loop {
+///             tokio::select! {
+///                 _ = shutdown.cancelled() => return Ok(()),
+///                 _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => {
+///                     tracing::info!(pods = ctx.handle().statuses().list().len(), "pods");
+///                 }
+///             }
+///         }
+///     }
+/// }
+/// ```
+///
+/// The agent plugin seam: one way for a subsystem to plug into the agent.
+///
+/// A subsystem that needs the agent (its pod and status readers, the runtime, the event
+/// recorder, the metrics registry, the node name) implements [`AgentPlugin`] and is registered
+/// with the engine's builder (`KubeletBuilder::plugin` in `kubelet-core`). Every method has a default,
+/// so a plugin implements only what it offers:
+///
+/// * at the engine's `build`, in registration order: its
+///   [pod sources](AgentPlugin::pod_sources), [status sinks](AgentPlugin::status_sinks),
+///   [object provider](AgentPlugin::object_provider), [admit handlers](AgentPlugin::admit_handlers)
+///   and [metrics](AgentPlugin::register_metrics) are collected;
+/// * while the agent runs: its [node conditions](AgentPlugin::node_conditions) are read by
+///   whoever writes the node status (through [`PluginContext::node_conditions`]), and its
+///   [`run`](AgentPlugin::run) loop is driven by the engine's `Kubelet::run` with the
+///   agent's shutdown.
+///
+/// **Start order** of the engine's `Kubelet::run`: the pod config merge and the
+/// sources, the PLEG, the status manager, the prober, then the plugins' `run` loops in
+/// registration order, then the sync loop. Plugins therefore see a live
+/// [`AgentHandle`] from their first poll, while pods may not have been
+/// synced yet. At shutdown the sync loop stops first; the plugins' loops then get
+/// [`PLUGIN_STOP_GRACE`] to return after their shutdown token is cancelled, and are dropped
+/// after it.
+///
+/// **Failure policy.** A plugin whose `run` returns an error, or panics, is reported with its
+/// name (an `error` log line and a `PluginFailed` warning event on the node) and stays stopped;
+/// the agent, its pods and the other plugins go on. Its admit handlers and node conditions stay
+/// in place with their last state. [`AgentHandle::plugins`]
+/// tells each plugin's [`PluginState`].
+#[async_trait]
+pub trait AgentPlugin: Send + Sync + 'static {
+    /// The plugin's name, used in logs, events and [`PluginStatus`]. Unique per agent.
+    fn name(&self) -> &str;
+
+    /// Pod sources the plugin adds (the API server's pods). Called once, at build.
+    fn pod_sources(&self) -> Vec<Arc<dyn PodSource>> {
+        Vec::new()
+    }
+
+    /// Status sinks the plugin adds (the API server's pod status writer). Called once, at build.
+    fn status_sinks(&self) -> Vec<Arc<dyn StatusSink>> {
+        Vec::new()
+    }
+
+    /// Where ConfigMaps and Secrets come from, if the plugin provides them. Called once, at
+    /// build; one provider per agent (a second one is a build error).
+    fn object_provider(&self) -> Option<Arc<dyn ObjectProvider>> {
+        None
+    }
+
+    /// Admission handlers the plugin adds. Called once, at build.
+    fn admit_handlers(&self) -> Vec<Arc<dyn PodAdmitHandler>> {
+        Vec::new()
+    }
+
+    /// Register the plugin's metrics in the agent's registry. Called once, at build.
+    fn register_metrics(&self, registry: &mut Registry) {
+        let _ = registry;
+    }
+
+    /// The node conditions the plugin reports now (`MemoryPressure`, …). Called whenever a node
+    /// status is computed; must be cheap and must not block.
+    fn node_conditions(&self) -> Vec<NodeCondition> {
+        Vec::new()
+    }
+
+    /// The plugin's long-running loop, driven by the engine's `Kubelet::run` until
+    /// `shutdown` is cancelled. The default waits for the shutdown. An error is reported with
+    /// the plugin's name and the plugin stays stopped (see the failure policy).
+    async fn run(&self, ctx: PluginContext, shutdown: CancellationToken) -> crate::Result<()> {
+        let _ = ctx;
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+fn _assert_plugin_dyn(_: &dyn AgentPlugin) {}
+
+/// What a plugin needs of the running agent, implemented by the engine (`KubeletHandle` of
+/// `kubelet-core`): pod statuses, health, plugin states, and the two pod operations a
+/// subsystem may ask for (a sync, a kill). Cheap to clone behind its `Arc`.
+#[async_trait]
+pub trait AgentHandle: Send + Sync + 'static {
+    /// Pod statuses as the agent last generated them.
+    fn statuses(&self) -> StatusReader;
+
+    /// Health of the PLEG ("PLEG is not healthy" makes a node NotReady).
+    fn pleg_health(&self) -> PlegHealth;
+
+    /// Health of the sync loop (the kubelet's `SyncLoopHealthCheck`): an error when the loop
+    /// entered its last iteration longer ago than `threshold` (the kubelet uses
+    /// max(2 × `syncFrequency`, 5 min)); healthy before the loop first runs.
+    fn sync_loop_health(&self, threshold: Duration) -> Result<(), SyncLoopStalled>;
+
+    /// Each plugin's name and state, in registration order.
+    fn plugins(&self) -> Vec<PluginStatus>;
+
+    /// The agent's metrics registry (everything registered at build), for a `/metrics`
+    /// endpoint.
+    fn metrics(&self) -> Arc<Registry>;
+
+    /// Ask for a sync of pod `uid` soon, as if its worker had been woken by a runtime event:
+    /// its volumes are set up again (a changed ConfigMap reaches its files) and its containers
+    /// checked. Never blocks; an unknown or finished pod is ignored, and requests made before
+    /// the loop drains them are merged.
+    fn sync_pod(&self, uid: &str);
+
+    /// Kill pod `uid` with `options` (the eviction path); returns once the pod has terminated.
+    async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning>;
+}
+
+fn _assert_handle_dyn(_: &dyn AgentHandle) {}
+
+/// The agent is not running (never started or already stopped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the kubelet is not running")]
+pub struct NotRunning;
+
+/// The sync loop has not started an iteration for longer than the health threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("sync Loop took longer than expected")]
+pub struct SyncLoopStalled {
+    /// How long ago the loop entered its last iteration.
+    pub since: Duration,
+    /// The threshold it exceeded.
+    pub threshold: Duration,
+}
+
+/// Where the agent keeps its files: `--root-dir` and the pod log directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgentDirs {
+    /// `--root-dir`: pod directories live under `<root_dir>/pods/<uid>`.
+    pub root_dir: std::path::PathBuf,
+    /// `podLogsDir`: container logs live under `<pod_log_dir>/<ns>_<name>_<uid>/`.
+    pub pod_log_dir: std::path::PathBuf,
+}
+
+/// What a plugin's [`run`](AgentPlugin::run) gets from the agent. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginContext {
+    node_name: String,
+    dirs: AgentDirs,
+    runtime: Arc<dyn ContainerRuntime>,
+    recorder: EventRecorder,
+    handle: Arc<dyn AgentHandle>,
+    conditions: NodeConditionReader,
+    metrics: Arc<Registry>,
+}
+
+impl std::fmt::Debug for PluginContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginContext")
+            .field("node_name", &self.node_name)
+            .field("dirs", &self.dirs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginContext {
+    /// A context, as the engine makes one for each plugin (or a host that drives a plugin
+    /// without the engine).
+    pub fn new(
+        node_name: impl Into<String>,
+        dirs: AgentDirs,
+        runtime: Arc<dyn ContainerRuntime>,
+        recorder: EventRecorder,
+        handle: Arc<dyn AgentHandle>,
+        conditions: NodeConditionReader,
+        metrics: Arc<Registry>,
+    ) -> Self {
+        Self {
+            node_name: node_name.into(),
+            dirs,
+            runtime,
+            recorder,
+            handle,
+            conditions,
+            metrics,
+        }
+    }
+
+    /// The node's name.
+    pub fn node_name(&self) -> &str {
+        &self.node_name
+    }
+
+    /// The agent's root and pod log directories.
+    pub fn dirs(&self) -> &AgentDirs {
+        &self.dirs
+    }
+
+    /// The container runtime, as the engine uses it (with its layers).
+    pub fn runtime(&self) -> Arc<dyn ContainerRuntime> {
+        self.runtime.clone()
+    }
+
+    /// The agent's event recorder.
+    pub fn recorder(&self) -> EventRecorder {
+        self.recorder.clone()
+    }
+
+    /// The agent's handle: pod statuses, PLEG health, syncing and killing pods.
+    pub fn handle(&self) -> Arc<dyn AgentHandle> {
+        self.handle.clone()
+    }
+
+    /// The node conditions of every plugin, for a node status writer.
+    pub fn node_conditions(&self) -> NodeConditionReader {
+        self.conditions.clone()
+    }
+
+    /// The agent's metrics registry, with every metric registered at build (for a `/metrics`
+    /// endpoint).
+    pub fn metrics(&self) -> Arc<Registry> {
+        self.metrics.clone()
+    }
+}
+
+/// Reads the node conditions of every plugin of an agent, in registration order.
+#[derive(Clone, Default)]
+pub struct NodeConditionReader {
+    plugins: Arc<[Arc<dyn AgentPlugin>]>,
+}
+
+impl std::fmt::Debug for NodeConditionReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NodeConditionReader")
+            .field("plugins", &self.plugins.len())
+            .finish()
+    }
+}
+
+impl NodeConditionReader {
+    /// A reader of `plugins`' conditions.
+    pub fn new(plugins: Arc<[Arc<dyn AgentPlugin>]>) -> Self {
+        Self { plugins }
+    }
+
+    /// The conditions every plugin reports now.
+    pub fn conditions(&self) -> Vec<NodeCondition> {
+        self.plugins
+            .iter()
+            .flat_map(|p| p.node_conditions())
+            .collect()
+    }
+}
+
+/// Where a plugin's loop is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum PluginState {
+    /// Registered; the agent has not started it yet.
+    Registered,
+    /// Its loop is running.
+    Running,
+    /// Its loop returned `Ok` (normally at shutdown).
+    Stopped,
+    /// Its loop returned an error (the message).
+    Failed(String),
+    /// Its loop panicked (the panic message).
+    Panicked(String),
+}
+
+/// One plugin's name and state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginStatus {
+    /// The plugin's name.
+    pub name: String,
+    /// Its state.
+    pub state: PluginState,
+}

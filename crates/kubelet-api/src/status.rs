@@ -1,0 +1,82 @@
+//! Pod statuses as the agent last generated them: [`StatusReader`] for probers, servers and
+//! plugins, [`StatusWriter`] for the engine.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use parking_lot::RwLock;
+
+use crate::pod as podutil;
+
+/// A pod and the status the agent last generated for it.
+#[derive(Debug, Clone)]
+pub struct PodWithStatus {
+    /// The pod as its source delivered it.
+    pub pod: Arc<Pod>,
+    /// The latest generated status.
+    pub status: Arc<PodStatus>,
+}
+
+/// Cloneable reader of the status manager's cache (used by probers, the read-only port, and
+/// embedders). Reads never block the engine for more than a map lookup.
+#[derive(Debug, Clone, Default)]
+pub struct StatusReader {
+    inner: Arc<RwLock<HashMap<String, PodWithStatus>>>,
+}
+
+impl StatusReader {
+    /// Status of pod `uid`, if the agent has generated one.
+    pub fn get(&self, uid: &str) -> Option<PodWithStatus> {
+        self.inner.read().get(uid).cloned()
+    }
+
+    /// Every pod with its status, sorted by namespace and name.
+    pub fn list(&self) -> Vec<PodWithStatus> {
+        let mut v: Vec<PodWithStatus> = self.inner.read().values().cloned().collect();
+        v.sort_by(|a, b| {
+            (
+                a.pod.metadata.namespace.as_deref(),
+                a.pod.metadata.name.as_deref(),
+            )
+                .cmp(&(
+                    b.pod.metadata.namespace.as_deref(),
+                    b.pod.metadata.name.as_deref(),
+                ))
+        });
+        v
+    }
+}
+
+/// The writing side of a [`StatusReader`], held by whoever generates statuses (the engine's
+/// status manager).
+#[derive(Debug, Default)]
+pub struct StatusWriter {
+    reader: StatusReader,
+}
+
+impl StatusWriter {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A reader of this store.
+    pub fn reader(&self) -> StatusReader {
+        self.reader.clone()
+    }
+
+    /// Set the status of `pod` (keyed by its UID).
+    pub fn put(&self, pod: Arc<Pod>, status: Arc<PodStatus>) {
+        let uid = podutil::uid(&pod).to_string();
+        self.reader
+            .inner
+            .write()
+            .insert(uid, PodWithStatus { pod, status });
+    }
+
+    /// Forget pod `uid`.
+    pub fn remove(&self, uid: &str) {
+        self.reader.inner.write().remove(uid);
+    }
+}
