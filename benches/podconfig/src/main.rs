@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kubelet_podconfig::{EventRecorder, PodStorage, SourceSnapshot};
+use kubelet_api::{EventRecorder, SourceSnapshot};
+use kubelet_core::merge::PodStorage;
 
 /// Counts allocations and allocated bytes.
 struct Counting;

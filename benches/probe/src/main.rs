@@ -32,9 +32,10 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
 use kubelet_api::{ContainerRuntime, EventRecorder, ProbeType};
+use kubelet_core::http::{HttpGetSpec, Scheme};
 use kubelet_probe::{
-    ContainerObservation, HttpGetSpec, Observation, Outcome, ProbeHandler, ProbeRegistration,
-    ProbeSpec, ProbeTargets, ProbeTiming, Prober, ProberConfig, Scheme, StaticTargets,
+    ContainerObservation, Observation, Outcome, ProbeHandler, ProbeRegistration, ProbeSpec,
+    ProbeTargets, ProbeTiming, Prober, ProberConfig, StaticTargets,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

@@ -487,8 +487,7 @@ fn split_flag(
     Ok(out)
 }
 
-/// Parse a Go duration (`300ms`, `1m30s`, `1.5h`, `0`). Returns (negative, magnitude).
-pub use kubelet_core::duration::parse_go as parse_go_duration;
+use kubelet_core::duration::parse_go as parse_go_duration;
 
 /// Print a quantity as Kubernetes' canonical form does (`resource.Quantity.String`).
 pub fn format_quantity(value: i64, format: QuantityFormat) -> String {

@@ -18,9 +18,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::diff::{PodRecords, compute_pod_events, view_of_status};
 use crate::error::PlegError;
-use crate::format_go_duration;
 use crate::generic::{GenericPlegConfig, RelistReport};
 use crate::metrics::{FailureLabels, PlegMetrics};
+use kubelet_core::duration::format_go as format_go_duration;
 
 /// Why a pod is inspected.
 #[derive(Debug)]

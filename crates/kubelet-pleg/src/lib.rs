@@ -63,10 +63,5 @@ pub use generic::{
     GENERIC_PLEG_RELIST_PERIOD, GENERIC_PLEG_RELIST_THRESHOLD, GenericPleg, GenericPlegConfig,
     RelistReport,
 };
-pub use kubelet_api::PLEG_CHANNEL_CAPACITY;
 pub use metrics::PlegMetrics;
 pub use select::{PlegKind, new_pleg};
-
-/// Format a duration the way Go's `time.Duration.String` does (`3m0s`), so health messages read
-/// like the kubelet's.
-pub use kubelet_core::duration::format_go as format_go_duration;

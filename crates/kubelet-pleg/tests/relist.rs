@@ -427,7 +427,7 @@ async fn a_full_channel_drops_and_counts_events() {
         pod(&rt, &format!("u{i:03}"), true).await;
     }
     let report = pleg.relist().await.expect("relist");
-    assert_eq!(report.events_sent, kubelet_pleg::PLEG_CHANNEL_CAPACITY);
+    assert_eq!(report.events_sent, kubelet_api::PLEG_CHANNEL_CAPACITY);
     assert_eq!(report.events_discarded, 20);
     assert_eq!(pleg.discarded_events(), 20);
     assert_eq!(drain(&mut rx).len(), 1000);

@@ -11,7 +11,9 @@
 
 use std::sync::Arc;
 
-use kubelet_podconfig::{EventRecorder, FileSource, HttpSource, HttpSourceConfig, PodConfig};
+use kubelet_api::EventRecorder;
+use kubelet_core::merge::PodConfig;
+use kubelet_podconfig::{FileSource, HttpSource, HttpSourceConfig};
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]

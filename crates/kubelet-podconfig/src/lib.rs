@@ -18,7 +18,9 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use kubelet_podconfig::{EventRecorder, FileSource, PodConfig};
+//! use kubelet_api::EventRecorder;
+//! use kubelet_core::merge::PodConfig;
+//! use kubelet_podconfig::FileSource;
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -50,11 +52,6 @@ pub mod validation;
 pub use error::PodConfigError;
 pub use file::{FileSource, FileSourceConfig};
 pub use http::{HttpSource, HttpSourceConfig};
-pub use kubelet_api::{Event, EventRecorder, EventType, InvolvedObject};
-pub use kubelet_api::{
-    PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot, annotations, sources,
-};
-pub use kubelet_core::merge::{PodConfig, PodStorage, SourcesSeen};
 pub use manifest::{
     MAX_MANIFEST_SIZE, ManifestOrigin, apply_defaults, apply_defaults_with, decode_pod,
     decode_pods, load_manifest, load_pods,

@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use kubelet_podconfig::{
-    Event, EventRecorder, EventType, FileSource, FileSourceConfig, PodConfig, PodOp, PodUpdate,
-    annotations,
-};
+use kubelet_api::{Event, EventRecorder, EventType, PodOp, PodUpdate, annotations};
+use kubelet_core::merge::PodConfig;
+use kubelet_podconfig::{FileSource, FileSourceConfig};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use kubelet_podconfig::{
-    Event, EventRecorder, HttpSource, HttpSourceConfig, PodConfig, PodOp, PodUpdate,
-};
+use kubelet_api::{Event, EventRecorder, PodOp, PodUpdate};
+use kubelet_core::merge::PodConfig;
+use kubelet_podconfig::{HttpSource, HttpSourceConfig};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;

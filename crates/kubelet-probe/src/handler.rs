@@ -10,7 +10,7 @@ use std::time::Duration;
 use http::header::HeaderValue;
 use kubelet_core::http::{HttpClient, HttpError, host_port};
 
-use crate::spec::HttpGetSpec;
+use kubelet_core::http::HttpGetSpec;
 
 /// Response bodies and exec output are read up to this many bytes (`maxRespBodyLength`).
 pub const MAX_BODY: usize = kubelet_core::http::DEFAULT_MAX_BODY;

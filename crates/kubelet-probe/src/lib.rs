@@ -86,7 +86,7 @@ pub use handler::Outcome;
 pub use prober::{
     DEFAULT_USER_AGENT, ProbeRegistration, Prober, ProberConfig, ProberStats, probe_type_name,
 };
-pub use spec::{HttpGetSpec, ProbeHandler, ProbeSpec, ProbeTiming, Scheme};
+pub use spec::{ProbeHandler, ProbeSpec, ProbeTiming};
 pub use targets::{
     ContainerObservation, ExecFailure, Observation, ProbeTargets, StaticTargets, StatusTargets,
 };

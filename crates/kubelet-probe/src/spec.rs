@@ -56,7 +56,7 @@ impl ProbeTiming {
     }
 }
 
-pub use kubelet_core::http::{HttpGetSpec, Scheme};
+use kubelet_core::http::HttpGetSpec;
 
 /// What a probe does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,6 +290,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         ContainerPort, ExecAction, GRPCAction, HTTPGetAction, HTTPHeader, TCPSocketAction,
     };
+    use kubelet_core::http::Scheme;
 
     fn container() -> Container {
         Container {

@@ -7,7 +7,8 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kubelet_probe::{HttpGetSpec, Outcome, ProbeHandler, Prober, Scheme, StaticTargets};
+use kubelet_core::http::{HttpGetSpec, Scheme};
+use kubelet_probe::{Outcome, ProbeHandler, Prober, StaticTargets};
 
 const T: Duration = Duration::from_secs(5);
 

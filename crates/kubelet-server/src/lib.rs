@@ -89,7 +89,7 @@ pub use auth::{
     AlwaysAllow, AlwaysDeny, Attributes, AuthError, Authorizer, Decision, TokenAuthenticator,
     UserInfo,
 };
-pub use kubelet_core::listener::{self, AcceptorConfig};
+use kubelet_core::listener::{self, AcceptorConfig};
 pub use routes::Body;
 
 /// The TLS settings of the kubelet API port.
