@@ -23,7 +23,7 @@ if ! cargo semver-checks --version >/dev/null 2>&1; then
     cargo install --locked cargo-semver-checks >&2
 fi
 
-libs=(${SEMVER_CRATES:-kubelet-api kubelet-core kubelet-podconfig kubelet-pleg kubelet-process kubelet-probe kubelet-cri
+libs=(${SEMVER_CRATES:-kubelet-api kubelet-net kubelet-core kubelet-podconfig kubelet-pleg kubelet-process kubelet-probe kubelet-cri
     kubelet-eviction kubelet-apiserver kubelet-server kubelet})
 
 # The rustdoc JSON of both sides is made here rather than by cargo-semver-checks: it builds a

@@ -176,7 +176,7 @@ fn default_agent() -> PathBuf {
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
 async fn connect_api(port: u16) -> anyhow::Result<Sender> {
-    let tls = match kubelet_core::http::insecure_tls_config() {
+    let tls = match kubelet_net::http::insecure_tls_config() {
         Ok(c) => tokio_rustls::TlsConnector::from(Arc::new(c)),
         Err(e) => bail!("client TLS configuration: {e}"),
     };

@@ -32,7 +32,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
 use kubelet_api::{ContainerRuntime, EventRecorder, ProbeType};
-use kubelet_core::http::{HttpGetSpec, Scheme};
+use kubelet_net::http::{HttpGetSpec, Scheme};
 use kubelet_probe::{
     ContainerObservation, Observation, Outcome, ProbeHandler, ProbeRegistration, ProbeSpec,
     ProbeTargets, ProbeTiming, Prober, ProberConfig, StaticTargets,

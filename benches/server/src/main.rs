@@ -188,7 +188,7 @@ mod serve {
 }
 
 fn connector() -> tokio_rustls::TlsConnector {
-    match kubelet_core::http::insecure_tls_config() {
+    match kubelet_net::http::insecure_tls_config() {
         Ok(c) => tokio_rustls::TlsConnector::from(Arc::new(c)),
         Err(e) => panic!("client TLS configuration: {e}"),
     }

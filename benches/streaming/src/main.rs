@@ -75,7 +75,7 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 /// A TLS connection to the kubelet API, upgraded to SPDY for `path`.
 async fn upgrade(port: u16, path: &str, protocol: &str) -> anyhow::Result<Box<dyn Io>> {
     let tls = tokio_rustls::TlsConnector::from(Arc::new(
-        kubelet_core::http::insecure_tls_config().context("TLS client")?,
+        kubelet_net::http::insecure_tls_config().context("TLS client")?,
     ));
     let tcp = TcpStream::connect(("127.0.0.1", port)).await?;
     tcp.set_nodelay(true)?;

@@ -66,6 +66,37 @@ pub fn restart_policy(pod: &Pod) -> RestartPolicy {
     }
 }
 
+/// A container's image pull policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PullPolicy {
+    /// Pull on every start.
+    Always,
+    /// Pull when the image is not present.
+    IfNotPresent,
+    /// Never pull; a missing image is an error.
+    Never,
+}
+
+/// Container `c`'s pull policy: the one it sets, else the API's default (`Always` for an image
+/// without a tag or tagged `:latest`, `IfNotPresent` for another tag or a digest). An unknown
+/// value (which the API rejects) is `Always`.
+pub fn pull_policy(c: &Container) -> PullPolicy {
+    match c.image_pull_policy.as_deref() {
+        Some("Never") => PullPolicy::Never,
+        Some("IfNotPresent") => PullPolicy::IfNotPresent,
+        Some(_) => PullPolicy::Always,
+        None => {
+            let image = c.image.as_deref().unwrap_or("");
+            let last = image.rsplit('/').next().unwrap_or("");
+            if image.contains('@') || (last.contains(':') && !last.ends_with(":latest")) {
+                PullPolicy::IfNotPresent
+            } else {
+                PullPolicy::Always
+            }
+        }
+    }
+}
+
 /// An init container with `restartPolicy: Always` is a sidecar.
 pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")
@@ -163,6 +194,43 @@ pub fn has_privileged_container(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pull_policy_defaults_like_the_api() {
+        let c = |image: &str, policy: Option<&str>| Container {
+            image: Some(image.into()),
+            image_pull_policy: policy.map(Into::into),
+            ..Default::default()
+        };
+        assert_eq!(pull_policy(&c("busybox", None)), PullPolicy::Always);
+        assert_eq!(pull_policy(&c("busybox:latest", None)), PullPolicy::Always);
+        assert_eq!(
+            pull_policy(&c("busybox:1.36", None)),
+            PullPolicy::IfNotPresent
+        );
+        assert_eq!(
+            pull_policy(&c("reg:5000/busybox", None)),
+            PullPolicy::Always
+        );
+        assert_eq!(
+            pull_policy(&c("busybox@sha256:ab", None)),
+            PullPolicy::IfNotPresent
+        );
+        assert_eq!(pull_policy(&c("busybox", Some("Never"))), PullPolicy::Never);
+        assert_eq!(
+            pull_policy(&c("busybox:1", Some("Always"))),
+            PullPolicy::Always
+        );
+    }
+
+    #[test]
+    fn port_protocols_read_the_api_spelling() {
+        use crate::runtime::Protocol;
+        assert_eq!(Protocol::from_api(None), Protocol::Tcp);
+        assert_eq!(Protocol::from_api(Some("UDP")), Protocol::Udp);
+        assert_eq!(Protocol::from_api(Some("sctp")), Protocol::Sctp);
+        assert_eq!(Protocol::Udp.as_str(), "UDP");
+    }
 
     #[test]
     fn a_pod_is_privileged_when_any_container_is() {

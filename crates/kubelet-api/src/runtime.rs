@@ -67,14 +67,46 @@ pub struct PodSandboxMetadata {
 /// A port the pod exposes (CRI `PortMapping`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct PortMapping {
-    /// `TCP`, `UDP` or `SCTP`.
-    pub protocol: String,
+    /// The port's protocol.
+    pub protocol: Protocol,
     /// Port inside the pod.
     pub container_port: i32,
     /// Port on the host, 0 for none.
     pub host_port: i32,
     /// Host IP to bind, empty for all.
     pub host_ip: String,
+}
+
+/// A port's protocol (CRI `Protocol`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// TCP, the default.
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// The protocol of an API port (`TCP`, `UDP`, `SCTP`; unset is TCP, the API default).
+    pub fn from_api(p: Option<&str>) -> Self {
+        match p.map(str::to_ascii_uppercase).as_deref() {
+            Some("UDP") => Protocol::Udp,
+            Some("SCTP") => Protocol::Sctp,
+            _ => Protocol::Tcp,
+        }
+    }
+
+    /// The API spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Tcp => "TCP",
+            Protocol::Udp => "UDP",
+            Protocol::Sctp => "SCTP",
+        }
+    }
 }
 
 /// DNS settings for the sandbox (CRI `DNSConfig`).

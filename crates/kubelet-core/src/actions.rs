@@ -14,7 +14,7 @@ use kubelet_api::{ProbeResult, ProbeType};
 
 /// Why a container is killed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum KillReason {
+pub(crate) enum KillReason {
     /// The container's definition (hash) changed.
     DefinitionChanged,
     /// The liveness probe failed.
@@ -25,62 +25,50 @@ pub enum KillReason {
     UnknownState,
 }
 
-impl KillReason {
-    /// The reason string the kubelet records (empty for a definition change).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            KillReason::DefinitionChanged => "",
-            KillReason::LivenessProbe => "LivenessProbe",
-            KillReason::StartupProbe => "StartupProbe",
-            KillReason::UnknownState => "",
-        }
-    }
-}
-
 /// A container to kill, with the kubelet's message.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerToKill {
+pub(crate) struct ContainerToKill {
     /// Container name.
-    pub name: String,
+    pub(crate) name: String,
     /// Why.
-    pub reason: KillReason,
+    pub(crate) reason: KillReason,
     /// Message for the `Killing` event.
-    pub message: String,
+    pub(crate) message: String,
 }
 
 /// The outcome of [`compute_pod_actions`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct PodActions {
+pub(crate) struct PodActions {
     /// Kill every container and the sandbox.
-    pub kill_pod: bool,
+    pub(crate) kill_pod: bool,
     /// Create a new sandbox.
-    pub create_sandbox: bool,
+    pub(crate) create_sandbox: bool,
     /// The current sandbox, if any.
-    pub sandbox_id: Option<String>,
+    pub(crate) sandbox_id: Option<String>,
     /// Attempt number for a new sandbox.
-    pub attempt: u32,
+    pub(crate) attempt: u32,
     /// Indices into `spec.initContainers` to start, in order.
-    pub init_containers_to_start: Vec<usize>,
+    pub(crate) init_containers_to_start: Vec<usize>,
     /// Indices into `spec.containers` to start, in order.
-    pub containers_to_start: Vec<usize>,
+    pub(crate) containers_to_start: Vec<usize>,
     /// Running containers to kill, by container ID.
-    pub containers_to_kill: BTreeMap<String, ContainerToKill>,
+    pub(crate) containers_to_kill: BTreeMap<String, ContainerToKill>,
 }
 
 /// What [`pod_sandbox_changed`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SandboxChange {
+pub(crate) struct SandboxChange {
     /// A new sandbox is needed (none yet, the newest not ready, several ready, or no IP for a
     /// pod network pod).
-    pub changed: bool,
+    pub(crate) changed: bool,
     /// The attempt number of the sandbox to create, or of the current one when unchanged.
-    pub attempt: u32,
+    pub(crate) attempt: u32,
     /// The newest sandbox, if any.
-    pub sandbox_id: Option<String>,
+    pub(crate) sandbox_id: Option<String>,
 }
 
 /// Whether the pod needs a new sandbox (`podSandboxChanged`).
-pub fn pod_sandbox_changed(pod: &Pod, status: &PodRuntimeStatus) -> SandboxChange {
+pub(crate) fn pod_sandbox_changed(pod: &Pod, status: &PodRuntimeStatus) -> SandboxChange {
     let Some(newest) = status.sandbox_statuses.first() else {
         return SandboxChange {
             changed: true,
@@ -123,12 +111,16 @@ fn recorded_hash(status: &ContainerStatus) -> Option<u64> {
 }
 
 /// True when the running instance was created from a different definition.
-pub fn container_changed(c: &Container, status: &ContainerStatus) -> bool {
+pub(crate) fn container_changed(c: &Container, status: &ContainerStatus) -> bool {
     recorded_hash(status).is_some_and(|h| h != pod::container_hash(c))
 }
 
 /// `ShouldContainerBeRestarted` for a regular container.
-pub fn should_container_be_restarted(c: &Container, pod: &Pod, status: &PodRuntimeStatus) -> bool {
+pub(crate) fn should_container_be_restarted(
+    c: &Container,
+    pod: &Pod,
+    status: &PodRuntimeStatus,
+) -> bool {
     if pod::is_deleted(pod) {
         return false;
     }
@@ -169,7 +161,7 @@ fn has_any_regular_container_created(pod: &Pod, status: &PodRuntimeStatus) -> bo
 
 /// Compute what to do for `pod` given its runtime `status`. `probe` returns the latest result of
 /// a probe for a container ID, `None` when the container has no such probe or no result yet.
-pub fn compute_pod_actions(
+pub(crate) fn compute_pod_actions(
     pod: &Pod,
     status: &PodRuntimeStatus,
     probe: &dyn Fn(&str, ProbeType) -> Option<ProbeResult>,
@@ -715,5 +707,113 @@ mod tests {
                 ..Default::default()
             }
         );
+    }
+
+    mod properties {
+        //! Random specs and runtime statuses: no panic, and the kubelet's invariants hold.
+        use super::*;
+        use proptest::prelude::*;
+
+        /// One container instance: state, exit code, attempt.
+        fn instance() -> impl Strategy<Value = (u8, i32, u32)> {
+            (0u8..4, prop_oneof![Just(0), Just(1), Just(137)], 0u32..3)
+        }
+
+        fn state_of(s: u8) -> ContainerState {
+            match s {
+                0 => ContainerState::Created,
+                1 => ContainerState::Running,
+                2 => ContainerState::Exited,
+                _ => ContainerState::Unknown,
+            }
+        }
+
+        prop_compose! {
+            fn scenario()(
+                policy in prop_oneof![Just("Always"), Just("OnFailure"), Just("Never")],
+                inits in proptest::collection::vec(any::<bool>(), 0..3),
+                regular in 1usize..4,
+                instances in proptest::collection::vec(proptest::collection::vec(instance(), 0..3), 6),
+                sandbox in 0u8..3,
+            ) -> (Pod, PodRuntimeStatus) {
+                let init: Vec<Container> = inits
+                    .iter()
+                    .enumerate()
+                    .map(|(i, side)| if *side { sidecar(&format!("i{i}")) } else { container(&format!("i{i}")) })
+                    .collect();
+                let regular: Vec<Container> = (0..regular).map(|i| container(&format!("c{i}"))).collect();
+                let p = pod(policy, init.clone(), regular.clone());
+                let mut statuses = Vec::new();
+                for (n, c) in init.iter().chain(regular.iter()).enumerate() {
+                    for (k, (st, exit, attempt)) in instances[n % instances.len()].iter().enumerate() {
+                        let mut s = cs(&p, &c.name, &format!("{}-{k}", c.name), state_of(*st), *exit);
+                        s.metadata.attempt = *attempt;
+                        s.created_at = jiff::Timestamp::from_second(1_700_000_000 + i64::from(*attempt) * 10 + k as i64)
+                            .expect("timestamp");
+                        statuses.push(s);
+                    }
+                }
+                statuses.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+                let sandbox_statuses = match sandbox {
+                    0 => vec![],
+                    1 => vec![ready_sandbox()],
+                    _ => vec![PodSandboxStatus { state: SandboxState::NotReady, ..ready_sandbox() }],
+                };
+                (p, PodRuntimeStatus { sandbox_statuses, container_statuses: statuses, ..Default::default() })
+            }
+        }
+
+        proptest! {
+            #[test]
+            fn actions_are_well_formed_and_keep_the_restart_policy((p, s) in scenario()) {
+                let a = compute_pod_actions(&p, &s, &no_probes);
+                let regular = pod::containers(&p);
+                let init = pod::init_containers(&p);
+                // Indices are valid and unique.
+                let mut seen = std::collections::BTreeSet::new();
+                for i in &a.containers_to_start {
+                    prop_assert!(*i < regular.len());
+                    prop_assert!(seen.insert(*i));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for i in &a.init_containers_to_start {
+                    prop_assert!(*i < init.len());
+                    prop_assert!(seen.insert(*i));
+                }
+                // Only containers the runtime reports are killed.
+                for id in a.containers_to_kill.keys() {
+                    prop_assert!(s.container_statuses.iter().any(|c| &c.id == id));
+                }
+                // restartPolicy Never: a regular container whose newest instance exited is never
+                // started again while the pod has a sandbox (the kubelet's one exception is a
+                // pod whose sandboxes are all gone, attempt 0; a newer instance that was only
+                // created is started, as the kubelet's `ShouldContainerBeRestarted`).
+                if podutil_policy(&p) == "Never" && !s.sandbox_statuses.is_empty() {
+                    for i in &a.containers_to_start {
+                        let name = &regular[*i].name;
+                        let newest = s.container_statuses.iter().find(|c| &c.metadata.name == name);
+                        let exited = newest.is_some_and(|c| c.state == ContainerState::Exited);
+                        prop_assert!(!exited, "{name} exited under Never and is started again");
+                    }
+                }
+                // OnFailure: a regular container whose newest instance exited with 0 is not
+                // started again.
+                if podutil_policy(&p) == "OnFailure" {
+                    for i in &a.containers_to_start {
+                        let name = &regular[*i].name;
+                        let newest = s.container_statuses.iter().find(|c| &c.metadata.name == name);
+                        let succeeded = newest.is_some_and(|c| c.state == ContainerState::Exited && c.exit_code == 0);
+                        prop_assert!(!succeeded, "{name} succeeded under OnFailure and is started again");
+                    }
+                }
+            }
+        }
+
+        fn podutil_policy(p: &Pod) -> &str {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.restart_policy.as_deref())
+                .unwrap_or("Always")
+        }
     }
 }

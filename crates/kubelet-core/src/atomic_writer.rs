@@ -25,7 +25,7 @@ use rand::Rng;
 use crate::error::{Error, Result};
 
 /// Name of the symlink to the current payload directory.
-pub const DATA_DIR_NAME: &str = "..data";
+pub(crate) const DATA_DIR_NAME: &str = "..data";
 /// Name of the temporary symlink renamed over [`DATA_DIR_NAME`].
 const NEW_DATA_DIR_NAME: &str = "..data_tmp";
 /// `maxPathLength` of the kubelet's writer.
@@ -35,24 +35,24 @@ const MAX_FILE_NAME_LENGTH: usize = 255;
 
 /// One file of a payload: content and permission bits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FileProjection {
+pub(crate) struct FileProjection {
     /// File content.
-    pub data: Vec<u8>,
+    pub(crate) data: Vec<u8>,
     /// Permission bits (for example `0o644`).
-    pub mode: u32,
+    pub(crate) mode: u32,
 }
 
 /// Relative path → file; paths may contain `/` for nested files.
-pub type Payload = BTreeMap<String, FileProjection>;
+pub(crate) type Payload = BTreeMap<String, FileProjection>;
 
 /// Writes payloads into one target directory with the `..data` symlink layout.
 #[derive(Debug, Clone)]
-pub struct AtomicWriter {
+pub(crate) struct AtomicWriter {
     target_dir: PathBuf,
 }
 
 /// Check a payload path the way the kubelet's `validatePath` does.
-pub fn validate_path(p: &str) -> Result<()> {
+pub(crate) fn validate_path(p: &str) -> Result<()> {
     let bad = |why: &str| Err(Error::invalid_argument(format!("invalid path: {why}: {p}")));
     if p.is_empty() {
         return bad("must not be empty");
@@ -104,20 +104,15 @@ fn io_err(op: &str, path: &Path, e: std::io::Error) -> Error {
 
 impl AtomicWriter {
     /// A writer for `target_dir` (created on the first write if missing).
-    pub fn new(target_dir: impl Into<PathBuf>) -> Self {
+    pub(crate) fn new(target_dir: impl Into<PathBuf>) -> Self {
         Self {
             target_dir: target_dir.into(),
         }
     }
 
-    /// The target directory.
-    pub fn target_dir(&self) -> &Path {
-        &self.target_dir
-    }
-
     /// Make the target directory hold exactly `payload`. Returns `true` when something was
     /// written, `false` when the directory already matched. Blocking: call from a blocking task.
-    pub fn write(&self, payload: &Payload) -> Result<bool> {
+    pub(crate) fn write(&self, payload: &Payload) -> Result<bool> {
         let mut clean_payload = BTreeMap::new();
         for (p, f) in payload {
             validate_path(p)?;

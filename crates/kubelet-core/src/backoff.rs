@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// The kubelet's `containerBackOffPeriod`.
-pub const CONTAINER_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
+pub(crate) const CONTAINER_BACKOFF_INITIAL: Duration = Duration::from_secs(10);
 /// The kubelet's `MaxContainerBackOff`.
-pub const CONTAINER_BACKOFF_MAX: Duration = Duration::from_secs(300);
+pub(crate) const CONTAINER_BACKOFF_MAX: Duration = Duration::from_secs(300);
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -21,7 +21,7 @@ struct Entry {
 /// its last update and a new event, so a container that stays up for 10 minutes starts again at
 /// the initial delay.
 #[derive(Debug, Clone)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     initial: Duration,
     max: Duration,
     entries: HashMap<String, Entry>,
@@ -29,7 +29,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Backoff starting at `initial`, doubling up to `max`.
-    pub fn new(initial: Duration, max: Duration) -> Self {
+    pub(crate) fn new(initial: Duration, max: Duration) -> Self {
         Self {
             initial,
             max,
@@ -38,7 +38,7 @@ impl Backoff {
     }
 
     /// The kubelet's CrashLoopBackOff schedule: 10 s doubling to 300 s.
-    pub fn crash_loop() -> Self {
+    pub(crate) fn crash_loop() -> Self {
         Self::new(CONTAINER_BACKOFF_INITIAL, CONTAINER_BACKOFF_MAX)
     }
 
@@ -47,13 +47,13 @@ impl Backoff {
     }
 
     /// Current delay of `key`, zero if none.
-    pub fn get(&self, key: &str) -> Duration {
+    pub(crate) fn get(&self, key: &str) -> Duration {
         self.entries.get(key).map(|e| e.backoff).unwrap_or_default()
     }
 
     /// Whether `key` is still backing off from an event at `event_time`; returns the remaining
     /// wait if so.
-    pub fn remaining_since(
+    pub(crate) fn remaining_since(
         &self,
         key: &str,
         event_time: Instant,
@@ -68,7 +68,7 @@ impl Backoff {
     }
 
     /// Record an attempt after an event at `event_time`: start at the initial delay, or double.
-    pub fn next(&mut self, key: &str, event_time: Instant, now: Instant) {
+    pub(crate) fn next(&mut self, key: &str, event_time: Instant, now: Instant) {
         let backoff = match self.entries.get(key) {
             Some(e) if !self.expired(event_time, e.last_update) => (e.backoff * 2).min(self.max),
             _ => self.initial,
@@ -84,7 +84,7 @@ impl Backoff {
 
     /// Whether `key` is still backing off from its last [`next`](Self::next) (the kubelet's
     /// `IsInBackOffSinceUpdate`, used for ImagePullBackOff); returns the remaining wait if so.
-    pub fn remaining_since_update(&self, key: &str, now: Instant) -> Option<Duration> {
+    pub(crate) fn remaining_since_update(&self, key: &str, now: Instant) -> Option<Duration> {
         let e = self.entries.get(key)?;
         if self.expired(now, e.last_update) {
             return None;
@@ -93,15 +93,8 @@ impl Backoff {
         (since < e.backoff).then(|| e.backoff - since)
     }
 
-    /// Drop entries idle for more than twice the maximum.
-    pub fn gc(&mut self, now: Instant) {
-        let max2 = self.max * 2;
-        self.entries
-            .retain(|_, e| now.saturating_duration_since(e.last_update) <= max2);
-    }
-
     /// Drop every entry whose key starts with `prefix` (a pod that went away).
-    pub fn remove_prefix(&mut self, prefix: &str) {
+    pub(crate) fn remove_prefix(&mut self, prefix: &str) {
         self.entries.retain(|k, _| !k.starts_with(prefix));
     }
 }

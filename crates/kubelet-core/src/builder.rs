@@ -1,143 +1,22 @@
-//! [`KubeletBuilder`], [`KubeletConfig`] and [`KubeletHandle`]: assembling and driving an agent.
+//! [`KubeletBuilder`]: assembling an agent.
 
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
+use crate::agent_config::KubeletConfig;
 use crate::error::KubeletError;
-use crate::kubelet::{Command, Kubelet};
+use crate::kubelet::Kubelet;
 use crate::layer::RuntimeLayer;
 use crate::merge::PodConfig;
 use crate::object_volumes::{ConfigMapPlugin, SecretPlugin};
 use crate::plugin::PluginStates;
 use crate::status_manager::StatusManager;
 use crate::volume::{EmptyDirPlugin, HostPathPlugin};
-use kubelet_api::ContainerRuntime;
-use kubelet_api::EventRecorder;
-use kubelet_api::ObjectProvider;
-use kubelet_api::PodSource;
-use kubelet_api::ProbeManager;
-use kubelet_api::StatusReader;
-use kubelet_api::StatusSink;
-use kubelet_api::VolumePlugin;
 use kubelet_api::{
-    AgentHandle, AgentPlugin, NodeConditionReader, NotRunning, PluginStatus, SyncLoopStalled,
+    AgentPlugin, ContainerRuntime, EventRecorder, NodeConditionReader, ObjectProvider,
+    PodAdmitHandler, PodLifecycleEventGenerator, PodSource, ProbeManager, StatusSink, VolumePlugin,
 };
-use kubelet_api::{KillPodOptions, PodAdmitHandler};
-use kubelet_api::{PlegHealth, PodLifecycleEventGenerator};
-
-/// Engine settings, with the kubelet's defaults.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct KubeletConfig {
-    /// `--root-dir`: pod directories live under `<root_dir>/pods/<uid>`.
-    pub root_dir: PathBuf,
-    /// `--pod-log-dir`: container logs live under `<pod_log_dir>/<ns>_<name>_<uid>/`.
-    pub pod_log_dir: PathBuf,
-    /// Where the kubelet's log links go, `<pod>_<ns>_<container>-<id>.log` → the container's
-    /// log, what log shippers tail (`/var/log/containers`; with another pod log directory,
-    /// `containers` next to it: see [`container_log_dir_for`]).
-    pub container_log_dir: PathBuf,
-    /// `syncFrequency`: resync period of a running pod (1 m, with 0.5 jitter).
-    pub sync_frequency: Duration,
-    /// `housekeepingPeriod` (2 s): orphan cleanup.
-    pub housekeeping_period: Duration,
-    /// `runtimeRequestTimeout` (2 m): added to the grace period of stop calls.
-    pub runtime_request_timeout: Duration,
-    /// The node's IP, reported as every pod's `hostIP` and the downward API's `status.hostIP`
-    /// (the `kubelet` facade sets `--node-ip` or [`KubeletConfig::default_node_ip`]); `None`
-    /// reports the pod's own IP.
-    pub node_ip: Option<String>,
-    /// `clusterDNS`.
-    pub cluster_dns: Vec<String>,
-    /// `clusterDomain`.
-    pub cluster_domain: String,
-    /// `resolvConf` (`/etc/resolv.conf`); empty for none.
-    pub resolv_conf: PathBuf,
-}
-
-/// The log link directory that goes with a pod log directory: `/var/log/containers` for the
-/// kubelet's `/var/log/pods`, else `containers` next to the pod log directory (so that an agent
-/// with its logs elsewhere keeps its links there too).
-pub fn container_log_dir_for(pod_log_dir: &std::path::Path) -> PathBuf {
-    if pod_log_dir == std::path::Path::new("/var/log/pods") {
-        return PathBuf::from("/var/log/containers");
-    }
-    match pod_log_dir.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.join("containers"),
-        _ => pod_log_dir.join("containers"),
-    }
-}
-
-impl Default for KubeletConfig {
-    fn default() -> Self {
-        Self {
-            root_dir: PathBuf::from("/var/lib/kubelet"),
-            pod_log_dir: PathBuf::from("/var/log/pods"),
-            container_log_dir: PathBuf::from("/var/log/containers"),
-            sync_frequency: Duration::from_secs(60),
-            housekeeping_period: Duration::from_secs(2),
-            runtime_request_timeout: Duration::from_secs(120),
-            node_ip: None,
-            cluster_dns: Vec::new(),
-            cluster_domain: String::new(),
-            resolv_conf: PathBuf::from("/etc/resolv.conf"),
-        }
-    }
-}
-
-impl KubeletConfig {
-    /// The engine's settings from the kubelet's configuration (`syncFrequency`,
-    /// `runtimeRequestTimeout`, `podLogsDir`) and `--root-dir`, which is a flag only.
-    pub fn from_configuration(
-        configuration: &crate::configuration::KubeletConfiguration,
-        root_dir: impl Into<PathBuf>,
-    ) -> Self {
-        Self {
-            root_dir: root_dir.into(),
-            pod_log_dir: PathBuf::from(&configuration.pod_logs_dir),
-            container_log_dir: container_log_dir_for(std::path::Path::new(
-                &configuration.pod_logs_dir,
-            )),
-            sync_frequency: configuration.sync_frequency.as_duration(),
-            runtime_request_timeout: configuration.runtime_request_timeout.as_duration(),
-            cluster_dns: configuration.cluster_dns.clone(),
-            cluster_domain: configuration.cluster_domain.clone(),
-            resolv_conf: PathBuf::from(&configuration.resolv_conf),
-            ..Self::default()
-        }
-    }
-
-    /// The node's IP when none is configured, as the kubelet picks it without `--node-ip`: the
-    /// local address of the default route (IPv4 first, then IPv6); `None` on a host without
-    /// one.
-    pub fn default_node_ip() -> Option<std::net::IpAddr> {
-        // Connecting a UDP socket sends nothing: it only selects the route and source address.
-        for (bind, target) in [("0.0.0.0:0", "10.255.255.255:9"), ("[::]:0", "[fd00::1]:9")] {
-            if let Ok(sock) = std::net::UdpSocket::bind(bind)
-                && sock.connect(target).is_ok()
-                && let Ok(addr) = sock.local_addr()
-                && !addr.ip().is_unspecified()
-            {
-                return Some(addr.ip());
-            }
-        }
-        None
-    }
-
-    /// Defaults with `root_dir` and `pod_log_dir` replaced.
-    pub fn with_dirs(root_dir: impl Into<PathBuf>, pod_log_dir: impl Into<PathBuf>) -> Self {
-        let pod_log_dir = pod_log_dir.into();
-        Self {
-            root_dir: root_dir.into(),
-            container_log_dir: container_log_dir_for(&pod_log_dir),
-            pod_log_dir,
-            ..Self::default()
-        }
-    }
-}
 
 /// Assembles a [`Kubelet`] from a runtime, a PLEG, pod sources, status sinks and optional
 /// subsystems.
@@ -307,7 +186,7 @@ impl KubeletBuilder {
     /// Validate and assemble the agent.
     ///
     /// The runtime's, the PLEG's, the prober's and every plugin's metrics are registered here,
-    /// once, in the agent's registry ([`KubeletHandle::metrics`]).
+    /// once, in the agent's registry ([`AgentHandle::metrics`](kubelet_api::AgentHandle::metrics)).
     pub fn build(mut self) -> Result<Kubelet, KubeletError> {
         let mut runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
         let pleg = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
@@ -425,71 +304,6 @@ fn validate_node_name(name: &str) -> Result<(), KubeletError> {
         ));
     }
     Ok(())
-}
-
-/// A cloneable handle to a built agent, the engine's [`AgentHandle`]: read statuses, check
-/// health, sync and kill pods (eviction).
-#[derive(Clone)]
-pub struct KubeletHandle {
-    pub(crate) cmd_tx: mpsc::Sender<Command>,
-    pub(crate) statuses: StatusReader,
-    pub(crate) pleg: Arc<dyn PodLifecycleEventGenerator>,
-    pub(crate) plugins: PluginStates,
-    pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
-    pub(crate) sync_loop: crate::kubelet::SyncLoopMonitor,
-    pub(crate) sync_requests: crate::kubelet::SyncRequests,
-}
-
-impl std::fmt::Debug for KubeletHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeletHandle").finish_non_exhaustive()
-    }
-}
-
-#[async_trait::async_trait]
-impl AgentHandle for KubeletHandle {
-    fn statuses(&self) -> StatusReader {
-        self.statuses.clone()
-    }
-
-    fn pleg_health(&self) -> PlegHealth {
-        self.pleg.healthy()
-    }
-
-    fn sync_loop_health(&self, threshold: Duration) -> Result<(), SyncLoopStalled> {
-        match self.sync_loop.last() {
-            Some(t) if t.elapsed() > threshold => Err(SyncLoopStalled {
-                since: t.elapsed(),
-                threshold,
-            }),
-            _ => Ok(()),
-        }
-    }
-
-    fn plugins(&self) -> Vec<PluginStatus> {
-        self.plugins.list()
-    }
-
-    fn metrics(&self) -> Arc<prometheus_client::registry::Registry> {
-        self.metrics.clone()
-    }
-
-    fn sync_pod(&self, uid: &str) {
-        self.sync_requests.request(uid);
-    }
-
-    async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning> {
-        let (done, wait) = oneshot::channel();
-        self.cmd_tx
-            .send(Command::KillPod {
-                uid: uid.to_string(),
-                options,
-                done,
-            })
-            .await
-            .map_err(|_| NotRunning)?;
-        wait.await.map_err(|_| NotRunning)
-    }
 }
 
 #[cfg(test)]

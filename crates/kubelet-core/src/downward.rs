@@ -15,7 +15,7 @@ use kubelet_api::pod;
 /// `metadata.uid`, `metadata.labels`, `metadata.annotations` (each map as sorted `key="value"`
 /// lines) and `metadata.labels['key']` / `metadata.annotations['key']` (empty when the key is
 /// absent). Anything else is the kubelet's `unsupported fieldPath` error.
-pub fn field_path_value(p: &Pod, path: &str) -> Result<String, String> {
+pub(crate) fn field_path_value(p: &Pod, path: &str) -> Result<String, String> {
     let labels = p.metadata.labels.as_ref();
     let annotations = p.metadata.annotations.as_ref();
     let subscript = |prefix: &str, map: Option<&BTreeMap<String, String>>| {
@@ -36,7 +36,7 @@ pub fn field_path_value(p: &Pod, path: &str) -> Result<String, String> {
 
 /// The kubelet's `FormatMap`: one `key="value"` line per entry in key order, values quoted as
 /// Go's `%q`, no trailing newline.
-pub fn format_map(m: Option<&BTreeMap<String, String>>) -> String {
+pub(crate) fn format_map(m: Option<&BTreeMap<String, String>>) -> String {
     let mut out = String::new();
     for (k, v) in m.into_iter().flatten() {
         if !out.is_empty() {
@@ -82,18 +82,18 @@ fn go_quote(s: &str, out: &mut String) {
 /// The node's capacity a container without a limit is given in the Downward API (the
 /// kubelet uses the node's allocatable).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct NodeCapacity {
+pub(crate) struct NodeCapacity {
     /// CPUs, in millicores.
-    pub cpu_milli: i64,
+    pub(crate) cpu_milli: i64,
     /// Memory, in bytes.
-    pub memory_bytes: i64,
+    pub(crate) memory_bytes: i64,
     /// Ephemeral storage, in bytes (0 when unknown).
-    pub ephemeral_storage_bytes: i64,
+    pub(crate) ephemeral_storage_bytes: i64,
 }
 
 impl NodeCapacity {
     /// This host's CPUs (those the agent may use) and `MemTotal`.
-    pub fn of_host() -> Self {
+    pub(crate) fn of_host() -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
         let memory_kib = std::fs::read_to_string("/proc/meminfo")
             .ok()
@@ -117,7 +117,7 @@ impl NodeCapacity {
 /// unset divisor as `"0"`); otherwise it must be one the API accepts (`1m` or `1` for CPU, `1`,
 /// `1k` … `1E`, `1Ki` … `1Ei` for memory and storage). An unset limit is the node's allocatable
 /// (`node`); an unset request is 0.
-pub fn container_resource_value(
+pub(crate) fn container_resource_value(
     c: &Container,
     resource: &str,
     divisor: Option<&Quantity>,

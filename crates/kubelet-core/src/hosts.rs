@@ -9,19 +9,19 @@
 use k8s_openapi::api::core::v1::{HostAlias, Pod};
 
 /// Longest hostname (a DNS label).
-pub const HOSTNAME_MAX_LEN: usize = 63;
+pub(crate) const HOSTNAME_MAX_LEN: usize = 63;
 
 /// A pod's hostname and domain, from [`hostname_and_domain`].
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PodHostname {
+pub(crate) struct PodHostname {
     /// `spec.hostname`, or the pod name cut to [`HOSTNAME_MAX_LEN`].
-    pub hostname: String,
+    pub(crate) hostname: String,
     /// `<subdomain>.<namespace>.svc.<cluster domain>` when the pod has a subdomain.
-    pub domain: Option<String>,
+    pub(crate) domain: Option<String>,
 }
 
 /// The pod's hostname and domain (the kubelet's `GeneratePodHostNameAndDomain`).
-pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> PodHostname {
+pub(crate) fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> PodHostname {
     let spec = pod.spec.as_ref();
     let name = spec
         .and_then(|s| s.hostname.clone())
@@ -52,7 +52,7 @@ pub fn hostname_and_domain(pod: &Pod, cluster_domain: &str) -> PodHostname {
 
 /// The hostname the sandbox gets: the FQDN with `setHostnameAsFQDN` and a domain, else the
 /// hostname.
-pub fn sandbox_hostname(pod: &Pod, cluster_domain: &str) -> String {
+pub(crate) fn sandbox_hostname(pod: &Pod, cluster_domain: &str) -> String {
     let PodHostname { hostname, domain } = hostname_and_domain(pod, cluster_domain);
     let fqdn = pod
         .spec
@@ -78,7 +78,7 @@ fn alias_entries(aliases: &[HostAlias]) -> String {
 }
 
 /// The managed hosts file of a pod on the pod network (`managedHostsFileContent`).
-pub fn managed_hosts(
+pub(crate) fn managed_hosts(
     ips: &[String],
     hostname: &str,
     domain: Option<&str>,
@@ -103,7 +103,7 @@ pub fn managed_hosts(
 
 /// The hosts file of a host-network pod: the node's, plus `hostAliases`
 /// (`nodeHostsFileContent`).
-pub fn host_network_hosts(node_hosts: &str, aliases: &[HostAlias]) -> String {
+pub(crate) fn host_network_hosts(node_hosts: &str, aliases: &[HostAlias]) -> String {
     let mut out = String::from("# Kubernetes-managed hosts file (host network).\n");
     out.push_str(node_hosts);
     out.push_str(&alias_entries(aliases));

@@ -12,7 +12,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::builder::{KubeletConfig, KubeletHandle};
+use crate::agent_config::KubeletConfig;
+use crate::handle::KubeletHandle;
 use crate::merge::PodConfig;
 use crate::plugin::{PluginStates, panic_message};
 use crate::status_manager::StatusManager;

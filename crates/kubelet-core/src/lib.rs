@@ -6,11 +6,12 @@
 //! the seam crate `kubelet-api`, which an implementor depends on alone. This crate holds:
 //!
 //! * the pod config merge ([`merge`]), the sync loop and one worker task per pod ([`Kubelet`]),
-//!   the pure decision function [`actions::compute_pod_actions`], CrashLoopBackOff
-//!   ([`backoff`]), status generation ([`status_gen`]) and the [`StatusManager`];
-//! * volumes (`emptyDir`, `hostPath`, ConfigMap, Secret, downward API and projected volumes:
-//!   [`EmptyDirPlugin`], [`object_volumes`]), the pod's cluster environment ([`dns`],
-//!   [`hosts`], [`services`], [`downward`]) and container configs ([`container`]);
+//!   the pure decision function `compute_pod_actions`, CrashLoopBackOff, status generation
+//!   ([`status_gen`]) and the [`StatusManager`];
+//! * volumes (`emptyDir`, `hostPath`, ConfigMap, Secret, downward API and projected volumes,
+//!   registered by the builder; [`EmptyDirPlugin`] and [`HostPathPlugin`] can be configured),
+//!   the pod's cluster environment ([`dns`], `/etc/hosts`, [`services`], the downward API) and
+//!   container configs ([`container`]);
 //! * runtime layers ([`layer`]), the typed [`configuration::KubeletConfiguration`];
 //! * the [`KubeletBuilder`] that assembles them, and [`KubeletHandle`], the running agent's
 //!   [`AgentHandle`](kubelet_api::AgentHandle).
@@ -19,7 +20,7 @@
 //! the future returned by [`Kubelet::run`], stopped by a cancellation token, and stopping it
 //! leaves pods running. The `testing` feature adds in-memory doubles (`FakeRuntime`,
 //! `RecordingSink`) and a fault-injecting runtime wrapper (`FaultyRuntime`) for embedders' own
-//! tests. The `tls` feature (default) gives [`http`] HTTPS (rustls); without it an `https`
+//! tests. The `tls` feature (default) gives `httpGet` hooks HTTPS (rustls, through `kubelet-net`); without it an `https`
 //! request fails with an error saying so.
 //!
 //! ```
@@ -82,31 +83,33 @@
 #![forbid(unsafe_code)]
 
 // Namespaces: items reached by their module path.
-pub mod actions;
-pub mod atomic_writer;
-pub mod backoff;
 pub mod configuration;
 pub mod container;
 pub mod dns;
-pub mod downward;
 pub mod duration;
-pub mod hosts;
-pub mod http;
 pub mod layer;
-pub mod listener;
 pub mod merge;
-pub mod object_volumes;
 pub mod quantity;
 pub mod services;
 pub mod status_gen;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-// The engine: every public item is re-exported below, so each has one path.
+// The engine: every public item is re-exported below, so each has one path. `actions`
+// (`compute_pod_actions`), `backoff`, the object volumes with their atomic writer and the
+// downward API's values, and `/etc/hosts` have no user outside the engine.
+mod actions;
+mod agent_config;
+mod atomic_writer;
+mod backoff;
 mod builder;
+mod downward;
 mod env_objects;
 mod error;
+mod handle;
+mod hosts;
 mod kubelet;
+mod object_volumes;
 mod plugin;
 mod pod_start;
 mod status_manager;
@@ -114,9 +117,11 @@ mod sync;
 mod volume;
 mod worker;
 
-pub use builder::{KubeletBuilder, KubeletConfig, KubeletHandle, container_log_dir_for};
+pub use agent_config::{KubeletConfig, container_log_dir_for};
+pub use builder::KubeletBuilder;
 pub use env_objects::EnvObjects;
 pub use error::KubeletError;
+pub use handle::KubeletHandle;
 pub use kubelet::Kubelet;
 pub use status_manager::{
     MAX_POD_TERMINATION_MESSAGE_LENGTH, SYNC_PERIOD, StatusManager, normalize_status,

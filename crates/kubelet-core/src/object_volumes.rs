@@ -31,7 +31,7 @@ use kubelet_api::VolumePlugin;
 use kubelet_api::pod;
 
 /// Mode of projected files when the volume sets none (the API's default).
-pub const DEFAULT_MODE: i32 = 0o644;
+pub(crate) const DEFAULT_MODE: i32 = 0o644;
 
 /// Keys (`key` → bytes) of an object, before `items` are applied.
 type Keys = Vec<(String, Vec<u8>)>;
@@ -225,7 +225,7 @@ fn no_provider(kind: &str, volume: &Volume) -> Error {
 
 /// `configMap` volumes (`kubernetes.io~configmap`).
 #[derive(Clone)]
-pub struct ConfigMapPlugin {
+pub(crate) struct ConfigMapPlugin {
     provider: Option<Arc<dyn ObjectProvider>>,
 }
 
@@ -240,7 +240,7 @@ impl std::fmt::Debug for ConfigMapPlugin {
 impl ConfigMapPlugin {
     /// A plugin reading ConfigMaps from `provider`; `None` makes every set-up fail with a clear
     /// error (an agent without an API server).
-    pub fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
+    pub(crate) fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
         Self { provider }
     }
 }
@@ -288,7 +288,7 @@ impl VolumePlugin for ConfigMapPlugin {
 
 /// `secret` volumes (`kubernetes.io~secret`).
 #[derive(Clone)]
-pub struct SecretPlugin {
+pub(crate) struct SecretPlugin {
     provider: Option<Arc<dyn ObjectProvider>>,
 }
 
@@ -303,7 +303,7 @@ impl std::fmt::Debug for SecretPlugin {
 impl SecretPlugin {
     /// A plugin reading Secrets from `provider`; `None` makes every set-up fail with a clear
     /// error.
-    pub fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
+    pub(crate) fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
         Self { provider }
     }
 }
@@ -361,7 +361,7 @@ impl VolumePlugin for SecretPlugin {
 /// or `resourceFieldRef` (a container's limit or request, divided by `divisor`, a missing limit
 /// being the node's capacity) as a file.
 #[derive(Debug, Clone)]
-pub struct DownwardApiPlugin {
+pub(crate) struct DownwardApiPlugin {
     node: crate::downward::NodeCapacity,
 }
 
@@ -373,14 +373,15 @@ impl Default for DownwardApiPlugin {
 
 impl DownwardApiPlugin {
     /// A plugin that gives containers without a limit this host's CPUs and memory.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self {
             node: crate::downward::NodeCapacity::of_host(),
         }
     }
 
     /// Give containers without a limit `node` instead (e.g. the node's allocatable).
-    pub fn with_node_capacity(mut self, node: crate::downward::NodeCapacity) -> Self {
+    #[cfg(test)]
+    pub(crate) fn with_node_capacity(mut self, node: crate::downward::NodeCapacity) -> Self {
         self.node = node;
         self
     }
@@ -495,7 +496,7 @@ impl VolumePlugin for DownwardApiPlugin {
 ///
 /// With the pod's `fsGroup` the files belong to that group, readable by it. `clusterTrustBundle`
 /// and `podCertificate` sources are rejected with a clear error.
-pub struct ProjectedPlugin {
+pub(crate) struct ProjectedPlugin {
     provider: Option<Arc<dyn ObjectProvider>>,
     downward: DownwardApiPlugin,
     tokens: Mutex<HashMap<TokenKey, CachedToken>>,
@@ -553,23 +554,17 @@ fn issued_token(answer: &TokenRequest, now: jiff::Timestamp) -> Result<CachedTok
 }
 
 /// The lifetime a `serviceAccountToken` source asks for when it sets none (the API's default).
-pub const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
+pub(crate) const DEFAULT_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
 
 impl ProjectedPlugin {
     /// A plugin reading objects and tokens from `provider`; `None` makes every source but
     /// `downwardAPI` fail with a clear error.
-    pub fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
+    pub(crate) fn new(provider: Option<Arc<dyn ObjectProvider>>) -> Self {
         Self {
             provider,
             downward: DownwardApiPlugin::new(),
             tokens: Mutex::new(HashMap::new()),
         }
-    }
-
-    /// Give containers without a limit `node` in `downwardAPI` sources.
-    pub fn with_node_capacity(mut self, node: crate::downward::NodeCapacity) -> Self {
-        self.downward = self.downward.with_node_capacity(node);
-        self
     }
 
     fn provider(&self, volume: &Volume) -> Result<&Arc<dyn ObjectProvider>> {

@@ -14,11 +14,10 @@ use rand::Rng;
 use tokio::time::Instant;
 
 use crate::actions::{self, KillReason};
+use crate::agent_config::KubeletConfig;
 use crate::backoff::Backoff;
-use crate::builder::KubeletConfig;
 use crate::container::{self, ConfigContext};
 use crate::env_objects::EnvObjects;
-use crate::http::{HttpClient, HttpError, HttpGetSpec, Scheme, host_port};
 use crate::status_gen::{self, StatusInput};
 use crate::status_manager::StatusManager;
 use kubelet_api::ContainerRuntime;
@@ -26,14 +25,15 @@ use kubelet_api::KillPodOptions;
 use kubelet_api::ObjectProvider;
 use kubelet_api::PodLifecycleEventGenerator;
 use kubelet_api::VolumePlugin;
-use kubelet_api::pod;
+use kubelet_api::pod::{self, PullPolicy};
 use kubelet_api::runtime::{
     ContainerState, ContainerStatus, DnsConfig, ImageSpec, PodRuntimeStatus, PodSandboxConfig,
-    PodSandboxMetadata, PortMapping, SandboxState, get_pod_status,
+    PodSandboxMetadata, PortMapping, Protocol, SandboxState, get_pod_status,
 };
 use kubelet_api::{CacheEntry, PodCache};
 use kubelet_api::{EventRecorder, InvolvedObject};
 use kubelet_api::{ProbeManager, ProbeResult, ProbeType};
+use kubelet_net::http::{HttpClient, HttpError, HttpGetSpec, Scheme, host_port};
 
 /// What a pod worker does after a sync.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -577,7 +577,7 @@ impl Engine {
             .iter()
             .flat_map(|c| c.ports.iter().flatten())
             .map(|port| PortMapping {
-                protocol: port.protocol.clone().unwrap_or_else(|| "TCP".into()),
+                protocol: Protocol::from_api(port.protocol.as_deref()),
                 container_port: port.container_port,
                 host_port: port.host_port.unwrap_or(0),
                 host_ip: port.host_ip.clone().unwrap_or_default(),
@@ -908,14 +908,7 @@ impl Engine {
         }
         let image = c.image.clone().unwrap_or_default();
         let involved = InvolvedObject::container(p, &c.name);
-        let policy = c.image_pull_policy.clone().unwrap_or_else(|| {
-            let last = image.rsplit('/').next().unwrap_or("");
-            if image.contains('@') || (last.contains(':') && !last.ends_with(":latest")) {
-                "IfNotPresent".into()
-            } else {
-                "Always".into()
-            }
-        });
+        let policy = pod::pull_policy(c);
         let spec = ImageSpec {
             image: image.clone(),
         };
@@ -928,16 +921,16 @@ impl Engine {
                 ));
             }
         };
-        match policy.as_str() {
-            "Never" if !present => {
+        match policy {
+            PullPolicy::Never if !present => {
                 let msg =
                     format!("Container image {image:?} is not present with pull policy of Never");
                 self.recorder
                     .warning(involved, "ErrImageNeverPull", msg.clone());
                 Err(("ErrImageNeverPull".into(), msg))
             }
-            "Never" => Ok(()),
-            "IfNotPresent" if present => Ok(()),
+            PullPolicy::Never => Ok(()),
+            PullPolicy::IfNotPresent if present => Ok(()),
             _ => {
                 // ImagePullBackOff (10 s doubling to 300 s), keyed by pod UID and image as the
                 // kubelet's image manager; the `<uid>/` prefix lets pod cleanup drop it.

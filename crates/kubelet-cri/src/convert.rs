@@ -43,11 +43,11 @@ fn namespace_options(host_network: bool) -> cri::NamespaceOption {
     }
 }
 
-fn protocol_in(p: &str) -> i32 {
-    match p.to_ascii_uppercase().as_str() {
-        "UDP" => cri::Protocol::Udp as i32,
-        "SCTP" => cri::Protocol::Sctp as i32,
-        _ => cri::Protocol::Tcp as i32,
+fn protocol_in(p: core::Protocol) -> i32 {
+    match p {
+        core::Protocol::Udp => cri::Protocol::Udp as i32,
+        core::Protocol::Sctp => cri::Protocol::Sctp as i32,
+        core::Protocol::Tcp => cri::Protocol::Tcp as i32,
     }
 }
 
@@ -91,7 +91,7 @@ pub(crate) fn sandbox_config_in(c: &core::PodSandboxConfig) -> cri::PodSandboxCo
             .port_mappings
             .iter()
             .map(|p| cri::PortMapping {
-                protocol: protocol_in(&p.protocol),
+                protocol: protocol_in(p.protocol),
                 container_port: p.container_port,
                 host_port: p.host_port,
                 host_ip: p.host_ip.clone(),
@@ -424,7 +424,7 @@ mod tests {
             hostname: "web".into(),
             log_directory: "/var/log/pods/default_web_u1".into(),
             port_mappings: vec![core::PortMapping {
-                protocol: "UDP".into(),
+                protocol: core::Protocol::Udp,
                 container_port: 53,
                 host_port: 0,
                 host_ip: String::new(),

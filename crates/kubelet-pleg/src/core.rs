@@ -13,6 +13,7 @@ use kubelet_api::{
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::{Semaphore, mpsc::UnboundedReceiver};
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -125,7 +126,9 @@ pub(crate) struct Core {
     /// serialises relists.
     pub(crate) done_rx: tokio::sync::Mutex<UnboundedReceiver<Done>>,
     permits: Arc<Semaphore>,
-    /// Cancelled when the PLEG is dropped: background inspections stop.
+    /// The background inspections and lookups, owned by the PLEG: dropping it aborts them.
+    tasks: Mutex<JoinSet<()>>,
+    /// Cancelled when the PLEG is dropped: background inspections stop at their next await.
     cancel: CancellationToken,
     pub(crate) metrics: PlegMetrics,
     health: Mutex<Health>,
@@ -167,6 +170,7 @@ impl Core {
             done_tx,
             done_rx: tokio::sync::Mutex::new(done_rx),
             permits,
+            tasks: Mutex::new(JoinSet::new()),
             cancel: CancellationToken::new(),
             metrics: PlegMetrics::default(),
             health: Mutex::new(Health {
@@ -174,6 +178,19 @@ impl Core {
                 ..Default::default()
             }),
         }
+    }
+
+    /// Run `work` in the PLEG's own task set, reaping the tasks that have finished.
+    fn spawn(&self, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        let mut tasks = self.tasks.lock();
+        while let Some(done) = tasks.try_join_next() {
+            if let Err(e) = done
+                && e.is_panic()
+            {
+                tracing::error!(error = %e, "a PLEG inspection panicked");
+            }
+        }
+        tasks.spawn(work);
     }
 
     pub(crate) fn set_threshold(&self, threshold: Duration) {
@@ -311,7 +328,7 @@ impl Core {
         let tx = self.done_tx.clone();
         let cancel = self.cancel.clone();
         let timeout = self.config.inspect_timeout;
-        tokio::spawn(async move {
+        self.spawn(async move {
             let work = async {
                 let filter = runtime::ContainerFilter {
                     id: Some(container_id.clone()),
@@ -382,7 +399,7 @@ impl Core {
         let tx = self.done_tx.clone();
         let cancel = self.cancel.clone();
         let timeout = self.config.inspect_timeout;
-        tokio::spawn(async move {
+        self.spawn(async move {
             let work = async {
                 // The semaphore is never closed; without a permit the bound is simply not applied.
                 let _permit = permits.acquire_owned().await.ok();

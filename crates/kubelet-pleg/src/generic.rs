@@ -133,7 +133,7 @@ pub struct RelistReport {
 /// ready) gives `ContainerDied`, disappearing gives `ContainerRemoved` (preceded by
 /// `ContainerDied` if it was not already exited). `ContainerChanged` (entering the runtime's
 /// `Created` or `Unknown` state) triggers an inspection but is never sent. Events go to a
-/// channel of [`PLEG_CHANNEL_CAPACITY`](crate::PLEG_CHANNEL_CAPACITY) without blocking; when it
+/// channel of [`PLEG_CHANNEL_CAPACITY`](kubelet_api::PLEG_CHANNEL_CAPACITY) without blocking; when it
 /// is full they are dropped and counted ([`discarded_events`](Self::discarded_events)).
 ///
 /// No pod can stall the relist (the kubelet's "PLEG is not healthy" failure): changed pods are

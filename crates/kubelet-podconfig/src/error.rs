@@ -116,6 +116,10 @@ pub enum PodConfigError {
         /// The limit, in bytes.
         limit: u64,
     },
+    /// TLS material could not be loaded (the file is named in the error).
+    #[cfg(feature = "tls")]
+    #[error(transparent)]
+    Tls(#[from] kubelet_net::tls::TlsError),
     /// A certificate, key or CA file could not be loaded.
     #[error("loading TLS material from {path}: {reason}")]
     LoadTls {
@@ -150,6 +154,8 @@ impl PodConfigError {
             | PodConfigError::EmptyBody { url }
             | PodConfigError::BodyTooLarge { url, .. } => std::path::Path::new(url),
             PodConfigError::LoadTls { path, .. } => path,
+            #[cfg(feature = "tls")]
+            PodConfigError::Tls(e) => e.path().unwrap_or(std::path::Path::new("")),
             PodConfigError::PushNoAuthentication | PodConfigError::PushBind { .. } => {
                 std::path::Path::new("")
             }

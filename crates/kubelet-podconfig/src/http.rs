@@ -27,8 +27,8 @@ use hyper::header::{HeaderName, HeaderValue};
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_api::sources;
 use kubelet_api::{InvolvedObject, PodSource, SourceSender};
-use kubelet_core::http::{HttpClient, HttpGetSpec, Scheme};
 use kubelet_core::merge::REASON_FAILED_VALIDATION;
+use kubelet_net::http::{HttpClient, HttpGetSpec, Scheme};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::PodConfigError;
@@ -183,7 +183,7 @@ impl HttpSource {
             #[cfg(feature = "tls")]
             let client = HttpClient::with_tls(
                 USER_AGENT,
-                crate::tls::client_config(config.ca_file.as_deref())?,
+                kubelet_net::tls::client_config(config.ca_file.as_deref(), None)?,
             );
             #[cfg(not(feature = "tls"))]
             let client = HttpClient::insecure(USER_AGENT);

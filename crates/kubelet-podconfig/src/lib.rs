@@ -1,7 +1,8 @@
 //! `kubelet-podconfig`: where pods come from. The pod sources of the kubelet SDK and the pod
 //! config merge that turns their snapshots into ADD / UPDATE / DELETE / REMOVE / RECONCILE
-//! updates ([`PodConfig`], [`PodStorage`], defined in `kubelet-core` and re-exported here so this
-//! crate is usable on its own, without the engine).
+//! updates ([`PodConfig`](kubelet_core::merge::PodConfig) and
+//! [`PodStorage`](kubelet_core::merge::PodStorage) in `kubelet_core::merge`, usable without the
+//! rest of the engine).
 //!
 //! - [`FileSource`] (`file`): static pods from a directory or file (`--pod-manifest-path`),
 //!   editor-safe.
@@ -11,8 +12,9 @@
 //!   (`POST`/`PUT`/`DELETE /pods`), off unless built.
 //! - [`validation`]: the API server's pod validation, shared by all three, with its messages.
 //!
-//! Start with [`FileSource::new`] and [`PodConfig`]: register the source, call
-//! [`PodConfig::start`], spawn the future it returns and read [`PodUpdate`]s from the receiver.
+//! Start with [`FileSource::new`] and [`PodConfig`](kubelet_core::merge::PodConfig): register
+//! the source, call [`PodConfig::start`](kubelet_core::merge::PodConfig::start), spawn the
+//! future it returns and read [`PodUpdate`](kubelet_api::PodUpdate)s from the receiver.
 //! The pieces a source is made of are public too: [`manifest`] (reading, decoding and the
 //! kubelet's static pod defaulting, including the UID hash) and [`validation`].
 //!
@@ -45,8 +47,6 @@ pub mod file;
 pub mod http;
 pub mod manifest;
 pub mod push;
-#[cfg(feature = "tls")]
-pub mod tls;
 pub mod validation;
 
 pub use error::PodConfigError;

@@ -48,7 +48,7 @@ use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Status, StatusCause, StatusDetails};
 use kubelet_api::{PodSource, SourceSender};
-use kubelet_core::listener::AcceptorConfig;
+use kubelet_net::listener::AcceptorConfig;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex as AsyncMutex;
@@ -193,7 +193,10 @@ impl PushSource {
         let tls: Tls = match (&config.tls_cert_file, &config.tls_key_file) {
             #[cfg(feature = "tls")]
             (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(
-                crate::tls::server_config(cert, key, config.client_ca_file.as_deref())?,
+                kubelet_net::tls::server_config(
+                    kubelet_net::tls::ReloadingIdentity::load(cert, key)?,
+                    config.client_ca_file.as_deref(),
+                )?,
             )),
             #[cfg(not(feature = "tls"))]
             (Some(cert), Some(_)) => {
@@ -286,7 +289,7 @@ impl PodSource for PushSource {
         tracing::info!(address = %self.local_addr, tls = self.tls.is_some(), "pod push endpoint listening");
         let limits = self.config.acceptor;
         let tls = self.tls.clone();
-        kubelet_core::listener::accept_loop(listener, limits, shutdown, move |tcp, stop| {
+        kubelet_net::listener::accept_loop(listener, limits, shutdown, move |tcp, stop| {
             let handler = handler.clone();
             let tls = tls.clone();
             async move {

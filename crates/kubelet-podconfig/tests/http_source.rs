@@ -403,8 +403,11 @@ fn pki() -> Pki {
     let key_file = dir.path().join("tls.key");
     std::fs::write(&cert_file, cert.pem()).expect("write");
     std::fs::write(&key_file, key.serialize_pem()).expect("write");
-    let server =
-        kubelet_podconfig::tls::server_config(&cert_file, &key_file, None).expect("server config");
+    let server = kubelet_net::tls::server_config(
+        kubelet_net::tls::ReloadingIdentity::load(&cert_file, &key_file).expect("pair"),
+        None,
+    )
+    .expect("server config");
     Pki {
         _dir: dir,
         ca_file,

@@ -3,19 +3,19 @@
 //!
 //! Each returns an [`Outcome`] the way the kubelet's `pkg/probe` packages do: transport errors and
 //! timeouts of network probes are failures, not errors. HTTP probes go through the SDK's one HTTP
-//! client ([`kubelet_core::http`]), shared with lifecycle hooks and the manifest URL source.
+//! client ([`kubelet_net::http`]), shared with lifecycle hooks and the manifest URL source.
 
 use std::time::Duration;
 
 use http::header::HeaderValue;
-use kubelet_core::http::{HttpClient, HttpError, host_port};
+use kubelet_net::http::{HttpClient, HttpError, host_port};
 
-use kubelet_core::http::HttpGetSpec;
+use kubelet_net::http::HttpGetSpec;
 
 /// Response bodies and exec output are read up to this many bytes (`maxRespBodyLength`).
-pub const MAX_BODY: usize = kubelet_core::http::DEFAULT_MAX_BODY;
+pub const MAX_BODY: usize = kubelet_net::http::DEFAULT_MAX_BODY;
 /// Same-host redirects followed before the probe fails.
-pub const MAX_REDIRECTS: usize = kubelet_core::http::MAX_REDIRECTS;
+pub const MAX_REDIRECTS: usize = kubelet_net::http::MAX_REDIRECTS;
 
 /// What one probe attempt found.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,7 +58,7 @@ impl NetConfig {
 /// `tcpSocket`: success when a connection is established within `timeout`.
 pub(crate) async fn tcp_probe(host: &str, port: u16, timeout: Duration) -> Outcome {
     let addr = host_port(host, port);
-    match tokio::time::timeout(timeout, kubelet_core::http::dial(host, port, false)).await {
+    match tokio::time::timeout(timeout, kubelet_net::http::dial(host, port, false)).await {
         Ok(Ok(stream)) => {
             drop(stream);
             Outcome::Success(String::new())

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Container, EnvVar, Probe};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kubelet_api::ProbeType;
 
-use kubelet_core::http::SpecError;
+use kubelet_net::http::SpecError;
 
 use crate::error::ProbeError;
 
@@ -56,7 +56,7 @@ impl ProbeTiming {
     }
 }
 
-use kubelet_core::http::HttpGetSpec;
+use kubelet_net::http::HttpGetSpec;
 
 /// What a probe does.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,7 +252,7 @@ fn handler_from_k8s(probe: &Probe, container: &Container) -> Result<ProbeHandler
 /// Resolve a probe port: a number, or the name of one of the container's ports (a string that
 /// names no port but parses as a number is taken as that number, as the kubelet does).
 pub fn resolve_port(port: &IntOrString, container: &Container) -> Result<u16, ProbeError> {
-    kubelet_core::http::resolve_port(port, container).map_err(|e| spec_error(container, e))
+    kubelet_net::http::resolve_port(port, container).map_err(|e| spec_error(container, e))
 }
 
 fn spec_error(container: &Container, e: SpecError) -> ProbeError {
@@ -290,7 +290,7 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         ContainerPort, ExecAction, GRPCAction, HTTPGetAction, HTTPHeader, TCPSocketAction,
     };
-    use kubelet_core::http::Scheme;
+    use kubelet_net::http::Scheme;
 
     fn container() -> Container {
         Container {

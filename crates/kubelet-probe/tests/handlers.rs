@@ -7,7 +7,7 @@ mod common;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use kubelet_core::http::{HttpGetSpec, Scheme};
+use kubelet_net::http::{HttpGetSpec, Scheme};
 use kubelet_probe::{Outcome, ProbeHandler, Prober, StaticTargets};
 
 const T: Duration = Duration::from_secs(5);

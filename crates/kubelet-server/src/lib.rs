@@ -89,7 +89,7 @@ pub use auth::{
     AlwaysAllow, AlwaysDeny, Attributes, AuthError, Authorizer, Decision, TokenAuthenticator,
     UserInfo,
 };
-use kubelet_core::listener::{self, AcceptorConfig};
+use kubelet_net::listener::{self, AcceptorConfig};
 pub use routes::Body;
 
 /// The TLS settings of the kubelet API port.

@@ -11,21 +11,14 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use parking_lot::Mutex;
+use kubelet_net::tls::ReloadingIdentity;
+use rustls::SupportedCipherSuite;
 use rustls::crypto::CryptoProvider;
 use rustls::crypto::ring::cipher_suite as suites;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
-use rustls::sign::CertifiedKey;
-use rustls::{RootCertStore, SupportedCipherSuite};
 
 use crate::ServerError;
-
-/// How often, at most, the certificate files are checked for changes (on a handshake).
-const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
 pub use crate::TlsSettings;
 
@@ -102,47 +95,25 @@ pub(crate) fn server_config(
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     let provider = Arc::new(provider(settings)?);
     let (cert, key) = serving_pair(settings)?;
-    let resolver = ReloadingCert::load(cert, key, provider.clone())?;
+    let identity = ReloadingIdentity::load_with(&cert, &key, provider.clone()).map_err(net_err)?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions(&settings.min_version)?)
         .map_err(|e| tls_err(format!("tlsCipherSuites/tlsMinVersion: {e}")))?;
     let builder = if settings.client_ca_file.as_os_str().is_empty() {
         builder.with_no_client_auth()
     } else {
-        let roots = client_roots(&settings.client_ca_file)?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .allow_unauthenticated()
-            .build()
-            .map_err(|e| {
-                tls_err(format!(
-                    "clientCAFile {}: {e}",
-                    settings.client_ca_file.display()
-                ))
-            })?;
-        builder.with_client_cert_verifier(verifier)
+        builder.with_client_cert_verifier(
+            kubelet_net::tls::client_verifier(&settings.client_ca_file, provider)
+                .map_err(net_err)?,
+        )
     };
-    let mut config = builder.with_cert_resolver(Arc::new(resolver));
+    let mut config = builder.with_cert_resolver(identity);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
-fn client_roots(path: &Path) -> Result<RootCertStore, ServerError> {
-    let mut roots = RootCertStore::empty();
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| tls_err(format!("clientCAFile {}: {e}", path.display())))?;
-    if certs.is_empty() {
-        return Err(tls_err(format!(
-            "clientCAFile {}: no certificates",
-            path.display()
-        )));
-    }
-    for c in certs {
-        roots
-            .add(c)
-            .map_err(|e| tls_err(format!("clientCAFile {}: {e}", path.display())))?;
-    }
-    Ok(roots)
+fn net_err(e: kubelet_net::tls::TlsError) -> ServerError {
+    tls_err(e.to_string())
 }
 
 /// The certificate and key files to serve: the configured pair, else the self-signed pair in
@@ -161,8 +132,7 @@ fn serving_pair(settings: &TlsSettings) -> Result<(PathBuf, PathBuf), ServerErro
     }
     let cert = settings.cert_dir.join("kubelet.crt");
     let key = settings.cert_dir.join("kubelet.key");
-    let provider = rustls::crypto::ring::default_provider();
-    if load_pair(&cert, &key, &provider).is_ok() {
+    if ReloadingIdentity::load(&cert, &key).is_ok() {
         return Ok((cert, key));
     }
     let (cert_pem, key_pem) = self_signed(&settings.hostname, &settings.addresses)?;
@@ -254,108 +224,6 @@ pub fn self_signed(host: &str, addresses: &[IpAddr]) -> Result<(String, String),
     ))
 }
 
-fn load_pair(
-    cert: &Path,
-    key: &Path,
-    provider: &CryptoProvider,
-) -> Result<CertifiedKey, ServerError> {
-    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| tls_err(format!("tlsCertFile {}: {e}", cert.display())))?;
-    if chain.is_empty() {
-        return Err(tls_err(format!(
-            "tlsCertFile {}: no certificates",
-            cert.display()
-        )));
-    }
-    let key_der = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| tls_err(format!("tlsPrivateKeyFile {}: {e}", key.display())))?;
-    CertifiedKey::from_der(chain, key_der, provider).map_err(|e| {
-        tls_err(format!(
-            "{} and {} do not form a usable pair: {e}",
-            cert.display(),
-            key.display()
-        ))
-    })
-}
-
-/// What identifies a file's version (modification time, size, inode).
-type Stamp = Option<(SystemTime, u64, u64)>;
-
-fn stamp(path: &Path) -> Stamp {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(path).ok()?;
-    Some((m.modified().ok()?, m.len(), m.ino()))
-}
-
-struct ReloadState {
-    current: Arc<CertifiedKey>,
-    stamps: (Stamp, Stamp),
-    checked: std::time::Instant,
-}
-
-/// Serves the pair from two files and re-reads them when they change (checked on a handshake,
-/// at most once a second); established connections keep the certificate they started with.
-struct ReloadingCert {
-    cert: PathBuf,
-    key: PathBuf,
-    provider: Arc<CryptoProvider>,
-    state: Mutex<ReloadState>,
-}
-
-impl std::fmt::Debug for ReloadingCert {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ReloadingCert")
-            .field("cert", &self.cert)
-            .field("key", &self.key)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ReloadingCert {
-    fn load(
-        cert: PathBuf,
-        key: PathBuf,
-        provider: Arc<CryptoProvider>,
-    ) -> Result<Self, ServerError> {
-        let stamps = (stamp(&cert), stamp(&key));
-        let current = Arc::new(load_pair(&cert, &key, &provider)?);
-        Ok(Self {
-            cert,
-            key,
-            provider,
-            state: Mutex::new(ReloadState {
-                current,
-                stamps,
-                checked: std::time::Instant::now(),
-            }),
-        })
-    }
-}
-
-impl ResolvesServerCert for ReloadingCert {
-    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let mut state = self.state.lock();
-        if state.checked.elapsed() >= RELOAD_CHECK {
-            state.checked = std::time::Instant::now();
-            let stamps = (stamp(&self.cert), stamp(&self.key));
-            if stamps != state.stamps {
-                state.stamps = stamps;
-                match load_pair(&self.cert, &self.key, &self.provider) {
-                    Ok(pair) => {
-                        tracing::info!(cert = %self.cert.display(), "serving certificate reloaded");
-                        state.current = Arc::new(pair);
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "the serving certificate changed but cannot be loaded; serving the previous one");
-                    }
-                }
-            }
-        }
-        Some(state.current.clone())
-    }
-}
-
 /// The user of a verified client certificate: CN as the name, O values as groups.
 pub(crate) fn certificate_user(der: &[u8]) -> Option<crate::auth::UserInfo> {
     let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
@@ -395,10 +263,7 @@ mod tests {
             assert_eq!(mode & 0o777, 0o600);
         }
         // Leaf then CA; SANs hold the host and the address.
-        let chain: Vec<_> = CertificateDer::pem_file_iter(&cert)
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap();
+        let chain = kubelet_net::tls::load_certs(&cert).unwrap();
         assert_eq!(chain.len(), 2);
         let (_, leaf) = x509_parser::parse_x509_certificate(&chain[0]).unwrap();
         let cn = leaf.subject().iter_common_name().next().unwrap();

@@ -817,7 +817,7 @@ async fn a_replaced_certificate_is_served_to_new_connections_and_old_ones_keep_w
     let connect = || async {
         let tcp = TcpStream::connect(agent.api).await.unwrap();
         tokio_rustls::TlsConnector::from(Arc::new(
-            kubelet_core::http::insecure_tls_config().unwrap(),
+            kubelet_net::http::insecure_tls_config().unwrap(),
         ))
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
         .await

@@ -4,7 +4,8 @@
 //! * the seam crate `kubelet-api` depends on no other crate of the workspace and, directly or
 //!   not, on nothing that speaks a wire protocol (HTTP, TLS, gRPC, protobuf, the Kubernetes
 //!   client, YAML);
-//! * the engine `kubelet-core` depends on no subsystem crate;
+//! * the engine `kubelet-core` depends on no subsystem crate (only the seams and the network
+//!   crate), and not directly on a TLS library or an HTTP server;
 //! * no crate but the facade `kubelet` re-exports another workspace crate's items: every item
 //!   has one path.
 
@@ -166,9 +167,32 @@ fn the_engine_depends_on_no_subsystem_crate() {
     let own: Vec<_> = deps.intersection(&workspace).cloned().collect();
     assert_eq!(
         own,
-        ["kubelet-api"],
+        ["kubelet-api", "kubelet-net"],
         "kubelet-core's workspace dependencies"
     );
+    // TLS and HTTP come from the network crate, not from the engine itself.
+    let direct: Vec<&str> = g[&id_of(&g, "kubelet-core")]
+        .1
+        .iter()
+        .map(|id| g[id].0.as_str())
+        .collect();
+    for forbidden in ["rustls", "tokio-rustls", "hyper", "httparse", "socket2"] {
+        assert!(
+            !direct.contains(&forbidden),
+            "kubelet-core depends on {forbidden} directly: {direct:?}"
+        );
+    }
+    assert!(direct.contains(&"kubelet-net"));
+}
+
+#[test]
+fn the_network_crate_depends_on_no_workspace_crate() {
+    let meta = metadata();
+    let g = graph(&meta);
+    let deps = closure(&g, "kubelet-net");
+    let workspace: BTreeSet<String> = members(&meta).into_iter().map(|(n, _)| n).collect();
+    let own: Vec<_> = deps.intersection(&workspace).collect();
+    assert!(own.is_empty(), "kubelet-net depends on {own:?}");
 }
 
 /// Modules a crate root declares (`mod kubelet;` in `kubelet-core` is not the facade).

@@ -25,8 +25,8 @@
 //! source wants 200).
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), kubelet_core::http::HttpError> {
-//! use kubelet_core::http::{HttpClient, HttpGetSpec, Scheme};
+//! # async fn demo() -> Result<(), kubelet_net::http::HttpError> {
+//! use kubelet_net::http::{HttpClient, HttpGetSpec, Scheme};
 //!
 //! let client = HttpClient::insecure("kube-probe/1.33");
 //! let spec = HttpGetSpec::new(Scheme::Http, 8080, "/healthz").header("X-Probe", "1");
