@@ -478,13 +478,19 @@ mod tests {
             new("/etc/x"),
             Err(PodConfigError::InvalidUrl { .. })
         ));
-        assert!(matches!(
-            HttpSource::new(
-                "https://example.com/",
-                "n",
-                HttpSourceConfig::default().ca_file("/nonexistent/ca.pem")
+        let missing_ca = HttpSource::new(
+            "https://example.com/",
+            "n",
+            HttpSourceConfig::default().ca_file("/nonexistent/ca.pem"),
+        );
+        match missing_ca {
+            Err(e @ PodConfigError::Tls(_)) => {
+                assert_eq!(e.path(), std::path::Path::new("/nonexistent/ca.pem"));
+            }
+            other => panic!(
+                "expected a TLS error naming the CA file, got {:?}",
+                other.err()
             ),
-            Err(PodConfigError::LoadTls { .. })
-        ));
+        }
     }
 }

@@ -95,7 +95,8 @@ pub(crate) fn server_config(
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     let provider = Arc::new(provider(settings)?);
     let (cert, key) = serving_pair(settings)?;
-    let identity = ReloadingIdentity::load_with(&cert, &key, provider.clone()).map_err(net_err)?;
+    let identity = ReloadingIdentity::load_with(&cert, &key, provider.clone())
+        .map_err(|e| tls_err(format!("tlsCertFile/tlsPrivateKeyFile: {e}")))?;
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&versions(&settings.min_version)?)
         .map_err(|e| tls_err(format!("tlsCipherSuites/tlsMinVersion: {e}")))?;
@@ -104,16 +105,12 @@ pub(crate) fn server_config(
     } else {
         builder.with_client_cert_verifier(
             kubelet_net::tls::client_verifier(&settings.client_ca_file, provider)
-                .map_err(net_err)?,
+                .map_err(|e| tls_err(format!("clientCAFile: {e}")))?,
         )
     };
     let mut config = builder.with_cert_resolver(identity);
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
-}
-
-fn net_err(e: kubelet_net::tls::TlsError) -> ServerError {
-    tls_err(e.to_string())
 }
 
 /// The certificate and key files to serve: the configured pair, else the self-signed pair in
