@@ -223,24 +223,123 @@ pub fn self_signed(host: &str, addresses: &[IpAddr]) -> Result<(String, String),
 
 /// The user of a verified client certificate: CN as the name, O values as groups.
 pub(crate) fn certificate_user(der: &[u8]) -> Option<crate::auth::UserInfo> {
-    let (_, cert) = x509_parser::parse_x509_certificate(der).ok()?;
-    let subject = cert.subject();
-    let name = subject
-        .iter_common_name()
-        .next()
-        .and_then(|cn| cn.as_str().ok())?
-        .to_string();
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_string))
+    let attributes = subject_attributes(der)?;
+    let name = attributes
+        .iter()
+        .find(|(oid, _)| *oid == OID_COMMON_NAME)?
+        .1
+        .clone();
+    let groups = attributes
+        .iter()
+        .filter(|(oid, _)| *oid == OID_ORGANIZATION)
+        .map(|(_, v)| v.clone())
         .collect();
     Some(crate::auth::UserInfo::new(name, groups))
+}
+
+/// `2.5.4.3` and `2.5.4.10`, DER-encoded.
+const OID_COMMON_NAME: &[u8] = &[0x55, 0x04, 0x03];
+const OID_ORGANIZATION: &[u8] = &[0x55, 0x04, 0x0a];
+
+/// One DER element of `input`: its tag, its content and what follows it.
+fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > 4 || rest.len() < n {
+            return None;
+        }
+        let len = rest[..n]
+            .iter()
+            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+        (len, &rest[n..])
+    };
+    (rest.len() >= len).then(|| (tag, &rest[..len], &rest[len..]))
+}
+
+/// The subject's attributes (OID, text) of a certificate the TLS layer has already verified:
+/// `Certificate → TBSCertificate → subject`, each `RDN` a `SET` of `(OID, string)`. Text values
+/// are UTF8String, PrintableString or IA5String; attributes of other string types are left out.
+fn subject_attributes(cert: &[u8]) -> Option<Vec<(&[u8], String)>> {
+    const SEQUENCE: u8 = 0x30;
+    const SET: u8 = 0x31;
+    const OID: u8 = 0x06;
+    const VERSION: u8 = 0xa0;
+    let (SEQUENCE, cert, _) = der_element(cert)? else {
+        return None;
+    };
+    let (SEQUENCE, mut tbs, _) = der_element(cert)? else {
+        return None;
+    };
+    if let (VERSION, _, rest) = der_element(tbs)? {
+        tbs = rest;
+    }
+    // serialNumber, signature, issuer, validity, then the subject.
+    for _ in 0..4 {
+        tbs = der_element(tbs)?.2;
+    }
+    let (SEQUENCE, mut name, _) = der_element(tbs)? else {
+        return None;
+    };
+    let mut out = Vec::new();
+    while !name.is_empty() {
+        let (SET, mut rdn, rest) = der_element(name)? else {
+            return None;
+        };
+        name = rest;
+        while !rdn.is_empty() {
+            let (SEQUENCE, attribute, rest) = der_element(rdn)? else {
+                return None;
+            };
+            rdn = rest;
+            let (OID, oid, value) = der_element(attribute)? else {
+                return None;
+            };
+            let (tag, text, _) = der_element(value)?;
+            if matches!(tag, 0x0c | 0x13 | 0x16) {
+                out.push((oid, std::str::from_utf8(text).ok()?.to_string()));
+            }
+        }
+    }
+    Some(out)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_user_of_a_client_certificate_is_its_cn_and_its_organizations() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name
+            .push(rcgen::DnType::OrganizationName, "system:nodes");
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "system:node:n1");
+        p.distinguished_name.push(rcgen::DnType::CountryName, "DE");
+        let cert = p.self_signed(&key).unwrap();
+        let user = certificate_user(cert.der()).unwrap();
+        assert_eq!(user.name, "system:node:n1");
+        assert_eq!(user.groups, ["system:nodes".to_string()]);
+        // No CN is no user.
+        let mut p = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        p.distinguished_name = rcgen::DistinguishedName::new();
+        p.distinguished_name
+            .push(rcgen::DnType::OrganizationName, "a");
+        let cert = p.self_signed(&key).unwrap();
+        assert!(certificate_user(cert.der()).is_none());
+        // Garbage and truncated input are no user, never a panic.
+        assert!(certificate_user(b"").is_none());
+        assert!(certificate_user(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]).is_none());
+        let der = cert.der().to_vec();
+        for cut in 0..der.len() {
+            let _ = certificate_user(&der[..cut]);
+        }
+    }
 
     #[test]
     fn self_signed_pairs_are_generated_once_and_reused() {
