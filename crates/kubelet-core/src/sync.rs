@@ -693,6 +693,9 @@ impl Engine {
             return out;
         }
 
+        // The same IPs the status reports (the node's for a host-network pod), for the
+        // downward API and /etc/hosts.
+        let pod_ips = crate::status_gen::pod_ips(p, &pod_ips, self.config.node_ip.as_deref());
         let host_ip = self
             .config
             .node_ip

@@ -318,15 +318,11 @@ async fn host_and_bridge_network_pods_reach_running_with_their_spec_applied() {
         privileged: Some(true),
         ..Default::default()
     });
-    let host_pod = pod(
-        "host",
-        true,
-        vec![
-            container("app", &env.busybox, "exec sleep 1000"),
-            nobody,
-            privileged,
-        ],
-    );
+    // A host-network pod's IP is the node's, in its status and in the downward API alike
+    // (containerd reports no IP for a host-network sandbox).
+    let mut host_app = container("app", &env.busybox, "exec sleep 1000");
+    host_app.env = Some(vec![field("status.podIP"), field("status.hostIP")]);
+    let host_pod = pod("host", true, vec![host_app, nobody, privileged]);
     let (_tx, rx) = watch::channel(vec![bridge_pod, host_pod]);
     let agent = Agent::start(&env, rt.clone(), rx);
 
@@ -382,6 +378,27 @@ async fn host_and_bridge_network_pods_reach_running_with_their_spec_applied() {
     let res = cs.resources.expect("resources in the status");
     assert_eq!(res.memory_limit_in_bytes, 32 << 20);
     assert_eq!(res.cpu_quota, 25_000);
+
+    assert_eq!(host.pod_ip.as_deref(), Some(common::NODE_IP));
+    assert_eq!(host.host_ip.as_deref(), Some(common::NODE_IP));
+    let host_ids = container_ids(&host);
+    let host_app_id = &host_ids.iter().find(|c| c.0 == "app").unwrap().1;
+    let out = rt
+        .exec_sync(
+            host_app_id,
+            &[
+                "/bin/sh".into(),
+                "-c".into(),
+                "echo $STATUS_PODIP $STATUS_HOSTIP".into(),
+            ],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("{} {}", common::NODE_IP, common::NODE_IP)
+    );
 
     // runAsUser and privileged: the uid, and the capability set (a privileged container gets
     // every capability, the others the runtime's default set).

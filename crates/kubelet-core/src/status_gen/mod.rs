@@ -194,18 +194,7 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         Some(ip) => Some(vec![HostIP { ip: ip.to_string() }]),
         None => old.and_then(|o| o.host_ips.clone()),
     };
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
-    // A host-network pod has the node's address, as with the kubelet on a CRI runtime (whose
-    // host-network sandboxes report no IP): a runtime that reports its own idea of the host's
-    // address must not make the pod's IP differ from its hostIP or change between syncs.
-    let pod_ips: Vec<String> = match input.host_ip {
-        Some(ip) if host_network => vec![ip.to_string()],
-        _ => input.runtime.ips.clone(),
-    };
+    let pod_ips = pod_ips(pod, &input.runtime.ips, input.host_ip);
     let (pod_ip, pod_ips) = if pod_ips.is_empty() {
         // The sandbox is gone (the pod finished): keep reporting the IPs it had.
         (
@@ -243,6 +232,22 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         resource_claim_statuses: api.and_then(|a| a.resource_claim_statuses.clone()),
         observed_generation: pod.metadata.generation,
         ..Default::default()
+    }
+}
+
+/// The pod's IPs: for a host-network pod the node's (`host_ip`), as with the kubelet on a CRI
+/// runtime, whose host-network sandboxes report no IP; else what the runtime reports. A runtime
+/// that reports its own idea of the host's address must not make a host-network pod's IP differ
+/// from its `hostIP`, change between syncs, or differ between its status and the downward API.
+pub(crate) fn pod_ips(pod: &Pod, runtime_ips: &[String], host_ip: Option<&str>) -> Vec<String> {
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    match host_ip {
+        Some(ip) if host_network && !ip.is_empty() => vec![ip.to_string()],
+        _ => runtime_ips.to_vec(),
     }
 }
 

@@ -25,6 +25,9 @@ use kubelet_pleg::{EventedPleg, GenericPleg, GenericPlegConfig, PlegMode};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+/// The node IP the test agents report (every pod's `hostIP`, a host-network pod's `podIP`).
+pub const NODE_IP: &str = "192.0.2.77";
+
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/containerd-test-env.sh")
 }
@@ -251,11 +254,10 @@ impl Agent {
         pleg: Arc<dyn PodLifecycleEventGenerator>,
     ) -> Self {
         let sink = Arc::new(RecordingSink::new());
+        let mut config = KubeletConfig::with_dirs(env.dir.join("kubelet"), env.dir.join("logs"));
+        config.node_ip = Some(NODE_IP.to_string());
         let kubelet = KubeletBuilder::new("node-1")
-            .config(KubeletConfig::with_dirs(
-                env.dir.join("kubelet"),
-                env.dir.join("logs"),
-            ))
+            .config(config)
             .runtime(runtime)
             .pleg(pleg)
             .pod_source(Arc::new(TestSource { rx: pods }))
