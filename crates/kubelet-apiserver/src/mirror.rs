@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 use crate::error::{ApiServerError, is_status};
 use crate::lease::node_owner;
-use crate::patch::{patch_pod_status, pod_status_patch};
+use crate::patch::write_pod_status;
 
 /// How long a mirror pod without a static pod must stay orphaned before it is deleted (the
 /// agent's sources deliver their static pods first; the kubelet waits for all sources instead).
@@ -326,18 +326,13 @@ impl MirrorPods {
         if self.state.lock().written.get(mirror_uid) == Some(status) {
             return Ok(());
         }
-        let Some(patch) = pod_status_patch(mirror_uid, api_status, status) else {
-            self.state
-                .lock()
-                .written
-                .insert(mirror_uid.to_string(), status.clone());
-            return Ok(());
-        };
-        match patch_pod_status(
+        match write_pod_status(
             client,
             podutil::namespace(&s.pod),
             podutil::name(&s.pod),
-            patch,
+            mirror_uid,
+            api_status,
+            status,
             unknown,
         )
         .await

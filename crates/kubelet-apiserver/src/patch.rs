@@ -130,6 +130,54 @@ pub(crate) async fn patch_pod_status(
     Ok(())
 }
 
+/// What [`write_pod_status`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StatusWrite {
+    /// The API's copy already had this status: nothing was sent.
+    Unchanged,
+    /// The status was patched.
+    Patched,
+}
+
+/// Write `status` to pod `namespace/name` (UID `uid`) as a patch from `old`, the status in the
+/// caller's copy of the pod. That copy may lag behind the caller's own last write (the watch has
+/// not brought it back yet): merged lists then keep items the patch did not know to delete (two
+/// pod IPs of one family) and the API server refuses the result (422). The patch is then made
+/// again from the pod as the API server has it now, once.
+pub(crate) async fn write_pod_status(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    uid: &str,
+    old: Option<&PodStatus>,
+    status: &PodStatus,
+    unknown: &parking_lot::RwLock<std::collections::HashSet<String>>,
+) -> Result<StatusWrite, kube::Error> {
+    let Some(patch) = pod_status_patch(uid, old, status) else {
+        return Ok(StatusWrite::Unchanged);
+    };
+    let first = patch_pod_status(client, namespace, name, patch, unknown).await;
+    let Err(refused) = first else {
+        return Ok(StatusWrite::Patched);
+    };
+    if !crate::error::is_status(&refused, 422) {
+        return Err(refused);
+    }
+    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(client.clone(), namespace);
+    let fresh = match api.get(name).await {
+        Ok(p) if p.metadata.uid.as_deref() == Some(uid) => p,
+        _ => return Err(refused),
+    };
+    tracing::debug!(pod = %format!("{namespace}/{name}"), "status patch refused; patching again from the API server's copy");
+    match pod_status_patch(uid, fresh.status.as_ref(), status) {
+        None => Ok(StatusWrite::Unchanged),
+        Some(patch) => patch_pod_status(client, namespace, name, patch, unknown)
+            .await
+            .map(|()| StatusWrite::Patched),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,7 +19,7 @@ use kubelet_api::{Event, StatusSink};
 use crate::agent::Shared;
 use crate::error::{ApiServerError, is_status};
 use crate::mirror::delete_pod;
-use crate::patch::{patch_pod_status, pod_status_patch};
+use crate::patch::{StatusWrite, write_pod_status};
 
 /// The API server as a status sink.
 #[derive(Clone)]
@@ -54,45 +54,22 @@ pub fn pod_is_finished(status: &PodStatus) -> bool {
 
 impl ApiStatusSink {
     async fn patch_api_pod(&self, pod: &Pod, status: &PodStatus) -> Result<(), ApiServerError> {
-        let uid = podutil::uid(pod);
-        let Some(patch) = pod_status_patch(uid, pod.status.as_ref(), status) else {
-            tracing::trace!(pod = %podutil::full_name(pod), "status unchanged in the API; no patch");
-            return Ok(());
-        };
-        let mut result = patch_pod_status(
+        let result = write_pod_status(
             &self.shared.client,
             podutil::namespace(pod),
             podutil::name(pod),
-            patch,
+            podutil::uid(pod),
+            pod.status.as_ref(),
+            status,
             &self.shared.unknown_status_fields,
         )
         .await;
-        // The patch is a diff from the status in our copy of the pod, which the watch may not
-        // have brought up to date with our last write: merged lists then keep items the patch
-        // did not know to delete (two pod IPs of one family), and the API server refuses the
-        // result. Diff again from the pod as the API server has it now, once.
-        if matches!(&result, Err(e) if is_status(e, 422)) {
-            let api: kube::Api<Pod> =
-                kube::Api::namespaced(self.shared.client.clone(), podutil::namespace(pod));
-            if let Ok(fresh) = api.get(podutil::name(pod)).await
-                && podutil::uid(&fresh) == uid
-            {
-                tracing::debug!(pod = %podutil::full_name(pod), "status patch refused; diffing again from the API server's copy");
-                let Some(patch) = pod_status_patch(uid, fresh.status.as_ref(), status) else {
-                    return Ok(());
-                };
-                result = patch_pod_status(
-                    &self.shared.client,
-                    podutil::namespace(pod),
-                    podutil::name(pod),
-                    patch,
-                    &self.shared.unknown_status_fields,
-                )
-                .await;
-            }
-        }
         match result {
-            Ok(_) => {
+            Ok(StatusWrite::Unchanged) => {
+                tracing::trace!(pod = %podutil::full_name(pod), "status unchanged in the API; no patch");
+                Ok(())
+            }
+            Ok(StatusWrite::Patched) => {
                 tracing::debug!(pod = %podutil::full_name(pod), phase = status.phase.as_deref().unwrap_or(""), "patched pod status");
                 Ok(())
             }
