@@ -17,7 +17,26 @@
 //! * with the `conformance` feature, the runtime conformance kit (`kubelet_api::conformance`).
 //!
 //! It speaks no wire protocol (no HTTP, TLS, gRPC, Kubernetes client or YAML) and holds no
-//! engine: the engine (`kubelet-core`) and every subsystem crate build on it. Every item has
+//! engine: the engine (`kubelet-core`) and every subsystem crate build on it. An implementation
+//! is plugged into an agent through the engine's builder (`KubeletBuilder::status_sink`,
+//! `runtime`, `pod_source`, `plugin`, …, or the facade's `AgentBuilder`):
+//!
+//! ```
+//! use kubelet_api::k8s_openapi::api::core::v1::{Pod, PodStatus};
+//! use kubelet_api::{Result, StatusSink, pod};
+//!
+//! /// Logs every phase change; `KubeletBuilder::new(node).status_sink(Arc::new(PhaseLog))`.
+//! struct PhaseLog;
+//!
+//! #[async_trait::async_trait]
+//! impl StatusSink for PhaseLog {
+//!     async fn update_pod_status(&self, p: &Pod, status: &PodStatus) -> Result<()> {
+//!         tracing::info!(pod = %pod::full_name(p), phase = ?status.phase, "status");
+//!         Ok(())
+//!     }
+//! }
+//! ```
+//! Every item has
 //! one path: the flat re-exports below for the traits and their companions, the modules
 //! [`runtime`], [`pod`], [`sources`], [`annotations`] and [`objects`] for the rest.
 #![forbid(unsafe_code)]

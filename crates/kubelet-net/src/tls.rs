@@ -239,14 +239,14 @@ impl ReloadingIdentity {
             state.checked = Instant::now();
             let stamps = (stamp(&self.cert), stamp(&self.key));
             if stamps != state.stamps {
+                // Tried once per change of the files: a key written before its certificate
+                // fails here and is picked up when the certificate's write changes them again.
+                state.stamps = stamps;
                 match load_pair(&self.cert, &self.key, &self.provider) {
                     Ok(pair) => {
                         tracing::info!(cert = %self.cert.display(), "certificate reloaded");
                         state.current = pair;
-                        state.stamps = stamps;
                     }
-                    // Kept unmarked: tried again at the next check, so a key written before its
-                    // certificate is picked up once both are in place.
                     Err(e) => {
                         tracing::warn!(error = %e, "the certificate files changed but cannot be loaded; using the previous pair");
                     }
