@@ -381,7 +381,9 @@ async fn a_pod_whose_runtime_calls_hang_does_not_delay_other_pods_events() {
     let config = long_relist().with_relist(
         GenericPlegConfig::default()
             .with_relist_period(Duration::from_secs(3600))
-            .with_inspect_timeout(Duration::from_secs(3)),
+            // The hung inspection is reported slow from the inspection wait (1 s) until it
+            // times out: a window wide enough for a loaded machine to look inside it.
+            .with_inspect_timeout(Duration::from_secs(6)),
     );
     let mut s = setup(config, None).await;
     let (sid_slow, slow) = start_pod(&*s.faulty, &s.root, "hang-slow", "sleep 1; exit 6").await;
@@ -417,7 +419,7 @@ async fn a_pod_whose_runtime_calls_hang_does_not_delay_other_pods_events() {
     })
     .await;
     // Its inspection times out (error cached), then succeeds once the runtime answers.
-    wait_until("the slow pod's timeout", Duration::from_secs(5), || {
+    wait_until("the slow pod's timeout", Duration::from_secs(10), || {
         s.pleg
             .cache()
             .get("hang-slow")
