@@ -327,7 +327,7 @@ async fn through_agent(
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = new_pleg(pleg, runtime.clone());
+    let (pleg, pleg_events) = new_pleg(pleg, runtime.clone());
     let runtime = if stage_limit > 0 {
         kubelet_core::layer::RuntimeLayer::layer(
             &kubelet_core::layer::StageLimits::new(stage_limit),
@@ -348,7 +348,7 @@ async fn through_agent(
             root.join("logs"),
         ))
         .runtime(runtime)
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(Arc::new(source))
         .build()?;
     let statuses = kubelet.handle().statuses();
@@ -457,7 +457,7 @@ async fn relist_cost(
         r??;
     }
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = GenericPleg::new(runtime, GenericPlegConfig::default());
+    let (pleg, _events) = GenericPleg::new(runtime, GenericPlegConfig::default());
     let t = Instant::now();
     let first = pleg.relist().await?;
     let first_time = t.elapsed();

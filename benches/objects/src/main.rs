@@ -309,7 +309,7 @@ async fn update_to_file(
     } else {
         PlegKind::Evented
     };
-    let pleg = new_pleg(kind, runtime.clone());
+    let (pleg, pleg_events) = new_pleg(kind, runtime.clone());
     let api = ApiServer::from_kubeconfig(
         env.node_kubeconfig(),
         NODE,
@@ -321,7 +321,7 @@ async fn update_to_file(
     let kubelet = KubeletBuilder::new(NODE)
         .config(config)
         .runtime(runtime.clone())
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .plugin(Arc::new(api))
         .build()?;
     let shutdown = CancellationToken::new();

@@ -31,7 +31,9 @@ use kubelet_api::runtime::{
     ContainerConfig, ContainerFilter, ContainerMetadata, Labels, PodSandboxConfig,
     PodSandboxMetadata, SandboxFilter, labels,
 };
-use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator, PodLifecycleEventType};
+use kubelet_api::{
+    ContainerRuntime, PlegEvents, PodLifecycleEventGenerator, PodLifecycleEventType,
+};
 use kubelet_pleg::{EventedPleg, EventedPlegConfig, GenericPleg, GenericPlegConfig};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;
@@ -260,14 +262,20 @@ fn container_config(t: &Target, labels_: &Labels, name: &str, script: &str) -> C
     }
 }
 
+/// A PLEG behind the trait object the engine takes, with its events.
+fn shared<P: PodLifecycleEventGenerator>(
+    (pleg, events): (P, PlegEvents),
+) -> (Arc<dyn PodLifecycleEventGenerator>, PlegEvents) {
+    (Arc::new(pleg), events)
+}
+
 /// Exit-detection latencies (ms) of `exits` containers in `mode`.
 async fn latency(t: &Target, mode: Mode, flags: &Flags) -> anyhow::Result<Vec<f64>> {
     let (exits, batch) = (flags.exits, flags.batch.max(1));
-    let pleg: Arc<dyn PodLifecycleEventGenerator> = match mode {
-        Mode::Relist => Arc::new(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
-        Mode::Evented => Arc::new(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
+    let (pleg, mut pleg_events) = match mode {
+        Mode::Relist => shared(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
+        Mode::Evented => shared(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
     };
-    let mut pleg_events = pleg.take_events().context("event receiver")?;
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
         let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
@@ -356,7 +364,7 @@ async fn relist_cost(t: &Target, n: usize, runs: usize, window: Duration) -> any
     while let Some(r) = set.join_next().await {
         r??;
     }
-    let pleg = GenericPleg::new(t.rt.clone(), GenericPlegConfig::default());
+    let (pleg, _events) = GenericPleg::new(t.rt.clone(), GenericPlegConfig::default());
     let s = Instant::now();
     let first = pleg.relist().await?;
     if first.pods < n {
@@ -400,14 +408,14 @@ async fn relist_cost(t: &Target, n: usize, runs: usize, window: Duration) -> any
         t,
         window,
         warmup,
-        Arc::new(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
+        shared(GenericPleg::new(t.rt.clone(), GenericPlegConfig::default())),
     )
     .await?;
     let evented_cpu = cpu_while(
         t,
         window,
         warmup,
-        Arc::new(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
+        shared(EventedPleg::new(t.rt.clone(), EventedPlegConfig::default())),
     )
     .await?;
     let pct = |c: Option<f64>| c.map_or("n/a".to_string(), |c| format!("{:.2} %", c * 100.0));
@@ -433,9 +441,8 @@ async fn cpu_while(
     t: &Target,
     window: Duration,
     warmup: Duration,
-    pleg: Arc<dyn PodLifecycleEventGenerator>,
+    (pleg, _events): (Arc<dyn PodLifecycleEventGenerator>, PlegEvents),
 ) -> anyhow::Result<(f64, Option<f64>)> {
-    let _events = pleg.take_events();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn({
         let (pleg, shutdown) = (pleg.clone(), shutdown.clone());

@@ -482,7 +482,9 @@ async fn run_prober(args: &Args, n: usize, rss0: u64, work: Workload, server_pid
     if let Some(m) = args.max_concurrent {
         config = config.max_concurrent(m);
     }
-    let prober = Arc::new(Prober::new(config));
+    // The receiver of result changes stays open for the whole run, as in the engine.
+    let (prober, _updates) = Prober::new(config);
+    let prober = Arc::new(prober);
     for (i, h) in work.handlers.into_iter().enumerate() {
         let uid = format!("pod-{i}");
         let mut timing = ProbeTiming::with_period(Duration::from_secs(1));
@@ -594,7 +596,8 @@ async fn run_baseline(
     server_pid: u32,
 ) -> Figures {
     let hist = Arc::new(Hist::new());
-    let prober = Arc::new(Prober::default());
+    let (prober, _updates) = Prober::new(ProberConfig::default());
+    let prober = Arc::new(prober);
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     let total: Family<Labels, Counter> = Family::default();

@@ -132,15 +132,16 @@ mod serve {
             .hostname("localhost");
         let server = KubeletServer::bind(config).await?;
         let runtime = Arc::new(FakeRuntime::new());
-        let pleg = Arc::new(kubelet_pleg::GenericPleg::new(
+        let (pleg, pleg_events) = kubelet_pleg::GenericPleg::new(
             runtime.clone() as Arc<dyn ContainerRuntime>,
             Default::default(),
-        ));
+        );
+        let pleg = std::sync::Arc::new(pleg);
         let logs = dir.join("logs");
         let kubelet = KubeletBuilder::new("bench-node")
             .config(KubeletConfig::with_dirs(dir.join("root"), &logs))
             .runtime(runtime)
-            .pleg(pleg)
+            .pleg(pleg, pleg_events)
             .pod_source(Arc::new(Pods((0..pods).map(pod).collect())))
             .plugin(Arc::new(server))
             .build()?;

@@ -69,14 +69,14 @@ pub use error::{Error, ErrorKind, Result};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use objects::{Lookup, ObjectProvider, ReferencedObjects, StaticObjects};
 pub use pleg::{
-    PLEG_CHANNEL_CAPACITY, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,
+    PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,
     PodLifecycleEventType,
 };
 pub use plugin::{
     AgentDirs, AgentHandle, AgentPlugin, NodeConditionReader, NotRunning, PLUGIN_STOP_GRACE,
     PluginContext, PluginState, PluginStatus, SyncLoopStalled,
 };
-pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
+pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate, ProbeUpdates};
 pub use sink::StatusSink;
 pub use source::{
     NameIndex, PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot,

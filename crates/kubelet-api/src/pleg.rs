@@ -32,6 +32,11 @@ pub struct PodLifecycleEvent {
     pub container_id: String,
 }
 
+/// The receiving end of a PLEG's events. A PLEG's constructor returns it beside the PLEG (as
+/// `kube_runtime::reflector::store` returns a store and its writer), so it has exactly one
+/// owner: the engine's builder takes both.
+pub type PlegEvents = mpsc::Receiver<PodLifecycleEvent>;
+
 /// Channel capacity the kubelet uses between the PLEG and the sync loop.
 pub const PLEG_CHANNEL_CAPACITY: usize = 1000;
 
@@ -46,11 +51,9 @@ pub enum PlegHealth {
 }
 
 /// A pod lifecycle event generator: watches the runtime, keeps the [`PodCache`] current, and
-/// emits [`PodLifecycleEvent`]s.
+/// emits [`PodLifecycleEvent`]s to the [`PlegEvents`] receiver its constructor returned.
 #[async_trait]
 pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
-    /// Take the event receiver. The first call returns it; later calls return `None`.
-    fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>>;
     /// A reader of the cache this PLEG writes.
     fn cache(&self) -> PodCache;
     /// Current health.

@@ -64,7 +64,12 @@ impl std::fmt::Debug for ProbeContext {
     }
 }
 
-/// A prober the engine drives: it is told which pods exist and reports result changes.
+/// The receiving end of a prober's result changes, returned by the prober's constructor beside
+/// the prober (one owner: the engine's builder takes both).
+pub type ProbeUpdates = mpsc::Receiver<ProbeUpdate>;
+
+/// A prober the engine drives: it is told which pods exist and reports result changes to the
+/// [`ProbeUpdates`] receiver its constructor returned.
 ///
 /// The probe seam: how a prober (the `kubelet-probe` crate, or an embedder's own) feeds liveness,
 /// readiness and startup results into the engine.
@@ -81,8 +86,6 @@ pub trait ProbeManager: Send + Sync + 'static {
     fn stop_liveness_and_startup(&self, pod_uid: &str);
     /// Latest result for a container instance, `None` if it has no such probe.
     fn result(&self, container_id: &str, probe_type: ProbeType) -> Option<ProbeResult>;
-    /// Take the receiver of result changes. The first call returns it; later calls `None`.
-    fn take_updates(&self) -> Option<mpsc::Receiver<ProbeUpdate>>;
     /// Run the probe workers until `shutdown` is cancelled.
     async fn run(&self, ctx: ProbeContext, shutdown: CancellationToken);
     /// Register the prober's metrics (`prober_probe_total`, …) in the agent's registry; called

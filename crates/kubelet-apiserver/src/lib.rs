@@ -31,11 +31,11 @@
 //! use std::sync::Arc;
 //! use kubelet_apiserver::{ApiServer, ApiServerConfig};
 //! use kubelet_core::{KubeletBuilder, KubeletConfig};
-//! use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator};
+//! use kubelet_api::{ContainerRuntime, PlegEvents, PodLifecycleEventGenerator};
 //! use tokio_util::sync::CancellationToken;
 //!
-//! # async fn agent(runtime: Arc<dyn ContainerRuntime>, pleg: Arc<dyn PodLifecycleEventGenerator>)
-//! #     -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn agent(runtime: Arc<dyn ContainerRuntime>, pleg: Arc<dyn PodLifecycleEventGenerator>,
+//! #     pleg_events: PlegEvents) -> Result<(), Box<dyn std::error::Error>> {
 //! let api = ApiServer::from_kubeconfig(
 //!     std::path::Path::new("/etc/kubernetes/kubelet.conf"),
 //!     "node-1",
@@ -45,7 +45,7 @@
 //! let kubelet = KubeletBuilder::new("node-1")
 //!     .config(KubeletConfig::with_dirs("/var/lib/kubelet", "/var/log/pods"))
 //!     .runtime(runtime)
-//!     .pleg(pleg)
+//!     .pleg(pleg, pleg_events)
 //!     .plugin(Arc::new(api))
 //!     .build()?;
 //! kubelet.run(CancellationToken::new()).await;

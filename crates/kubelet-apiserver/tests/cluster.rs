@@ -157,12 +157,11 @@ impl Agent {
         ));
         let api = api.with_recorder(builder.recorder());
         let api_handle = api.clone();
+        let (pleg, pleg_events) =
+            GenericPleg::new(dyn_runtime.clone(), GenericPlegConfig::default());
         let kubelet = builder
             .runtime(dyn_runtime.clone())
-            .pleg(Arc::new(GenericPleg::new(
-                dyn_runtime.clone(),
-                GenericPlegConfig::default(),
-            )))
+            .pleg(Arc::new(pleg), pleg_events)
             .pod_source(Arc::new(FileSource::new(&manifests, node.clone())))
             .pod_source(api.pod_source())
             .status_sink(api.status_sink())

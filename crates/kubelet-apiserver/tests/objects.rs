@@ -229,10 +229,8 @@ async fn run() {
         .expect("process runtime"),
     );
     let dyn_runtime: Arc<dyn ContainerRuntime> = runtime.clone();
-    let pleg = Arc::new(GenericPleg::new(
-        dyn_runtime.clone(),
-        GenericPlegConfig::default(),
-    ));
+    let (pleg, pleg_events) = GenericPleg::new(dyn_runtime.clone(), GenericPlegConfig::default());
+    let pleg = std::sync::Arc::new(pleg);
     let sink = Arc::new(RecordingSink::new());
     let mut config = KubeletConfig::with_dirs(&root, &logs);
     // Only the watch can bring a change within the test's waits.
@@ -242,7 +240,7 @@ async fn run() {
         .with_recorder(builder.recorder());
     let kubelet = builder
         .runtime(dyn_runtime.clone())
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(api.pod_source())
         .status_sink(api.status_sink())
         .status_sink(sink.clone())

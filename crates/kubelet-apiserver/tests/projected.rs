@@ -151,10 +151,8 @@ async fn run() {
         )
         .expect("process runtime"),
     );
-    let pleg = Arc::new(GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default(),
-    ));
+    let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+    let pleg = std::sync::Arc::new(pleg);
     let sink = Arc::new(RecordingSink::new());
     let objects = ApiObjects::new(node.clone());
     let builder = KubeletBuilder::new(NODE).config(KubeletConfig::with_dirs(&root, &logs));
@@ -162,7 +160,7 @@ async fn run() {
         .with_recorder(builder.recorder());
     let kubelet = builder
         .runtime(runtime)
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(api.pod_source())
         .status_sink(sink.clone())
         .object_provider(Arc::new(objects.clone()))

@@ -14,8 +14,9 @@ use crate::plugin::PluginStates;
 use crate::status_manager::StatusManager;
 use crate::volume::{EmptyDirPlugin, HostPathPlugin};
 use kubelet_api::{
-    AgentPlugin, ContainerRuntime, EventRecorder, NodeConditionReader, ObjectProvider,
-    PodAdmitHandler, PodLifecycleEventGenerator, PodSource, ProbeManager, StatusSink, VolumePlugin,
+    AgentPlugin, ContainerRuntime, EventRecorder, NodeConditionReader, ObjectProvider, PlegEvents,
+    PodAdmitHandler, PodLifecycleEventGenerator, PodSource, ProbeManager, ProbeUpdates, StatusSink,
+    VolumePlugin,
 };
 
 /// Assembles a [`Kubelet`] from a runtime, a PLEG, pod sources, status sinks and optional
@@ -24,13 +25,14 @@ use kubelet_api::{
 /// ```no_run
 /// # async fn demo(runtime: std::sync::Arc<dyn kubelet_api::ContainerRuntime>,
 /// #               pleg: std::sync::Arc<dyn kubelet_api::PodLifecycleEventGenerator>,
+/// #               pleg_events: kubelet_api::PlegEvents,
 /// #               source: std::sync::Arc<dyn kubelet_api::PodSource>) -> Result<(), kubelet_core::KubeletError> {
 /// use kubelet_core::{KubeletBuilder, KubeletConfig};
 /// use tokio_util::sync::CancellationToken;
 /// let kubelet = KubeletBuilder::new("node-1")
 ///     .config(KubeletConfig::with_dirs("/tmp/kubelet", "/tmp/kubelet/logs"))
 ///     .runtime(runtime)
-///     .pleg(pleg)
+///     .pleg(pleg, pleg_events)
 ///     .pod_source(source)
 ///     .build()?;
 /// let shutdown = CancellationToken::new();
@@ -41,12 +43,12 @@ pub struct KubeletBuilder {
     node_name: String,
     config: KubeletConfig,
     runtime: Option<Arc<dyn ContainerRuntime>>,
-    pleg: Option<Arc<dyn PodLifecycleEventGenerator>>,
+    pleg: Option<(Arc<dyn PodLifecycleEventGenerator>, PlegEvents)>,
     sources: Vec<Arc<dyn PodSource>>,
     sinks: Vec<Arc<dyn StatusSink>>,
     volume_plugins: Vec<Arc<dyn VolumePlugin>>,
     object_provider: Option<Arc<dyn ObjectProvider>>,
-    prober: Option<Arc<dyn ProbeManager>>,
+    prober: Option<(Arc<dyn ProbeManager>, ProbeUpdates)>,
     admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
     plugins: Vec<Arc<dyn AgentPlugin>>,
     layers: Vec<Arc<dyn RuntimeLayer>>,
@@ -113,9 +115,10 @@ impl KubeletBuilder {
         self
     }
 
-    /// The pod lifecycle event generator (required), e.g. `kubelet_pleg::GenericPleg`.
-    pub fn pleg(mut self, pleg: Arc<dyn PodLifecycleEventGenerator>) -> Self {
-        self.pleg = Some(pleg);
+    /// The pod lifecycle event generator (required), e.g. `kubelet_pleg::GenericPleg`, with
+    /// the receiver of its events that its constructor returned.
+    pub fn pleg(mut self, pleg: Arc<dyn PodLifecycleEventGenerator>, events: PlegEvents) -> Self {
+        self.pleg = Some((pleg, events));
         self
     }
 
@@ -148,9 +151,10 @@ impl KubeletBuilder {
     }
 
     /// The prober (liveness, readiness, startup). Without one, running containers are started
-    /// and ready, as for containers without probes.
-    pub fn prober(mut self, prober: Arc<dyn ProbeManager>) -> Self {
-        self.prober = Some(prober);
+    /// and ready, as for containers without probes. `updates` is the receiver of its result
+    /// changes that its constructor returned.
+    pub fn prober(mut self, prober: Arc<dyn ProbeManager>, updates: ProbeUpdates) -> Self {
+        self.prober = Some((prober, updates));
         self
     }
 
@@ -189,7 +193,7 @@ impl KubeletBuilder {
     /// once, in the agent's registry ([`AgentHandle::metrics`](kubelet_api::AgentHandle::metrics)).
     pub fn build(mut self) -> Result<Kubelet, KubeletError> {
         let mut runtime = self.runtime.ok_or(KubeletError::BuildMissingRuntime)?;
-        let pleg = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
+        let (pleg, pleg_events) = self.pleg.ok_or(KubeletError::BuildMissingPleg)?;
         validate_node_name(&self.node_name)?;
         for layer in &self.layers {
             runtime = layer.layer(runtime);
@@ -214,7 +218,7 @@ impl KubeletBuilder {
         let mut metrics = self.metrics;
         runtime.register_metrics(&mut metrics);
         pleg.register_metrics(&mut metrics);
-        if let Some(p) = &self.prober {
+        if let Some((p, _)) = &self.prober {
             p.register_metrics(&mut metrics);
         }
         for p in &self.plugins {
@@ -244,8 +248,7 @@ impl KubeletBuilder {
             pod_config.add_source(s)?;
         }
         let status = StatusManager::new(self.sinks);
-        let pleg_events = pleg.take_events().ok_or(KubeletError::PlegEventsTaken)?;
-        let probe_updates = self.prober.as_ref().and_then(|p| p.take_updates());
+        let (prober, probe_updates) = self.prober.unzip();
         let (cmd_tx, cmd_rx) = mpsc::channel(64);
         let mut volume_plugins = self.volume_plugins;
         volume_plugins.push(Arc::new(ConfigMapPlugin::new(self.object_provider.clone())));
@@ -266,7 +269,7 @@ impl KubeletBuilder {
             events,
             volume_plugins,
             object_provider: self.object_provider,
-            prober: self.prober,
+            prober,
             probe_updates,
             admit_handlers: self.admit_handlers,
             conditions: NodeConditionReader::new(plugins.clone()),

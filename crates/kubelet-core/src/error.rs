@@ -30,9 +30,6 @@ pub enum KubeletError {
     /// A plugin provides ConfigMaps and Secrets while another provider is already set.
     #[error("plugin {0:?} provides an object provider, but one is already configured")]
     BuildDuplicateObjectProvider(String),
-    /// The PLEG's event channel was already taken by someone else.
-    #[error("the PLEG event channel was already taken")]
-    PlegEventsTaken,
     /// A configured directory could not be made absolute.
     #[error("resolving directory {path}: {source}")]
     ResolveDir {

@@ -58,13 +58,13 @@
 //! pod.metadata.uid = Some("uid-1".into());
 //!
 //! let runtime = Arc::new(FakeRuntime::new());
-//! let pleg = Arc::new(kubelet_pleg::GenericPleg::new(runtime.clone(), Default::default()));
+//! let (pleg, pleg_events) = kubelet_pleg::GenericPleg::new(runtime.clone(), Default::default());
 //! let sink = Arc::new(RecordingSink::new());
 //! let dir = std::env::temp_dir().join("kubelet-core-doc");
 //! let kubelet = KubeletBuilder::new("node-1")
 //!     .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
 //!     .runtime(runtime)
-//!     .pleg(pleg)
+//!     .pleg(Arc::new(pleg), pleg_events)
 //!     .pod_source(Arc::new(OnePod(pod)))
 //!     .status_sink(sink.clone())
 //!     .build()?;

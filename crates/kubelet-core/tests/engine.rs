@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kubelet_api::{ContainerRuntime, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator};
+use kubelet_api::{ContainerRuntime, PlegHealth, PodLifecycleEventGenerator};
 use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
 use kubelet_core::{Kubelet, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
@@ -50,16 +50,15 @@ struct Harness {
 
 fn build(rt: Arc<FakeRuntime>, sink: Arc<RecordingSink>, source: WatchSource) -> Kubelet {
     let runtime: Arc<dyn ContainerRuntime> = rt;
-    let pleg = Arc::new(GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default(),
-    ));
-    build_with(runtime, pleg, sink, source)
+    let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+    let pleg = std::sync::Arc::new(pleg);
+    build_with(runtime, pleg, pleg_events, sink, source)
 }
 
 fn build_with(
     runtime: Arc<dyn ContainerRuntime>,
     pleg: Arc<dyn PodLifecycleEventGenerator>,
+    pleg_events: kubelet_api::PlegEvents,
     sink: Arc<RecordingSink>,
     source: WatchSource,
 ) -> Kubelet {
@@ -67,7 +66,7 @@ fn build_with(
     KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
         .runtime(runtime)
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(Arc::new(source))
         .status_sink(sink)
         .build()
@@ -586,9 +585,6 @@ struct OnRequestPleg {
 
 #[async_trait]
 impl PodLifecycleEventGenerator for OnRequestPleg {
-    fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<PodLifecycleEvent>> {
-        self.inner.take_events()
-    }
     fn cache(&self) -> kubelet_api::PodCache {
         self.inner.cache()
     }
@@ -616,11 +612,12 @@ impl PodLifecycleEventGenerator for OnRequestPleg {
 async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again() {
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let (inner, pleg_events) = GenericPleg::new(
+        runtime.clone(),
+        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+    );
     let pleg = Arc::new(OnRequestPleg {
-        inner: GenericPleg::new(
-            runtime.clone(),
-            GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-        ),
+        inner,
         requested: tokio::sync::Notify::new(),
         requests: parking_lot::Mutex::new(Vec::new()),
     });
@@ -631,7 +628,7 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
         vec![],
         vec![container("app")],
     )]));
-    let kubelet = build_with(runtime, pleg.clone(), sink.clone(), source);
+    let kubelet = build_with(runtime, pleg.clone(), pleg_events, sink.clone(), source);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(kubelet.run(shutdown.clone()));
 
@@ -662,9 +659,6 @@ struct ListedOncePleg(GenericPleg);
 
 #[async_trait]
 impl PodLifecycleEventGenerator for ListedOncePleg {
-    fn take_events(&self) -> Option<tokio::sync::mpsc::Receiver<PodLifecycleEvent>> {
-        self.0.take_events()
-    }
     fn cache(&self) -> kubelet_api::PodCache {
         self.0.cache()
     }
@@ -682,10 +676,11 @@ impl PodLifecycleEventGenerator for ListedOncePleg {
 async fn a_removed_pod_is_killed_while_its_worker_waits_for_a_newer_runtime_view() {
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(ListedOncePleg(GenericPleg::new(
+    let (inner, pleg_events) = GenericPleg::new(
         runtime.clone(),
         GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-    )));
+    );
+    let pleg = Arc::new(ListedOncePleg(inner));
     let sink = Arc::new(RecordingSink::new());
     let (source, tx) = WatchSource::new(Some(vec![pod(
         "u1",
@@ -693,7 +688,7 @@ async fn a_removed_pod_is_killed_while_its_worker_waits_for_a_newer_runtime_view
         vec![],
         vec![container("app")],
     )]));
-    let kubelet = build_with(runtime, pleg, sink.clone(), source);
+    let kubelet = build_with(runtime, pleg, pleg_events, sink.clone(), source);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(kubelet.run(shutdown.clone()));
 

@@ -102,10 +102,8 @@ impl Agent {
     fn start(pods: Vec<Pod>) -> Self {
         let rt = Arc::new(FakeRuntime::new());
         let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-        let pleg = Arc::new(GenericPleg::new(
-            runtime.clone(),
-            GenericPlegConfig::default(),
-        ));
+        let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+        let pleg = std::sync::Arc::new(pleg);
         let sink = Arc::new(RecordingSink::new());
         let (source, tx) = WatchSource::new(Some(pods));
         let dir = tempfile::tempdir().expect("tempdir");
@@ -115,7 +113,7 @@ impl Agent {
                 dir.path().join("logs"),
             ))
             .runtime(runtime)
-            .pleg(pleg)
+            .pleg(pleg, pleg_events)
             .pod_source(Arc::new(source))
             .status_sink(sink.clone())
             .build()

@@ -108,10 +108,8 @@ async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_fo
     let dir = std::env::temp_dir().join(format!("kubelet-core-objects-{}", std::process::id()));
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default(),
-    ));
+    let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+    let pleg = std::sync::Arc::new(pleg);
     let sink = Arc::new(RecordingSink::new());
     let objects = StaticObjects::new();
     objects.put_config_map(config_map("files", "v1"));
@@ -120,7 +118,7 @@ async fn missing_config_map_blocks_the_container_until_it_appears_and_volumes_fo
     let kubelet = KubeletBuilder::new("node-1")
         .config(config)
         .runtime(runtime)
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(Arc::new(OnePod(pod())))
         .status_sink(sink.clone())
         .object_provider(Arc::new(objects.clone()))

@@ -154,11 +154,12 @@ impl AgentPlugin for Panicking {
 
 fn builder(dir: &std::path::Path) -> KubeletBuilder {
     let runtime = Arc::new(FakeRuntime::new());
-    let pleg = Arc::new(GenericPleg::new(runtime.clone(), Default::default()));
+    let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), Default::default());
+    let pleg = std::sync::Arc::new(pleg);
     KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
         .runtime(runtime)
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
 }
 
 #[tokio::test(start_paused = true)]

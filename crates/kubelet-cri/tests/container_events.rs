@@ -246,10 +246,9 @@ async fn the_evented_pleg_sees_exits_through_containerd_events() {
     };
     let rt = env.runtime().await;
     let runtime: std::sync::Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = std::sync::Arc::new(kubelet_pleg::EventedPleg::new(
-        runtime.clone(),
-        kubelet_pleg::EventedPlegConfig::default(),
-    ));
+    let (pleg, pleg_events) =
+        kubelet_pleg::EventedPleg::new(runtime.clone(), kubelet_pleg::EventedPlegConfig::default());
+    let pleg = std::sync::Arc::new(pleg);
     // 8 s: the inspection a Started event causes may predate the end of the pod worker's sync,
     // so the Running status can wait for the cache's global timestamp (2 s period); a container
     // that exits within ~3 s was seen to go from Pending straight to Failed.
@@ -262,7 +261,7 @@ async fn the_evented_pleg_sees_exits_through_containerd_events() {
         spec.restart_policy = Some("Never".into());
     }
     let (_tx, rx) = tokio::sync::watch::channel(vec![p]);
-    let agent = Agent::start_with_pleg(&env, runtime, rx, pleg.clone());
+    let agent = Agent::start_with_pleg(&env, runtime, rx, pleg.clone(), pleg_events);
     agent.wait_for("evented", WITHIN, "Running", running).await;
     let s = agent
         .wait_for("evented", WITHIN, "Failed", |s| phase(s) == "Failed")

@@ -142,11 +142,12 @@ async fn containerd_1_7_exit_reaches_the_evented_pleg_through_cri_without_a_reli
     };
     let rt = env.runtime().await;
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(EventedPleg::new(
+    let (pleg, pleg_events) = EventedPleg::new(
         runtime,
         EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-    ));
-    let mut events = pleg.take_events().unwrap();
+    );
+    let pleg = std::sync::Arc::new(pleg);
+    let mut events = pleg_events;
     let shutdown = CancellationToken::new();
     run_until_events(&pleg, &shutdown).await;
     let relisted = pleg.last_relist();

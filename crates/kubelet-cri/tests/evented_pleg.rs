@@ -166,8 +166,9 @@ impl Setup {
         let cri = env.runtime().await;
         let faulty = Arc::new(FaultyRuntime::new(cri.clone()));
         let runtime: Arc<dyn ContainerRuntime> = faulty.clone();
-        let pleg = Arc::new(EventedPleg::new(runtime, config));
-        let events = pleg.take_events().unwrap();
+        let (pleg, pleg_events) = EventedPleg::new(runtime, config);
+        let pleg = std::sync::Arc::new(pleg);
+        let events = pleg_events;
         let shutdown = CancellationToken::new();
         run_until_events(&pleg, &shutdown).await;
         Some(Self {
@@ -205,8 +206,9 @@ async fn a_container_exit_reaches_the_evented_pleg_without_a_relist() {
     };
     let rt = env.runtime().await;
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(EventedPleg::new(runtime, long_relist()));
-    let mut events = pleg.take_events().unwrap();
+    let (pleg, pleg_events) = EventedPleg::new(runtime, long_relist());
+    let pleg = std::sync::Arc::new(pleg);
+    let mut events = pleg_events;
     let shutdown = CancellationToken::new();
     run_until_events(&pleg, &shutdown).await;
     let relisted = pleg.last_relist();

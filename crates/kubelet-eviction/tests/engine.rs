@@ -109,10 +109,8 @@ fn pod(name: &str) -> Pod {
 async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_memory_pressure() {
     let tmp = tempfile::tempdir().unwrap();
     let runtime = Arc::new(FakeRuntime::new());
-    let pleg = Arc::new(kubelet_pleg::GenericPleg::new(
-        runtime.clone(),
-        Default::default(),
-    ));
+    let (pleg, pleg_events) = kubelet_pleg::GenericPleg::new(runtime.clone(), Default::default());
+    let pleg = std::sync::Arc::new(pleg);
     let sink = Arc::new(RecordingSink::new());
     let (tx, rx) = mpsc::channel(4);
     let stats = Arc::new(Memory::default());
@@ -126,7 +124,7 @@ async fn evicted_pods_end_failed_and_admission_rejects_best_effort_pods_under_me
             tmp.path().join("logs"),
         ))
         .runtime(runtime)
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(Arc::new(Scripted {
             rx: tokio::sync::Mutex::new(rx),
         }))

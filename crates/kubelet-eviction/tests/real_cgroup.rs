@@ -244,17 +244,15 @@ async fn hog_in_a_limited_cgroup_is_evicted_before_the_oom_killer() {
         .with_runtime(runtime.clone());
     let eviction = EvictionPlugin::new(config).stats(Arc::new(stats));
     let mut events = eviction.subscribe();
-    let pleg = Arc::new(kubelet_pleg::GenericPleg::new(
-        runtime.clone(),
-        Default::default(),
-    ));
+    let (pleg, pleg_events) = kubelet_pleg::GenericPleg::new(runtime.clone(), Default::default());
+    let pleg = std::sync::Arc::new(pleg);
     let kubelet = KubeletBuilder::new("eviction-test-node")
         .config(KubeletConfig::with_dirs(
             tmp.path().join("root"),
             tmp.path().join("logs"),
         ))
         .runtime(runtime.clone())
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(Arc::new(OnePod(pod)))
         .plugin(Arc::new(eviction))
         .build()

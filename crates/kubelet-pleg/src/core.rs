@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kubelet_api::runtime::{self, PodRuntimeStatus, RuntimePod, SandboxState, labels};
 use kubelet_api::{
-    ContainerRuntime, PLEG_CHANNEL_CAPACITY, PlegHealth, PodCache, PodCacheWriter,
+    ContainerRuntime, PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodCache, PodCacheWriter,
     PodLifecycleEvent, PodLifecycleEventType,
 };
 use parking_lot::Mutex;
@@ -119,7 +119,6 @@ pub(crate) struct Core {
     pub(crate) cache: PodCacheWriter,
     pub(crate) reader: PodCache,
     events_tx: mpsc::Sender<PodLifecycleEvent>,
-    pub(crate) events_rx: Mutex<Option<mpsc::Receiver<PodLifecycleEvent>>>,
     state: Mutex<State>,
     done_tx: mpsc::UnboundedSender<Done>,
     /// Completions; whoever drives the PLEG (a relist, the run loop) holds it, which also
@@ -153,19 +152,21 @@ impl std::fmt::Debug for Core {
 pub(crate) type Listing = (Instant, kubelet_api::Result<Vec<RuntimePod>>);
 
 impl Core {
-    pub(crate) fn new(runtime: Arc<dyn ContainerRuntime>, config: GenericPlegConfig) -> Self {
+    pub(crate) fn new(
+        runtime: Arc<dyn ContainerRuntime>,
+        config: GenericPlegConfig,
+    ) -> (Self, PlegEvents) {
         let (cache, reader) = kubelet_api::pod_cache();
         let (events_tx, events_rx) = mpsc::channel(PLEG_CHANNEL_CAPACITY);
         let (done_tx, done_rx) = mpsc::unbounded_channel();
         let permits = Arc::new(Semaphore::new(config.max_concurrent_inspections.max(1)));
         let threshold = config.relist_threshold;
-        Self {
+        let core = Self {
             runtime,
             config,
             cache,
             reader,
             events_tx,
-            events_rx: Mutex::new(Some(events_rx)),
             state: Mutex::new(State::default()),
             done_tx,
             done_rx: tokio::sync::Mutex::new(done_rx),
@@ -177,7 +178,8 @@ impl Core {
                 threshold,
                 ..Default::default()
             }),
-        }
+        };
+        (core, events_rx)
     }
 
     /// Run `work` in the PLEG's own task set, reaping the tasks that have finished.

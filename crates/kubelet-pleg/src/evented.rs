@@ -9,12 +9,11 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use kubelet_api::runtime::{ContainerEvent, ContainerEventStream};
 use kubelet_api::{
-    ContainerRuntime, ErrorKind, PlegHealth, PodCache, PodLifecycleEvent,
-    PodLifecycleEventGenerator,
+    ContainerRuntime, ErrorKind, PlegEvents, PlegHealth, PodCache, PodLifecycleEventGenerator,
 };
 use parking_lot::Mutex;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -179,15 +178,20 @@ impl std::fmt::Debug for EventedPleg {
 }
 
 impl EventedPleg {
-    /// An evented PLEG over `runtime` with a new, empty pod cache. Nothing happens until
-    /// [`run`](PodLifecycleEventGenerator::run).
-    pub fn new(runtime: Arc<dyn ContainerRuntime>, config: EventedPlegConfig) -> Self {
-        Self {
-            core: Core::new(runtime, config.relist.clone()),
+    /// An evented PLEG over `runtime` with a new, empty pod cache, and the receiver of its
+    /// events. Nothing happens until [`run`](PodLifecycleEventGenerator::run).
+    pub fn new(
+        runtime: Arc<dyn ContainerRuntime>,
+        config: EventedPlegConfig,
+    ) -> (Self, PlegEvents) {
+        let (core, events) = Core::new(runtime, config.relist.clone());
+        let pleg = Self {
+            core,
             config,
             mode: Mutex::new(PlegMode::Starting),
             relist_now: Notify::new(),
-        }
+        };
+        (pleg, events)
     }
 
     /// The settings this PLEG runs with.
@@ -297,10 +301,6 @@ impl EventedPleg {
 impl PodLifecycleEventGenerator for EventedPleg {
     fn register_metrics(&self, registry: &mut Registry) {
         self.core.metrics.register(registry);
-    }
-
-    fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>> {
-        self.core.events_rx.lock().take()
     }
 
     fn cache(&self) -> PodCache {
@@ -762,11 +762,11 @@ mod tests {
     async fn a_requested_reinspection_stores_a_status_newer_than_the_request_and_sends_its_events()
     {
         let rt = Arc::new(Silent(FakeRuntime::new()));
-        let pleg = Arc::new(EventedPleg::new(
+        let (pleg, mut events) = EventedPleg::new(
             rt.clone(),
             EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-        ));
-        let mut events = pleg.take_events().expect("events");
+        );
+        let pleg = Arc::new(pleg);
         let shutdown = CancellationToken::new();
         let task = {
             let (pleg, shutdown) = (pleg.clone(), shutdown.clone());

@@ -4,11 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use kubelet_api::{
-    ContainerRuntime, PlegHealth, PodCache, PodLifecycleEvent, PodLifecycleEventGenerator,
-};
+use kubelet_api::{ContainerRuntime, PlegEvents, PlegHealth, PodCache, PodLifecycleEventGenerator};
 use prometheus_client::registry::Registry;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -158,12 +155,15 @@ impl std::fmt::Debug for GenericPleg {
 }
 
 impl GenericPleg {
-    /// A PLEG over `runtime` with a new, empty pod cache. Nothing happens until
-    /// [`run`](PodLifecycleEventGenerator::run) or [`relist`](Self::relist) is called.
-    pub fn new(runtime: Arc<dyn ContainerRuntime>, config: GenericPlegConfig) -> Self {
-        Self {
-            core: Core::new(runtime, config),
-        }
+    /// A PLEG over `runtime` with a new, empty pod cache, and the receiver of its events.
+    /// Nothing happens until [`run`](PodLifecycleEventGenerator::run) or
+    /// [`relist`](Self::relist) is called.
+    pub fn new(
+        runtime: Arc<dyn ContainerRuntime>,
+        config: GenericPlegConfig,
+    ) -> (Self, PlegEvents) {
+        let (core, events) = Core::new(runtime, config);
+        (Self { core }, events)
     }
 
     /// The settings this PLEG runs with.
@@ -223,10 +223,6 @@ impl GenericPleg {
 impl PodLifecycleEventGenerator for GenericPleg {
     fn register_metrics(&self, registry: &mut Registry) {
         self.core.metrics.register(registry);
-    }
-
-    fn take_events(&self) -> Option<mpsc::Receiver<PodLifecycleEvent>> {
-        self.core.events_rx.lock().take()
     }
 
     fn cache(&self) -> PodCache {

@@ -8,7 +8,8 @@
 //! the pods that changed, and publishes their statuses. A dead container is therefore noticed
 //! within about one relist period rather than at the next one-minute resync.
 //!
-//! It is usable without the engine: take its event receiver, run it, and read the cache.
+//! It is usable without the engine: run it, read its events from the receiver its constructor
+//! returned, and read the cache.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -17,8 +18,8 @@
 //! use tokio_util::sync::CancellationToken;
 //!
 //! # async fn example(runtime: Arc<dyn ContainerRuntime>) {
-//! let pleg = Arc::new(GenericPleg::new(runtime, GenericPlegConfig::default()));
-//! let mut events = pleg.take_events().expect("first call returns the receiver");
+//! let (pleg, mut events) = GenericPleg::new(runtime, GenericPlegConfig::default());
+//! let pleg = Arc::new(pleg);
 //! let cache = pleg.cache();
 //! let shutdown = CancellationToken::new();
 //! tokio::spawn({

@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use kubelet_api::{ContainerRuntime, PodLifecycleEventGenerator};
+use kubelet_api::{ContainerRuntime, PlegEvents, PodLifecycleEventGenerator};
 use kubelet_core::configuration::KubeletConfiguration;
 
 use crate::evented::{EventedPleg, EventedPlegConfig};
@@ -34,20 +34,25 @@ impl PlegKind {
     }
 }
 
-/// A PLEG of `kind` over `runtime`, with the kubelet's periods. Its metrics are registered by
-/// the agent's builder ([`PodLifecycleEventGenerator::register_metrics`]).
+/// A PLEG of `kind` over `runtime`, with the kubelet's periods, and the receiver of its events.
+/// Its metrics are registered by the agent's builder
+/// ([`PodLifecycleEventGenerator::register_metrics`]).
 pub fn new_pleg(
     kind: PlegKind,
     runtime: Arc<dyn ContainerRuntime>,
-) -> Arc<dyn PodLifecycleEventGenerator> {
+) -> (Arc<dyn PodLifecycleEventGenerator>, PlegEvents) {
     match kind {
         PlegKind::Evented => {
             tracing::info!(
                 "EventedPLEG: runtime events drive the PLEG, relist every 300s as the safety net"
             );
-            Arc::new(EventedPleg::new(runtime, EventedPlegConfig::default()))
+            let (pleg, events) = EventedPleg::new(runtime, EventedPlegConfig::default());
+            (Arc::new(pleg), events)
         }
-        PlegKind::Relist => Arc::new(GenericPleg::new(runtime, GenericPlegConfig::default())),
+        PlegKind::Relist => {
+            let (pleg, events) = GenericPleg::new(runtime, GenericPlegConfig::default());
+            (Arc::new(pleg), events)
+        }
     }
 }
 

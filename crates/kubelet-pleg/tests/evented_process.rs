@@ -101,8 +101,9 @@ async fn setup(config: EventedPlegConfig, dir: Option<tempfile::TempDir>) -> Set
     let process = process_runtime(&dir.path().join("state"));
     let faulty = Arc::new(FaultyRuntime::new(process.clone()));
     let runtime: Arc<dyn ContainerRuntime> = faulty.clone();
-    let pleg = Arc::new(EventedPleg::new(runtime, config));
-    let events = pleg.take_events().expect("receiver");
+    let (pleg, pleg_events) = EventedPleg::new(runtime, config);
+    let pleg = std::sync::Arc::new(pleg);
+    let events = pleg_events;
     let shutdown = CancellationToken::new();
     tokio::spawn({
         let pleg = pleg.clone();

@@ -67,8 +67,9 @@ async fn a_real_process_that_exits_is_reported_as_container_died_within_about_a_
         .use_cgroups(false);
     let runtime = Arc::new(ProcessRuntime::new(config).expect("process runtime"));
     let dyn_runtime: Arc<dyn ContainerRuntime> = runtime.clone();
-    let pleg = Arc::new(GenericPleg::new(dyn_runtime, GenericPlegConfig::default()));
-    let mut events = pleg.take_events().expect("receiver");
+    let (pleg, pleg_events) = GenericPleg::new(dyn_runtime, GenericPlegConfig::default());
+    let pleg = std::sync::Arc::new(pleg);
+    let mut events = pleg_events;
     let shutdown = CancellationToken::new();
     tokio::spawn({
         let pleg = pleg.clone();

@@ -75,13 +75,8 @@ fn new_pleg_with(
     config: GenericPlegConfig,
 ) -> (Arc<GenericPleg>, Receiver<PodLifecycleEvent>) {
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let pleg = Arc::new(GenericPleg::new(runtime, config));
-    let rx = pleg.take_events().expect("receiver");
-    assert!(
-        pleg.take_events().is_none(),
-        "the receiver is handed out once"
-    );
-    (pleg, rx)
+    let (pleg, events) = GenericPleg::new(runtime, config);
+    (Arc::new(pleg), events)
 }
 
 fn spawn_run(pleg: &Arc<GenericPleg>) -> CancellationToken {

@@ -10,7 +10,7 @@
 //! * **Alone**, register probes ([`Prober::add_pod`] with a Kubernetes pod, or
 //!   [`Prober::add_probe`] with a [`ProbeSpec`]), tell it about containers through a
 //!   [`ProbeTargets`] (for example [`StaticTargets`]), run [`Prober::run_with`] and read the
-//!   changes from [`Prober::take_updates`].
+//!   changes from the receiver [`Prober::new`] returned.
 //!
 //! How it works: every configured probe is a small worker record in a timer wheel
 //! ([`tokio_util::time::DelayQueue`]) of one of a few scheduler tasks ([`ProberConfig::shards`],
@@ -33,6 +33,7 @@
 //! use kubelet_api::{EventRecorder, ProbeResult, ProbeType};
 //! use kubelet_probe::{
 //!     ContainerObservation, ProbeHandler, ProbeRegistration, ProbeSpec, ProbeTiming, Prober,
+//!     ProberConfig,
 //!     StaticTargets,
 //! };
 //! use tokio_util::sync::CancellationToken;
@@ -43,8 +44,7 @@
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
 //! let port = listener.local_addr().unwrap().port();
 //!
-//! let prober = Prober::default();
-//! let mut updates = prober.take_updates().unwrap();
+//! let (prober, mut updates) = Prober::new(ProberConfig::default());
 //! let spec = ProbeSpec::new(
 //!     ProbeHandler::TcpSocket { host: None, port },
 //!     ProbeTiming::with_period(Duration::from_secs(1)),

@@ -14,7 +14,7 @@ use futures::FutureExt;
 use futures::future::poll_fn;
 use k8s_openapi::api::core::v1::{Container, Pod, Probe};
 use kubelet_api::{EventRecorder, InvolvedObject};
-use kubelet_api::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate};
+use kubelet_api::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate, ProbeUpdates};
 use parking_lot::{Mutex, RwLock};
 use prometheus_client::registry::Registry;
 use rand::Rng;
@@ -337,14 +337,13 @@ enum Command {
 
 /// The prober. Register probes ([`add_pod`](Self::add_pod) or
 /// [`add_probe`](Self::add_probe)), run it ([`run_with`](Self::run_with), or let the engine run
-/// it as a [`ProbeManager`]), read results with [`result`](Self::result) and changes from
-/// [`take_updates`](Self::take_updates).
+/// it as a [`ProbeManager`]), read results with [`result`](Self::result) and changes from the
+/// [`ProbeUpdates`] receiver [`new`](Self::new) returned.
 pub struct Prober {
     shared: Arc<Shared>,
     /// One command channel per scheduler shard.
     cmd_tx: Vec<mpsc::UnboundedSender<Command>>,
     cmd_rx: Mutex<Option<Vec<mpsc::UnboundedReceiver<Command>>>>,
-    updates_rx: Mutex<Option<mpsc::Receiver<ProbeUpdate>>>,
 }
 
 impl std::fmt::Debug for Prober {
@@ -355,23 +354,18 @@ impl std::fmt::Debug for Prober {
     }
 }
 
-impl Default for Prober {
-    fn default() -> Self {
-        Self::new(ProberConfig::default())
-    }
-}
-
 impl Prober {
     /// A prober with `config`. Its creation time counts as the agent's start: probes added
     /// within one period of it start after a random delay of up to one period (so a restarted
-    /// agent does not probe everything at once); later ones start at once.
-    pub fn new(config: ProberConfig) -> Self {
+    /// agent does not probe everything at once); later ones start at once. The receiver of its
+    /// result changes comes with it.
+    pub fn new(config: ProberConfig) -> (Self, ProbeUpdates) {
         let (updates_tx, updates_rx) = mpsc::channel(config.update_capacity.max(1));
         let (cmd_tx, cmd_rx): (Vec<_>, Vec<_>) = (0..config.shards.max(1))
             .map(|_| mpsc::unbounded_channel())
             .unzip();
         let net = NetConfig::new(&config.user_agent);
-        Self {
+        let prober = Self {
             shared: Arc::new(Shared {
                 config,
                 results: RwLock::default(),
@@ -386,8 +380,8 @@ impl Prober {
             }),
             cmd_tx,
             cmd_rx: Mutex::new(Some(cmd_rx)),
-            updates_rx: Mutex::new(Some(updates_rx)),
-        }
+        };
+        (prober, updates_rx)
     }
 
     /// Register `prober_probe_total` and `prober_probe_duration_seconds` into `registry`.
@@ -454,11 +448,6 @@ impl Prober {
             .read()
             .get(container_id)
             .and_then(|r| r[type_index(probe_type)])
-    }
-
-    /// The stream of result changes; the first call returns it, later calls `None`.
-    pub fn take_updates(&self) -> Option<mpsc::Receiver<ProbeUpdate>> {
-        self.updates_rx.lock().take()
     }
 
     /// Run one attempt of `handler` now, outside any schedule and without thresholds,
@@ -638,10 +627,6 @@ impl ProbeManager for Prober {
 
     fn result(&self, container_id: &str, probe_type: ProbeType) -> Option<ProbeResult> {
         Prober::result(self, container_id, probe_type)
-    }
-
-    fn take_updates(&self) -> Option<mpsc::Receiver<ProbeUpdate>> {
-        Prober::take_updates(self)
     }
 
     async fn run(&self, ctx: ProbeContext, shutdown: CancellationToken) {
@@ -1251,8 +1236,7 @@ mod tests {
     use crate::targets::ContainerObservation;
 
     fn outputs() -> (Outputs, mpsc::Receiver<ProbeUpdate>) {
-        let p = Prober::default();
-        let rx = p.take_updates().unwrap();
+        let (p, rx) = Prober::new(ProberConfig::default());
         (
             Outputs {
                 shared: p.shared.clone(),
@@ -1485,7 +1469,7 @@ mod tests {
             Some(ProbeResult::Success)
         );
 
-        let p = Prober::new(ProberConfig::default().errors_as_failures(true));
+        let (p, _updates) = Prober::new(ProberConfig::default().errors_as_failures(true));
         let mut out2 = Outputs {
             shared: p.shared.clone(),
             overflow: VecDeque::new(),
@@ -1507,7 +1491,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn unreadable_http_bodies_are_errors_in_failure_state_and_discarded() {
-        let p = Prober::default();
+        let (p, _updates) = Prober::new(ProberConfig::default());
         let (recorder, mut events) = EventRecorder::channel(10);
         let mut out = Outputs {
             shared: p.shared.clone(),
@@ -1576,7 +1560,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn warnings_count_as_success_with_a_probe_warning_event_and_failures_emit_unhealthy() {
-        let p = Prober::default();
+        let (p, _updates) = Prober::new(ProberConfig::default());
         let (recorder, mut events) = EventRecorder::channel(10);
         let mut out = Outputs {
             shared: p.shared.clone(),

@@ -16,7 +16,7 @@ use kubelet_api::ContainerRuntime;
 use kubelet_core::testing::{RecordingSink, WatchSource};
 use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
-use kubelet_probe::Prober;
+use kubelet_probe::{Prober, ProberConfig};
 use tokio_util::sync::CancellationToken;
 
 const LONG: Duration = Duration::from_secs(120);
@@ -84,19 +84,18 @@ async fn http_readiness_on_the_pod_ip_and_exec_liveness_work_on_containerd() {
     let pod = cri::pod("web-1", false, vec![c]);
     let (source, tx) = WatchSource::new(Some(vec![pod]));
     let sink = Arc::new(RecordingSink::new());
+    let (prober, probe_updates) = Prober::new(ProberConfig::default());
+    let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
     let kubelet = KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(
             env.dir.join("kubelet"),
             env.dir.join("logs"),
         ))
         .runtime(runtime.clone())
-        .pleg(Arc::new(GenericPleg::new(
-            runtime.clone(),
-            GenericPlegConfig::default(),
-        )))
+        .pleg(Arc::new(pleg), pleg_events)
         .pod_source(Arc::new(source))
         .status_sink(sink.clone())
-        .prober(Arc::new(Prober::default()))
+        .prober(Arc::new(prober), probe_updates)
         .build()
         .unwrap();
     let shutdown = CancellationToken::new();

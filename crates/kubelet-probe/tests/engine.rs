@@ -16,7 +16,7 @@ use kubelet_api::ContainerRuntime;
 use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
 use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
-use kubelet_probe::Prober;
+use kubelet_probe::{Prober, ProberConfig};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -75,22 +75,21 @@ impl Agent {
         let dir = tempfile::tempdir().unwrap();
         let rt = Arc::new(FakeRuntime::new());
         let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-        let pleg = Arc::new(GenericPleg::new(
-            runtime.clone(),
-            GenericPlegConfig::default(),
-        ));
+        let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+        let pleg = std::sync::Arc::new(pleg);
         let sink = Arc::new(RecordingSink::new());
         let (source, tx) = WatchSource::new(Some(vec![pod]));
+        let (prober, probe_updates) = Prober::new(ProberConfig::default());
         let kubelet = KubeletBuilder::new("node-1")
             .config(KubeletConfig::with_dirs(
                 dir.path().join("root"),
                 dir.path().join("logs"),
             ))
             .runtime(runtime)
-            .pleg(pleg)
+            .pleg(pleg, pleg_events)
             .pod_source(Arc::new(source))
             .status_sink(sink.clone())
-            .prober(Arc::new(Prober::default()))
+            .prober(Arc::new(prober), probe_updates)
             .build()
             .unwrap();
         let shutdown = CancellationToken::new();

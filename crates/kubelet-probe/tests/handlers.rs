@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use kubelet_net::http::{HttpGetSpec, Scheme};
-use kubelet_probe::{Outcome, ProbeHandler, Prober, StaticTargets};
+use kubelet_probe::{Outcome, ProbeHandler, Prober, ProberConfig, StaticTargets};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -22,7 +22,7 @@ async fn http(prober: &Prober, scheme: Scheme, port: u16, path: &str) -> Outcome
 #[tokio::test]
 async fn http_status_200_to_399_is_success_and_others_fail_without_the_body() {
     let srv = common::http_server(false).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let port = srv.addr.port();
     assert_eq!(
         http(&p, Scheme::Http, port, "/ok").await,
@@ -45,7 +45,7 @@ async fn http_status_200_to_399_is_success_and_others_fail_without_the_body() {
 #[tokio::test]
 async fn http_probes_send_the_kubelet_headers_and_custom_ones() {
     let srv = common::http_server(false).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let port = srv.addr.port();
     assert!(matches!(
         http(&p, Scheme::Http, port, "/ok").await,
@@ -98,7 +98,7 @@ async fn http_probes_send_the_kubelet_headers_and_custom_ones() {
 #[tokio::test]
 async fn same_host_redirects_are_followed_and_other_hosts_are_a_warning() {
     let srv = common::http_server(false).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let port = srv.addr.port();
     assert_eq!(
         http(&p, Scheme::Http, port, "/same-host").await,
@@ -127,7 +127,7 @@ async fn same_host_redirects_are_followed_and_other_hosts_are_a_warning() {
 #[tokio::test]
 async fn http_bodies_are_read_up_to_10_kib() {
     let srv = common::http_server(false).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     match http(&p, Scheme::Http, srv.addr.port(), "/big").await {
         Outcome::Success(body) => assert_eq!(body.len(), 10 * 1024),
         other => panic!("big body: {other:?}"),
@@ -137,7 +137,7 @@ async fn http_bodies_are_read_up_to_10_kib() {
 #[tokio::test]
 async fn https_probes_skip_certificate_verification() {
     let srv = common::http_server(true).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let port = srv.addr.port();
     assert_eq!(
         http(&p, Scheme::Https, port, "/ok").await,
@@ -157,7 +157,7 @@ async fn https_probes_skip_certificate_verification() {
 #[tokio::test]
 async fn http_timeouts_and_refused_connections_are_failures() {
     let srv = common::http_server(false).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let h = ProbeHandler::HttpGet(HttpGetSpec::new(Scheme::Http, srv.addr.port(), "/slow"));
     let out = p
         .probe_once(
@@ -202,7 +202,7 @@ async fn many_http_and_tcp_probes_leave_no_time_wait_sockets_behind() {
         return;
     }
     let srv = common::http_server(false).await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let port = srv.addr.port();
     let n = 200;
     for _ in 0..n {
@@ -225,7 +225,7 @@ async fn many_http_and_tcp_probes_leave_no_time_wait_sockets_behind() {
 
 #[tokio::test]
 async fn tcp_probes_succeed_on_a_listening_port_and_fail_otherwise() {
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = l.local_addr().unwrap().port();
     let h = ProbeHandler::TcpSocket { host: None, port };
@@ -256,7 +256,7 @@ async fn tcp_probes_succeed_on_a_listening_port_and_fail_otherwise() {
 #[tokio::test]
 async fn grpc_serving_is_success_and_other_statuses_fail() {
     let srv = common::grpc_server().await;
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let port = srv.addr.port();
     let probe = |service: &str| ProbeHandler::Grpc {
         port,
@@ -294,7 +294,7 @@ async fn grpc_serving_is_success_and_other_statuses_fail() {
 
 #[tokio::test]
 async fn grpc_probes_fail_against_servers_without_the_health_service_or_without_a_listener() {
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let t = StaticTargets::new();
     // An HTTP/1 server is not a gRPC server.
     let http = common::http_server(false).await;
@@ -322,7 +322,7 @@ async fn grpc_probes_fail_against_servers_without_the_health_service_or_without_
 
 #[tokio::test]
 async fn exec_without_a_runtime_is_an_error_not_a_failure() {
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     let h = ProbeHandler::Exec {
         command: vec!["true".into()],
     };
@@ -358,7 +358,7 @@ async fn an_http_body_cut_short_is_a_probe_error_and_a_chunked_body_is_read() {
             s.shutdown().await.unwrap();
         }
     });
-    let p = Prober::default();
+    let (p, _updates) = Prober::new(ProberConfig::default());
     assert_eq!(
         http(&p, Scheme::Http, port, "/").await,
         Outcome::BodyError("unexpected EOF".into())

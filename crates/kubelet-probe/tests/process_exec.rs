@@ -14,7 +14,7 @@ use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
 use kubelet_core::testing::{RecordingSink, WatchSource};
 use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
-use kubelet_probe::{Outcome, ProbeHandler, Prober, StaticTargets};
+use kubelet_probe::{Outcome, ProbeHandler, Prober, ProberConfig, StaticTargets};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 use tokio_util::sync::CancellationToken;
 
@@ -109,7 +109,7 @@ fn exec_probes_run_in_real_containers(
         let cid = rt.create_container(&sid, &c, &sb).await.unwrap();
         rt.start_container(&cid).await.unwrap();
 
-        let prober = Prober::default();
+        let (prober, _updates) = Prober::new(ProberConfig::default());
         let targets = StaticTargets::with_runtime(rt.clone());
         let exec = |script: &str| ProbeHandler::Exec {
             command: vec!["/bin/sh".into(), "-c".into(), script.into()],
@@ -244,19 +244,18 @@ fn exec_liveness_restarts_through_the_engine(
         p.metadata.uid = Some("exec-1".into());
 
         let runtime: Arc<dyn ContainerRuntime> = runtime(&dir);
-        let pleg = Arc::new(GenericPleg::new(
-            runtime.clone(),
-            GenericPlegConfig::default(),
-        ));
+        let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+        let pleg = std::sync::Arc::new(pleg);
         let sink = Arc::new(RecordingSink::new());
         let (source, tx) = WatchSource::new(Some(vec![p]));
+        let (prober, probe_updates) = Prober::new(ProberConfig::default());
         let kubelet = KubeletBuilder::new("node-1")
             .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
             .runtime(runtime.clone())
-            .pleg(pleg)
+            .pleg(pleg, pleg_events)
             .pod_source(Arc::new(source))
             .status_sink(sink.clone())
-            .prober(Arc::new(Prober::default()))
+            .prober(Arc::new(prober), probe_updates)
             .build()
             .unwrap();
         let shutdown = CancellationToken::new();

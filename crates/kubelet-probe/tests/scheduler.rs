@@ -99,10 +99,10 @@ struct Harness {
 impl Harness {
     /// A prober created `age` before the probes are added.
     async fn start(config: ProberConfig, age: Duration) -> Self {
-        let prober = Arc::new(Prober::new(config));
+        let (prober, updates) = Prober::new(config);
+        let prober = Arc::new(prober);
         tokio::time::advance(age).await;
         let targets = Scripted::new();
-        let updates = prober.take_updates().unwrap();
         let (recorder, events) = EventRecorder::channel(1000);
         let stop = CancellationToken::new();
         let task = {

@@ -178,14 +178,15 @@ async fn start_with(
     let read_only = server.read_only_addr().unwrap();
     let runtime = Arc::new(FakeRuntime::new());
     let log_dir = tmp.path().join("logs");
-    let pleg = Arc::new(GenericPleg::new(
+    let (pleg, pleg_events) = GenericPleg::new(
         runtime.clone() as Arc<dyn ContainerRuntime>,
         Default::default(),
-    ));
+    );
+    let pleg = std::sync::Arc::new(pleg);
     let kubelet = KubeletBuilder::new("node-1")
         .config(KubeletConfig::with_dirs(tmp.path().join("root"), &log_dir))
         .runtime(runtime.clone())
-        .pleg(pleg)
+        .pleg(pleg, pleg_events)
         .pod_source(Arc::new(Pods(vec![pod("p1")])))
         .plugin(Arc::new(server))
         .build()

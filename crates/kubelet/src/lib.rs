@@ -188,8 +188,14 @@ pub struct AgentBuilder {
     runtime: Option<Arc<dyn ContainerRuntime>>,
     runtime_layers: bool,
     start_stage_limit: usize,
-    pleg: Option<Arc<dyn kubelet_api::PodLifecycleEventGenerator>>,
-    prober: Option<Arc<dyn kubelet_api::ProbeManager>>,
+    pleg: Option<(
+        Arc<dyn kubelet_api::PodLifecycleEventGenerator>,
+        kubelet_api::PlegEvents,
+    )>,
+    prober: Option<(
+        Arc<dyn kubelet_api::ProbeManager>,
+        kubelet_api::ProbeUpdates,
+    )>,
     default_prober: bool,
     probe_errors_as_failures: bool,
     default_eviction: bool,
@@ -303,15 +309,23 @@ impl AgentBuilder {
         self
     }
 
-    /// Use `pleg` instead of the one made from the runtime.
-    pub fn pleg(mut self, pleg: Arc<dyn kubelet_api::PodLifecycleEventGenerator>) -> Self {
-        self.pleg = Some(pleg);
+    /// Use `pleg` (with the receiver of its events) instead of the one made from the runtime.
+    pub fn pleg(
+        mut self,
+        pleg: Arc<dyn kubelet_api::PodLifecycleEventGenerator>,
+        events: kubelet_api::PlegEvents,
+    ) -> Self {
+        self.pleg = Some((pleg, events));
         self
     }
 
-    /// Use `prober` instead of the default one.
-    pub fn prober(mut self, prober: Arc<dyn kubelet_api::ProbeManager>) -> Self {
-        self.prober = Some(prober);
+    /// Use `prober` (with the receiver of its result changes) instead of the default one.
+    pub fn prober(
+        mut self,
+        prober: Arc<dyn kubelet_api::ProbeManager>,
+        updates: kubelet_api::ProbeUpdates,
+    ) -> Self {
+        self.prober = Some((prober, updates));
         self
     }
 
@@ -495,21 +509,21 @@ impl AgentBuilder {
         } else {
             runtime
         };
-        let pleg = pleg.unwrap_or_else(|| {
+        let (pleg, pleg_events) = pleg.unwrap_or_else(|| {
             kubelet_pleg::new_pleg(
                 kubelet_pleg::PlegKind::from_configuration(&c),
                 runtime.clone(),
             )
         });
-        builder = builder.runtime(runtime).pleg(pleg);
+        builder = builder.runtime(runtime).pleg(pleg, pleg_events);
 
         let prober = prober.or_else(|| {
             default_prober
                 .then(|| make_prober(probe_errors_as_failures))
                 .flatten()
         });
-        if let Some(p) = prober {
-            builder = builder.prober(p);
+        if let Some((p, updates)) = prober {
+            builder = builder.prober(p, updates);
         }
         if default_eviction {
             builder = with_eviction(builder, &c, evict_static_pods)?;
@@ -577,11 +591,17 @@ impl AgentBuilder {
     }
 }
 
-fn make_prober(errors_as_failures: bool) -> Option<Arc<dyn kubelet_api::ProbeManager>> {
+fn make_prober(
+    errors_as_failures: bool,
+) -> Option<(
+    Arc<dyn kubelet_api::ProbeManager>,
+    kubelet_api::ProbeUpdates,
+)> {
     #[cfg(feature = "probe")]
     {
         let config = kubelet_probe::ProberConfig::default().errors_as_failures(errors_as_failures);
-        Some(Arc::new(kubelet_probe::Prober::new(config)))
+        let (prober, updates) = kubelet_probe::Prober::new(config);
+        Some((Arc::new(prober), updates))
     }
     #[cfg(not(feature = "probe"))]
     {

@@ -239,11 +239,9 @@ impl Agent {
         runtime: Arc<dyn ContainerRuntime>,
         pods: watch::Receiver<Vec<Pod>>,
     ) -> Self {
-        let pleg = Arc::new(GenericPleg::new(
-            runtime.clone(),
-            GenericPlegConfig::default(),
-        ));
-        Self::start_with_pleg(env, runtime, pods, pleg)
+        let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+        let pleg = std::sync::Arc::new(pleg);
+        Self::start_with_pleg(env, runtime, pods, pleg, pleg_events)
     }
 
     /// Starts an agent with the given PLEG.
@@ -252,6 +250,7 @@ impl Agent {
         runtime: Arc<dyn ContainerRuntime>,
         pods: watch::Receiver<Vec<Pod>>,
         pleg: Arc<dyn PodLifecycleEventGenerator>,
+        pleg_events: kubelet_api::PlegEvents,
     ) -> Self {
         let sink = Arc::new(RecordingSink::new());
         let mut config = KubeletConfig::with_dirs(env.dir.join("kubelet"), env.dir.join("logs"));
@@ -259,7 +258,7 @@ impl Agent {
         let kubelet = KubeletBuilder::new("node-1")
             .config(config)
             .runtime(runtime)
-            .pleg(pleg)
+            .pleg(pleg, pleg_events)
             .pod_source(Arc::new(TestSource { rx: pods }))
             .status_sink(sink.clone())
             .build()
