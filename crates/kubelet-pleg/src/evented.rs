@@ -257,13 +257,6 @@ impl EventedPleg {
         self.core.set_threshold(threshold);
     }
 
-    fn relist_period(&self) -> Duration {
-        match self.mode() {
-            PlegMode::Events | PlegMode::Starting => self.config.relist.relist_period,
-            PlegMode::Fallback | PlegMode::RelistOnly => self.config.fallback_relist_period,
-        }
-    }
-
     /// Turn one runtime event into an inspection of its pod.
     fn handle_event(&self, ev: ContainerEvent) {
         tracing::trace!(containerID = %ev.container_id, kind = ?ev.kind, "PLEG: runtime event");
@@ -334,75 +327,48 @@ impl PodLifecycleEventGenerator for EventedPleg {
             _ = shutdown.cancelled() => return,
             d = self.core.done_rx.lock() => d,
         };
-        self.set_mode(PlegMode::Events);
-        let mut link = Link::Due(Instant::now());
-        let mut failures: u32 = 0;
-        let mut next_relist = Instant::now();
+        let mut state = Loop::new(Instant::now());
+        self.set_mode(state.mode);
+        // Present exactly while `state.link` is `Up`.
+        let mut stream: Option<ContainerEventStream> = None;
         let mut listing: Option<BoxFuture<'static, Listing>> = None;
         let mut tick = tokio::time::interval(self.config.global_cache_update_period);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut prev_tick: Option<Instant> = None;
-        // A follow-up relist after a resubscription (see `LinkDecision::settle_relist`): when
-        // the subscription succeeded, and when to relist again.
-        let mut settle: Option<(Instant, Instant)> = None;
 
         loop {
-            let now = Instant::now();
-            if listing.is_none() && now >= next_relist {
+            let due = state.start(Instant::now());
+            if due.list {
                 listing = Some(Box::pin(self.core.list()));
             }
-            if let Link::Due(at) = link
-                && now >= at
-            {
-                let (event, up) = match self.subscribe().await {
-                    Ok(stream) => {
+            if due.subscribe {
+                let input = match self.subscribe().await {
+                    Ok(s) => {
                         self.core.metrics.evented_connection_successes.inc();
                         tracing::debug!("PLEG: subscribed to container events");
-                        (LinkEvent::Subscribed, Some(stream))
+                        stream = Some(s);
+                        Input::Subscribed
                     }
                     Err(e) if e.kind() == ErrorKind::Unimplemented => {
                         tracing::info!(error = %e, "PLEG: the runtime has no container events; relisting only");
-                        (LinkEvent::Unsupported, None)
+                        Input::Unsupported
                     }
                     Err(e) => {
                         self.core.metrics.evented_connection_errors.inc();
-                        tracing::warn!(error = %e, failures = failures + 1, "PLEG: subscribing to container events failed");
-                        (LinkEvent::Failed, None)
+                        tracing::warn!(error = %e, failures = state.failures + 1, "PLEG: subscribing to container events failed");
+                        Input::LinkFailed
                     }
                 };
-                let d = self.apply_link_event(&mut failures, event);
-                if self.mode() != PlegMode::Events {
-                    prev_tick = None;
-                }
-                link = match (up, d.retry_after) {
-                    (Some(stream), _) => Link::Up {
-                        stream,
-                        since: Instant::now(),
-                    },
-                    (None, Some(after)) => Link::Due(Instant::now() + after),
-                    (None, None) => Link::Unsupported,
-                };
-                if d.settle_relist {
-                    let now = Instant::now();
-                    settle = Some((now, now + self.config.fallback_relist_period));
-                }
-                if d.relist_now {
-                    next_relist = Instant::now();
-                    // Whatever happened while unsubscribed is found by a relist now.
-                    if listing.is_none() {
-                        continue;
-                    }
-                } else if event == LinkEvent::Unsupported {
-                    next_relist = next_relist.min(Instant::now() + self.relist_period());
-                }
+                self.apply(&mut state, input);
+                continue;
             }
 
-            let due = link.due_at();
-            tokio::select! {
+            let (relist_at, subscribe_at) = state.wake_at();
+            let input = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => break,
                 Some(d) = done.recv() => {
                     self.core.apply(d, &mut RelistReport::default());
+                    continue;
                 }
                 Some(listed) = in_flight(&mut listing) => {
                     listing = None;
@@ -413,107 +379,243 @@ impl PodLifecycleEventGenerator for EventedPleg {
                     if self.core.take_listing(listed, &mut report).is_ok() {
                         self.core.finish_relist(start, &report);
                     }
-                    next_relist = Instant::now() + self.relist_period();
-                    if let Some((subscribed, again)) = settle
-                        && start >= subscribed
-                    {
-                        // The relist of the resubscription is done: one more a period later.
-                        next_relist = next_relist.min(again);
-                        settle = None;
-                    }
+                    Input::Listed { start }
                 }
-                ev = link.next_event() => {
-                    match ev {
-                        Some(Ok(ev)) => self.handle_event(ev),
-                        other => {
-                            let why = match other {
-                                Some(Err(e)) => e.to_string(),
-                                _ => "the stream ended".to_string(),
-                            };
-                            self.core.metrics.evented_connection_errors.inc();
-                            tracing::warn!(error = %why, failures = failures + 1, "PLEG: container event stream broke");
-                            let d = self.apply_link_event(&mut failures, LinkEvent::Failed);
-                            link = Link::Due(Instant::now() + d.retry_after.unwrap_or_default());
-                            next_relist = Instant::now();
-                        }
+                ev = next_event(&mut stream) => match ev {
+                    Some(Ok(ev)) => {
+                        self.handle_event(ev);
+                        continue;
                     }
-                }
+                    other => {
+                        stream = None;
+                        let why = match other {
+                            Some(Err(e)) => e.to_string(),
+                            _ => "the stream ended".to_string(),
+                        };
+                        self.core.metrics.evented_connection_errors.inc();
+                        tracing::warn!(error = %why, failures = state.failures + 1, "PLEG: container event stream broke");
+                        Input::LinkFailed
+                    }
+                },
                 _ = tick.tick() => {
-                    let now = Instant::now();
                     self.core.note_slow();
-                    match (&link, self.mode()) {
-                        (Link::Up { since, .. }, PlegMode::Events) => {
-                            // Advance to the previous tick: every event of a change made before
-                            // it has had a whole period to arrive and mark its pod pending.
-                            if let Some(prev) = prev_tick
-                                && *since <= prev
-                            {
-                                self.core.cache.update_time(prev);
-                                self.apply_link_event(&mut failures, LinkEvent::Steady);
-                            }
-                            prev_tick = Some(now);
-                            self.core.refresh_failed();
-                        }
-                        _ => prev_tick = None,
-                    }
+                    Input::Tick
                 }
-                _ = self.relist_now.notified() => {
-                    next_relist = Instant::now();
-                }
-                _ = tokio::time::sleep_until(next_relist), if listing.is_none() => {}
-                _ = sleep_until_some(due) => {}
-            }
+                _ = self.relist_now.notified() => Input::RelistRequested,
+                _ = sleep_until_some(relist_at) => continue,
+                _ = sleep_until_some(subscribe_at) => continue,
+            };
+            self.apply(&mut state, input);
         }
         tracing::debug!("PLEG: evented loop stopped");
     }
 }
 
 impl EventedPleg {
-    /// Take a subscription event through [`link_step`]: count failures, switch the mode (with a
-    /// log line when falling back) and return the decision.
-    fn apply_link_event(&self, failures: &mut u32, event: LinkEvent) -> LinkDecision {
-        let d = link_step(self.mode(), *failures, event, &self.config);
-        if d.mode == PlegMode::Fallback && self.mode() != PlegMode::Fallback {
+    /// Take `input` through the loop's [`Loop::step`] and do what it says: log a fall-back,
+    /// advance the cache's global timestamp, retry failed inspections, publish the mode.
+    fn apply(&self, state: &mut Loop, input: Input) {
+        let effects = state.step(input, Instant::now(), &self.config);
+        if effects.fell_back {
             tracing::warn!(
-                failures = d.failures,
+                failures = state.failures,
                 period = ?self.config.fallback_relist_period,
                 "PLEG: container events keep failing; falling back to relisting"
             );
         }
-        *failures = d.failures;
-        self.set_mode(d.mode);
-        d
+        if let Some(at) = effects.advance_cache {
+            self.core.cache.update_time(at);
+        }
+        if effects.refresh_failed {
+            self.core.refresh_failed();
+        }
+        self.set_mode(state.mode);
     }
 }
 
-/// The evented PLEG's link to the runtime's event stream.
-enum Link {
+/// The state of the evented PLEG's subscription, as the loop's step sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LinkState {
     /// Subscribe at this instant.
     Due(Instant),
-    /// Subscribed since `since`.
-    Up {
-        stream: ContainerEventStream,
-        since: Instant,
-    },
+    /// Subscribed since this instant.
+    Up(Instant),
     /// The runtime has no event stream: relisting only.
     Unsupported,
 }
 
-impl Link {
-    /// The next event of the stream; never ready without one.
-    async fn next_event(&mut self) -> Option<kubelet_api::Result<ContainerEvent>> {
-        match self {
-            Link::Up { stream, .. } => stream.next().await,
-            Link::Due(_) | Link::Unsupported => std::future::pending().await,
+/// What happened, as the evented PLEG's loop tells its [`Loop::step`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Input {
+    /// A subscription succeeded.
+    Subscribed,
+    /// The runtime answered that it has no events.
+    Unsupported,
+    /// Subscribing failed, or the stream broke or ended.
+    LinkFailed,
+    /// The listing that started at `start` finished (whether it succeeded or not).
+    Listed { start: Instant },
+    /// The global cache period passed.
+    Tick,
+    /// Someone asked for a relist ([`EventedPleg::request_relist`]).
+    RelistRequested,
+}
+
+/// What to start now ([`Loop::start`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Due {
+    /// Start a listing.
+    list: bool,
+    /// Subscribe to the runtime's events.
+    subscribe: bool,
+}
+
+/// What a [`Loop::step`] asks the loop to do beyond its own state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Effects {
+    /// The step fell back to relisting (logged once).
+    fell_back: bool,
+    /// Advance the cache's global timestamp to this instant.
+    advance_cache: Option<Instant>,
+    /// Inspect again the pods whose inspection failed.
+    refresh_failed: bool,
+}
+
+/// The evented PLEG's loop as state plus a pure step (like the pod worker's): the run loop
+/// starts what [`start`](Self::start) says is due, waits for the first thing to happen, and
+/// feeds it to [`step`](Self::step), which updates the subscription, the relist schedule and
+/// the cache ticks and returns what to do about them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Loop {
+    mode: PlegMode,
+    /// Consecutive subscription failures.
+    failures: u32,
+    link: LinkState,
+    /// When the next listing starts (once the one in flight, if any, finished).
+    next_relist: Instant,
+    /// A listing is in flight.
+    listing: bool,
+    /// The previous cache tick while the current subscription was up.
+    prev_tick: Option<Instant>,
+    /// A follow-up relist after a resubscription (see [`LinkDecision::settle_relist`]): when
+    /// the subscription succeeded, and when to relist again.
+    settle: Option<(Instant, Instant)>,
+}
+
+impl Loop {
+    /// Events mode, subscription and relist due at `now`.
+    fn new(now: Instant) -> Self {
+        Self {
+            mode: PlegMode::Events,
+            failures: 0,
+            link: LinkState::Due(now),
+            next_relist: now,
+            listing: false,
+            prev_tick: None,
+            settle: None,
         }
     }
 
-    /// When a subscription is due, if one is.
-    fn due_at(&self) -> Option<Instant> {
-        match self {
-            Link::Due(at) => Some(*at),
-            Link::Up { .. } | Link::Unsupported => None,
+    /// What is due at `now`; a listing it returns counts as in flight.
+    fn start(&mut self, now: Instant) -> Due {
+        let list = !self.listing && now >= self.next_relist;
+        self.listing |= list;
+        let subscribe = matches!(self.link, LinkState::Due(at) if now >= at);
+        Due { list, subscribe }
+    }
+
+    /// When the next listing and the next subscription are due, if they are.
+    fn wake_at(&self) -> (Option<Instant>, Option<Instant>) {
+        let relist = (!self.listing).then_some(self.next_relist);
+        let subscribe = match self.link {
+            LinkState::Due(at) => Some(at),
+            LinkState::Up(_) | LinkState::Unsupported => None,
+        };
+        (relist, subscribe)
+    }
+
+    /// Take `input`, which happened at `now`.
+    fn step(&mut self, input: Input, now: Instant, config: &EventedPlegConfig) -> Effects {
+        let mut effects = Effects::default();
+        let link_event = match input {
+            Input::Subscribed => LinkEvent::Subscribed,
+            Input::Unsupported => LinkEvent::Unsupported,
+            Input::LinkFailed => LinkEvent::Failed,
+            Input::Listed { start } => {
+                self.listing = false;
+                self.next_relist = now + relist_period(self.mode, config);
+                if let Some((subscribed, again)) = self.settle
+                    && start >= subscribed
+                {
+                    // The relist of the resubscription is done: one more a period later.
+                    self.next_relist = self.next_relist.min(again);
+                    self.settle = None;
+                }
+                return effects;
+            }
+            Input::Tick => {
+                match (self.link, self.mode) {
+                    (LinkState::Up(since), PlegMode::Events) => {
+                        // Advance to the previous tick: every event of a change made before it
+                        // has had a whole period to arrive and mark its pod pending.
+                        if let Some(prev) = self.prev_tick
+                            && since <= prev
+                        {
+                            effects.advance_cache = Some(prev);
+                            let d = link_step(self.mode, self.failures, LinkEvent::Steady, config);
+                            self.failures = d.failures;
+                        }
+                        self.prev_tick = Some(now);
+                        effects.refresh_failed = true;
+                    }
+                    _ => self.prev_tick = None,
+                }
+                return effects;
+            }
+            Input::RelistRequested => {
+                self.next_relist = now;
+                return effects;
+            }
+        };
+        let d = link_step(self.mode, self.failures, link_event, config);
+        effects.fell_back = d.mode == PlegMode::Fallback && self.mode != PlegMode::Fallback;
+        self.mode = d.mode;
+        self.failures = d.failures;
+        // A tick counts only while the subscription it was seen under is up.
+        self.prev_tick = None;
+        self.link = match (link_event, d.retry_after) {
+            (LinkEvent::Subscribed, _) => LinkState::Up(now),
+            (_, Some(after)) => LinkState::Due(now + after),
+            (_, None) => LinkState::Unsupported,
+        };
+        if d.settle_relist {
+            self.settle = Some((now, now + config.fallback_relist_period));
         }
+        if d.relist_now {
+            // Whatever happened while unsubscribed is found by a relist now.
+            self.next_relist = now;
+        } else if link_event == LinkEvent::Unsupported {
+            self.next_relist = self.next_relist.min(now + relist_period(self.mode, config));
+        }
+        effects
+    }
+}
+
+/// The relist period in `mode`: the safety net's while events flow, the fallback's otherwise.
+fn relist_period(mode: PlegMode, config: &EventedPlegConfig) -> Duration {
+    match mode {
+        PlegMode::Events | PlegMode::Starting => config.relist.relist_period,
+        PlegMode::Fallback | PlegMode::RelistOnly => config.fallback_relist_period,
+    }
+}
+
+/// The next event of the stream; never ready without one.
+async fn next_event(
+    stream: &mut Option<ContainerEventStream>,
+) -> Option<kubelet_api::Result<ContainerEvent>> {
+    match stream {
+        Some(stream) => stream.next().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -756,6 +858,123 @@ mod tests {
         // A limit of 0 behaves as 1: the first failure falls back.
         let zero = EventedPlegConfig::default().with_max_stream_retries(0);
         assert_eq!(link_step(Events, 0, Failed, &zero).mode, Fallback);
+    }
+
+    /// One row of the loop's table: at `at` seconds, call [`Loop::start`] (`None`) or
+    /// [`Loop::step`] with the input, and compare what it returns and the state it leaves.
+    struct Row {
+        at: f64,
+        input: Option<Input>,
+        due: Due,
+        effects: Effects,
+        mode: PlegMode,
+        failures: u32,
+        link: LinkState,
+        next_relist: f64,
+        settle: Option<(f64, f64)>,
+    }
+
+    #[test]
+    fn the_loop_subscribes_relists_ticks_falls_back_and_settles_by_its_table() {
+        let cfg = EventedPlegConfig::default()
+            .with_relist_period(Duration::from_secs(300))
+            .with_fallback_relist_period(Duration::from_secs(1))
+            .with_global_cache_update_period(Duration::from_secs(2))
+            .with_max_stream_retries(3)
+            .with_stream_retry_delay(Duration::from_secs(1))
+            .with_stream_recovery_period(Duration::from_secs(30));
+        let t0 = Instant::now();
+        let t = |s: f64| t0 + Duration::from_secs_f64(s);
+        use Input::*;
+        use LinkState::{Due as At, Up};
+        use PlegMode::*;
+        let none = Effects::default();
+        let refresh = Effects {
+            refresh_failed: true,
+            ..none
+        };
+        let list = Due {
+            list: true,
+            subscribe: false,
+        };
+        let nothing = Due::default();
+        #[rustfmt::skip]
+        let table = [
+            // Start: subscribe and list at once.
+            Row { at: 0.0, input: None, due: Due { list: true, subscribe: true }, effects: none, mode: Events, failures: 0, link: At(t(0.0)), next_relist: 0.0, settle: None },
+            Row { at: 0.0, input: Some(Subscribed), due: nothing, effects: none, mode: Events, failures: 0, link: Up(t(0.0)), next_relist: 0.0, settle: None },
+            // The listing in flight is not started twice.
+            Row { at: 0.1, input: None, due: nothing, effects: none, mode: Events, failures: 0, link: Up(t(0.0)), next_relist: 0.0, settle: None },
+            // Its end schedules the safety net 300 s later.
+            Row { at: 0.5, input: Some(Listed { start: t(0.0) }), due: nothing, effects: none, mode: Events, failures: 0, link: Up(t(0.0)), next_relist: 300.5, settle: None },
+            // The first tick only remembers itself; the second advances the cache to the first.
+            Row { at: 2.0, input: Some(Tick), due: nothing, effects: refresh, mode: Events, failures: 0, link: Up(t(0.0)), next_relist: 300.5, settle: None },
+            Row { at: 4.0, input: Some(Tick), due: nothing, effects: Effects { advance_cache: Some(t(2.0)), ..refresh }, mode: Events, failures: 0, link: Up(t(0.0)), next_relist: 300.5, settle: None },
+            // The stream breaks: relist now, subscribe again a second later.
+            Row { at: 5.0, input: Some(LinkFailed), due: nothing, effects: none, mode: Events, failures: 1, link: At(t(6.0)), next_relist: 5.0, settle: None },
+            Row { at: 5.0, input: None, due: list, effects: none, mode: Events, failures: 1, link: At(t(6.0)), next_relist: 5.0, settle: None },
+            // No tick counts while unsubscribed.
+            Row { at: 5.5, input: Some(Tick), due: nothing, effects: none, mode: Events, failures: 1, link: At(t(6.0)), next_relist: 5.0, settle: None },
+            Row { at: 6.0, input: None, due: Due { list: false, subscribe: true }, effects: none, mode: Events, failures: 1, link: At(t(6.0)), next_relist: 5.0, settle: None },
+            Row { at: 6.0, input: Some(LinkFailed), due: nothing, effects: none, mode: Events, failures: 2, link: At(t(7.0)), next_relist: 6.0, settle: None },
+            // The third failure in a row falls back: relist every second, try again in 30 s.
+            Row { at: 7.0, input: Some(LinkFailed), due: nothing, effects: Effects { fell_back: true, ..none }, mode: Fallback, failures: 3, link: At(t(37.0)), next_relist: 7.0, settle: None },
+            Row { at: 7.2, input: Some(Listed { start: t(5.0) }), due: nothing, effects: none, mode: Fallback, failures: 3, link: At(t(37.0)), next_relist: 8.2, settle: None },
+            Row { at: 8.0, input: Some(Tick), due: nothing, effects: none, mode: Fallback, failures: 3, link: At(t(37.0)), next_relist: 8.2, settle: None },
+            Row { at: 9.0, input: Some(RelistRequested), due: nothing, effects: none, mode: Fallback, failures: 3, link: At(t(37.0)), next_relist: 9.0, settle: None },
+            // Back to events: relist now, and once more a fallback period after that relist.
+            Row { at: 37.0, input: Some(Subscribed), due: nothing, effects: none, mode: Events, failures: 0, link: Up(t(37.0)), next_relist: 37.0, settle: Some((37.0, 38.0)) },
+            // A listing that started before the subscription is not the settling one.
+            Row { at: 37.1, input: Some(Listed { start: t(36.5) }), due: nothing, effects: none, mode: Events, failures: 0, link: Up(t(37.0)), next_relist: 337.1, settle: Some((37.0, 38.0)) },
+            Row { at: 37.5, input: Some(Listed { start: t(37.2) }), due: nothing, effects: none, mode: Events, failures: 0, link: Up(t(37.0)), next_relist: 38.0, settle: None },
+        ];
+        let mut state = Loop::new(t0);
+        for (i, row) in table.iter().enumerate() {
+            let now = t(row.at);
+            match row.input {
+                None => assert_eq!(state.start(now), row.due, "row {i}: due"),
+                Some(input) => {
+                    assert_eq!(
+                        state.step(input, now, &cfg),
+                        row.effects,
+                        "row {i}: effects"
+                    )
+                }
+            }
+            assert_eq!(
+                (state.mode, state.failures, state.link),
+                (row.mode, row.failures, row.link),
+                "row {i}: mode, failures, link"
+            );
+            assert_eq!(
+                state.next_relist,
+                t(row.next_relist),
+                "row {i}: next relist"
+            );
+            assert_eq!(
+                state.settle,
+                row.settle.map(|(a, b)| (t(a), t(b))),
+                "row {i}: settle"
+            );
+        }
+
+        // A runtime without events: relisting only, at the fallback period, no ticks.
+        let mut state = Loop::new(t0);
+        assert_eq!(
+            state.start(t0),
+            Due {
+                list: true,
+                subscribe: true
+            }
+        );
+        assert_eq!(state.step(Unsupported, t0, &cfg), none);
+        assert_eq!(
+            (state.mode, state.link, state.wake_at()),
+            (RelistOnly, LinkState::Unsupported, (None, None))
+        );
+        state.step(Listed { start: t0 }, t(0.1), &cfg);
+        assert_eq!(state.wake_at(), (Some(t(1.1)), None));
+        assert_eq!(state.step(Tick, t(2.0), &cfg), none);
     }
 
     #[tokio::test]
