@@ -51,20 +51,21 @@ impl Proc {
             (ContainerState::Exited, _) => "Error",
             _ => "",
         };
-        ContainerStatus {
-            id: id.to_string(),
-            metadata: self.config.metadata.clone(),
-            state: self.state,
-            created_at: self.created_at,
-            started_at: self.started_at,
-            finished_at: self.finished_at,
-            exit_code: self.exit_code,
-            image: self.config.image.clone(),
-            reason: reason.to_string(),
-            labels: self.config.labels.clone(),
-            annotations: self.config.annotations.clone(),
-            log_path: self.log_path.clone(),
-            ..Default::default()
+        {
+            let mut v = ContainerStatus::default();
+            v.id = id.to_string();
+            v.metadata = self.config.metadata.clone();
+            v.state = self.state;
+            v.created_at = self.created_at;
+            v.started_at = self.started_at;
+            v.finished_at = self.finished_at;
+            v.exit_code = self.exit_code;
+            v.image = self.config.image.clone();
+            v.reason = reason.to_string();
+            v.labels = self.config.labels.clone();
+            v.annotations = self.config.annotations.clone();
+            v.log_path = self.log_path.clone();
+            v
         }
     }
 }
@@ -176,15 +177,16 @@ impl ContainerRuntime for ToyRuntime {
             .sandboxes
             .get(sandbox_id)
             .ok_or_else(|| not_found("sandbox", sandbox_id))?;
-        Ok(PodSandboxStatus {
-            id: sandbox_id.to_string(),
-            metadata: s.config.metadata.clone(),
-            state: s.state,
-            created_at: s.created_at,
-            host_network: true,
-            labels: s.config.labels.clone(),
-            annotations: s.config.annotations.clone(),
-            ..Default::default()
+        Ok({
+            let mut v = PodSandboxStatus::default();
+            v.id = sandbox_id.to_string();
+            v.metadata = s.config.metadata.clone();
+            v.state = s.state;
+            v.created_at = s.created_at;
+            v.host_network = true;
+            v.labels = s.config.labels.clone();
+            v.annotations = s.config.annotations.clone();
+            v
         })
     }
     async fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> Result<Vec<PodSandbox>> {
@@ -405,10 +407,12 @@ impl ContainerRuntime for ToyRuntime {
         }
     }
     async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
-        Ok(Some(Image {
-            id: image.image.clone(),
-            repo_tags: vec![image.image.clone()],
-            size: 0,
+        Ok(Some({
+            let mut v = Image::default();
+            v.id = image.image.clone();
+            v.repo_tags = vec![image.image.clone()];
+            v.size = 0;
+            v
         }))
     }
     async fn pull_image(&self, image: &ImageSpec, _: &PodSandboxConfig) -> Result<String> {

@@ -159,30 +159,32 @@ fn direct_configs(
     l.insert(labels::POD_UID.into(), uid.clone());
     l.insert(labels::POD_NAME.into(), format!("direct-{i}"));
     l.insert(labels::POD_NAMESPACE.into(), "default".into());
-    let sandbox = PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    let sandbox = {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("direct-{i}"),
             namespace: "default".into(),
             uid: uid.clone(),
             attempt: 0,
-        },
-        log_directory: logs.join(&uid),
-        labels: l.clone(),
-        host_network: true,
-        ..Default::default()
+        };
+        v.log_directory = logs.join(&uid);
+        v.labels = l.clone();
+        v.host_network = true;
+        v
     };
     let mut cl = l;
     cl.insert(labels::CONTAINER_NAME.into(), "app".into());
-    let container = ContainerConfig {
-        metadata: ContainerMetadata {
+    let container = {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: "app".into(),
             attempt: 0,
-        },
-        image: image.into(),
-        command: command(),
-        labels: cl,
-        log_path: "app/0.log".into(),
-        ..Default::default()
+        };
+        v.image = image.into();
+        v.command = command();
+        v.labels = cl;
+        v.log_path = "app/0.log".into();
+        v
     };
     (sandbox, container)
 }
@@ -580,16 +582,17 @@ async fn event_latency(
             rt.remove_container(&id).await?;
             removed.insert(id);
         }
-        let mut cfg = ContainerConfig {
-            metadata: ContainerMetadata {
+        let mut cfg = {
+            let mut v = ContainerConfig::default();
+            v.metadata = ContainerMetadata {
                 name: format!("exit-{i}"),
                 attempt: 0,
-            },
-            image: env.busybox.clone(),
-            command: vec!["/bin/sh".into(), "-c".into(), "sleep 0.1".into()],
-            labels: sandbox_cfg.labels.clone(),
-            log_path: format!("exit-{i}/0.log"),
-            ..Default::default()
+            };
+            v.image = env.busybox.clone();
+            v.command = vec!["/bin/sh".into(), "-c".into(), "sleep 0.1".into()];
+            v.labels = sandbox_cfg.labels.clone();
+            v.log_path = format!("exit-{i}/0.log");
+            v
         };
         cfg.labels
             .insert(labels::CONTAINER_NAME.into(), format!("exit-{i}"));
@@ -623,16 +626,17 @@ async fn event_latency(
     let mut running = Vec::with_capacity(burst);
     for i in 0..burst {
         let name = format!("burst-{i}");
-        let mut cfg = ContainerConfig {
-            metadata: ContainerMetadata {
+        let mut cfg = {
+            let mut v = ContainerConfig::default();
+            v.metadata = ContainerMetadata {
                 name: name.clone(),
                 attempt: 0,
-            },
-            image: env.busybox.clone(),
-            command: vec!["/bin/sleep".into(), "100000".into()],
-            labels: sandbox_cfg.labels.clone(),
-            log_path: format!("{name}/0.log"),
-            ..Default::default()
+            };
+            v.image = env.busybox.clone();
+            v.command = vec!["/bin/sleep".into(), "100000".into()];
+            v.labels = sandbox_cfg.labels.clone();
+            v.log_path = format!("{name}/0.log");
+            v
         };
         cfg.labels.insert(labels::CONTAINER_NAME.into(), name);
         let id = rt.create_container(&sandbox, &cfg, &sandbox_cfg).await?;

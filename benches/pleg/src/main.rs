@@ -228,17 +228,18 @@ fn pod_configs(
     l.insert(labels::POD_UID.into(), uid.into());
     l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
     l.insert(labels::POD_NAMESPACE.into(), "default".into());
-    let sandbox = PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    let sandbox = {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("pod-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        log_directory: t.logs.join(uid),
-        labels: l.clone(),
-        host_network: true,
-        ..Default::default()
+        };
+        v.log_directory = t.logs.join(uid);
+        v.labels = l.clone();
+        v.host_network = true;
+        v
     };
     let mut cl = l;
     cl.insert(labels::CONTAINER_NAME.into(), name.into());
@@ -249,16 +250,17 @@ fn pod_configs(
 fn container_config(t: &Target, labels_: &Labels, name: &str, script: &str) -> ContainerConfig {
     let mut cl = labels_.clone();
     cl.insert(labels::CONTAINER_NAME.into(), name.into());
-    ContainerConfig {
-        metadata: ContainerMetadata {
+    {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: name.into(),
             attempt: 0,
-        },
-        image: t.image.clone(),
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        labels: cl,
-        log_path: format!("{name}/0.log"),
-        ..Default::default()
+        };
+        v.image = t.image.clone();
+        v.command = vec!["/bin/sh".into(), "-c".into(), script.into()];
+        v.labels = cl;
+        v.log_path = format!("{name}/0.log");
+        v
     }
 }
 

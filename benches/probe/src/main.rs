@@ -414,17 +414,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
                             .shim(kubelet_process::ShimCommand::CurrentExe)
                             .use_cgroups(false),
                     )?);
-                    let sb = PodSandboxConfig {
-                        log_directory: dir.path().join("logs"),
-                        ..Default::default()
+                    let sb = {
+                        let mut v = PodSandboxConfig::default();
+                        v.log_directory = dir.path().join("logs");
+                        v
                     };
                     let sid = rt.run_pod_sandbox(&sb).await?;
                     let mut ids = Vec::new();
                     for i in 0..n {
-                        let c = ContainerConfig {
-                            command: vec!["/bin/sleep".into(), "3600".into()],
-                            log_path: format!("c{i}/0.log"),
-                            ..Default::default()
+                        let c = {
+                            let mut v = ContainerConfig::default();
+                            v.command = vec!["/bin/sleep".into(), "3600".into()];
+                            v.log_path = format!("c{i}/0.log");
+                            v
                         };
                         let cid = rt.create_container(&sid, &c, &sb).await?;
                         rt.start_container(&cid).await?;

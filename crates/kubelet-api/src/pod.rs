@@ -97,6 +97,91 @@ pub fn pull_policy(c: &Container) -> PullPolicy {
     }
 }
 
+/// The pod condition types the kubelet writes (`PodConditionByKubelet`) or shares with other
+/// writers (`PodConditionSharedByKubelet`). Conditions of other types (readiness gates,
+/// another controller's) stay strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PodConditionType {
+    /// `PodReadyToStartContainers`: the sandbox is up and networked.
+    PodReadyToStartContainers,
+    /// `Initialized`: every init container completed (sidecars started).
+    Initialized,
+    /// `Ready`: the pod serves (containers ready and readiness gates true).
+    Ready,
+    /// `ContainersReady`: every container is ready.
+    ContainersReady,
+    /// `PodScheduled`: the pod is bound to a node.
+    PodScheduled,
+    /// `DisruptionTarget`: the pod is about to be terminated by a disruption (eviction,
+    /// preemption, node shutdown); shared with the controllers that set it.
+    DisruptionTarget,
+}
+
+impl PodConditionType {
+    /// Every type, in the order the kubelet lists its own first.
+    pub const ALL: [Self; 6] = [
+        Self::PodReadyToStartContainers,
+        Self::Initialized,
+        Self::Ready,
+        Self::ContainersReady,
+        Self::PodScheduled,
+        Self::DisruptionTarget,
+    ];
+
+    /// The type as the API writes it.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::PodReadyToStartContainers => "PodReadyToStartContainers",
+            Self::Initialized => "Initialized",
+            Self::Ready => "Ready",
+            Self::ContainersReady => "ContainersReady",
+            Self::PodScheduled => "PodScheduled",
+            Self::DisruptionTarget => "DisruptionTarget",
+        }
+    }
+
+    /// The type written `s`, if it is one of these.
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == s)
+    }
+
+    /// True for the types the kubelet owns: every one but `DisruptionTarget`.
+    pub const fn is_kubelet_owned(self) -> bool {
+        !matches!(self, Self::DisruptionTarget)
+    }
+}
+
+impl std::fmt::Display for PodConditionType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<PodConditionType> for String {
+    fn eq(&self, other: &PodConditionType) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<PodConditionType> for str {
+    fn eq(&self, other: &PodConditionType) -> bool {
+        self == other.as_str()
+    }
+}
+
+impl PartialEq<PodConditionType> for &str {
+    fn eq(&self, other: &PodConditionType) -> bool {
+        *self == other.as_str()
+    }
+}
+
+impl From<PodConditionType> for String {
+    fn from(t: PodConditionType) -> Self {
+        t.as_str().to_string()
+    }
+}
+
 /// An init container with `restartPolicy: Always` is a sidecar.
 pub fn is_sidecar(c: &Container) -> bool {
     c.restart_policy.as_deref() == Some("Always")

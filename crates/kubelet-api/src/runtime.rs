@@ -122,6 +122,7 @@ pub struct DnsConfig {
 
 /// Everything a runtime needs to create a pod sandbox (CRI `PodSandboxConfig`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PodSandboxConfig {
     /// Pod identity.
     pub metadata: PodSandboxMetadata,
@@ -144,6 +145,17 @@ pub struct PodSandboxConfig {
     /// True when any container of the pod runs privileged: CRI runtimes refuse privileged
     /// containers in a sandbox that is not privileged itself.
     pub privileged: bool,
+}
+
+impl PodSandboxConfig {
+    /// A configuration for the sandbox of the pod `metadata`; every other field at its default
+    /// (set the public fields to fill them in).
+    pub fn new(metadata: PodSandboxMetadata) -> Self {
+        Self {
+            metadata,
+            ..Default::default()
+        }
+    }
 }
 
 /// Sandbox state.
@@ -175,6 +187,7 @@ pub struct PodSandbox {
 
 /// Detailed sandbox status (CRI `PodSandboxStatus`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PodSandboxStatus {
     /// Runtime-assigned ID.
     pub id: String,
@@ -194,6 +207,19 @@ pub struct PodSandboxStatus {
     pub labels: Labels,
     /// Annotations.
     pub annotations: Labels,
+}
+
+impl PodSandboxStatus {
+    /// The status of sandbox `id` of the pod `metadata`, in `state`; every other field at its
+    /// default.
+    pub fn new(id: impl Into<String>, metadata: PodSandboxMetadata, state: SandboxState) -> Self {
+        Self {
+            id: id.into(),
+            metadata,
+            state,
+            ..Default::default()
+        }
+    }
 }
 
 /// Identity of a container within its sandbox.
@@ -227,6 +253,7 @@ pub struct EnvVar {
 
 /// Linux resource settings derived from `resources` (CRI `LinuxContainerResources`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LinuxResources {
     /// CFS period in microseconds, 0 for unset.
     pub cpu_period: i64,
@@ -242,6 +269,7 @@ pub struct LinuxResources {
 /// the container's `securityContext` merged as the kubelet's `determineEffectiveSecurityContext`
 /// does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SecurityContext {
     /// Run privileged.
     pub privileged: bool,
@@ -286,6 +314,7 @@ pub enum SecurityProfile {
 
 /// Everything a runtime needs to create a container (CRI `ContainerConfig`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ContainerConfig {
     /// Container identity.
     pub metadata: ContainerMetadata,
@@ -315,6 +344,18 @@ pub struct ContainerConfig {
     pub resources: Option<LinuxResources>,
     /// Security settings.
     pub security: SecurityContext,
+}
+
+impl ContainerConfig {
+    /// A configuration for the container `metadata` running `image`; every other field at its
+    /// default.
+    pub fn new(metadata: ContainerMetadata, image: impl Into<String>) -> Self {
+        Self {
+            metadata,
+            image: image.into(),
+            ..Default::default()
+        }
+    }
 }
 
 /// Container state (CRI `ContainerState`).
@@ -356,6 +397,7 @@ pub struct Container {
 
 /// Detailed container status (CRI `ContainerStatus`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ContainerStatus {
     /// Runtime-assigned ID.
     pub id: String,
@@ -389,6 +431,18 @@ pub struct ContainerStatus {
     pub log_path: PathBuf,
     /// Resources applied.
     pub resources: Option<LinuxResources>,
+}
+
+impl ContainerStatus {
+    /// The status of container `id` (`metadata`) in `state`; every other field at its default.
+    pub fn new(id: impl Into<String>, metadata: ContainerMetadata, state: ContainerState) -> Self {
+        Self {
+            id: id.into(),
+            metadata,
+            state,
+            ..Default::default()
+        }
+    }
 }
 
 /// Result of [`ContainerRuntime::exec_sync`].
@@ -428,6 +482,7 @@ pub struct RuntimeCondition {
 
 /// Runtime health (CRI `StatusResponse`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RuntimeStatus {
     /// Conditions; `RuntimeReady` and `NetworkReady` are the required ones.
     pub conditions: Vec<RuntimeCondition>,
@@ -459,13 +514,24 @@ impl RuntimeStatus {
 
 /// An image reference to look up or pull.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ImageSpec {
     /// Reference as written in the pod spec.
     pub image: String,
 }
 
+impl ImageSpec {
+    /// The image reference `image`, as written in the pod spec.
+    pub fn new(image: impl Into<String>) -> Self {
+        Self {
+            image: image.into(),
+        }
+    }
+}
+
 /// An image the runtime has.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Image {
     /// Image ID.
     pub id: String,
@@ -475,8 +541,20 @@ pub struct Image {
     pub size: u64,
 }
 
+impl Image {
+    /// The image `id` with its tags and size in bytes.
+    pub fn new(id: impl Into<String>, repo_tags: Vec<String>, size: u64) -> Self {
+        Self {
+            id: id.into(),
+            repo_tags,
+            size,
+        }
+    }
+}
+
 /// Usage figures for one container.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ContainerStats {
     /// Container ID.
     pub container_id: String,
@@ -497,8 +575,20 @@ pub struct ContainerStats {
     pub writable_layer_inodes: Option<u64>,
 }
 
+impl ContainerStats {
+    /// Figures of container `container_id` read at `timestamp`, none known yet.
+    pub fn new(container_id: impl Into<String>, timestamp: Timestamp) -> Self {
+        Self {
+            container_id: container_id.into(),
+            timestamp,
+            ..Default::default()
+        }
+    }
+}
+
 /// What the runtime uses of one filesystem (CRI `FilesystemUsage`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct FilesystemUsage {
     /// When the figures were read.
     pub timestamp: Timestamp,
@@ -511,9 +601,21 @@ pub struct FilesystemUsage {
     pub inodes_used: Option<u64>,
 }
 
+impl FilesystemUsage {
+    /// Usage of the filesystem at `mountpoint` read at `timestamp`, no figures yet.
+    pub fn new(timestamp: Timestamp, mountpoint: impl Into<PathBuf>) -> Self {
+        Self {
+            timestamp,
+            mountpoint: mountpoint.into(),
+            ..Default::default()
+        }
+    }
+}
+
 /// The filesystems the runtime keeps images and containers on (CRI `ImageFsInfoResponse`); see
 /// [`ContainerRuntime::image_fs_info`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ImageFsInfo {
     /// The image filesystem(s), usually one.
     pub image_filesystems: Vec<FilesystemUsage>,

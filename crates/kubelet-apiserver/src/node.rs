@@ -525,8 +525,9 @@ mod tests {
 
         let mut obs = healthy();
         obs.pleg = PlegHealth::Unhealthy("pleg has yet to be successful".into());
-        obs.runtime_status = Some(RuntimeStatus {
-            conditions: vec![
+        obs.runtime_status = Some({
+            let mut v = RuntimeStatus::default();
+            v.conditions = vec![
                 RuntimeCondition {
                     type_: "RuntimeReady".into(),
                     status: true,
@@ -538,7 +539,8 @@ mod tests {
                     reason: "NoCNI".into(),
                     message: "no config".into(),
                 },
-            ],
+            ];
+            v
         });
         let r = ready(&node_status(
             &facts(),

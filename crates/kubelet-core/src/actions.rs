@@ -472,12 +472,13 @@ mod tests {
     }
 
     fn ready_sandbox() -> PodSandboxStatus {
-        PodSandboxStatus {
-            id: "sb".into(),
-            metadata: PodSandboxMetadata::default(),
-            state: SandboxState::Ready,
-            host_network: true,
-            ..Default::default()
+        {
+            let mut v = PodSandboxStatus::default();
+            v.id = "sb".into();
+            v.metadata = PodSandboxMetadata::default();
+            v.state = SandboxState::Ready;
+            v.host_network = true;
+            v
         }
     }
 
@@ -493,16 +494,17 @@ mod tests {
             labels::CONTAINER_HASH.into(),
             format!("{:x}", pod::container_hash(&spec)),
         );
-        ContainerStatus {
-            id: id.into(),
-            metadata: ContainerMetadata {
+        {
+            let mut v = ContainerStatus::default();
+            v.id = id.into();
+            v.metadata = ContainerMetadata {
                 name: name.into(),
                 attempt: 0,
-            },
-            state,
-            exit_code: exit,
-            annotations,
-            ..Default::default()
+            };
+            v.state = state;
+            v.exit_code = exit;
+            v.annotations = annotations;
+            v
         }
     }
 
@@ -729,39 +731,41 @@ mod tests {
         }
 
         prop_compose! {
-            fn scenario()(
-                policy in prop_oneof![Just("Always"), Just("OnFailure"), Just("Never")],
-                inits in proptest::collection::vec(any::<bool>(), 0..3),
-                regular in 1usize..4,
-                instances in proptest::collection::vec(proptest::collection::vec(instance(), 0..3), 6),
-                sandbox in 0u8..3,
-            ) -> (Pod, PodRuntimeStatus) {
-                let init: Vec<Container> = inits
-                    .iter()
-                    .enumerate()
-                    .map(|(i, side)| if *side { sidecar(&format!("i{i}")) } else { container(&format!("i{i}")) })
-                    .collect();
-                let regular: Vec<Container> = (0..regular).map(|i| container(&format!("c{i}"))).collect();
-                let p = pod(policy, init.clone(), regular.clone());
-                let mut statuses = Vec::new();
-                for (n, c) in init.iter().chain(regular.iter()).enumerate() {
-                    for (k, (st, exit, attempt)) in instances[n % instances.len()].iter().enumerate() {
-                        let mut s = cs(&p, &c.name, &format!("{}-{k}", c.name), state_of(*st), *exit);
-                        s.metadata.attempt = *attempt;
-                        s.created_at = jiff::Timestamp::from_second(1_700_000_000 + i64::from(*attempt) * 10 + k as i64)
-                            .expect("timestamp");
-                        statuses.push(s);
+                    fn scenario()(
+                        policy in prop_oneof![Just("Always"), Just("OnFailure"), Just("Never")],
+                        inits in proptest::collection::vec(any::<bool>(), 0..3),
+                        regular in 1usize..4,
+                        instances in proptest::collection::vec(proptest::collection::vec(instance(), 0..3), 6),
+                        sandbox in 0u8..3,
+                    ) -> (Pod, PodRuntimeStatus) {
+                        let init: Vec<Container> = inits
+                            .iter()
+                            .enumerate()
+                            .map(|(i, side)| if *side { sidecar(&format!("i{i}")) } else { container(&format!("i{i}")) })
+                            .collect();
+                        let regular: Vec<Container> = (0..regular).map(|i| container(&format!("c{i}"))).collect();
+                        let p = pod(policy, init.clone(), regular.clone());
+                        let mut statuses = Vec::new();
+                        for (n, c) in init.iter().chain(regular.iter()).enumerate() {
+                            for (k, (st, exit, attempt)) in instances[n % instances.len()].iter().enumerate() {
+                                let mut s = cs(&p, &c.name, &format!("{}-{k}", c.name), state_of(*st), *exit);
+                                s.metadata.attempt = *attempt;
+                                s.created_at = jiff::Timestamp::from_second(1_700_000_000 + i64::from(*attempt) * 10 + k as i64)
+                                    .expect("timestamp");
+                                statuses.push(s);
+                            }
+                        }
+                        statuses.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+                        let sandbox_statuses = match sandbox {
+                            0 => vec![],
+                            1 => vec![ready_sandbox()],
+                            _ => vec![{ let mut v = ready_sandbox();
+        v.state = SandboxState::NotReady;
+        v }],
+                        };
+                        (p, PodRuntimeStatus { sandbox_statuses, container_statuses: statuses, ..Default::default() })
                     }
                 }
-                statuses.sort_by_key(|s| std::cmp::Reverse(s.created_at));
-                let sandbox_statuses = match sandbox {
-                    0 => vec![],
-                    1 => vec![ready_sandbox()],
-                    _ => vec![PodSandboxStatus { state: SandboxState::NotReady, ..ready_sandbox() }],
-                };
-                (p, PodRuntimeStatus { sandbox_statuses, container_statuses: statuses, ..Default::default() })
-            }
-        }
 
         proptest! {
             #[test]

@@ -566,24 +566,26 @@ pub fn generate_container_config(
     }
 
     let security = security_context(pod, c, ctx.seccomp_profile_root)?;
-    Ok(ContainerConfig {
-        metadata: ContainerMetadata {
+    Ok({
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: c.name.clone(),
             attempt: ctx.restart_count,
-        },
-        image: c.image.clone().unwrap_or_default(),
-        command,
-        args,
-        working_dir: c.working_dir.clone().unwrap_or_default(),
-        envs,
-        mounts,
-        labels: lbl,
-        annotations: ann,
-        log_path: format!("{}/{}.log", c.name, ctx.restart_count),
-        stdin: c.stdin.unwrap_or(false),
-        tty: c.tty.unwrap_or(false),
-        resources: linux_resources(c)?,
-        security,
+        };
+        v.image = c.image.clone().unwrap_or_default();
+        v.command = command;
+        v.args = args;
+        v.working_dir = c.working_dir.clone().unwrap_or_default();
+        v.envs = envs;
+        v.mounts = mounts;
+        v.labels = lbl;
+        v.annotations = ann;
+        v.log_path = format!("{}/{}.log", c.name, ctx.restart_count);
+        v.stdin = c.stdin.unwrap_or(false);
+        v.tty = c.tty.unwrap_or(false);
+        v.resources = linux_resources(c)?;
+        v.security = security;
+        v
     })
 }
 
@@ -699,23 +701,25 @@ pub fn security_context(
                 },
             })
         });
-    Ok(SecurityContext {
-        privileged,
-        run_as_user,
-        run_as_group: sc
+    Ok({
+        let mut v = SecurityContext::default();
+        v.privileged = privileged;
+        v.run_as_user = run_as_user;
+        v.run_as_group = sc
             .and_then(|s| s.run_as_group)
-            .or_else(|| psc.and_then(|s| s.run_as_group)),
-        supplemental_groups,
-        readonly_rootfs: sc
+            .or_else(|| psc.and_then(|s| s.run_as_group));
+        v.supplemental_groups = supplemental_groups;
+        v.readonly_rootfs = sc
             .and_then(|s| s.read_only_root_filesystem)
-            .unwrap_or(false),
-        no_new_privs: sc.and_then(|s| s.allow_privilege_escalation) == Some(false),
-        add_capabilities: caps.and_then(|c| c.add.clone()).unwrap_or_default(),
-        drop_capabilities: caps.and_then(|c| c.drop.clone()).unwrap_or_default(),
-        masked_paths: paths(DEFAULT_MASKED_PATHS),
-        readonly_paths: paths(DEFAULT_READONLY_PATHS),
-        seccomp,
-        apparmor,
+            .unwrap_or(false);
+        v.no_new_privs = sc.and_then(|s| s.allow_privilege_escalation) == Some(false);
+        v.add_capabilities = caps.and_then(|c| c.add.clone()).unwrap_or_default();
+        v.drop_capabilities = caps.and_then(|c| c.drop.clone()).unwrap_or_default();
+        v.masked_paths = paths(DEFAULT_MASKED_PATHS);
+        v.readonly_paths = paths(DEFAULT_READONLY_PATHS);
+        v.seccomp = seccomp;
+        v.apparmor = apparmor;
+        v
     })
 }
 

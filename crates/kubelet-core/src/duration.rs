@@ -47,10 +47,30 @@ fn trim_fraction(value: u128, unit: u128) -> String {
     format!("{whole}.{}", frac.trim_end_matches('0'))
 }
 
+/// Why a Go duration did not parse; the messages read like Go's `time.ParseDuration`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DurationError {
+    /// Not a duration at all (empty, a lone `.`, out of range).
+    #[error("time: invalid duration {0:?}")]
+    Invalid(String),
+    /// A number without a unit (`"10"`).
+    #[error("time: missing unit in duration {0:?}")]
+    MissingUnit(String),
+    /// A unit other than `ns`, `us`, `µs`, `ms`, `s`, `m`, `h`.
+    #[error("time: unknown unit {unit:?} in duration {input:?}")]
+    UnknownUnit {
+        /// The unit as written.
+        unit: String,
+        /// The whole input.
+        input: String,
+    },
+}
+
 /// Parse a Go duration (`300ms`, `1m30s`, `1.5h`, `0`), as Go's `time.ParseDuration`.
-/// Returns (negative, magnitude); the error reads like Go's.
-pub fn parse_go(s: &str) -> Result<(bool, Duration), String> {
-    let bad = || format!("time: invalid duration {s:?}");
+/// Returns (negative, magnitude).
+pub fn parse_go(s: &str) -> Result<(bool, Duration), DurationError> {
+    let bad = || DurationError::Invalid(s.to_string());
     let t = s.trim();
     let (neg, mut rest) = match t.as_bytes().first() {
         Some(b'-') => (true, &t[1..]),
@@ -67,7 +87,7 @@ pub fn parse_go(s: &str) -> Result<(bool, Duration), String> {
     while !rest.is_empty() {
         let num_len = rest
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-            .ok_or_else(|| format!("time: missing unit in duration {s:?}"))?;
+            .ok_or_else(|| DurationError::MissingUnit(s.to_string()))?;
         let num = &rest[..num_len];
         if num.is_empty() || num == "." {
             return Err(bad());
@@ -86,7 +106,12 @@ pub fn parse_go(s: &str) -> Result<(bool, Duration), String> {
             "s" => 1.0,
             "m" => 60.0,
             "h" => 3600.0,
-            _ => return Err(format!("time: unknown unit {unit:?} in duration {s:?}")),
+            _ => {
+                return Err(DurationError::UnknownUnit {
+                    unit: unit.to_string(),
+                    input: s.to_string(),
+                });
+            }
         };
         total += v * mult;
     }

@@ -15,10 +15,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::status_gen::{
-    self, COND_CONTAINERS_READY, COND_READY, PodPhase, is_kubelet_condition, is_shared_condition,
-    is_terminal_phase,
+    self, PodPhase, is_kubelet_condition, is_shared_condition, is_terminal_phase,
 };
-use kubelet_api::pod::{self as podutil, RestartPolicy};
+use kubelet_api::pod::{self as podutil, PodConditionType, RestartPolicy};
 use kubelet_api::{Event, StatusReader, StatusSink, StatusWriter};
 
 /// How often failed deliveries are retried and every sink is reconciled (`syncPeriod`).
@@ -379,7 +378,9 @@ impl StatusManager {
         // Ready and ContainersReady are False in a terminal phase.
         if let Some(phase) = status.phase.clone().filter(|p| is_terminal_phase(Some(p))) {
             for c in status.conditions.iter_mut().flatten() {
-                if (c.type_ == COND_READY || c.type_ == COND_CONTAINERS_READY) && c.status == "True"
+                if (c.type_ == PodConditionType::Ready
+                    || c.type_ == PodConditionType::ContainersReady)
+                    && c.status == "True"
                 {
                     let t = status_gen::terminal_containers_ready_condition(&phase);
                     c.status = t.status;
@@ -882,7 +883,6 @@ mod tests {
     use k8s_openapi::api::core::v1::{Container, ContainerStateRunning, PodSpec};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-    use crate::status_gen::COND_DISRUPTION_TARGET;
     use kubelet_api::{EventRecorder, InvolvedObject};
 
     /// A sink that records calls, and can fail or stall on demand.
@@ -1001,7 +1001,7 @@ mod tests {
 
     fn ready_cond(ok: bool) -> PodCondition {
         PodCondition {
-            type_: COND_READY.into(),
+            type_: PodConditionType::Ready.into(),
             status: if ok { "True" } else { "False" }.into(),
             ..Default::default()
         }
@@ -1242,7 +1242,7 @@ mod tests {
         s.conditions = Some(vec![
             ready_cond(true),
             PodCondition {
-                type_: COND_CONTAINERS_READY.into(),
+                type_: PodConditionType::ContainersReady.into(),
                 status: "True".into(),
                 ..Default::default()
             },
@@ -1328,7 +1328,7 @@ mod tests {
             got.conditions
                 .iter()
                 .flatten()
-                .all(|c| c.type_ != COND_READY || c.status == "False")
+                .all(|c| c.type_ != PodConditionType::Ready || c.status == "False")
         );
     }
 
@@ -1374,7 +1374,7 @@ mod tests {
                 "The node was low on resource: memory.".into(),
             )),
             Some(PodCondition {
-                type_: COND_DISRUPTION_TARGET.into(),
+                type_: PodConditionType::DisruptionTarget.into(),
                 status: "True".into(),
                 reason: Some("TerminationByKubelet".into()),
                 ..Default::default()
@@ -1390,7 +1390,7 @@ mod tests {
             got.conditions
                 .iter()
                 .flatten()
-                .all(|c| c.type_ != COND_DISRUPTION_TARGET)
+                .all(|c| c.type_ != PodConditionType::DisruptionTarget)
         );
         // The engine regenerates after the kill.
         m.set_pod_status(
@@ -1407,7 +1407,7 @@ mod tests {
             .conditions
             .iter()
             .flatten()
-            .find(|c| c.type_ == COND_DISRUPTION_TARGET)
+            .find(|c| c.type_ == PodConditionType::DisruptionTarget)
             .expect("DisruptionTarget");
         assert_eq!(dt.reason.as_deref(), Some("TerminationByKubelet"));
         assert!(dt.last_transition_time.is_some());

@@ -583,22 +583,24 @@ impl Engine {
                 host_ip: port.host_ip.clone().unwrap_or_default(),
             })
             .collect();
-        let config = PodSandboxConfig {
-            metadata: PodSandboxMetadata {
+        let config = {
+            let mut v = PodSandboxConfig::default();
+            v.metadata = PodSandboxMetadata {
                 name: pod::name(p).into(),
                 namespace: pod::namespace(p).into(),
                 uid: pod::uid(p).into(),
                 attempt,
-            },
-            hostname,
-            log_directory: self.log_dir(p),
-            dns_config,
-            port_mappings,
-            labels: container::sandbox_labels(p),
-            annotations: p.metadata.annotations.clone().unwrap_or_default(),
-            host_network,
-            cgroup_parent: String::new(),
-            privileged: pod::has_privileged_container(p),
+            };
+            v.hostname = hostname;
+            v.log_directory = self.log_dir(p);
+            v.dns_config = dns_config;
+            v.port_mappings = port_mappings;
+            v.labels = container::sandbox_labels(p);
+            v.annotations = p.metadata.annotations.clone().unwrap_or_default();
+            v.host_network = host_network;
+            v.cgroup_parent = String::new();
+            v.privileged = pod::has_privileged_container(p);
+            v
         };
         (config, dns_events)
     }
@@ -912,9 +914,7 @@ impl Engine {
         let image = c.image.clone().unwrap_or_default();
         let involved = InvolvedObject::container(p, &c.name);
         let policy = pod::pull_policy(c);
-        let spec = ImageSpec {
-            image: image.clone(),
-        };
+        let spec = ImageSpec::new(image.clone());
         let present = match self.runtime.image_status(&spec).await {
             Ok(s) => s.is_some(),
             Err(e) => {

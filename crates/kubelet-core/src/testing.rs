@@ -17,11 +17,7 @@
 //! let rt = FakeRuntime::new();
 //! let sandbox = PodSandboxConfig::default();
 //! let sb = rt.run_pod_sandbox(&sandbox).await?;
-//! let config = ContainerConfig {
-//!     metadata: ContainerMetadata { name: "app".into(), attempt: 0 },
-//!     image: "busybox".into(),
-//!     ..Default::default()
-//! };
+//! let config = ContainerConfig::new(ContainerMetadata { name: "app".into(), attempt: 0 }, "busybox");
 //! let id = rt.create_container(&sb, &config, &sandbox).await?;
 //! rt.start_container(&id).await?;
 //! rt.exit_container(&id, 1)?; // the process "crashes"
@@ -616,16 +612,18 @@ impl ContainerRuntime for FakeRuntime {
         let created_at = st.now();
         let ip = (!config.host_network)
             .then(|| format!("10.88.{}.{}", (st.next_id >> 8) & 0xff, st.next_id & 0xff));
-        let status = PodSandboxStatus {
-            id: id.clone(),
-            metadata: config.metadata.clone(),
-            state: SandboxState::Ready,
-            created_at,
-            ip,
-            additional_ips: Vec::new(),
-            host_network: config.host_network,
-            labels: config.labels.clone(),
-            annotations: config.annotations.clone(),
+        let status = {
+            let mut v = PodSandboxStatus::default();
+            v.id = id.clone();
+            v.metadata = config.metadata.clone();
+            v.state = SandboxState::Ready;
+            v.created_at = created_at;
+            v.ip = ip;
+            v.additional_ips = Vec::new();
+            v.host_network = config.host_network;
+            v.labels = config.labels.clone();
+            v.annotations = config.annotations.clone();
+            v
         };
         st.sandboxes.insert(
             id.clone(),
@@ -728,23 +726,25 @@ impl ContainerRuntime for FakeRuntime {
         }
         let id = st.next_id("fake-container");
         let created_at = st.now();
-        let status = ContainerStatus {
-            id: id.clone(),
-            metadata: config.metadata.clone(),
-            state: ContainerState::Created,
-            created_at,
-            started_at: None,
-            finished_at: None,
-            exit_code: 0,
-            image: config.image.clone(),
-            image_ref: image_id(&config.image),
-            reason: String::new(),
-            message: String::new(),
-            labels: config.labels.clone(),
-            annotations: config.annotations.clone(),
-            mounts: config.mounts.clone(),
-            log_path: log_dir.join(&config.log_path),
-            resources: config.resources.clone(),
+        let status = {
+            let mut v = ContainerStatus::default();
+            v.id = id.clone();
+            v.metadata = config.metadata.clone();
+            v.state = ContainerState::Created;
+            v.created_at = created_at;
+            v.started_at = None;
+            v.finished_at = None;
+            v.exit_code = 0;
+            v.image = config.image.clone();
+            v.image_ref = image_id(&config.image);
+            v.reason = String::new();
+            v.message = String::new();
+            v.labels = config.labels.clone();
+            v.annotations = config.annotations.clone();
+            v.mounts = config.mounts.clone();
+            v.log_path = log_dir.join(&config.log_path);
+            v.resources = config.resources.clone();
+            v
         };
         st.containers.insert(
             id.clone(),
@@ -901,10 +901,12 @@ impl ContainerRuntime for FakeRuntime {
     async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
         self.enter(FakeOp::ImageStatus, &image.image, &[]).await?;
         let st = self.state.lock();
-        Ok(st.image_present(&image.image).then(|| Image {
-            id: image_id(&image.image),
-            repo_tags: vec![image.image.clone()],
-            size: 0,
+        Ok(st.image_present(&image.image).then(|| {
+            let mut v = Image::default();
+            v.id = image_id(&image.image);
+            v.repo_tags = vec![image.image.clone()];
+            v.size = 0;
+            v
         }))
     }
 
@@ -926,14 +928,11 @@ impl ContainerRuntime for FakeRuntime {
         let mut st = self.state.lock();
         st.container(container_id)?;
         let ts = st.now();
-        let mut stats = st
-            .stats
-            .get(container_id)
-            .cloned()
-            .unwrap_or_else(|| ContainerStats {
-                container_id: container_id.to_string(),
-                ..Default::default()
-            });
+        let mut stats = st.stats.get(container_id).cloned().unwrap_or_else(|| {
+            let mut v = ContainerStats::default();
+            v.container_id = container_id.to_string();
+            v
+        });
         stats.timestamp = ts;
         Ok(stats)
     }
@@ -1197,15 +1196,16 @@ mod tests {
     fn sandbox_config(uid: &str) -> PodSandboxConfig {
         let mut l = Labels::new();
         l.insert(labels::POD_UID.into(), uid.into());
-        PodSandboxConfig {
-            metadata: PodSandboxMetadata {
+        {
+            let mut v = PodSandboxConfig::default();
+            v.metadata = PodSandboxMetadata {
                 name: format!("pod-{uid}"),
                 namespace: "default".into(),
                 uid: uid.into(),
                 attempt: 0,
-            },
-            labels: l,
-            ..Default::default()
+            };
+            v.labels = l;
+            v
         }
     }
 
@@ -1213,14 +1213,15 @@ mod tests {
         let mut l = Labels::new();
         l.insert(labels::POD_UID.into(), uid.into());
         l.insert(labels::CONTAINER_NAME.into(), name.into());
-        ContainerConfig {
-            metadata: ContainerMetadata {
+        {
+            let mut v = ContainerConfig::default();
+            v.metadata = ContainerMetadata {
                 name: name.into(),
                 attempt: 0,
-            },
-            image: "busybox".into(),
-            labels: l,
-            ..Default::default()
+            };
+            v.image = "busybox".into();
+            v.labels = l;
+            v
         }
     }
 
@@ -1319,16 +1320,15 @@ mod tests {
         assert_eq!((st.exit_code, st.reason.as_str()), (3, "Error"));
 
         rt.set_image_present("nginx", false);
-        let spec = ImageSpec {
-            image: "nginx".into(),
-        };
+        let spec = ImageSpec::new("nginx");
         assert!(rt.image_status(&spec).await.expect("status").is_none());
         let err = rt
             .create_container(
                 &rt.sandboxes()[0].id,
-                &ContainerConfig {
-                    image: "nginx".into(),
-                    ..container_config("u1", "web")
+                &{
+                    let mut v = container_config("u1", "web");
+                    v.image = "nginx".into();
+                    v
                 },
                 &sandbox_config("u1"),
             )

@@ -145,21 +145,23 @@ pub(crate) fn sandbox_status_out(s: cri::PodSandboxStatus) -> core::PodSandboxSt
         .and_then(|l| l.namespaces)
         .and_then(|n| n.options)
         .is_some_and(|o| o.network == cri::NamespaceMode::Node as i32);
-    core::PodSandboxStatus {
-        id: s.id,
-        metadata: sandbox_metadata_out(s.metadata),
-        state: sandbox_state_out(s.state),
-        created_at: time_or_epoch(s.created_at),
-        ip: Some(network.ip).filter(|ip| !ip.is_empty()),
-        additional_ips: network
+    {
+        let mut v = core::PodSandboxStatus::default();
+        v.id = s.id;
+        v.metadata = sandbox_metadata_out(s.metadata);
+        v.state = sandbox_state_out(s.state);
+        v.created_at = time_or_epoch(s.created_at);
+        v.ip = Some(network.ip).filter(|ip| !ip.is_empty());
+        v.additional_ips = network
             .additional_ips
             .into_iter()
             .map(|i| i.ip)
             .filter(|ip| !ip.is_empty())
-            .collect(),
-        host_network,
-        labels: map_out(s.labels),
-        annotations: map_out(s.annotations),
+            .collect();
+        v.host_network = host_network;
+        v.labels = map_out(s.labels);
+        v.annotations = map_out(s.annotations);
+        v
     }
 }
 
@@ -232,32 +234,33 @@ fn resources_in(r: &core::LinuxResources) -> cri::LinuxContainerResources {
 }
 
 pub(crate) fn container_status_out(s: cri::ContainerStatus) -> core::ContainerStatus {
-    let resources = s
-        .resources
-        .and_then(|r| r.linux)
-        .map(|l| core::LinuxResources {
-            cpu_period: l.cpu_period,
-            cpu_quota: l.cpu_quota,
-            cpu_shares: l.cpu_shares,
-            memory_limit_in_bytes: l.memory_limit_in_bytes,
-        });
-    core::ContainerStatus {
-        id: s.id,
-        metadata: container_metadata_out(s.metadata),
-        state: container_state_out(s.state),
-        created_at: time_or_epoch(s.created_at),
-        started_at: time_out(s.started_at),
-        finished_at: time_out(s.finished_at),
-        exit_code: s.exit_code,
-        image: s.image.map(|i| i.image).unwrap_or_default(),
-        image_ref: s.image_ref,
-        reason: s.reason,
-        message: s.message,
-        labels: map_out(s.labels),
-        annotations: map_out(s.annotations),
-        mounts: s.mounts.into_iter().map(mount_out).collect(),
-        log_path: PathBuf::from(s.log_path),
-        resources,
+    let resources = s.resources.and_then(|r| r.linux).map(|l| {
+        let mut v = core::LinuxResources::default();
+        v.cpu_period = l.cpu_period;
+        v.cpu_quota = l.cpu_quota;
+        v.cpu_shares = l.cpu_shares;
+        v.memory_limit_in_bytes = l.memory_limit_in_bytes;
+        v
+    });
+    {
+        let mut v = core::ContainerStatus::default();
+        v.id = s.id;
+        v.metadata = container_metadata_out(s.metadata);
+        v.state = container_state_out(s.state);
+        v.created_at = time_or_epoch(s.created_at);
+        v.started_at = time_out(s.started_at);
+        v.finished_at = time_out(s.finished_at);
+        v.exit_code = s.exit_code;
+        v.image = s.image.map(|i| i.image).unwrap_or_default();
+        v.image_ref = s.image_ref;
+        v.reason = s.reason;
+        v.message = s.message;
+        v.labels = map_out(s.labels);
+        v.annotations = map_out(s.annotations);
+        v.mounts = s.mounts.into_iter().map(mount_out).collect();
+        v.log_path = PathBuf::from(s.log_path);
+        v.resources = resources;
+        v
     }
 }
 
@@ -354,10 +357,12 @@ pub(crate) fn condition_out(c: cri::RuntimeCondition) -> core::RuntimeCondition 
 }
 
 pub(crate) fn image_out(i: cri::Image) -> core::Image {
-    core::Image {
-        id: i.id,
-        repo_tags: i.repo_tags,
-        size: i.size,
+    {
+        let mut v = core::Image::default();
+        v.id = i.id;
+        v.repo_tags = i.repo_tags;
+        v.size = i.size;
+        v
     }
 }
 
@@ -370,19 +375,21 @@ pub(crate) fn stats_out(container_id: &str, s: cri::ContainerStats) -> core::Con
     } else {
         cpu.timestamp
     };
-    core::ContainerStats {
-        container_id: s
+    {
+        let mut vv = core::ContainerStats::default();
+        vv.container_id = s
             .attributes
             .map(|a| a.id)
             .filter(|id| !id.is_empty())
-            .unwrap_or_else(|| container_id.to_string()),
-        timestamp: time_out(when).unwrap_or_else(Timestamp::now),
-        memory_working_set_bytes: memory.working_set_bytes.map(|v| v.value),
-        memory_usage_bytes: memory.usage_bytes.map(|v| v.value),
-        cpu_usage_core_nanoseconds: cpu.usage_core_nano_seconds.map(|v| v.value),
-        process_count: None,
-        writable_layer_bytes: writable.and_then(|w| w.used_bytes).map(|v| v.value),
-        writable_layer_inodes: writable.and_then(|w| w.inodes_used).map(|v| v.value),
+            .unwrap_or_else(|| container_id.to_string());
+        vv.timestamp = time_out(when).unwrap_or_else(Timestamp::now);
+        vv.memory_working_set_bytes = memory.working_set_bytes.map(|v| v.value);
+        vv.memory_usage_bytes = memory.usage_bytes.map(|v| v.value);
+        vv.cpu_usage_core_nanoseconds = cpu.usage_core_nano_seconds.map(|v| v.value);
+        vv.process_count = None;
+        vv.writable_layer_bytes = writable.and_then(|w| w.used_bytes).map(|v| v.value);
+        vv.writable_layer_inodes = writable.and_then(|w| w.inodes_used).map(|v| v.value);
+        vv
     }
 }
 
@@ -393,18 +400,22 @@ pub(crate) fn image_fs_info_out(r: cri::ImageFsInfoResponse) -> core::ImageFsInf
         fs.into_iter()
             .filter_map(|u| {
                 let mountpoint = u.fs_id.map(|id| id.mountpoint).unwrap_or_default();
-                (!mountpoint.is_empty()).then(|| core::FilesystemUsage {
-                    timestamp: time_out(u.timestamp).unwrap_or_else(Timestamp::now),
-                    mountpoint: PathBuf::from(mountpoint),
-                    used_bytes: u.used_bytes.map(|v| v.value),
-                    inodes_used: u.inodes_used.map(|v| v.value),
+                (!mountpoint.is_empty()).then(|| {
+                    let mut vv = core::FilesystemUsage::default();
+                    vv.timestamp = time_out(u.timestamp).unwrap_or_else(Timestamp::now);
+                    vv.mountpoint = PathBuf::from(mountpoint);
+                    vv.used_bytes = u.used_bytes.map(|v| v.value);
+                    vv.inodes_used = u.inodes_used.map(|v| v.value);
+                    vv
                 })
             })
             .collect()
     }
-    core::ImageFsInfo {
-        image_filesystems: usage(r.image_filesystems),
-        container_filesystems: usage(r.container_filesystems),
+    {
+        let mut v = core::ImageFsInfo::default();
+        v.image_filesystems = usage(r.image_filesystems);
+        v.container_filesystems = usage(r.container_filesystems);
+        v
     }
 }
 
@@ -414,23 +425,24 @@ mod tests {
     use super::*;
 
     fn sandbox(host_network: bool) -> core::PodSandboxConfig {
-        core::PodSandboxConfig {
-            metadata: core::PodSandboxMetadata {
+        {
+            let mut v = core::PodSandboxConfig::default();
+            v.metadata = core::PodSandboxMetadata {
                 name: "web".into(),
                 namespace: "default".into(),
                 uid: "u1".into(),
                 attempt: 2,
-            },
-            hostname: "web".into(),
-            log_directory: "/var/log/pods/default_web_u1".into(),
-            port_mappings: vec![core::PortMapping {
+            };
+            v.hostname = "web".into();
+            v.log_directory = "/var/log/pods/default_web_u1".into();
+            v.port_mappings = vec![core::PortMapping {
                 protocol: core::Protocol::Udp,
                 container_port: 53,
                 host_port: 0,
                 host_ip: String::new(),
-            }],
-            host_network,
-            ..Default::default()
+            }];
+            v.host_network = host_network;
+            v
         }
     }
 
@@ -470,43 +482,48 @@ mod tests {
 
     #[test]
     fn container_config_carries_resources_security_mounts_and_env() {
-        let cfg = core::ContainerConfig {
-            metadata: core::ContainerMetadata {
+        let cfg = {
+            let mut vv = core::ContainerConfig::default();
+            vv.metadata = core::ContainerMetadata {
                 name: "app".into(),
                 attempt: 1,
-            },
-            image: "busybox".into(),
-            command: vec!["/bin/sh".into()],
-            args: vec!["-c".into(), "sleep 1".into()],
-            working_dir: "/tmp".into(),
-            envs: vec![core::EnvVar {
+            };
+            vv.image = "busybox".into();
+            vv.command = vec!["/bin/sh".into()];
+            vv.args = vec!["-c".into(), "sleep 1".into()];
+            vv.working_dir = "/tmp".into();
+            vv.envs = vec![core::EnvVar {
                 name: "A".into(),
                 value: "1".into(),
-            }],
-            mounts: vec![core::Mount {
+            }];
+            vv.mounts = vec![core::Mount {
                 container_path: "/data".into(),
                 host_path: "/var/lib/kubelet/pods/u1/volumes/x".into(),
                 readonly: true,
-            }],
-            log_path: "app/1.log".into(),
-            resources: Some(core::LinuxResources {
-                cpu_period: 100_000,
-                cpu_quota: 50_000,
-                cpu_shares: 512,
-                memory_limit_in_bytes: 64 << 20,
-            }),
-            security: core::SecurityContext {
-                privileged: true,
-                run_as_user: Some(1000),
-                readonly_rootfs: true,
-                no_new_privs: true,
-                supplemental_groups: vec![2000, 3000],
-                drop_capabilities: vec!["ALL".into()],
-                add_capabilities: vec!["NET_BIND_SERVICE".into()],
-                seccomp: core::SecurityProfile::Localhost("/var/lib/kubelet/seccomp/p.json".into()),
-                ..Default::default()
-            },
-            ..Default::default()
+            }];
+            vv.log_path = "app/1.log".into();
+            vv.resources = Some({
+                let mut v = core::LinuxResources::default();
+                v.cpu_period = 100_000;
+                v.cpu_quota = 50_000;
+                v.cpu_shares = 512;
+                v.memory_limit_in_bytes = 64 << 20;
+                v
+            });
+            vv.security = {
+                let mut v = core::SecurityContext::default();
+                v.privileged = true;
+                v.run_as_user = Some(1000);
+                v.readonly_rootfs = true;
+                v.no_new_privs = true;
+                v.supplemental_groups = vec![2000, 3000];
+                v.drop_capabilities = vec!["ALL".into()];
+                v.add_capabilities = vec!["NET_BIND_SERVICE".into()];
+                v.seccomp =
+                    core::SecurityProfile::Localhost("/var/lib/kubelet/seccomp/p.json".into());
+                v
+            };
+            vv
         };
         let c = container_config_in(&cfg, &sandbox(false), Vec::new());
         assert_eq!(c.envs[0].key, "A");

@@ -206,11 +206,12 @@ mod tests {
     use super::*;
 
     fn running(id: &str) -> core::ContainerStatus {
-        core::ContainerStatus {
-            id: id.into(),
-            state: ContainerState::Running,
-            started_at: Some(Timestamp::new(1_700_000_000, 0).unwrap()),
-            ..Default::default()
+        {
+            let mut v = core::ContainerStatus::default();
+            v.id = id.into();
+            v.state = ContainerState::Running;
+            v.started_at = Some(Timestamp::new(1_700_000_000, 0).unwrap());
+            v
         }
     }
 

@@ -745,12 +745,14 @@ impl ContainerRuntime for CriRuntime {
             op: "Status",
             field: "status",
         })?;
-        Ok(RuntimeStatus {
-            conditions: status
+        Ok({
+            let mut v = RuntimeStatus::default();
+            v.conditions = status
                 .conditions
                 .into_iter()
                 .map(convert::condition_out)
-                .collect(),
+                .collect();
+            v
         })
     }
 

@@ -31,18 +31,19 @@ const LONG: Duration = Duration::from_secs(90);
 fn sandbox_config(uid: &str, host_network: bool, env: &ContainerdEnv) -> PodSandboxConfig {
     let mut labels = Labels::new();
     labels.insert(kubelet_api::runtime::labels::POD_UID.into(), uid.into());
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("direct-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        hostname: format!("direct-{uid}"),
-        log_directory: env.dir.join("logs").join(uid),
-        labels,
-        host_network,
-        ..Default::default()
+        };
+        v.hostname = format!("direct-{uid}");
+        v.log_directory = env.dir.join("logs").join(uid);
+        v.labels = labels;
+        v.host_network = host_network;
+        v
     }
 }
 
@@ -78,16 +79,12 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
     assert!(e.to_string().contains("PullImage"), "{e}");
 
     let present = rt
-        .image_status(&ImageSpec {
-            image: env.busybox.clone(),
-        })
+        .image_status(&ImageSpec::new(env.busybox.clone()))
         .await
         .unwrap();
     assert!(present.is_some_and(|i| !i.id.is_empty()));
     let missing = rt
-        .image_status(&ImageSpec {
-            image: "localhost/kubelet-sdk/absent:1".into(),
-        })
+        .image_status(&ImageSpec::new("localhost/kubelet-sdk/absent:1"))
         .await
         .unwrap();
     assert!(missing.is_none());
@@ -121,27 +118,30 @@ async fn direct_calls_cover_a_pods_life_on_containerd() {
     let st = rt.pod_sandbox_status(&host).await.unwrap();
     assert!(st.host_network);
 
-    let mut cfg = ContainerConfig {
-        metadata: ContainerMetadata {
+    let mut cfg = {
+        let mut vv = ContainerConfig::default();
+        vv.metadata = ContainerMetadata {
             name: "app".into(),
             attempt: 0,
-        },
-        image: env.busybox.clone(),
-        command: vec!["/bin/sh".into(), "-c".into()],
-        args: vec!["echo started; exec sleep 1000".into()],
-        working_dir: "/tmp".into(),
-        envs: vec![kubelet_api::runtime::EnvVar {
+        };
+        vv.image = env.busybox.clone();
+        vv.command = vec!["/bin/sh".into(), "-c".into()];
+        vv.args = vec!["echo started; exec sleep 1000".into()];
+        vv.working_dir = "/tmp".into();
+        vv.envs = vec![kubelet_api::runtime::EnvVar {
             name: "GREETING".into(),
             value: "hello".into(),
-        }],
-        log_path: "app/0.log".into(),
-        resources: Some(kubelet_api::runtime::LinuxResources {
-            memory_limit_in_bytes: 64 << 20,
-            cpu_shares: 256,
-            cpu_period: 100_000,
-            cpu_quota: 50_000,
-        }),
-        ..Default::default()
+        }];
+        vv.log_path = "app/0.log".into();
+        vv.resources = Some({
+            let mut v = kubelet_api::runtime::LinuxResources::default();
+            v.memory_limit_in_bytes = 64 << 20;
+            v.cpu_shares = 256;
+            v.cpu_period = 100_000;
+            v.cpu_quota = 50_000;
+            v
+        });
+        vv
     };
     cfg.labels = bridge_cfg.labels.clone();
     let id = rt

@@ -254,11 +254,11 @@ impl EvictionConfig {
                         reason: "must not be negative".into(),
                     });
                 }
-                Err(reason) => {
+                Err(e) => {
                     return Err(EvictionError::ParseSetting {
                         setting: "evictionPressureTransitionPeriod",
                         entry: v.clone(),
-                        reason,
+                        reason: e.to_string(),
                     });
                 }
             },
@@ -401,7 +401,7 @@ fn parse_grace_periods(
         let signal: Signal = key
             .parse()
             .map_err(|e: crate::signal::UnknownSignal| err(e.to_string()))?;
-        let (neg, d) = parse_go_duration(val).map_err(&err)?;
+        let (neg, d) = parse_go_duration(val).map_err(|e| err(e.to_string()))?;
         if neg && !d.is_zero() {
             return Err(err(format!(
                 "invalid eviction grace period specified: {val}, must be a positive value"

@@ -700,7 +700,7 @@ fn far_from(thresholds: &[Threshold], obs: &Observations) -> bool {
 /// message.
 pub fn disruption_condition(message: &str) -> PodCondition {
     PodCondition {
-        type_: "DisruptionTarget".into(),
+        type_: kubelet_api::pod::PodConditionType::DisruptionTarget.into(),
         status: "True".into(),
         reason: Some("TerminationByKubelet".into()),
         message: Some(message.to_string()),

@@ -259,17 +259,15 @@ async fn pod_usage_combines_runtime_stats_with_volume_and_log_directories() {
     let sid = rt.run_pod_sandbox(&sb).await.unwrap();
     let cfg = kubelet_api::runtime::ContainerConfig::default();
     let cid = rt.create_container(&sid, &cfg, &sb).await.unwrap();
-    rt.set_container_stats(
-        &cid,
-        ContainerStats {
-            container_id: cid.clone(),
-            memory_working_set_bytes: Some(300 * MI),
-            process_count: Some(7),
-            writable_layer_bytes: Some(5 * MI),
-            writable_layer_inodes: Some(100),
-            ..Default::default()
-        },
-    );
+    rt.set_container_stats(&cid, {
+        let mut v = ContainerStats::default();
+        v.container_id = cid.clone();
+        v.memory_working_set_bytes = Some(300 * MI);
+        v.process_count = Some(7);
+        v.writable_layer_bytes = Some(5 * MI);
+        v.writable_layer_inodes = Some(100);
+        v
+    });
     let stats = MachineStats::new(
         MachineStatsConfig::with_roots(&proc, None)
             .root_dir(&root)
@@ -330,11 +328,12 @@ fn other_fs() -> std::path::PathBuf {
 }
 
 fn fs_usage(mountpoint: &Path) -> kubelet_api::runtime::FilesystemUsage {
-    kubelet_api::runtime::FilesystemUsage {
-        mountpoint: mountpoint.to_path_buf(),
-        used_bytes: Some(1 << 20),
-        inodes_used: Some(10),
-        ..Default::default()
+    {
+        let mut v = kubelet_api::runtime::FilesystemUsage::default();
+        v.mountpoint = mountpoint.to_path_buf();
+        v.used_bytes = Some(1 << 20);
+        v.inodes_used = Some(10);
+        v
     }
 }
 
@@ -358,9 +357,11 @@ async fn imagefs_is_read_at_the_mountpoint_the_runtime_reports() {
     proc_fixture(&proc);
     let image_dir = other_fs();
     let rt = Arc::new(FakeRuntime::new());
-    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo {
-        image_filesystems: vec![fs_usage(&image_dir)],
-        container_filesystems: vec![],
+    rt.set_image_fs_info(Some({
+        let mut v = kubelet_api::runtime::ImageFsInfo::default();
+        v.image_filesystems = vec![fs_usage(&image_dir)];
+        v.container_filesystems = vec![];
+        v
     }));
     let stats = MachineStats::new(
         MachineStatsConfig::with_roots(&proc, None)
@@ -391,9 +392,11 @@ async fn imagefs_is_read_at_the_mountpoint_the_runtime_reports() {
     assert_eq!(stats.fs_layout().await, expected);
 
     // Images apart, writable layers on nodefs: a split layout.
-    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo {
-        image_filesystems: vec![fs_usage(&image_dir)],
-        container_filesystems: vec![fs_usage(tmp.path())],
+    rt.set_image_fs_info(Some({
+        let mut v = kubelet_api::runtime::ImageFsInfo::default();
+        v.image_filesystems = vec![fs_usage(&image_dir)];
+        v.container_filesystems = vec![fs_usage(tmp.path())];
+        v
     }));
     if expected == FsLayout::SeparateImageFs {
         assert_eq!(stats.fs_layout().await, FsLayout::SplitContainerFs);
@@ -463,9 +466,11 @@ async fn a_failing_or_stuck_runtime_keeps_the_last_reported_image_filesystem() {
     proc_fixture(&proc);
     let image_dir = other_fs();
     let rt = Arc::new(FakeRuntime::new());
-    rt.set_image_fs_info(Some(kubelet_api::runtime::ImageFsInfo {
-        image_filesystems: vec![fs_usage(&image_dir)],
-        container_filesystems: vec![],
+    rt.set_image_fs_info(Some({
+        let mut v = kubelet_api::runtime::ImageFsInfo::default();
+        v.image_filesystems = vec![fs_usage(&image_dir)];
+        v.container_filesystems = vec![];
+        v
     }));
     let stats = MachineStats::new(MachineStatsConfig::with_roots(&proc, None).root_dir(tmp.path()))
         .with_runtime(rt.clone());

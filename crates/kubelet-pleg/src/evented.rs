@@ -1003,27 +1003,29 @@ mod tests {
             (labels::POD_NAME.to_string(), "pod-u1".to_string()),
             (labels::POD_NAMESPACE.to_string(), "default".to_string()),
         ]);
-        let sandbox = PodSandboxConfig {
-            metadata: PodSandboxMetadata {
+        let sandbox = {
+            let mut v = PodSandboxConfig::default();
+            v.metadata = PodSandboxMetadata {
                 name: "pod-u1".into(),
                 namespace: "default".into(),
                 uid: "u1".into(),
                 attempt: 0,
-            },
-            labels: pod_labels.clone(),
-            host_network: true,
-            ..Default::default()
+            };
+            v.labels = pod_labels.clone();
+            v.host_network = true;
+            v
         };
         let mut container_labels = pod_labels;
         container_labels.insert(labels::CONTAINER_NAME.into(), "app".into());
-        let config = ContainerConfig {
-            metadata: ContainerMetadata {
+        let config = {
+            let mut v = ContainerConfig::default();
+            v.metadata = ContainerMetadata {
                 name: "app".into(),
                 attempt: 0,
-            },
-            image: "busybox:1".into(),
-            labels: container_labels,
-            ..Default::default()
+            };
+            v.image = "busybox:1".into();
+            v.labels = container_labels;
+            v
         };
         let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
         let id = rt

@@ -42,21 +42,22 @@ fn main() -> ExitCode {
 }
 
 fn sandbox_config(root: &Path, uid: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("pod-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        log_directory: root.join("logs").join(format!("default_pod-{uid}_{uid}")),
-        labels: BTreeMap::from([
+        };
+        v.log_directory = root.join("logs").join(format!("default_pod-{uid}_{uid}"));
+        v.labels = BTreeMap::from([
             (labels::POD_UID.to_string(), uid.to_string()),
             (labels::POD_NAME.to_string(), format!("pod-{uid}")),
             (labels::POD_NAMESPACE.to_string(), "default".to_string()),
-        ]),
-        host_network: true,
-        ..Default::default()
+        ]);
+        v.host_network = true;
+        v
     }
 }
 
@@ -80,17 +81,18 @@ async fn a_real_process_that_exits_is_reported_as_container_died_within_about_a_
     let sb = sandbox_config(dir.path(), "real-1");
     let mut l = sb.labels.clone();
     l.insert(labels::CONTAINER_NAME.into(), "app".into());
-    let cfg = ContainerConfig {
-        metadata: ContainerMetadata {
+    let cfg = {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: "app".into(),
             attempt: 0,
-        },
-        image: "busybox:latest".into(),
-        command: vec!["/bin/sh".into(), "-c".into()],
-        args: vec!["sleep 1.5; exit 3".into()],
-        labels: l,
-        log_path: "app/0.log".into(),
-        ..Default::default()
+        };
+        v.image = "busybox:latest".into();
+        v.command = vec!["/bin/sh".into(), "-c".into()];
+        v.args = vec!["sleep 1.5; exit 3".into()];
+        v.labels = l;
+        v.log_path = "app/0.log".into();
+        v
     };
     let sid = runtime.run_pod_sandbox(&sb).await.expect("sandbox");
     let cid = runtime

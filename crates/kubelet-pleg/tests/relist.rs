@@ -23,15 +23,16 @@ fn sandbox_config(uid: &str) -> PodSandboxConfig {
     l.insert(labels::POD_UID.into(), uid.into());
     l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
     l.insert(labels::POD_NAMESPACE.into(), "default".into());
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("pod-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        labels: l,
-        ..Default::default()
+        };
+        v.labels = l;
+        v
     }
 }
 
@@ -41,14 +42,15 @@ fn container_config(uid: &str, name: &str) -> ContainerConfig {
     l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
     l.insert(labels::POD_NAMESPACE.into(), "default".into());
     l.insert(labels::CONTAINER_NAME.into(), name.into());
-    ContainerConfig {
-        metadata: ContainerMetadata {
+    {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: name.into(),
             attempt: 0,
-        },
-        image: "busybox".into(),
-        labels: l,
-        ..Default::default()
+        };
+        v.image = "busybox".into();
+        v.labels = l;
+        v
     }
 }
 

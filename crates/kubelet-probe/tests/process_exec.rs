@@ -96,15 +96,17 @@ fn exec_probes_run_in_real_containers(
     let dir = dir.to_path_buf();
     async move {
         let rt = runtime(&dir);
-        let sb = PodSandboxConfig {
-            log_directory: dir.join("logs"),
-            ..Default::default()
+        let sb = {
+            let mut v = PodSandboxConfig::default();
+            v.log_directory = dir.join("logs");
+            v
         };
         let sid = rt.run_pod_sandbox(&sb).await.unwrap();
-        let c = ContainerConfig {
-            command: vec!["/bin/sh".into(), "-c".into(), "sleep 120".into()],
-            log_path: "c/0.log".into(),
-            ..Default::default()
+        let c = {
+            let mut v = ContainerConfig::default();
+            v.command = vec!["/bin/sh".into(), "-c".into(), "sleep 120".into()];
+            v.log_path = "c/0.log".into();
+            v
         };
         let cid = rt.create_container(&sid, &c, &sb).await.unwrap();
         rt.start_container(&cid).await.unwrap();

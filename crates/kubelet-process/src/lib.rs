@@ -69,7 +69,7 @@
 //! # Example
 //! ```no_run
 //! use kubelet_api::ContainerRuntime;
-//! use kubelet_api::runtime::{ContainerConfig, PodSandboxConfig};
+//! use kubelet_api::runtime::{ContainerConfig, ContainerMetadata, PodSandboxConfig};
 //! use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -77,16 +77,14 @@
 //!     ProcessRuntimeConfig::new("/tmp/kubelet-process")
 //!         .shim(ShimCommand::Path("/usr/local/bin/kubelet-process-shim".into())),
 //! )?;
-//! let sandbox = PodSandboxConfig {
-//!     log_directory: "/tmp/kubelet-process/logs/default_demo_uid1".into(),
-//!     ..Default::default()
-//! };
+//! // The runtime model's structs are `#[non_exhaustive]`: start from a constructor (or
+//! // `Default`) and set the fields.
+//! let mut sandbox = PodSandboxConfig::default();
+//! sandbox.log_directory = "/tmp/kubelet-process/logs/default_demo_uid1".into();
 //! let sid = runtime.run_pod_sandbox(&sandbox).await?;
-//! let container = ContainerConfig {
-//!     command: vec!["/bin/sh".into(), "-c".into(), "echo hello; sleep 10".into()],
-//!     log_path: "demo/0.log".into(),
-//!     ..Default::default()
-//! };
+//! let mut container = ContainerConfig::new(ContainerMetadata::default(), "");
+//! container.command = vec!["/bin/sh".into(), "-c".into(), "echo hello; sleep 10".into()];
+//! container.log_path = "demo/0.log".into();
 //! let cid = runtime.create_container(&sid, &container, &sandbox).await?;
 //! runtime.start_container(&cid).await?;
 //! runtime.stop_container(&cid, std::time::Duration::from_secs(2)).await?;

@@ -1194,24 +1194,25 @@ impl ProcessRuntime {
             ),
             None => (0, String::new(), String::new(), None),
         };
-        Ok(ContainerStatus {
-            id: rec.id.clone(),
-            metadata: ContainerMetadata {
+        Ok({
+            let mut vv = ContainerStatus::default();
+            vv.id = rec.id.clone();
+            vv.metadata = ContainerMetadata {
                 name: rec.name.clone(),
                 attempt: rec.attempt,
-            },
-            state: obs.state,
-            created_at: rec.created_at,
-            started_at: obs.started.as_ref().map(|s| s.started_at),
-            finished_at,
-            exit_code,
-            image: rec.image.clone(),
-            image_ref: rec.image.clone(),
-            reason,
-            message,
-            labels: rec.labels.clone(),
-            annotations: rec.annotations.clone(),
-            mounts: rec
+            };
+            vv.state = obs.state;
+            vv.created_at = rec.created_at;
+            vv.started_at = obs.started.as_ref().map(|s| s.started_at);
+            vv.finished_at = finished_at;
+            vv.exit_code = exit_code;
+            vv.image = rec.image.clone();
+            vv.image_ref = rec.image.clone();
+            vv.reason = reason;
+            vv.message = message;
+            vv.labels = rec.labels.clone();
+            vv.annotations = rec.annotations.clone();
+            vv.mounts = rec
                 .mounts
                 .iter()
                 .map(|m| Mount {
@@ -1219,14 +1220,17 @@ impl ProcessRuntime {
                     host_path: m.host_path.clone(),
                     readonly: m.readonly,
                 })
-                .collect(),
-            log_path: rec.log_path.clone(),
-            resources: rec.resources.as_ref().map(|r| LinuxResources {
-                cpu_period: r.cpu_period,
-                cpu_quota: r.cpu_quota,
-                cpu_shares: r.cpu_shares,
-                memory_limit_in_bytes: r.memory_limit_in_bytes,
-            }),
+                .collect();
+            vv.log_path = rec.log_path.clone();
+            vv.resources = rec.resources.as_ref().map(|r| {
+                let mut v = LinuxResources::default();
+                v.cpu_period = r.cpu_period;
+                v.cpu_quota = r.cpu_quota;
+                v.cpu_shares = r.cpu_shares;
+                v.memory_limit_in_bytes = r.memory_limit_in_bytes;
+                v
+            });
+            vv
         })
     }
 
@@ -1357,10 +1361,11 @@ impl ProcessRuntime {
 
     fn stats(&self, id: &str) -> Result<ContainerStats, ProcessError> {
         let rec = self.container(id)?;
-        let mut out = ContainerStats {
-            container_id: id.to_string(),
-            timestamp: Timestamp::now(),
-            ..Default::default()
+        let mut out = {
+            let mut v = ContainerStats::default();
+            v.container_id = id.to_string();
+            v.timestamp = Timestamp::now();
+            v
         };
         if let Some(cg) = &rec.cgroup {
             let s = cg.stats();
@@ -1573,16 +1578,18 @@ impl ContainerRuntime for ProcessRuntime {
     async fn pod_sandbox_status(&self, sandbox_id: &str) -> kubelet_api::Result<PodSandboxStatus> {
         let rec = self.sandbox(sandbox_id)?;
         let s = sandbox_of(&rec);
-        Ok(PodSandboxStatus {
-            id: s.id,
-            metadata: s.metadata,
-            state: s.state,
-            created_at: s.created_at,
-            ip: Some(rec.ip.clone()),
-            additional_ips: Vec::new(),
-            host_network: true,
-            labels: s.labels,
-            annotations: s.annotations,
+        Ok({
+            let mut v = PodSandboxStatus::default();
+            v.id = s.id;
+            v.metadata = s.metadata;
+            v.state = s.state;
+            v.created_at = s.created_at;
+            v.ip = Some(rec.ip.clone());
+            v.additional_ips = Vec::new();
+            v.host_network = true;
+            v.labels = s.labels;
+            v.annotations = s.annotations;
+            v
         })
     }
 
@@ -1712,10 +1719,12 @@ impl ContainerRuntime for ProcessRuntime {
     }
 
     async fn image_status(&self, image: &ImageSpec) -> kubelet_api::Result<Option<Image>> {
-        Ok(Some(Image {
-            id: image.image.clone(),
-            repo_tags: vec![image.image.clone()],
-            size: 0,
+        Ok(Some({
+            let mut v = Image::default();
+            v.id = image.image.clone();
+            v.repo_tags = vec![image.image.clone()];
+            v.size = 0;
+            v
         }))
     }
 

@@ -35,19 +35,21 @@ async fn embedded_shim_runs_containers() {
             .cgroup_parent("kubelet-sdk-test"),
     )
     .expect("runtime");
-    let sb = PodSandboxConfig {
-        log_directory: tmp.path().join("logs"),
-        ..Default::default()
+    let sb = {
+        let mut v = PodSandboxConfig::default();
+        v.log_directory = tmp.path().join("logs");
+        v
     };
     let sid = rt.run_pod_sandbox(&sb).await.expect("sandbox");
-    let c = ContainerConfig {
-        command: vec![
+    let c = {
+        let mut v = ContainerConfig::default();
+        v.command = vec![
             "/bin/sh".into(),
             "-c".into(),
             "echo embedded; exit 7".into(),
-        ],
-        log_path: "c/0.log".into(),
-        ..Default::default()
+        ];
+        v.log_path = "c/0.log".into();
+        v
     };
     let cid = rt.create_container(&sid, &c, &sb).await.expect("create");
     rt.start_container(&cid).await.expect("start");

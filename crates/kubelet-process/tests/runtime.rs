@@ -25,38 +25,40 @@ fn runtime(root: &Path) -> ProcessRuntime {
 }
 
 fn sandbox_config(root: &Path, uid: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("pod-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        log_directory: root.join("logs").join(format!("default_pod-{uid}_{uid}")),
-        labels: BTreeMap::from([
+        };
+        v.log_directory = root.join("logs").join(format!("default_pod-{uid}_{uid}"));
+        v.labels = BTreeMap::from([
             (labels::POD_UID.to_string(), uid.to_string()),
             (labels::POD_NAME.to_string(), format!("pod-{uid}")),
             (labels::POD_NAMESPACE.to_string(), "default".to_string()),
-        ]),
-        host_network: true,
-        ..Default::default()
+        ]);
+        v.host_network = true;
+        v
     }
 }
 
 fn container_config(sb: &PodSandboxConfig, name: &str, script: &str) -> ContainerConfig {
     let mut l = sb.labels.clone();
     l.insert(labels::CONTAINER_NAME.into(), name.into());
-    ContainerConfig {
-        metadata: ContainerMetadata {
+    {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: name.into(),
             attempt: 0,
-        },
-        image: "busybox:latest".into(),
-        command: vec!["/bin/sh".into(), "-c".into()],
-        args: vec![script.into()],
-        labels: l,
-        log_path: format!("{name}/0.log"),
-        ..Default::default()
+        };
+        v.image = "busybox:latest".into();
+        v.command = vec!["/bin/sh".into(), "-c".into()];
+        v.args = vec![script.into()];
+        v.labels = l;
+        v.log_path = format!("{name}/0.log");
+        v
     }
 }
 
@@ -475,9 +477,7 @@ async fn list_filters_by_id_state_sandbox_and_labels() {
 async fn images_are_recorded_not_pulled() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let rt = runtime(tmp.path());
-    let spec = ImageSpec {
-        image: "registry.invalid/app:1".into(),
-    };
+    let spec = ImageSpec::new("registry.invalid/app:1");
     let img = rt
         .image_status(&spec)
         .await
@@ -509,10 +509,11 @@ async fn mounts_and_unenforceable_limits_are_reported_as_warnings() {
             host_path: "/srv/data".into(),
             readonly: false,
         }];
-        c.resources = Some(LinuxResources {
-            memory_limit_in_bytes: 32 << 20,
-            cpu_shares: 2,
-            ..Default::default()
+        c.resources = Some({
+            let mut v = LinuxResources::default();
+            v.memory_limit_in_bytes = 32 << 20;
+            v.cpu_shares = 2;
+            v
         });
         c
     })
@@ -627,11 +628,13 @@ async fn as_root_containers_get_a_memory_limited_cgroup_and_stats() {
     }
     let (sid, cid, _) = run(&rt, tmp.path(), "u-cg", |sb| {
         let mut c = container_config(sb, "a", "sleep 100");
-        c.resources = Some(LinuxResources {
-            memory_limit_in_bytes: 32 << 20,
-            cpu_shares: 512,
-            cpu_quota: 50_000,
-            cpu_period: 100_000,
+        c.resources = Some({
+            let mut v = LinuxResources::default();
+            v.memory_limit_in_bytes = 32 << 20;
+            v.cpu_shares = 512;
+            v.cpu_quota = 50_000;
+            v.cpu_period = 100_000;
+            v
         });
         c
     })
@@ -689,9 +692,10 @@ async fn as_root_exceeding_the_memory_limit_is_oom_killed() {
             "hog",
             "x=$(head -c 100000000 /dev/zero | tr '\\0' a); sleep 1",
         );
-        c.resources = Some(LinuxResources {
-            memory_limit_in_bytes: 32 << 20,
-            ..Default::default()
+        c.resources = Some({
+            let mut v = LinuxResources::default();
+            v.memory_limit_in_bytes = 32 << 20;
+            v
         });
         c
     })
@@ -1148,15 +1152,16 @@ async fn security_settings_a_process_can_take_are_applied_and_the_rest_reported(
             "a",
             "grep NoNewPrivs /proc/self/status; echo \"uid=$(id -u) groups=$(id -G)\"; sleep 100",
         );
-        c.security = SecurityContext {
-            no_new_privs: true,
-            run_as_user: root.then_some(1000),
-            run_as_group: root.then_some(1000),
-            supplemental_groups: if root { vec![2000, 3000] } else { Vec::new() },
-            readonly_rootfs: true,
-            drop_capabilities: vec!["ALL".into()],
-            seccomp: SecurityProfile::RuntimeDefault,
-            ..Default::default()
+        c.security = {
+            let mut v = SecurityContext::default();
+            v.no_new_privs = true;
+            v.run_as_user = root.then_some(1000);
+            v.run_as_group = root.then_some(1000);
+            v.supplemental_groups = if root { vec![2000, 3000] } else { Vec::new() };
+            v.readonly_rootfs = true;
+            v.drop_capabilities = vec!["ALL".into()];
+            v.seccomp = SecurityProfile::RuntimeDefault;
+            v
         };
         c
     })

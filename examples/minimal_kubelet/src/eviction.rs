@@ -50,7 +50,6 @@ pub(crate) fn configure(flags: &EvictionFlags, c: &mut KubeletConfiguration) -> 
     )?;
     let (negative, transition) =
         kubelet::core::duration::parse_go(&flags.eviction_pressure_transition_period)
-            .map_err(anyhow::Error::msg)
             .context("--eviction-pressure-transition-period")?;
     if negative {
         anyhow::bail!("--eviction-pressure-transition-period must not be negative");

@@ -151,7 +151,7 @@ struct Flags {
 }
 
 fn parse_duration(s: &str) -> Result<Duration, String> {
-    match kubelet::core::duration::parse_go(s)? {
+    match kubelet::core::duration::parse_go(s).map_err(|e| e.to_string())? {
         (false, d) if !d.is_zero() => Ok(d),
         _ => Err(format!(
             "duration {s:?} must be positive (e.g. 20s, 500ms, 1m)"

@@ -3,49 +3,24 @@
 
 use super::*;
 
-/// Condition type `PodReadyToStartContainers`.
-pub const COND_READY_TO_START: &str = "PodReadyToStartContainers";
-
-/// Condition type `Initialized`.
-pub const COND_INITIALIZED: &str = "Initialized";
-
-/// Condition type `Ready`.
-pub const COND_READY: &str = "Ready";
-
-/// Condition type `ContainersReady`.
-pub const COND_CONTAINERS_READY: &str = "ContainersReady";
-
-/// Condition type `PodScheduled`.
-pub const COND_POD_SCHEDULED: &str = "PodScheduled";
-
-/// Condition type `DisruptionTarget` (shared: set by eviction, preemption, node shutdown).
-pub const COND_DISRUPTION_TARGET: &str = "DisruptionTarget";
-
 /// True for the condition types the kubelet owns (`PodConditionByKubelet`).
 pub fn is_kubelet_condition(type_: &str) -> bool {
-    matches!(
-        type_,
-        COND_READY_TO_START
-            | COND_INITIALIZED
-            | COND_READY
-            | COND_CONTAINERS_READY
-            | COND_POD_SCHEDULED
-    )
+    PodConditionType::parse(type_).is_some_and(PodConditionType::is_kubelet_owned)
 }
 
 /// True for conditions the kubelet shares with other writers (`PodConditionSharedByKubelet`).
 pub fn is_shared_condition(type_: &str) -> bool {
-    type_ == COND_DISRUPTION_TARGET
+    type_ == PodConditionType::DisruptionTarget
 }
 
 pub(super) fn condition(
-    type_: &str,
+    type_: PodConditionType,
     ok: bool,
     reason: Option<&str>,
     message: Option<String>,
 ) -> PodCondition {
     PodCondition {
-        type_: type_.to_string(),
+        type_: type_.into(),
         status: if ok { "True" } else { "False" }.to_string(),
         reason: reason.map(str::to_string),
         message,
@@ -82,10 +57,15 @@ pub fn initialized_condition(
         }
     }
     if phase == PodPhase::Succeeded.as_str() && unknown.is_empty() {
-        return condition(COND_INITIALIZED, true, Some("PodCompleted"), None);
+        return condition(
+            PodConditionType::Initialized,
+            true,
+            Some("PodCompleted"),
+            None,
+        );
     }
     if has_any_regular_container_started(pod, statuses) {
-        return condition(COND_INITIALIZED, true, None, None);
+        return condition(PodConditionType::Initialized, true, None, None);
     }
     let mut msgs = Vec::new();
     if !unknown.is_empty() {
@@ -101,10 +81,10 @@ pub fn initialized_condition(
         ));
     }
     if msgs.is_empty() {
-        condition(COND_INITIALIZED, true, None, None)
+        condition(PodConditionType::Initialized, true, None, None)
     } else {
         condition(
-            COND_INITIALIZED,
+            PodConditionType::Initialized,
             false,
             Some("ContainersNotInitialized"),
             Some(msgs.join(", ")),
@@ -119,7 +99,7 @@ pub fn terminal_containers_ready_condition(phase: &str) -> PodCondition {
     } else {
         "PodFailed"
     };
-    condition(COND_CONTAINERS_READY, false, Some(reason), None)
+    condition(PodConditionType::ContainersReady, false, Some(reason), None)
 }
 
 /// The `ContainersReady` condition (`GenerateContainersReadyCondition`).
@@ -167,10 +147,10 @@ pub fn containers_ready_condition(
         ));
     }
     if msgs.is_empty() {
-        condition(COND_CONTAINERS_READY, true, None, None)
+        condition(PodConditionType::ContainersReady, true, None, None)
     } else {
         condition(
-            COND_CONTAINERS_READY,
+            PodConditionType::ContainersReady,
             false,
             Some("ContainersNotReady"),
             Some(msgs.join(", ")),
@@ -187,7 +167,7 @@ pub fn ready_condition(
 ) -> PodCondition {
     if containers_ready.status != "True" {
         return PodCondition {
-            type_: COND_READY.to_string(),
+            type_: PodConditionType::Ready.into(),
             status: containers_ready.status.clone(),
             reason: containers_ready.reason.clone(),
             message: containers_ready.message.clone(),
@@ -214,10 +194,10 @@ pub fn ready_condition(
         }
     }
     if msgs.is_empty() {
-        condition(COND_READY, true, None, None)
+        condition(PodConditionType::Ready, true, None, None)
     } else {
         condition(
-            COND_READY,
+            PodConditionType::Ready,
             false,
             Some("ReadinessGatesNotReady"),
             Some(msgs.join(", ")),
@@ -263,7 +243,7 @@ pub(super) fn generate_conditions(
     }
     let mut owned = Vec::with_capacity(5);
     owned.push(condition(
-        COND_READY_TO_START,
+        PodConditionType::PodReadyToStartContainers,
         input.sandbox_ready,
         None,
         None,
@@ -272,7 +252,7 @@ pub(super) fn generate_conditions(
     let containers_ready = containers_ready_condition(pod, init_statuses, statuses, phase);
     owned.push(ready_condition(pod, &conditions, &containers_ready));
     owned.push(containers_ready);
-    owned.push(condition(COND_POD_SCHEDULED, true, None, None));
+    owned.push(condition(PodConditionType::PodScheduled, true, None, None));
     for mut c in owned {
         set_last_transition_time(&mut c, old, input.now);
         conditions.push(c);

@@ -48,7 +48,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use kubelet_api::pod::{self as podutil, RestartPolicy};
+use kubelet_api::pod::{self as podutil, PodConditionType, RestartPolicy};
 use kubelet_api::runtime::{self, PodRuntimeStatus, labels};
 use kubelet_api::{ProbeResult, ProbeType};
 

@@ -364,26 +364,27 @@ fn rc(
 ) -> runtime::ContainerStatus {
     let mut annotations = runtime::Labels::new();
     annotations.insert(labels::CONTAINER_RESTART_COUNT.into(), attempt.to_string());
-    runtime::ContainerStatus {
-        id: id.into(),
-        metadata: runtime::ContainerMetadata {
+    {
+        let mut v = runtime::ContainerStatus::default();
+        v.id = id.into();
+        v.metadata = runtime::ContainerMetadata {
             name: name.into(),
             attempt,
-        },
-        state,
-        created_at: ts(created),
-        started_at: Some(ts(created + 1)),
-        finished_at: (state == runtime::ContainerState::Exited).then(|| ts(created + 5)),
-        exit_code: exit,
-        image: format!("img-{name}"),
-        image_ref: format!("sha256:{name}"),
-        reason: match (state, exit) {
+        };
+        v.state = state;
+        v.created_at = ts(created);
+        v.started_at = Some(ts(created + 1));
+        v.finished_at = (state == runtime::ContainerState::Exited).then(|| ts(created + 5));
+        v.exit_code = exit;
+        v.image = format!("img-{name}");
+        v.image_ref = format!("sha256:{name}");
+        v.reason = match (state, exit) {
             (runtime::ContainerState::Exited, 0) => "Completed".into(),
             (runtime::ContainerState::Exited, _) => "Error".into(),
             _ => String::new(),
-        },
-        annotations,
-        ..Default::default()
+        };
+        v.annotations = annotations;
+        v
     }
 }
 
@@ -446,7 +447,7 @@ fn cs<'s>(s: &'s PodStatus, name: &str) -> &'s ContainerStatus {
         .expect("container status present")
 }
 
-fn cond<'s>(s: &'s PodStatus, t: &str) -> &'s PodCondition {
+fn cond(s: &PodStatus, t: PodConditionType) -> &PodCondition {
     s.conditions
         .iter()
         .flatten()
@@ -487,11 +488,14 @@ fn running_container_without_probes_is_started_and_ready() {
         .and_then(|s| s.running.as_ref())
         .and_then(|r| r.started_at.clone());
     assert_eq!(started_at, Some(Time(ts(1))));
-    assert_eq!(cond(&s, COND_READY).status, "True");
-    assert_eq!(cond(&s, COND_CONTAINERS_READY).status, "True");
-    assert_eq!(cond(&s, COND_INITIALIZED).status, "True");
-    assert_eq!(cond(&s, COND_READY_TO_START).status, "True");
-    assert_eq!(cond(&s, COND_POD_SCHEDULED).status, "True");
+    assert_eq!(cond(&s, PodConditionType::Ready).status, "True");
+    assert_eq!(cond(&s, PodConditionType::ContainersReady).status, "True");
+    assert_eq!(cond(&s, PodConditionType::Initialized).status, "True");
+    assert_eq!(
+        cond(&s, PodConditionType::PodReadyToStartContainers).status,
+        "True"
+    );
+    assert_eq!(cond(&s, PodConditionType::PodScheduled).status, "True");
     assert_eq!(s.pod_ip.as_deref(), Some("10.1.0.5"));
     assert_eq!(s.host_ip.as_deref(), Some("192.168.1.10"));
     assert_eq!(s.start_time, Some(Time(ts(100))));
@@ -522,14 +526,14 @@ fn readiness_follows_probe_results() {
         .insert(("ida".into(), ProbeType::Readiness), ProbeResult::Unknown);
     let s = g.run();
     assert!(!cs(&s, "a").ready, "a probe without result is not ready");
-    let c = cond(&s, COND_CONTAINERS_READY);
+    let c = cond(&s, PodConditionType::ContainersReady);
     assert_eq!(c.status, "False");
     assert_eq!(c.reason.as_deref(), Some("ContainersNotReady"));
     assert_eq!(
         c.message.as_deref(),
         Some("containers with unready status: [a]")
     );
-    let r = cond(&s, COND_READY);
+    let r = cond(&s, PodConditionType::Ready);
     assert_eq!(r.reason.as_deref(), Some("ContainersNotReady"));
 
     g.probes
@@ -573,7 +577,7 @@ fn never_created_containers_wait_creating_or_initializing() {
         Some(REASON_POD_INITIALIZING)
     );
     assert_eq!(s.phase.as_deref(), Some(PodPhase::Pending.as_str()));
-    let init = cond(&s, COND_INITIALIZED);
+    let init = cond(&s, PodConditionType::Initialized);
     assert_eq!(init.status, "False");
     assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
     assert_eq!(
@@ -581,7 +585,9 @@ fn never_created_containers_wait_creating_or_initializing() {
         Some("containers with incomplete status: [init]")
     );
     assert_eq!(
-        cond(&s, COND_CONTAINERS_READY).message.as_deref(),
+        cond(&s, PodConditionType::ContainersReady)
+            .message
+            .as_deref(),
         Some("containers with unready status: [a]")
     );
 }
@@ -607,7 +613,7 @@ fn completed_init_container_is_ready_and_pod_initialized() {
     assert_eq!(names, ["i1", "i2"], "init statuses keep spec order");
     assert!(cs(&s, "i1").ready);
     assert_eq!(cs(&s, "i1").started, Some(false));
-    assert_eq!(cond(&s, COND_INITIALIZED).status, "True");
+    assert_eq!(cond(&s, PodConditionType::Initialized).status, "True");
     assert_eq!(s.phase.as_deref(), Some(PodPhase::Running.as_str()));
 }
 
@@ -699,9 +705,12 @@ fn waiting_reason_is_ignored_when_container_will_not_restart() {
     let s = g.run();
     assert!(state_is_terminated(cs(&s, "a").state.as_ref()));
     assert_eq!(s.phase.as_deref(), Some(PodPhase::Failed.as_str()));
-    let c = cond(&s, COND_CONTAINERS_READY);
+    let c = cond(&s, PodConditionType::ContainersReady);
     assert_eq!(c.reason.as_deref(), Some("PodFailed"));
-    assert_eq!(cond(&s, COND_READY).reason.as_deref(), Some("PodFailed"));
+    assert_eq!(
+        cond(&s, PodConditionType::Ready).reason.as_deref(),
+        Some("PodFailed")
+    );
 }
 
 #[test]
@@ -753,12 +762,12 @@ fn succeeded_pod_reports_completed_conditions() {
     )
     .run();
     assert_eq!(s.phase.as_deref(), Some(PodPhase::Succeeded.as_str()));
-    let init = cond(&s, COND_INITIALIZED);
+    let init = cond(&s, PodConditionType::Initialized);
     assert_eq!(
         (init.status.as_str(), init.reason.as_deref()),
         ("True", Some("PodCompleted"))
     );
-    let cr = cond(&s, COND_CONTAINERS_READY);
+    let cr = cond(&s, PodConditionType::ContainersReady);
     assert_eq!(
         (cr.status.as_str(), cr.reason.as_deref()),
         ("False", Some("PodCompleted"))
@@ -775,7 +784,7 @@ fn sidecar_is_ready_like_a_regular_container_and_gates_initialization() {
     assert_eq!(cs(&s, "s").started, Some(false));
     assert_eq!(s.phase.as_deref(), Some(PodPhase::Pending.as_str()));
     assert_eq!(
-        cond(&s, COND_INITIALIZED).message.as_deref(),
+        cond(&s, PodConditionType::Initialized).message.as_deref(),
         Some("containers with incomplete status: [s]")
     );
     g.probes
@@ -786,8 +795,8 @@ fn sidecar_is_ready_like_a_regular_container_and_gates_initialization() {
     ]);
     let s = g.run();
     assert!(cs(&s, "s").ready);
-    assert_eq!(cond(&s, COND_INITIALIZED).status, "True");
-    assert_eq!(cond(&s, COND_CONTAINERS_READY).status, "True");
+    assert_eq!(cond(&s, PodConditionType::Initialized).status, "True");
+    assert_eq!(cond(&s, PodConditionType::ContainersReady).status, "True");
     assert_eq!(s.phase.as_deref(), Some(PodPhase::Running.as_str()));
 }
 
@@ -797,29 +806,29 @@ fn last_transition_time_is_kept_while_status_unchanged() {
     let mut g = Gen::new(&p, rt(vec![rc("a", "ida", Created, 0, 0, 0)]));
     g.now = ts(100);
     let first = g.run();
-    assert_eq!(cond(&first, COND_READY).status, "False");
+    assert_eq!(cond(&first, PodConditionType::Ready).status, "False");
     g.old = Some(first);
     g.now = ts(200);
     let second = g.run();
     assert_eq!(
-        cond(&second, COND_READY).last_transition_time,
+        cond(&second, PodConditionType::Ready).last_transition_time,
         Some(Time(ts(100)))
     );
     assert_eq!(
-        cond(&second, COND_POD_SCHEDULED).last_transition_time,
+        cond(&second, PodConditionType::PodScheduled).last_transition_time,
         Some(Time(ts(100)))
     );
     g.old = Some(second);
     g.rt = rt(vec![rc("a", "ida", Running, 0, 0, 0)]);
     g.now = ts(300);
     let third = g.run();
-    assert_eq!(cond(&third, COND_READY).status, "True");
+    assert_eq!(cond(&third, PodConditionType::Ready).status, "True");
     assert_eq!(
-        cond(&third, COND_READY).last_transition_time,
+        cond(&third, PodConditionType::Ready).last_transition_time,
         Some(Time(ts(300)))
     );
     assert_eq!(
-        cond(&third, COND_POD_SCHEDULED).last_transition_time,
+        cond(&third, PodConditionType::PodScheduled).last_transition_time,
         Some(Time(ts(100)))
     );
     assert_eq!(third.start_time, Some(Time(ts(100))), "startTime is kept");
@@ -835,7 +844,7 @@ fn foreign_conditions_are_preserved_and_readiness_gates_apply() {
     }
     let mut g = Gen::new(&p, rt(vec![rc("a", "ida", Running, 0, 0, 0)]));
     let s = g.run();
-    let r = cond(&s, COND_READY);
+    let r = cond(&s, PodConditionType::Ready);
     assert_eq!(r.status, "False");
     assert_eq!(r.reason.as_deref(), Some("ReadinessGatesNotReady"));
     assert_eq!(
@@ -844,9 +853,13 @@ fn foreign_conditions_are_preserved_and_readiness_gates_apply() {
     );
     let mut old = s.clone();
     old.conditions.get_or_insert_with(Vec::new).extend([
-        condition("example.com/lb", true, None, None),
+        PodCondition {
+            type_: "example.com/lb".into(),
+            status: "True".into(),
+            ..Default::default()
+        },
         condition(
-            COND_DISRUPTION_TARGET,
+            PodConditionType::DisruptionTarget,
             true,
             Some("TerminationByKubelet"),
             None,
@@ -854,9 +867,11 @@ fn foreign_conditions_are_preserved_and_readiness_gates_apply() {
     ]);
     g.old = Some(old);
     let s = g.run();
-    assert_eq!(cond(&s, COND_READY).status, "True");
+    assert_eq!(cond(&s, PodConditionType::Ready).status, "True");
     assert_eq!(
-        cond(&s, COND_DISRUPTION_TARGET).reason.as_deref(),
+        cond(&s, PodConditionType::DisruptionTarget)
+            .reason
+            .as_deref(),
         Some("TerminationByKubelet")
     );
 }

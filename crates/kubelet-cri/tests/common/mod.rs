@@ -432,32 +432,34 @@ pub fn sandbox_config(uid: &str, env: &ContainerdEnv) -> PodSandboxConfig {
         kubelet_api::runtime::labels::POD_NAMESPACE.into(),
         "default".into(),
     );
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("events-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        hostname: format!("events-{uid}"),
-        log_directory: env.dir.join("logs").join(uid),
-        labels,
-        host_network: true,
-        ..Default::default()
+        };
+        v.hostname = format!("events-{uid}");
+        v.log_directory = env.dir.join("logs").join(uid);
+        v.labels = labels;
+        v.host_network = true;
+        v
     }
 }
 
 /// A busybox container running `script` with `/bin/sh -c`.
 pub fn container_config(name: &str, script: &str, env: &ContainerdEnv) -> ContainerConfig {
-    ContainerConfig {
-        metadata: ContainerMetadata {
+    {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: name.into(),
             attempt: 0,
-        },
-        image: env.busybox.clone(),
-        command: vec!["/bin/sh".into(), "-c".into(), script.into()],
-        log_path: format!("{name}/0.log"),
-        ..Default::default()
+        };
+        v.image = env.busybox.clone();
+        v.command = vec!["/bin/sh".into(), "-c".into(), script.into()];
+        v.log_path = format!("{name}/0.log");
+        v
     }
 }
 

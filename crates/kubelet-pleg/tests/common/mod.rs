@@ -12,21 +12,22 @@ use kubelet_api::runtime::{
 
 /// A sandbox config of pod `uid` (host network, logs under `root`).
 pub fn sandbox_config(root: &Path, uid: &str) -> PodSandboxConfig {
-    PodSandboxConfig {
-        metadata: PodSandboxMetadata {
+    {
+        let mut v = PodSandboxConfig::default();
+        v.metadata = PodSandboxMetadata {
             name: format!("pod-{uid}"),
             namespace: "default".into(),
             uid: uid.into(),
             attempt: 0,
-        },
-        log_directory: root.join("logs").join(format!("default_pod-{uid}_{uid}")),
-        labels: BTreeMap::from([
+        };
+        v.log_directory = root.join("logs").join(format!("default_pod-{uid}_{uid}"));
+        v.labels = BTreeMap::from([
             (labels::POD_UID.to_string(), uid.to_string()),
             (labels::POD_NAME.to_string(), format!("pod-{uid}")),
             (labels::POD_NAMESPACE.to_string(), "default".to_string()),
-        ]),
-        host_network: true,
-        ..Default::default()
+        ]);
+        v.host_network = true;
+        v
     }
 }
 
@@ -39,16 +40,17 @@ pub fn shell_container(
 ) -> ContainerConfig {
     let mut l = sandbox.labels.clone();
     l.insert(labels::CONTAINER_NAME.into(), name.into());
-    ContainerConfig {
-        metadata: ContainerMetadata {
+    {
+        let mut v = ContainerConfig::default();
+        v.metadata = ContainerMetadata {
             name: name.into(),
             attempt: 0,
-        },
-        image: image.into(),
-        command: vec!["/bin/sh".into(), "-c".into()],
-        args: vec![script.into()],
-        labels: l,
-        log_path: format!("{name}/0.log"),
-        ..Default::default()
+        };
+        v.image = image.into();
+        v.command = vec!["/bin/sh".into(), "-c".into()];
+        v.args = vec![script.into()];
+        v.labels = l;
+        v.log_path = format!("{name}/0.log");
+        v
     }
 }
