@@ -50,14 +50,19 @@ impl fmt::Display for ErrorKind {
     }
 }
 
-/// The error type every SDK trait returns: a [`ErrorKind`], a message, and an optional cause.
+/// The error type every SDK trait returns: a [`ErrorKind`], a complete message, and an
+/// optional cause.
+///
+/// It crosses the seams as a kind and a message (as a gRPC status does): the message names the
+/// cause already, so the cause attached with [`with_source`](Self::with_source) is kept for
+/// inspection ([`cause`](Self::cause)) but not returned by
+/// [`source`](std::error::Error::source), and a chain printer ([`chain`]) names it once.
 #[derive(Debug, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct Error {
     kind: ErrorKind,
     message: String,
-    #[source]
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    cause: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
 impl Error {
@@ -66,14 +71,20 @@ impl Error {
         Self {
             kind,
             message: message.into(),
-            source: None,
+            cause: None,
         }
     }
 
-    /// Attach the underlying cause.
-    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Box::new(source));
+    /// Attach the underlying cause, whose text the message already contains (for example
+    /// `Error::new(kind, chain(&e).to_string()).with_source(e)`).
+    pub fn with_source(mut self, cause: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.cause = Some(Box::new(cause));
         self
+    }
+
+    /// The underlying cause, if one was attached, for inspection (`downcast_ref`).
+    pub fn cause(&self) -> Option<&(dyn std::error::Error + Send + Sync + 'static)> {
+        self.cause.as_deref()
     }
 
     /// Shorthand for [`ErrorKind::NotFound`].
@@ -147,3 +158,61 @@ impl From<std::io::Error> for Error {
 
 /// Shorthand result type for SDK traits.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Displays an error and each of its [`source`](std::error::Error::source)s, joined by `": "`
+/// (as `anyhow`'s `{:#}`). The SDK's typed errors name their cause only through `source`, never
+/// in their own message as well, so a log line or an event message shows the whole chain, each
+/// cause once, through this.
+///
+/// ```
+/// # use kubelet_api::chain;
+/// #[derive(Debug, thiserror::Error)]
+/// #[error("binding 127.0.0.1:10248")]
+/// struct Bind(#[source] std::io::Error);
+///
+/// let e = Bind(std::io::Error::from(std::io::ErrorKind::AddrInUse));
+/// assert_eq!(chain(&e).to_string(), "binding 127.0.0.1:10248: address in use");
+/// ```
+pub fn chain<E: std::error::Error + ?Sized>(error: &E) -> ErrorChain<'_, E> {
+    ErrorChain(error)
+}
+
+/// The display of an error with its sources; see [`chain`].
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorChain<'a, E: ?Sized>(&'a E);
+
+impl<E: std::error::Error + ?Sized> fmt::Display for ErrorChain<'_, E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut next = self.0.source();
+        while let Some(e) = next {
+            write!(f, ": {e}")?;
+            next = e.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading {0}")]
+    struct Read(&'static str, #[source] std::io::Error);
+
+    #[test]
+    fn a_chain_names_each_cause_once() {
+        let e = Read("/x", std::io::Error::other("disk gone"));
+        assert_eq!(e.to_string(), "reading /x");
+        assert_eq!(chain(&e).to_string(), "reading /x: disk gone");
+
+        // The seam's error carries the whole chain in its message; its cause is kept for
+        // inspection and is not a `source`, so a chain of it names the cause once.
+        let seam = Error::new(ErrorKind::Internal, chain(&e).to_string()).with_source(e);
+        assert_eq!(chain(&seam).to_string(), "internal error: reading /x: disk gone");
+        assert!(std::error::Error::source(&seam).is_none());
+        let cause = seam.cause().and_then(|c| c.downcast_ref::<Read>());
+        assert_eq!(cause.map(|r| r.0), Some("/x"));
+    }
+}

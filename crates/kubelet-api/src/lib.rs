@@ -65,7 +65,7 @@ mod volume;
 pub use admission::{AdmitResult, KillPodOptions, PodAdmitHandler};
 pub use cache::{CacheEntry, PodCache, PodCacheWriter, pod_cache};
 pub use container_runtime::ContainerRuntime;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Error, ErrorChain, ErrorKind, Result, chain};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use objects::{Lookup, ObjectProvider, ReferencedObjects, StaticObjects};
 pub use pleg::{

@@ -204,7 +204,7 @@ impl ApiServer {
             match self.register().await {
                 Ok(node) => return Some(node),
                 Err(e) => {
-                    tracing::warn!(node = %self.shared.node_name, "unable to register node with the API server, will retry: {e}")
+                    tracing::warn!(node = %self.shared.node_name, "unable to register node with the API server, will retry: {}", kubelet_api::chain(&e))
                 }
             }
             tokio::select! {
@@ -342,11 +342,11 @@ impl ApiServer {
                         last_report = Some(Instant::now());
                     }
                     Err(e) => {
-                        tracing::warn!(node = %name, "error updating node status, will retry: {e}");
+                        tracing::warn!(node = %name, "error updating node status, will retry: {}", kubelet_api::chain(&e));
                         if e.status_code() == Some(404) && config.register_node {
                             // The Node was deleted: register again (and keep the new UID).
                             if let Err(e) = self.register().await {
-                                tracing::warn!(node = %name, "re-registering node: {e}");
+                                tracing::warn!(node = %name, "re-registering node: {}", kubelet_api::chain(&e));
                             }
                         }
                     }
@@ -398,7 +398,7 @@ impl ApiServer {
                     config.node_lease_renew_interval
                 }
                 Err(e) => {
-                    tracing::warn!(node = %name, "failed to renew the node lease, will retry in {backoff:?}: {e}");
+                    tracing::warn!(node = %name, "failed to renew the node lease, will retry in {backoff:?}: {}", kubelet_api::chain(&e));
                     let w = backoff;
                     backoff = next_backoff(backoff);
                     w

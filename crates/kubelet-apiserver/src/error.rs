@@ -8,7 +8,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum ApiServerError {
     /// The kubeconfig file could not be read or parsed.
-    #[error("reading kubeconfig {path}: {source}")]
+    #[error("reading kubeconfig {path}")]
     ReadKubeconfig {
         /// The file.
         path: PathBuf,
@@ -17,7 +17,7 @@ pub enum ApiServerError {
         source: kube::config::KubeconfigError,
     },
     /// The kubeconfig names no usable cluster, user or credentials.
-    #[error("loading kubeconfig {path}: {source}")]
+    #[error("loading kubeconfig {path}")]
     LoadKubeconfig {
         /// The file.
         path: PathBuf,
@@ -26,7 +26,7 @@ pub enum ApiServerError {
         source: kube::config::KubeconfigError,
     },
     /// The HTTP client could not be built from the configuration (TLS material, proxy).
-    #[error("creating the API client: {0}")]
+    #[error("creating the API client")]
     CreateClient(#[source] kube::Error),
     /// `configMapAndSecretChangeDetectionStrategy` is none of the kubelet's values.
     #[error(
@@ -42,7 +42,7 @@ pub enum ApiServerError {
         reason: String,
     },
     /// Creating or reading the Node object failed.
-    #[error("registering node {node}: {source}")]
+    #[error("registering node {node}")]
     RegisterNode {
         /// Node name.
         node: String,
@@ -51,7 +51,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Patching the Node's status failed.
-    #[error("updating the status of node {node}: {source}")]
+    #[error("updating the status of node {node}")]
     UpdateNodeStatus {
         /// Node name.
         node: String,
@@ -60,7 +60,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Creating or renewing the node Lease failed.
-    #[error("renewing the lease of node {node}: {source}")]
+    #[error("renewing the lease of node {node}")]
     RenewLease {
         /// Node name.
         node: String,
@@ -69,7 +69,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Patching a pod's status failed.
-    #[error("patching the status of pod {pod}: {source}")]
+    #[error("patching the status of pod {pod}")]
     PatchPodStatus {
         /// `namespace/name`.
         pod: String,
@@ -78,7 +78,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Deleting a pod (a finished pod, or a stale mirror pod) failed.
-    #[error("deleting pod {pod}: {source}")]
+    #[error("deleting pod {pod}")]
     DeletePod {
         /// `namespace/name`.
         pod: String,
@@ -87,7 +87,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Creating a mirror pod failed.
-    #[error("creating mirror pod {pod}: {source}")]
+    #[error("creating mirror pod {pod}")]
     CreateMirrorPod {
         /// `namespace/name`.
         pod: String,
@@ -96,7 +96,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// Posting or updating an event failed.
-    #[error("posting event {reason} about {object}: {source}")]
+    #[error("posting event {reason} about {object}")]
     PostEvent {
         /// The event's reason.
         reason: String,
@@ -107,7 +107,7 @@ pub enum ApiServerError {
         source: kube::Error,
     },
     /// A patch could not be encoded.
-    #[error("encoding a patch: {0}")]
+    #[error("encoding a patch")]
     EncodePatch(#[source] serde_json::Error),
 }
 
@@ -143,7 +143,7 @@ impl From<ApiServerError> for kubelet_api::Error {
             Some(_) => ErrorKind::Internal,
             None => ErrorKind::Unavailable,
         };
-        kubelet_api::Error::new(kind, e.to_string()).with_source(e)
+        kubelet_api::Error::new(kind, kubelet_api::chain(&e).to_string()).with_source(e)
     }
 }
 

@@ -240,7 +240,7 @@ impl MirrorPods {
                 }
             };
             if let Err(e) = res {
-                tracing::warn!(pod = %k, "mirror pod: {e}");
+                tracing::warn!(pod = %k, "mirror pod: {}", kubelet_api::chain(&e));
             }
         }
         let now = Instant::now();
@@ -275,7 +275,9 @@ impl MirrorPods {
                     st.orphaned.remove(&k);
                     st.written.remove(&uid);
                 }
-                Err(e) => tracing::warn!(pod = %k, "deleting orphaned mirror pod: {e}"),
+                Err(e) => {
+                    tracing::warn!(pod = %k, "deleting orphaned mirror pod: {}", kubelet_api::chain(&e))
+                }
             }
         }
     }

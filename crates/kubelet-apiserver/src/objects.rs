@@ -271,7 +271,7 @@ async fn watch_object<K: WatchedKind>(
                 }
                 synced.notify_waiters();
                 if last_error.is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY) {
-                    tracing::warn!(namespace = %key.1, name = %key.2, kind = ?key.0, error = %e,
+                    tracing::warn!(namespace = %key.1, name = %key.2, kind = ?key.0, error = %kubelet_api::chain(&e),
                         "watching an object failed; retrying (reads fall back to GETs meanwhile)");
                     last_error = Some(Instant::now());
                 }

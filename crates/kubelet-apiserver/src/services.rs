@@ -85,7 +85,7 @@ impl ServiceCache {
                 Some(Ok(_)) => {}
                 Some(Err(e)) => {
                     if last_error.is_none_or(|t| t.elapsed() >= ERROR_LOG_EVERY) {
-                        tracing::warn!(error = %e, "watching services failed; retrying");
+                        tracing::warn!(error = %kubelet_api::chain(&e), "watching services failed; retrying");
                         last_error = Some(Instant::now());
                     }
                 }

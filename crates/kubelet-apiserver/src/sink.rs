@@ -75,7 +75,7 @@ impl ApiStatusSink {
             }
             // Deleted, or replaced by a pod with another UID: nothing to update.
             Err(e) if is_status(&e, 404) || is_status(&e, 409) => {
-                tracing::debug!(pod = %podutil::full_name(pod), "pod gone or replaced; status not written: {e}");
+                tracing::debug!(pod = %podutil::full_name(pod), "pod gone or replaced; status not written: {}", kubelet_api::chain(&e));
                 Ok(())
             }
             Err(source) => Err(ApiServerError::PatchPodStatus {

@@ -123,9 +123,9 @@ impl PodSource for ApiPodSource {
                     }
                     Err(e) => {
                         if *failing {
-                            tracing::debug!(node = %node, "pod watch still failing: {e}");
+                            tracing::debug!(node = %node, "pod watch still failing: {}", kubelet_api::chain(&e));
                         } else {
-                            tracing::warn!(node = %node, "pod watch failed, retrying with backoff (pods keep running): {e}");
+                            tracing::warn!(node = %node, "pod watch failed, retrying with backoff (pods keep running): {}", kubelet_api::chain(&e));
                             *failing = true;
                         }
                     }

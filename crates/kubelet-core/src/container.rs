@@ -31,7 +31,7 @@ pub enum ContainerConfigError {
         reason: String,
     },
     /// A resource quantity does not parse.
-    #[error("resources of container {container:?}: {source}")]
+    #[error("resources of container {container:?}")]
     BadQuantity {
         /// Container name.
         container: String,
@@ -348,7 +348,7 @@ pub fn make_environment(
                     r.divisor.as_ref(),
                     &crate::downward::NodeCapacity::of_host(),
                 )
-                .map_err(unresolvable)?
+                .map_err(|e| unresolvable(e.to_string()))?
             } else if let Some(r) = &from.config_map_key_ref {
                 let optional = r.optional.unwrap_or(false);
                 let found = resolve(

@@ -11,11 +11,36 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use crate::quantity;
 use kubelet_api::pod;
 
+/// Why a Downward API value cannot be given (the kubelet's messages).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum DownwardError {
+    /// A `fieldRef` path the kubelet does not serve.
+    #[error("unsupported fieldPath: {0}")]
+    FieldPath(String),
+    /// A `resourceFieldRef` resource other than `limits.*`/`requests.*` of CPU, memory or
+    /// ephemeral storage.
+    #[error("unsupported container resource : {0}")]
+    Resource(String),
+    /// The container's own quantity does not parse.
+    #[error("invalid quantity {quantity:?} for {resource}")]
+    Quantity { quantity: String, resource: String },
+    /// The divisor does not parse.
+    #[error("invalid divisor {divisor:?} for {resource}")]
+    Divisor { divisor: String, resource: String },
+    /// The divisor parses but is not one the API accepts.
+    #[error("divisor {divisor:?} of {resource} is not supported (supported values: {supported})")]
+    UnsupportedDivisor {
+        divisor: String,
+        resource: String,
+        supported: &'static str,
+    },
+}
+
 /// The value of `path` for a `downwardAPI` volume item: `metadata.name`, `metadata.namespace`,
 /// `metadata.uid`, `metadata.labels`, `metadata.annotations` (each map as sorted `key="value"`
 /// lines) and `metadata.labels['key']` / `metadata.annotations['key']` (empty when the key is
 /// absent). Anything else is the kubelet's `unsupported fieldPath` error.
-pub(crate) fn field_path_value(p: &Pod, path: &str) -> Result<String, String> {
+pub(crate) fn field_path_value(p: &Pod, path: &str) -> Result<String, DownwardError> {
     let labels = p.metadata.labels.as_ref();
     let annotations = p.metadata.annotations.as_ref();
     let subscript = |prefix: &str, map: Option<&BTreeMap<String, String>>| {
@@ -30,7 +55,7 @@ pub(crate) fn field_path_value(p: &Pod, path: &str) -> Result<String, String> {
         "metadata.annotations" => Ok(format_map(annotations)),
         _ => subscript("metadata.labels['", labels)
             .or_else(|| subscript("metadata.annotations['", annotations))
-            .ok_or_else(|| format!("unsupported fieldPath: {path}")),
+            .ok_or_else(|| DownwardError::FieldPath(path.to_string())),
     }
 }
 
@@ -122,19 +147,21 @@ pub(crate) fn container_resource_value(
     resource: &str,
     divisor: Option<&Quantity>,
     node: &NodeCapacity,
-) -> Result<String, String> {
-    let (kind, name) = resource
-        .split_once('.')
-        .ok_or_else(|| format!("unsupported container resource : {resource}"))?;
+) -> Result<String, DownwardError> {
+    let unsupported = || DownwardError::Resource(resource.to_string());
+    let (kind, name) = resource.split_once('.').ok_or_else(unsupported)?;
     let r = c.resources.as_ref();
     let map = match kind {
         "limits" => r.and_then(|r| r.limits.as_ref()),
         "requests" => r.and_then(|r| r.requests.as_ref()),
-        _ => return Err(format!("unsupported container resource : {resource}")),
+        _ => return Err(unsupported()),
     };
     let set = map.and_then(|m| m.get(name));
     let divisor = divisor.map(|d| d.0.trim()).unwrap_or("");
-    let bad = |q: &str| format!("invalid quantity {q:?} for {resource}");
+    let bad = |q: &str| DownwardError::Quantity {
+        quantity: q.to_string(),
+        resource: resource.to_string(),
+    };
     match name {
         "cpu" => {
             let milli = match set {
@@ -155,7 +182,7 @@ pub(crate) fn container_resource_value(
             let d = divisor_value(divisor, resource, quantity::parse_bytes, BYTE_DIVISORS)?;
             Ok(div_ceil(bytes, d).to_string())
         }
-        _ => Err(format!("unsupported container resource : {resource}")),
+        _ => Err(unsupported()),
     }
 }
 
@@ -187,20 +214,24 @@ fn divisor_value(
     divisor: &str,
     resource: &str,
     parse: fn(&str) -> Result<i64, quantity::QuantityError>,
-    (allowed, names): (&[i64], &str),
-) -> Result<i64, String> {
+    (allowed, names): (&[i64], &'static str),
+) -> Result<i64, DownwardError> {
     let one = parse("1").unwrap_or(1);
     if divisor.is_empty() {
         return Ok(one);
     }
-    let value =
-        parse(divisor).map_err(|_| format!("invalid divisor {divisor:?} for {resource}"))?;
+    let value = parse(divisor).map_err(|_| DownwardError::Divisor {
+        divisor: divisor.to_string(),
+        resource: resource.to_string(),
+    })?;
     match value {
         0 => Ok(one),
         v if allowed.contains(&v) => Ok(v),
-        _ => Err(format!(
-            "divisor {divisor:?} of {resource} is not supported (supported values: {names})"
-        )),
+        _ => Err(DownwardError::UnsupportedDivisor {
+            divisor: divisor.to_string(),
+            resource: resource.to_string(),
+            supported: names,
+        }),
     }
 }
 
@@ -242,7 +273,9 @@ mod tests {
         assert_eq!(field_path_value(&p, "metadata.labels['zz']").unwrap(), "");
         assert_eq!(field_path_value(&p, "metadata.annotations").unwrap(), "");
         assert_eq!(
-            field_path_value(&p, "spec.nodeName").unwrap_err(),
+            field_path_value(&p, "spec.nodeName")
+                .unwrap_err()
+                .to_string(),
             "unsupported fieldPath: spec.nodeName"
         );
         let mut q = String::new();
@@ -287,11 +320,15 @@ mod tests {
         assert_eq!(v("limits.cpu", Some("0")).unwrap(), "1");
         assert_eq!(v("requests.memory", Some("0")).unwrap(), "67108864");
         assert_eq!(v("limits.memory", Some("1G")).unwrap(), "9");
-        let err = v("limits.cpu", Some("-1")).unwrap_err();
+        let err = v("limits.cpu", Some("-1")).unwrap_err().to_string();
         assert!(err.contains("divisor \"-1\""), "{err}");
         let err = v("limits.cpu", Some("1Mi")).unwrap_err();
-        assert!(err.contains("supported values: 1m, 1"), "{err}");
-        let err = v("limits.memory", Some("3")).unwrap_err();
+        assert!(
+            matches!(&err, DownwardError::UnsupportedDivisor { supported, .. } if *supported == "1m, 1"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("supported values: 1m, 1"), "{err}");
+        let err = v("limits.memory", Some("3")).unwrap_err().to_string();
         assert!(err.contains("not supported"), "{err}");
         assert!(v("limits.memory", Some("x")).is_err());
     }

@@ -31,7 +31,7 @@ pub enum KubeletError {
     #[error("plugin {0:?} provides an object provider, but one is already configured")]
     BuildDuplicateObjectProvider(String),
     /// A configured directory could not be made absolute.
-    #[error("resolving directory {path}: {source}")]
+    #[error("resolving directory {path}")]
     ResolveDir {
         /// The directory as configured.
         path: std::path::PathBuf,
@@ -40,7 +40,7 @@ pub enum KubeletError {
         source: std::io::Error,
     },
     /// Creating the agent's root directory failed.
-    #[error("creating root directory {path}: {source}")]
+    #[error("creating root directory {path}")]
     CreateRootDir {
         /// The directory.
         path: std::path::PathBuf,

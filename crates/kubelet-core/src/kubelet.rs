@@ -193,7 +193,7 @@ impl Kubelet {
         let runtime_name = match runtime.version().await {
             Ok(v) => v.runtime_name,
             Err(e) => {
-                tracing::warn!(error = %e, "runtime version unavailable");
+                tracing::warn!(error = %kubelet_api::chain(&e), "runtime version unavailable");
                 "unknown".to_string()
             }
         };
@@ -302,7 +302,7 @@ impl Kubelet {
                 _ = housekeeping.tick() => loop_state.housekeeping(),
                 Some(res) = loop_state.tasks.join_next(), if !loop_state.tasks.is_empty() => {
                     if let Err(e) = res && e.is_panic() {
-                        tracing::error!(error = %e, "pod worker panicked");
+                        tracing::error!(error = %kubelet_api::chain(&e), "pod worker panicked");
                     }
                 }
             }
@@ -360,7 +360,7 @@ async fn run_plugin(
     let state = match outcome {
         Ok(Ok(())) => PluginState::Stopped,
         Ok(Err(e)) => {
-            tracing::error!(plugin = %name, error = %e, "plugin failed; the agent goes on without it");
+            tracing::error!(plugin = %name, error = %kubelet_api::chain(&e), "plugin failed; the agent goes on without it");
             recorder.warning(
                 InvolvedObject::node(&node),
                 "PluginFailed",

@@ -502,7 +502,7 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
                     Some(Ok(name)) if !sources_token.is_cancelled() => {
                         tracing::warn!(source = %name, "pod source returned before shutdown");
                     }
-                    Some(Err(e)) => tracing::error!(error = %e, "pod source task failed"),
+                    Some(Err(e)) => tracing::error!(error = %kubelet_api::chain(&e), "pod source task failed"),
                     _ => {}
                 }
             }

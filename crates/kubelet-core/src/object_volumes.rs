@@ -146,7 +146,7 @@ fn set_volume_ownership(dir: &Path, gid: u32) {
             continue;
         }
         if let Err(e) = std::os::unix::fs::lchown(&path, None, Some(gid)) {
-            tracing::warn!(path = %path.display(), gid, error = %e, "setting the fsGroup of a volume failed");
+            tracing::warn!(path = %path.display(), gid, error = %kubelet_api::chain(&e), "setting the fsGroup of a volume failed");
             return;
         }
         let mut mask = 0o440;
@@ -421,7 +421,8 @@ impl DownwardApiPlugin {
                 ))
             };
             let value = if let Some(f) = &item.field_ref {
-                crate::downward::field_path_value(pod, &f.field_path).map_err(bad)?
+                crate::downward::field_path_value(pod, &f.field_path)
+                    .map_err(|e| bad(e.to_string()))?
             } else if let Some(r) = &item.resource_field_ref {
                 let name = r.container_name.as_deref().unwrap_or_default();
                 let spec = pod.spec.as_ref();
@@ -440,7 +441,7 @@ impl DownwardApiPlugin {
                     r.divisor.as_ref(),
                     &self.node,
                 )
-                .map_err(bad)?
+                .map_err(|e| bad(e.to_string()))?
             } else {
                 return Err(bad("neither fieldRef nor resourceFieldRef is set".into()));
             };
@@ -644,7 +645,7 @@ impl ProjectedPlugin {
                 Ok(token)
             }
             (Err(e), Some(old)) if old.expires > now => {
-                tracing::warn!(pod = %pod::full_name(pod), serviceAccount = %service_account, error = %e, "refreshing a service account token failed; the current one stays until it expires");
+                tracing::warn!(pod = %pod::full_name(pod), serviceAccount = %service_account, error = %kubelet_api::chain(&e), "refreshing a service account token failed; the current one stays until it expires");
                 Ok(old.token)
             }
             (Err(e), _) => Err(Error::new(
@@ -766,7 +767,7 @@ impl VolumePlugin for ProjectedPlugin {
                 for path in &tokens {
                     let file = dir.join(path);
                     if let Err(e) = std::os::unix::fs::chown(&file, Some(uid), None) {
-                        tracing::warn!(pod = %pod::full_name(pod), file = %file.display(), uid, error = %e, "giving the token file to the pod's user failed");
+                        tracing::warn!(pod = %pod::full_name(pod), file = %file.display(), uid, error = %kubelet_api::chain(&e), "giving the token file to the pod's user failed");
                     }
                 }
             }

@@ -420,11 +420,11 @@ impl Engine {
         }
         let volume_paths = match self.mount_volumes(p).await {
             Ok(v) => v,
-            Err(msg) => {
+            Err(e) => {
                 self.recorder.warning(
                     InvolvedObject::pod(p),
                     "FailedMount",
-                    format!("Unable to attach or mount volumes: {msg}"),
+                    format!("Unable to attach or mount volumes: {e}"),
                 );
                 return SyncOutcome::Requeue(ERROR_BACKOFF);
             }
@@ -468,7 +468,7 @@ impl Engine {
         SyncOutcome::Requeue(jitter(self.config.sync_frequency))
     }
 
-    async fn mount_volumes(&self, p: &Pod) -> Result<HashMap<String, PathBuf>, String> {
+    async fn mount_volumes(&self, p: &Pod) -> Result<HashMap<String, PathBuf>, UnmountedVolumes> {
         let mut out = HashMap::new();
         let volumes = p
             .spec
@@ -478,10 +478,10 @@ impl Engine {
         let mut failed = Vec::new();
         for v in volumes {
             let Some(plugin) = self.volume_plugins.iter().find(|pl| pl.can_support(v)) else {
-                failed.push(format!(
-                    "{}: no volume plugin supports this volume type",
-                    v.name
-                ));
+                failed.push(VolumeFailure {
+                    volume: v.name.clone(),
+                    cause: None,
+                });
                 continue;
             };
             let dir = self
@@ -515,7 +515,10 @@ impl Engine {
                             );
                             out.insert(v.name.clone(), path);
                         }
-                        None => failed.push(format!("{}: {e}", v.name)),
+                        None => failed.push(VolumeFailure {
+                            volume: v.name.clone(),
+                            cause: Some(e),
+                        }),
                     }
                 }
             }
@@ -526,7 +529,7 @@ impl Engine {
         if failed.is_empty() {
             Ok(out)
         } else {
-            Err(format!("unmounted volumes=[{}]", failed.join(", ")))
+            Err(UnmountedVolumes(failed))
         }
     }
 
@@ -538,7 +541,7 @@ impl Engine {
             match std::fs::read_to_string(&self.config.resolv_conf) {
                 Ok(text) => Some(crate::dns::parse_resolv_conf(&text)),
                 Err(e) => {
-                    tracing::warn!(path = %self.config.resolv_conf.display(), error = %e, "reading resolvConf failed; pods get no host resolver settings");
+                    tracing::warn!(path = %self.config.resolv_conf.display(), error = %kubelet_api::chain(&e), "reading resolvConf failed; pods get no host resolver settings");
                     Some(DnsConfig::default())
                 }
             }
@@ -685,7 +688,7 @@ impl Engine {
                     pod_ips = s.ip.into_iter().chain(s.additional_ips).collect();
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %pod::full_name(p), error = %e, "sandbox status after creation failed");
+                    tracing::warn!(pod = %pod::full_name(p), error = %kubelet_api::chain(&e), "sandbox status after creation failed");
                 }
             }
         } else if let Some(id) = changes.sandbox_id.clone() {
@@ -814,8 +817,9 @@ impl Engine {
             backoff.next(&key, event_time, now);
         }
 
-        if let Err((reason, message)) = self.ensure_image(p, c).await {
-            out.waiting.insert(c.name.clone(), (reason, message));
+        if let Err(e) = self.ensure_image(p, c).await {
+            out.waiting
+                .insert(c.name.clone(), (e.reason().to_string(), e.to_string()));
             out.failed = true;
             return false;
         }
@@ -852,6 +856,7 @@ impl Engine {
                 cfg
             }
             Err(e) => {
+                let e = kubelet_api::chain(&e);
                 self.recorder
                     .warning(involved, "Failed", format!("Error: {e}"));
                 out.waiting.insert(
@@ -907,7 +912,7 @@ impl Engine {
         true
     }
 
-    async fn ensure_image(&self, p: &Pod, c: &Container) -> Result<(), (String, String)> {
+    async fn ensure_image(&self, p: &Pod, c: &Container) -> Result<(), ImageError> {
         if !self.runtime.pulls_images() {
             return Ok(());
         }
@@ -917,20 +922,13 @@ impl Engine {
         let spec = ImageSpec::new(image.clone());
         let present = match self.runtime.image_status(&spec).await {
             Ok(s) => s.is_some(),
-            Err(e) => {
-                return Err((
-                    "ErrImageInspect".into(),
-                    format!("Failed to inspect image {image:?}: {e}"),
-                ));
-            }
+            Err(cause) => return Err(ImageError::Inspect { image, cause }),
         };
         match policy {
             PullPolicy::Never if !present => {
-                let msg =
-                    format!("Container image {image:?} is not present with pull policy of Never");
-                self.recorder
-                    .warning(involved, "ErrImageNeverPull", msg.clone());
-                Err(("ErrImageNeverPull".into(), msg))
+                let e = ImageError::NeverPull { image };
+                self.recorder.warning(involved, e.reason(), e.to_string());
+                Err(e)
             }
             PullPolicy::Never => Ok(()),
             PullPolicy::IfNotPresent if present => Ok(()),
@@ -944,9 +942,9 @@ impl Engine {
                     .remaining_since_update(&key, Instant::now())
                     .is_some()
                 {
-                    let msg = format!("Back-off pulling image {image:?}");
-                    self.recorder.normal(involved, "BackOff", msg.clone());
-                    return Err(("ImagePullBackOff".into(), msg));
+                    let e = ImageError::BackOff { image };
+                    self.recorder.normal(involved, "BackOff", e.to_string());
+                    return Err(e);
                 }
                 self.recorder.normal(
                     involved.clone(),
@@ -963,12 +961,12 @@ impl Engine {
                         );
                         Ok(())
                     }
-                    Err(e) => {
+                    Err(cause) => {
                         let now = Instant::now();
                         self.backoff.lock().next(&key, now, now);
-                        let msg = format!("Failed to pull image {image:?}: {e}");
-                        self.recorder.warning(involved, "Failed", msg.clone());
-                        Err(("ErrImagePull".into(), msg))
+                        let e = ImageError::Pull { image, cause };
+                        self.recorder.warning(involved, "Failed", e.to_string());
+                        Err(e)
                     }
                 }
             }
@@ -1014,10 +1012,10 @@ impl Engine {
         let failed = match result {
             Ok(Ok(())) => None,
             Ok(Err(e)) => Some(e),
-            Err(_) => Some(format!("timed out after {}s", grace)),
+            Err(_) => Some(HookError::TimedOut(budget)),
         };
         if let Some(e) = failed {
-            tracing::warn!(pod = %pod::full_name(p), containerName = %name, error = %e, "preStop hook failed");
+            tracing::warn!(pod = %pod::full_name(p), containerName = %name, error = %kubelet_api::chain(&e), "preStop hook failed");
             self.recorder.warning(
                 InvolvedObject::container(p, name),
                 "FailedPreStopHook",
@@ -1035,16 +1033,16 @@ impl Engine {
         id: &str,
         h: &LifecycleHandler,
         budget: Duration,
-    ) -> Result<(), String> {
+    ) -> Result<(), HookError> {
         if let Some(exec) = &h.exec {
             let cmd = exec.command.clone().unwrap_or_default();
             let r = self
                 .runtime
                 .exec_sync(id, &cmd, budget)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(HookError::Runtime)?;
             if r.exit_code != 0 {
-                return Err(format!("command exited with {}", r.exit_code));
+                return Err(HookError::ExitCode(r.exit_code));
             }
             return Ok(());
         }
@@ -1055,7 +1053,7 @@ impl Engine {
         if let Some(get) = &h.http_get {
             return self.run_http_handler(p, spec, get).await;
         }
-        Err("handler has no exec, httpGet or sleep action".into())
+        Err(HookError::NoAction)
     }
 
     /// An `httpGet` hook as the kubelet's `runHTTPHandler`: the request of
@@ -1069,10 +1067,10 @@ impl Engine {
         p: &Pod,
         spec: Option<&Container>,
         get: &k8s_openapi::api::core::v1::HTTPGetAction,
-    ) -> Result<(), String> {
+    ) -> Result<(), HookError> {
         let fallback = Container::default();
         let mut request =
-            HttpGetSpec::from_action(get, spec.unwrap_or(&fallback)).map_err(|e| e.to_string())?;
+            HttpGetSpec::from_action(get, spec.unwrap_or(&fallback)).map_err(HookError::Spec)?;
         let host = match &request.host {
             Some(h) => h.clone(),
             None => self
@@ -1092,7 +1090,7 @@ impl Engine {
                 self.hook_http
                     .get(&request, &host)
                     .await
-                    .map_err(|e| e.to_string())?;
+                    .map_err(HookError::Http)?;
                 let target = host_port(&host, request.port);
                 self.recorder.warning(
                     InvolvedObject::pod(p),
@@ -1103,7 +1101,7 @@ impl Engine {
                 );
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(HookError::Http(e)),
         }
     }
 
@@ -1121,7 +1119,7 @@ impl Engine {
         let failed = match tokio::time::timeout(budget, run).await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => e,
-            Err(_) => format!("timed out after {}", crate::duration::format_go(budget)),
+            Err(_) => HookError::TimedOut(budget),
         };
         let kind = if handler.http_get.is_some() {
             "HTTP"
@@ -1174,7 +1172,7 @@ impl Engine {
             Ok(Ok(())) => true,
             Ok(Err(e)) if e.is_not_found() => true,
             Ok(Err(e)) => {
-                tracing::warn!(pod = %pod::full_name(p), containerName = %name, error = %e, "stopping container failed");
+                tracing::warn!(pod = %pod::full_name(p), containerName = %name, error = %kubelet_api::chain(&e), "stopping container failed");
                 false
             }
             Err(_) => {
@@ -1241,7 +1239,7 @@ impl Engine {
             if let Err(e) = self.runtime.stop_pod_sandbox(&s.id).await
                 && !e.is_not_found()
             {
-                tracing::warn!(pod = %pod::full_name(p), error = %e, "stopping sandbox failed");
+                tracing::warn!(pod = %pod::full_name(p), error = %kubelet_api::chain(&e), "stopping sandbox failed");
                 ok = false;
             }
         }
@@ -1252,7 +1250,7 @@ impl Engine {
         if let Err(e) = self.runtime.remove_container(id).await
             && !e.is_not_found()
         {
-            tracing::warn!(containerID = %id, error = %e, "removing container failed");
+            tracing::warn!(containerID = %id, error = %kubelet_api::chain(&e), "removing container failed");
         }
         self.exits.lock().remove(id);
         self.remove_log_link(id).await;
@@ -1315,7 +1313,7 @@ impl Engine {
         };
         let path = self.pod_dir(p).join("etc-hosts");
         if let Err(e) = tokio::fs::write(&path, content).await {
-            tracing::warn!(path = %path.display(), error = %e, "writing the pod's hosts file failed; the container keeps the runtime's");
+            tracing::warn!(path = %path.display(), error = %kubelet_api::chain(&e), "writing the pod's hosts file failed; the container keeps the runtime's");
             return None;
         }
         Some(kubelet_api::runtime::Mount {
@@ -1335,7 +1333,7 @@ impl Engine {
         let _ = tokio::fs::create_dir_all(&self.config.container_log_dir).await;
         let _ = tokio::fs::remove_file(&link).await;
         if let Err(e) = tokio::fs::symlink(log, &link).await {
-            tracing::warn!(link = %link.display(), error = %e, "creating the container log link failed");
+            tracing::warn!(link = %link.display(), error = %kubelet_api::chain(&e), "creating the container log link failed");
         }
     }
 
@@ -1389,7 +1387,7 @@ impl Engine {
         {
             Ok(s) => Some(s),
             Err(e) => {
-                tracing::warn!(pod = %pod::full_name(p), error = %e, "inspecting pod failed");
+                tracing::warn!(pod = %pod::full_name(p), error = %kubelet_api::chain(&e), "inspecting pod failed");
                 None
             }
         }
@@ -1471,7 +1469,7 @@ impl Engine {
                     .join(plugin.name())
                     .join(&v.name);
                 if let Err(e) = plugin.tear_down(&v.name, &dir).await {
-                    tracing::warn!(pod = %pod::full_name(p), volume = %v.name, error = %e, "tearing down volume failed");
+                    tracing::warn!(pod = %pod::full_name(p), volume = %v.name, error = %kubelet_api::chain(&e), "tearing down volume failed");
                 }
             }
         }
@@ -1490,7 +1488,7 @@ impl Engine {
                 if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await
                     && !e.is_not_found()
                 {
-                    tracing::warn!(podUID = %uid, error = %e, "removing sandbox failed");
+                    tracing::warn!(podUID = %uid, error = %kubelet_api::chain(&e), "removing sandbox failed");
                 }
             }
         }
@@ -1590,4 +1588,91 @@ mod tests {
         p.metadata.deletion_grace_period_seconds = Some(10);
         assert_eq!(effective_grace(&p, None), 10);
     }
+}
+
+/// Why a container's image is not ready to run: its waiting reason ([`reason`](Self::reason))
+/// and message (the `Display`, which names the runtime's answer as the kubelet's messages do).
+#[derive(Debug, thiserror::Error)]
+enum ImageError {
+    /// The runtime could not say whether the image is present.
+    #[error("Failed to inspect image {image:?}: {cause}")]
+    Inspect {
+        image: String,
+        cause: kubelet_api::Error,
+    },
+    /// Absent with `imagePullPolicy: Never`.
+    #[error("Container image {image:?} is not present with pull policy of Never")]
+    NeverPull { image: String },
+    /// A previous pull failed and its back-off has not passed.
+    #[error("Back-off pulling image {image:?}")]
+    BackOff { image: String },
+    /// The pull failed.
+    #[error("Failed to pull image {image:?}: {cause}")]
+    Pull {
+        image: String,
+        cause: kubelet_api::Error,
+    },
+}
+
+impl ImageError {
+    /// The container's waiting reason (and the event's reason for `ErrImageNeverPull`).
+    fn reason(&self) -> &'static str {
+        match self {
+            ImageError::Inspect { .. } => "ErrImageInspect",
+            ImageError::NeverPull { .. } => "ErrImageNeverPull",
+            ImageError::BackOff { .. } => "ImagePullBackOff",
+            ImageError::Pull { .. } => "ErrImagePull",
+        }
+    }
+}
+
+/// The volumes of a pod that could not be set up (the kubelet's `unmounted volumes=[…]`).
+#[derive(Debug, thiserror::Error)]
+#[error("unmounted volumes=[{}]", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join(", "))]
+struct UnmountedVolumes(Vec<VolumeFailure>);
+
+/// One volume that could not be set up, and why.
+#[derive(Debug)]
+struct VolumeFailure {
+    volume: String,
+    /// The plugin's answer; `None` when no plugin supports the volume's type.
+    cause: Option<kubelet_api::Error>,
+}
+
+impl std::fmt::Display for VolumeFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.cause {
+            Some(e) => write!(f, "{}: {e}", self.volume),
+            None => write!(
+                f,
+                "{}: no volume plugin supports this volume type",
+                self.volume
+            ),
+        }
+    }
+}
+
+/// Why a lifecycle hook failed (the text after `failed - error:` in the kubelet's messages).
+/// The messages carry their cause (the runtime's or the HTTP client's answer) as the kubelet's
+/// do; none is a `source`.
+#[derive(Debug, thiserror::Error)]
+enum HookError {
+    /// The runtime could not run the command.
+    #[error("{0}")]
+    Runtime(kubelet_api::Error),
+    /// The command ran and exited non-zero.
+    #[error("command exited with {0}")]
+    ExitCode(i32),
+    /// The handler names no action.
+    #[error("handler has no exec, httpGet or sleep action")]
+    NoAction,
+    /// The `httpGet` action does not make a request (a named port the container lacks).
+    #[error("{0}")]
+    Spec(kubelet_net::http::SpecError),
+    /// The request failed (only a transport error fails an `httpGet` hook).
+    #[error("{0}")]
+    Http(HttpError),
+    /// The hook ran out of its time (the grace period, or `runtimeRequestTimeout` for postStart).
+    #[error("timed out after {}", crate::duration::format_go(*.0))]
+    TimedOut(Duration),
 }

@@ -211,7 +211,7 @@ pub(crate) fn unmount_all_below(dir: &Path) {
     below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     for p in below {
         if let Err(e) = nix::mount::umount2(&p, nix::mount::MntFlags::empty()) {
-            tracing::warn!(path = %p.display(), error = %e, "unmounting below a removed pod directory failed");
+            tracing::warn!(path = %p.display(), error = %kubelet_api::chain(&e), "unmounting below a removed pod directory failed");
         }
     }
 }

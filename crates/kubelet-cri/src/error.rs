@@ -94,7 +94,7 @@ pub enum CriError {
         reason: &'static str,
     },
     /// Preparing a host file for the container (the termination message file) failed.
-    #[error("preparing {path}: {source}")]
+    #[error("preparing {path}")]
     PrepareHostFile {
         /// The file or directory.
         path: std::path::PathBuf,
@@ -127,7 +127,7 @@ impl CriError {
 
 impl From<CriError> for Error {
     fn from(e: CriError) -> Self {
-        Error::new(e.kind(), e.to_string()).with_source(e)
+        Error::new(e.kind(), kubelet_api::chain(&e).to_string()).with_source(e)
     }
 }
 

@@ -338,7 +338,7 @@ fn pending_stream(
     Box::pin(futures::stream::once(subscribed).flat_map(|r| match r {
         Ok(stream) => stream,
         Err(e) => {
-            debug!(error = %e, "container event subscription failed");
+            debug!(error = %kubelet_api::chain(&e), "container event subscription failed");
             Box::pin(futures::stream::iter([Err(Error::from(e))])) as ContainerEventStream
         }
     }))
@@ -373,7 +373,7 @@ where
                     }
                     Err(status) => {
                         let e = on_error(status);
-                        debug!(error = %e, "container event stream broke");
+                        debug!(error = %kubelet_api::chain(&e), "container event stream broke");
                         return Some((Err(Error::from(e)), None));
                     }
                 }
@@ -399,7 +399,7 @@ fn containerd_stream(
         move |envelope| match from_envelope(&envelope, &namespace) {
             Ok(decoded) => decoded,
             Err(e) => {
-                warn!(error = %e, "skipping a containerd event");
+                warn!(error = %kubelet_api::chain(&e), "skipping a containerd event");
                 None
             }
         },

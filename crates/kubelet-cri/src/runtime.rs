@@ -571,7 +571,7 @@ impl CriRuntime {
                 && let Err(e) = std::fs::remove_file(&m.host_path)
                 && e.kind() != std::io::ErrorKind::NotFound
             {
-                warn!(path = %m.host_path.display(), error = %e, "removing termination message file");
+                warn!(path = %m.host_path.display(), error = %kubelet_api::chain(&e), "removing termination message file");
             }
         }
     }

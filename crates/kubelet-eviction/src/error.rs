@@ -17,7 +17,7 @@ pub enum EvictionError {
         reason: String,
     },
     /// A stats file could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}")]
     ReadStats {
         /// The file.
         path: PathBuf,
@@ -34,7 +34,7 @@ pub enum EvictionError {
         reason: String,
     },
     /// `statvfs` of a filesystem failed.
-    #[error("statvfs {path}: {source}")]
+    #[error("statvfs {path}")]
     Statvfs {
         /// The path whose filesystem was queried.
         path: PathBuf,

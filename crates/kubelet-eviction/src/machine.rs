@@ -438,7 +438,9 @@ impl MachineStats {
                         },
                     );
                 }
-                Err(e) => tracing::debug!(error = %e, "allocatable memory not observed"),
+                Err(e) => {
+                    tracing::debug!(error = %kubelet_api::chain(&e), "allocatable memory not observed")
+                }
             }
         }
         Ok(out)
@@ -477,11 +479,11 @@ impl MachineStats {
                 *last = None;
             }
             Ok(Err(e)) if e.kind() == ErrorKind::Unimplemented => {
-                tracing::debug!(error = %e, "the runtime reports no image filesystem");
+                tracing::debug!(error = %kubelet_api::chain(&e), "the runtime reports no image filesystem");
                 *last = None;
             }
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "image_fs_info failed; using the last report");
+                tracing::warn!(error = %kubelet_api::chain(&e), "image_fs_info failed; using the last report");
             }
             Err(_) => tracing::warn!(
                 timeout = ?IMAGE_FS_INFO_TIMEOUT,
@@ -614,7 +616,9 @@ impl StatsProvider for MachineStats {
                     },
                 );
             }
-            Err(e) => tracing::debug!(error = %e, "pid.available not observed"),
+            Err(e) => {
+                tracing::debug!(error = %kubelet_api::chain(&e), "pid.available not observed")
+            }
         }
         if let Some(p) = &self.config.nodefs
             && let Err(e) = self.fs_observations(
@@ -625,7 +629,7 @@ impl StatsProvider for MachineStats {
                 &mut out,
             )
         {
-            tracing::warn!(error = %e, "nodefs not observed");
+            tracing::warn!(error = %kubelet_api::chain(&e), "nodefs not observed");
         }
         if let Some(source) = self.image_fs().await
             && let Err(e) = self.fs_observations(
@@ -636,7 +640,7 @@ impl StatsProvider for MachineStats {
                 &mut out,
             )
         {
-            tracing::warn!(error = %e, ?source, "imagefs not observed");
+            tracing::warn!(error = %kubelet_api::chain(&e), ?source, "imagefs not observed");
         }
         Ok(out)
     }
@@ -667,7 +671,7 @@ impl StatsProvider for MachineStats {
                             });
                         }
                         Err(e) => {
-                            tracing::debug!(containerID = %id, error = %e, "no container stats")
+                            tracing::debug!(containerID = %id, error = %kubelet_api::chain(&e), "no container stats")
                         }
                     }
                 }

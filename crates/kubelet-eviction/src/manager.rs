@@ -377,7 +377,7 @@ impl EvictionManager {
                 ReclaimStep::Images => reclaimer.delete_unused_images().await,
             };
             if let Err(e) = r {
-                tracing::warn!(error = %e, step = ?step, "node-level reclaim failed");
+                tracing::warn!(error = %kubelet_api::chain(&e), step = ?step, "node-level reclaim failed");
             }
         }
         match self.stats.observe().await {
@@ -390,7 +390,7 @@ impl EvictionManager {
                 false
             }
             Err(e) => {
-                tracing::warn!(error = %e, "observing after node-level reclaim failed");
+                tracing::warn!(error = %kubelet_api::chain(&e), "observing after node-level reclaim failed");
                 false
             }
         }
@@ -501,7 +501,7 @@ impl EvictionManager {
             message,
         };
         if let Err(e) = self.pods.kill_pod(pod, options).await {
-            tracing::error!(error = %e, pod = %eviction.pod, "eviction failed");
+            tracing::error!(error = %kubelet_api::chain(&e), pod = %eviction.pod, "eviction failed");
         }
         eviction
     }
@@ -609,7 +609,7 @@ impl EvictionManager {
             let result = match self.synchronize().await {
                 Ok(r) => Some(r),
                 Err(e) => {
-                    tracing::warn!(error = %e, "eviction manager: synchronize failed");
+                    tracing::warn!(error = %kubelet_api::chain(&e), "eviction manager: synchronize failed");
                     None
                 }
             };
@@ -653,7 +653,7 @@ impl EvictionManager {
                 let obs = match self.stats.observe_memory().await {
                     Ok(o) => o,
                     Err(e) => {
-                        tracing::debug!(error = %e, "fast memory check failed");
+                        tracing::debug!(error = %kubelet_api::chain(&e), "fast memory check failed");
                         continue;
                     }
                 };

@@ -81,7 +81,7 @@ impl MemcgThreshold {
                 Ok(Ok(_)) => return,
                 Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "memcg threshold eventfd failed");
+                    tracing::debug!(error = %kubelet_api::chain(&e), "memcg threshold eventfd failed");
                     return std::future::pending().await;
                 }
                 Err(_would_block) => continue,
@@ -194,12 +194,16 @@ impl KernelWakers {
         };
         match PsiTrigger::register(&psi_path, 100_000) {
             Ok(t) => w.psi = Some(t),
-            Err(e) => tracing::debug!(error = %e, "no PSI trigger; polling only"),
+            Err(e) => {
+                tracing::debug!(error = %kubelet_api::chain(&e), "no PSI trigger; polling only")
+            }
         }
         if let Some(MemoryCgroup::V2(dir)) = cgroup {
             match MemoryEventsWatch::register(dir) {
                 Ok(t) => w.events = Some(t),
-                Err(e) => tracing::debug!(error = %e, "no memory.events watch"),
+                Err(e) => {
+                    tracing::debug!(error = %kubelet_api::chain(&e), "no memory.events watch")
+                }
             }
         }
         w
@@ -216,7 +220,9 @@ impl KernelWakers {
         self.memcg = None;
         match MemcgThreshold::register(dir, usage) {
             Ok(t) => self.memcg = Some(t),
-            Err(e) => tracing::debug!(error = %e, "no memcg threshold notification"),
+            Err(e) => {
+                tracing::debug!(error = %kubelet_api::chain(&e), "no memcg threshold notification")
+            }
         }
     }
 

@@ -189,7 +189,7 @@ impl Core {
             if let Err(e) = done
                 && e.is_panic()
             {
-                tracing::error!(error = %e, "a PLEG inspection panicked");
+                tracing::error!(error = %kubelet_api::chain(&e), "a PLEG inspection panicked");
             }
         }
         tasks.spawn(work);
@@ -225,8 +225,8 @@ impl Core {
             Ok(p) => p,
             Err(source) => {
                 let err = PlegError::ListPods { source };
-                tracing::warn!(error = %err, "PLEG: relist failed; will retry");
-                self.health.lock().last_list_error = Some(err.to_string());
+                tracing::warn!(error = %kubelet_api::chain(&err), "PLEG: relist failed; will retry");
+                self.health.lock().last_list_error = Some(kubelet_api::chain(&err).to_string());
                 return Err(err);
             }
         };
@@ -514,7 +514,7 @@ impl Core {
                 tracing::warn!(
                     podUID = %uid,
                     pod = %format_args!("{namespace}/{name}"),
-                    error = %err,
+                    error = %kubelet_api::chain(&err),
                     "PLEG: ignoring events for pod; it will be inspected again at the next relist"
                 );
                 // The record is not advanced, so the same diff is computed next time. The error

@@ -8,7 +8,7 @@ use std::time::Duration;
 pub enum PlegError {
     /// Listing sandboxes and containers failed; the relist was abandoned and the PLEG's last
     /// relist time was not advanced (it turns unhealthy if this persists past the threshold).
-    #[error("listing pods from the container runtime failed: {source}")]
+    #[error("listing pods from the container runtime failed")]
     ListPods {
         /// The runtime's error.
         #[source]
@@ -16,7 +16,7 @@ pub enum PlegError {
     },
     /// Inspecting one changed pod failed; its error is cached and it is inspected again at the
     /// next relist.
-    #[error("inspecting pod {uid} failed: {source}")]
+    #[error("inspecting pod {uid} failed")]
     InspectPod {
         /// Pod UID.
         uid: String,

@@ -349,12 +349,12 @@ impl PodLifecycleEventGenerator for EventedPleg {
                         Input::Subscribed
                     }
                     Err(e) if e.kind() == ErrorKind::Unimplemented => {
-                        tracing::info!(error = %e, "PLEG: the runtime has no container events; relisting only");
+                        tracing::info!(error = %kubelet_api::chain(&e), "PLEG: the runtime has no container events; relisting only");
                         Input::Unsupported
                     }
                     Err(e) => {
                         self.core.metrics.evented_connection_errors.inc();
-                        tracing::warn!(error = %e, failures = state.failures + 1, "PLEG: subscribing to container events failed");
+                        tracing::warn!(error = %kubelet_api::chain(&e), failures = state.failures + 1, "PLEG: subscribing to container events failed");
                         Input::LinkFailed
                     }
                 };

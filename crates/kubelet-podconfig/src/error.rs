@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[non_exhaustive]
 pub enum PodConfigError {
     /// Listing the manifest directory failed.
-    #[error("listing static pod directory {path}: {source}")]
+    #[error("listing static pod directory {path}")]
     ListManifestDir {
         /// The directory.
         path: PathBuf,
@@ -18,7 +18,7 @@ pub enum PodConfigError {
         source: std::io::Error,
     },
     /// Reading a manifest file failed.
-    #[error("reading static pod manifest {path}: {source}")]
+    #[error("reading static pod manifest {path}")]
     ReadManifest {
         /// The file.
         path: PathBuf,
@@ -70,7 +70,7 @@ pub enum PodConfigError {
         reasons: Vec<String>,
     },
     /// Setting up the inotify watch on the manifest path failed (the periodic re-list goes on).
-    #[error("watching static pod path {path}: {source}")]
+    #[error("watching static pod path {path}")]
     Watch {
         /// The watched path.
         path: PathBuf,
@@ -134,7 +134,7 @@ pub enum PodConfigError {
     )]
     PushNoAuthentication,
     /// The push endpoint could not bind its address.
-    #[error("binding the pod push endpoint to {addr}: {source}")]
+    #[error("binding the pod push endpoint to {addr}")]
     PushBind {
         /// The address.
         addr: std::net::SocketAddr,

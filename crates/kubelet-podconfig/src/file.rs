@@ -191,7 +191,7 @@ impl PodSource for FileSource {
                             path: self.path.clone(),
                             source,
                         };
-                        tracing::warn!(error = %err, retry_in = ?watch_backoff, "static pod watch failed; re-listing periodically meanwhile");
+                        tracing::warn!(error = %kubelet_api::chain(&err), retry_in = ?watch_backoff, "static pod watch failed; re-listing periodically meanwhile");
                         next_watch_attempt = now + watch_backoff;
                         watch_backoff = (watch_backoff * 2).min(WATCH_BACKOFF_MAX);
                     }
@@ -290,7 +290,7 @@ impl FileSource {
         {
             Ok(listing) => listing,
             Err(e) => {
-                tracing::error!(error = %e, "static pod listing task failed");
+                tracing::error!(error = %kubelet_api::chain(&e), "static pod listing task failed");
                 return Some(false);
             }
         };
@@ -520,7 +520,7 @@ impl State {
 
     /// Log and record a failure once per distinct message.
     fn report(&mut self, pod: Option<&Pod>, err: &PodConfigError) {
-        let message = err.to_string();
+        let message = kubelet_api::chain(err).to_string();
         let path = err.path().to_path_buf();
         if self.reported.get(&path) == Some(&message) {
             tracing::debug!(error = %message, "static pod manifest still invalid");
@@ -642,7 +642,7 @@ impl Burst {
         let ev = match ev {
             Some(Ok(ev)) => ev,
             Some(Err(e)) => {
-                tracing::warn!(error = %e, "reading static pod watch events failed");
+                tracing::warn!(error = %kubelet_api::chain(&e), "reading static pod watch events failed");
                 self.alive = false;
                 return;
             }

@@ -347,7 +347,7 @@ impl PodSource for HttpSource {
                 }
                 Poll::Invalid(err, pod) => {
                     self.log_failure(&mut state, &err);
-                    let message = err.to_string();
+                    let message = kubelet_api::chain(&err).to_string();
                     if state.reported.as_deref() != Some(message.as_str()) {
                         let involved = match pod.as_ref() {
                             Some(p) => InvolvedObject::pod(p),
@@ -418,15 +418,15 @@ impl HttpSource {
     fn log_failure(&self, state: &mut PollState, err: &PodConfigError) {
         match state.log.failure() {
             FailureLevel::Warn => {
-                tracing::warn!(url = %self.url, error = %err, "Failed to read pods from URL")
+                tracing::warn!(url = %self.url, error = %kubelet_api::chain(&err), "Failed to read pods from URL")
             }
             FailureLevel::DroppingVerbosity => tracing::warn!(
                 url = %self.url,
-                error = %err,
+                error = %kubelet_api::chain(&err),
                 "Failed to read pods from URL. Dropping verbosity of this message to V(4)"
             ),
             FailureLevel::Debug => {
-                tracing::debug!(url = %self.url, error = %err, "Failed to read pods from URL")
+                tracing::debug!(url = %self.url, error = %kubelet_api::chain(&err), "Failed to read pods from URL")
             }
         }
     }

@@ -314,7 +314,7 @@ impl PodSource for PushSource {
                                 serve(stream, handler, client_cert, peer, limits, stop).await
                             }
                             Ok(Err(e)) => {
-                                tracing::debug!(%peer, error = %e, "pod push TLS handshake failed")
+                                tracing::debug!(%peer, error = %kubelet_api::chain(&e), "pod push TLS handshake failed")
                             }
                             Err(_) => tracing::debug!(%peer, "pod push TLS handshake timed out"),
                         }
@@ -349,7 +349,7 @@ async fn serve<S>(
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
-                tracing::debug!(%peer, error = %e, "pod push connection ended with an error");
+                tracing::debug!(%peer, error = %kubelet_api::chain(&e), "pod push connection ended with an error");
             }
         }
         _ = shutdown.cancelled() => {
@@ -573,7 +573,7 @@ impl Handler {
             Err(e) => Err(Box::new(status_response(
                 StatusCode::BAD_REQUEST,
                 "BadRequest",
-                e.to_string(),
+                kubelet_api::chain(&e).to_string(),
                 None,
             ))),
         }
@@ -679,7 +679,7 @@ async fn read_pod(req: Request<Incoming>) -> Result<Pod, Box<Resp>> {
         Box::new(status_response(
             StatusCode::BAD_REQUEST,
             "BadRequest",
-            e.to_string(),
+            kubelet_api::chain(&e).to_string(),
             None,
         ))
     })

@@ -202,7 +202,7 @@ impl ProbeRegistration {
         let (handler, timing) = match ProbeSpec::from_k8s(probe, c, t) {
             Ok(s) => (Ok(Arc::new(s.handler)), s.timing),
             Err(e) => {
-                tracing::warn!(podUID = %uid, containerName = %c.name, error = %e, "invalid probe");
+                tracing::warn!(podUID = %uid, containerName = %c.name, error = %kubelet_api::chain(&e), "invalid probe");
                 let timing = timing_from_k8s(probe, c, t).unwrap_or_default();
                 (Err(Arc::from(e.to_string())), timing)
             }
@@ -554,7 +554,7 @@ impl Prober {
         while let Some(r) = shards.join_next().await {
             match r {
                 Ok(rx) => back.push(rx),
-                Err(e) => tracing::error!(error = %e, "prober shard failed"),
+                Err(e) => tracing::error!(error = %kubelet_api::chain(&e), "prober shard failed"),
             }
         }
         back.sort_by_key(|(i, _)| *i);
@@ -1105,7 +1105,7 @@ impl Scheduler {
             // Only cancellation is left (panics are caught in the task), which happens when the
             // runtime shuts down.
             Err(e) => {
-                tracing::debug!(error = %e, "probe task cancelled");
+                tracing::debug!(error = %kubelet_api::chain(&e), "probe task cancelled");
                 return;
             }
         };

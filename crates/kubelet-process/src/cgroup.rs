@@ -163,7 +163,7 @@ fn enable_v2_controllers(dir: &Path) {
     let file = dir.join("cgroup.subtree_control");
     for c in ["+memory", "+cpu", "+pids"] {
         if let Err(e) = std::fs::write(&file, c) {
-            tracing::debug!(path = %file.display(), controller = c, error = %e, "cannot enable cgroup controller");
+            tracing::debug!(path = %file.display(), controller = c, error = %kubelet_api::chain(&e), "cannot enable cgroup controller");
         }
     }
 }

@@ -46,7 +46,7 @@ pub enum ProcessError {
     )]
     ShimNotFound,
     /// Spawning the shim failed.
-    #[error("spawning shim {program:?}: {source}")]
+    #[error("spawning shim {program:?}")]
     ShimSpawn {
         /// The shim program.
         program: PathBuf,
@@ -71,7 +71,7 @@ pub enum ProcessError {
         waited: Duration,
     },
     /// Sending a signal failed.
-    #[error("signalling container {id:?}: {source}")]
+    #[error("signalling container {id:?}")]
     Signal {
         /// Container ID.
         id: String,
@@ -88,7 +88,7 @@ pub enum ProcessError {
         timeout: Duration,
     },
     /// Running the `exec_sync` command failed before it could run.
-    #[error("exec in container {id:?}: {source}")]
+    #[error("exec in container {id:?}")]
     ExecSpawn {
         /// Container ID.
         id: String,
@@ -97,7 +97,7 @@ pub enum ProcessError {
         source: std::io::Error,
     },
     /// Reading or writing a state file or directory failed.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     State {
         /// What was being done (`reading`, `writing`, `creating`, `removing`).
         op: &'static str,
@@ -108,7 +108,7 @@ pub enum ProcessError {
         source: std::io::Error,
     },
     /// The disk holding the runtime's state is full (`ENOSPC`) or over quota (`EDQUOT`).
-    #[error("{op} {path}: {source} ({})", errno_name(source))]
+    #[error("{op} {path} ({})", errno_name(source))]
     NoSpace {
         /// What was being done.
         op: &'static str,
@@ -119,7 +119,7 @@ pub enum ProcessError {
         source: std::io::Error,
     },
     /// A state file holds invalid JSON.
-    #[error("parsing {path}: {source}")]
+    #[error("parsing {path}")]
     StateParse {
         /// The file.
         path: PathBuf,
@@ -128,7 +128,7 @@ pub enum ProcessError {
         source: serde_json::Error,
     },
     /// Creating, configuring or removing a cgroup failed.
-    #[error("cgroup {op} {path}: {source}")]
+    #[error("cgroup {op} {path}")]
     Cgroup {
         /// What was being done.
         op: &'static str,
@@ -186,6 +186,6 @@ impl ProcessError {
 impl From<ProcessError> for Error {
     fn from(e: ProcessError) -> Self {
         let kind = e.kind();
-        Error::new(kind, e.to_string()).with_source(e)
+        Error::new(kind, kubelet_api::chain(&e).to_string()).with_source(e)
     }
 }

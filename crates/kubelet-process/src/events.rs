@@ -182,7 +182,7 @@ impl Watcher {
                 self.watches.insert(wd, (kind, id.to_string()));
             }
             Err(e) => {
-                tracing::debug!(dir = %dir.display(), error = %e, "not watching a state directory");
+                tracing::debug!(dir = %dir.display(), error = %kubelet_api::chain(&e), "not watching a state directory");
                 return;
             }
         }

@@ -293,7 +293,7 @@ impl ProcessRuntime {
                 Ok(s) => out.push(s),
                 Err(ProcessError::SandboxNotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(sandbox = %id, error = %e, "skipping unreadable sandbox record")
+                    tracing::warn!(sandbox = %id, error = %kubelet_api::chain(&e), "skipping unreadable sandbox record")
                 }
             }
         }
@@ -433,7 +433,7 @@ impl ProcessRuntime {
                 Ok(r) => out.push(r),
                 Err(ProcessError::ContainerNotFound(_)) => {}
                 Err(e) => {
-                    tracing::warn!(containerID = %id, error = %e, "skipping unreadable container record")
+                    tracing::warn!(containerID = %id, error = %kubelet_api::chain(&e), "skipping unreadable container record")
                 }
             }
         }
@@ -585,7 +585,7 @@ impl ProcessRuntime {
             ),
             Err(e) => {
                 tracing::warn!(
-                    containerID = %rec.id, name = %rec.name, exit_code, error = %e,
+                    containerID = %rec.id, name = %rec.name, exit_code, error = %kubelet_api::chain(&e),
                     "{}; the exit status is kept in memory until it can be written", exit.message
                 );
                 ledger.unsaved_exits.insert(rec.id.clone());
@@ -776,7 +776,7 @@ impl ProcessRuntime {
                 message: err.to_string(),
             };
             if let Err(e) = write_exit(dir, &rec) {
-                tracing::warn!(error = %e, "cannot record start failure");
+                tracing::warn!(error = %kubelet_api::chain(&e), "cannot record start failure");
             }
         }
         err
@@ -983,7 +983,7 @@ impl ProcessRuntime {
                 match cg.remove() {
                     Ok(()) => break,
                     Err(e) if tries >= 25 => {
-                        tracing::warn!(containerID = %id, error = %e, "cgroup not removed");
+                        tracing::warn!(containerID = %id, error = %kubelet_api::chain(&e), "cgroup not removed");
                         break;
                     }
                     Err(_) => {
@@ -1289,7 +1289,7 @@ impl ProcessRuntime {
                 Ok(()) => {}
                 Err(e @ ProcessError::NoSpace { .. }) => {
                     // Stopped it is: report it so, and write it down once there is room.
-                    tracing::warn!(sandbox = %id, error = %e, "sandbox stopped; its record is updated once the disk has room");
+                    tracing::warn!(sandbox = %id, error = %kubelet_api::chain(&e), "sandbox stopped; its record is updated once the disk has room");
                     let mut ledger = self.ledger.lock();
                     ledger.unsaved_not_ready.insert(id.to_string());
                     ledger.sandboxes.insert(id.to_string(), rec);
@@ -1332,7 +1332,7 @@ impl ProcessRuntime {
                 match failed {
                     None => break,
                     Some(e) if tries >= 50 => {
-                        tracing::warn!(sandbox = %id, error = %e, "sandbox cgroup not removed");
+                        tracing::warn!(sandbox = %id, error = %kubelet_api::chain(&e), "sandbox cgroup not removed");
                         break;
                     }
                     Some(_) => {
@@ -1620,14 +1620,14 @@ impl ContainerRuntime for ProcessRuntime {
         _sandbox_config: &PodSandboxConfig,
     ) -> kubelet_api::Result<String> {
         self.create(sandbox_id, config).map_err(|e| {
-            tracing::warn!(sandbox = %sandbox_id, containerName = %config.metadata.name, error = %e, "create_container failed");
+            tracing::warn!(sandbox = %sandbox_id, containerName = %config.metadata.name, error = %kubelet_api::chain(&e), "create_container failed");
             e.into()
         })
     }
 
     async fn start_container(&self, container_id: &str) -> kubelet_api::Result<()> {
         self.start(container_id).await.map_err(|e| {
-            tracing::warn!(containerID = %container_id, error = %e, "start_container failed");
+            tracing::warn!(containerID = %container_id, error = %kubelet_api::chain(&e), "start_container failed");
             e.into()
         })
     }
@@ -1669,7 +1669,7 @@ impl ContainerRuntime for ProcessRuntime {
             let state = match self.observe(&rec) {
                 Ok(o) => o.state,
                 Err(e) => {
-                    tracing::warn!(containerID = %rec.id, error = %e, "container state unreadable");
+                    tracing::warn!(containerID = %rec.id, error = %kubelet_api::chain(&e), "container state unreadable");
                     ContainerState::Unknown
                 }
             };

@@ -403,7 +403,7 @@ pub(crate) async fn authorize_all(authorizer: &dyn Authorizer, attrs: &[Attribut
                 tracing::debug!(user = %a.user.name, verb = %a.verb, subresource = %a.subresource, %reason, "kubelet API request denied");
             }
             Err(e) => {
-                tracing::warn!(user = %a.user.name, verb = %a.verb, subresource = %a.subresource, error = %e, "authorizing a kubelet API request failed");
+                tracing::warn!(user = %a.user.name, verb = %a.verb, subresource = %a.subresource, error = %kubelet_api::chain(&e), "authorizing a kubelet API request failed");
                 return Verdict::Error(format!(
                     "Authorization error (user={}, verb={}, resource={}, subresource={})",
                     a.user.name, a.verb, a.resource, a.subresource

@@ -128,7 +128,7 @@ pub enum ServerError {
         port: u16,
     },
     /// Binding a listener failed (port in use, no permission).
-    #[error("binding {addr}: {source}")]
+    #[error("binding {addr}")]
     Bind {
         /// The address.
         addr: SocketAddr,
@@ -584,7 +584,7 @@ async fn serve_listener(
                     let stream = match handshake.await {
                         Ok(Ok(s)) => s,
                         Ok(Err(e)) => {
-                            tracing::debug!(error = %e, "TLS handshake failed");
+                            tracing::debug!(error = %kubelet_api::chain(&e), "TLS handshake failed");
                             return;
                         }
                         Err(_) => {
@@ -632,7 +632,7 @@ async fn serve_connection<S>(
     tokio::select! {
         r = conn.as_mut() => {
             if let Err(e) = r {
-                tracing::debug!(error = %e, "HTTP connection ended with an error");
+                tracing::debug!(error = %kubelet_api::chain(&e), "HTTP connection ended with an error");
             }
         }
         _ = stop.cancelled() => {
@@ -721,7 +721,7 @@ async fn authenticate<B>(
             Ok(Some(user)) => Some(with_authenticated(user)),
             Ok(None) => None,
             Err(e) => {
-                tracing::warn!(error = %e, "checking a bearer token failed");
+                tracing::warn!(error = %kubelet_api::chain(&e), "checking a bearer token failed");
                 None
             }
         };

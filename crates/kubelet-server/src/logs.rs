@@ -482,7 +482,7 @@ where
         let (c, result) = match read {
             Ok(v) => v,
             Err(e) => {
-                tracing::warn!(error = %e, "a log reader task failed");
+                tracing::warn!(error = %kubelet_api::chain(&e), "a log reader task failed");
                 return;
             }
         };
@@ -495,7 +495,7 @@ where
                 eof
             }
             Err(e) => {
-                tracing::warn!(path = %cursor.path.display(), error = %e, "reading a container log failed");
+                tracing::warn!(path = %cursor.path.display(), error = %kubelet_api::chain(&e), "reading a container log failed");
                 return;
             }
         };
@@ -518,7 +518,7 @@ where
             }
             if cursor.replaced() {
                 if let Err(e) = cursor.reopen() {
-                    tracing::debug!(path = %cursor.path.display(), error = %e, "reopening a rotated log failed; retrying");
+                    tracing::debug!(path = %cursor.path.display(), error = %kubelet_api::chain(&e), "reopening a rotated log failed; retrying");
                 } else {
                     break;
                 }

@@ -139,7 +139,7 @@ pub(crate) async fn proxy(req: Request<Incoming>, url: &str) -> Response<Body> {
         let client = match hyper::upgrade::on(req).await {
             Ok(u) => u,
             Err(e) => {
-                tracing::debug!(error = %e, "streaming proxy: client upgrade failed");
+                tracing::debug!(error = %kubelet_api::chain(&e), "streaming proxy: client upgrade failed");
                 return;
             }
         };
@@ -148,7 +148,7 @@ pub(crate) async fn proxy(req: Request<Incoming>, url: &str) -> Response<Body> {
             return;
         }
         if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-            tracing::debug!(error = %e, "streaming proxy ended");
+            tracing::debug!(error = %kubelet_api::chain(&e), "streaming proxy ended");
         }
     });
     response

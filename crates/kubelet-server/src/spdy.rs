@@ -94,7 +94,7 @@ pub enum SpdyError {
     #[error("SPDY protocol error: {0}")]
     Protocol(String),
     /// Reading or writing the connection failed.
-    #[error("SPDY connection: {0}")]
+    #[error("SPDY connection")]
     Io(#[from] std::io::Error),
 }
 
@@ -848,7 +848,7 @@ async fn read_loop<R: AsyncRead + Send>(
     }
     .await;
     if let Err(e) = outcome {
-        tracing::debug!(error = %e, "SPDY connection ended");
+        tracing::debug!(error = %kubelet_api::chain(&e), "SPDY connection ended");
         let mut f = BytesMut::new();
         goaway_frame(&mut f, last_stream);
         let _ = out.try_send(f.freeze());

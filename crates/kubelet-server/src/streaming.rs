@@ -467,7 +467,7 @@ fn spdy_remotecommand(
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => u,
             Err(e) => {
-                tracing::debug!(error = %e, "exec upgrade failed");
+                tracing::debug!(error = %kubelet_api::chain(&e), "exec upgrade failed");
                 return;
             }
         };
@@ -596,7 +596,7 @@ async fn forward_resizes(data: &mut mpsc::Receiver<Bytes>, tx: mpsc::Sender<Term
                 }
                 Some(Err(e)) if e.is_eof() => break,
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "bad resize event; ignoring further resizes");
+                    tracing::debug!(error = %kubelet_api::chain(&e), "bad resize event; ignoring further resizes");
                     return;
                 }
                 None => break,
@@ -635,7 +635,7 @@ fn spdy_port_forward(
         let upgraded = match hyper::upgrade::on(req).await {
             Ok(u) => u,
             Err(e) => {
-                tracing::debug!(error = %e, "port-forward upgrade failed");
+                tracing::debug!(error = %kubelet_api::chain(&e), "port-forward upgrade failed");
                 return;
             }
         };

@@ -117,7 +117,7 @@ async fn upgraded(req: Request<Incoming>) -> Option<Ws> {
     match hyper::upgrade::on(req).await {
         Ok(u) => Some(WebSocketStream::from_raw_socket(TokioIo::new(u), Role::Server, None).await),
         Err(e) => {
-            tracing::debug!(error = %e, "WebSocket upgrade failed");
+            tracing::debug!(error = %kubelet_api::chain(&e), "WebSocket upgrade failed");
             None
         }
     }
@@ -276,7 +276,7 @@ async fn serve_remotecommand(
                             }
                             Some(Err(e)) if e.is_eof() => break,
                             Some(Err(e)) => {
-                                tracing::debug!(error = %e, "bad resize event ignored");
+                                tracing::debug!(error = %kubelet_api::chain(&e), "bad resize event ignored");
                                 bad = true;
                                 break;
                             }

@@ -123,7 +123,7 @@ pub mod prelude {
 #[non_exhaustive]
 pub enum AgentError {
     /// A directory the agent needs could not be created.
-    #[error("creating {what} {path}: {source}")]
+    #[error("creating {what} {path}")]
     CreateDir {
         /// Which directory (`root directory`, `pod log directory`).
         what: &'static str,
@@ -146,11 +146,11 @@ pub enum AgentError {
     Runtime(String),
     /// The process runtime could not start.
     #[cfg(feature = "process")]
-    #[error("starting the process runtime: {0}")]
+    #[error("starting the process runtime")]
     ProcessRuntime(#[from] kubelet_process::ProcessError),
     /// The CRI runtime could not be reached.
     #[cfg(feature = "cri")]
-    #[error("containerRuntimeEndpoint {endpoint}: {source}")]
+    #[error("containerRuntimeEndpoint {endpoint}")]
     Cri {
         /// The endpoint.
         endpoint: String,
@@ -159,19 +159,19 @@ pub enum AgentError {
         source: kubelet_cri::CriError,
     },
     /// A pod source could not be set up (`staticPodURL`).
-    #[error("pod source: {0}")]
+    #[error("pod source")]
     PodSource(#[from] kubelet_podconfig::PodConfigError),
     /// The eviction settings are invalid.
     #[cfg(feature = "eviction")]
-    #[error("eviction settings: {0}")]
+    #[error("eviction settings")]
     Eviction(#[from] kubelet_eviction::EvictionError),
     /// The API server connection could not be made from the kubeconfig.
     #[cfg(feature = "apiserver")]
-    #[error("kubeconfig: {0}")]
+    #[error("kubeconfig")]
     ApiServer(#[from] kubelet_apiserver::ApiServerError),
     /// The healthz or read-only port could not be bound.
     #[cfg(feature = "server")]
-    #[error("{0}")]
+    #[error(transparent)]
     Server(#[from] kubelet_server::ServerError),
     /// The engine rejected the assembly.
     #[error(transparent)]
@@ -724,7 +724,7 @@ async fn default_runtime(
         if let Some(image) = pod_infra_container_image
             && let Err(e) = cri.ensure_sandbox_image(image).await
         {
-            tracing::warn!(image = %image, error = %e, "--pod-infra-container-image is not available");
+            tracing::warn!(image = %image, error = %kubelet_api::chain(&e), "--pod-infra-container-image is not available");
         }
         Ok((Arc::new(cri), false))
     }

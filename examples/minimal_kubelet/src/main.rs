@@ -373,10 +373,14 @@ fn raise_open_files_limit() {
     match getrlimit(Resource::RLIMIT_NOFILE) {
         Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
             Ok(()) => tracing::info!(from = soft, to = hard, "raised the open-file limit"),
-            Err(e) => tracing::warn!(error = %e, soft, hard, "could not raise the open-file limit"),
+            Err(e) => {
+                tracing::warn!(error = %kubelet::seams::chain(&e), soft, hard, "could not raise the open-file limit")
+            }
         },
         Ok(_) => {}
-        Err(e) => tracing::warn!(error = %e, "could not read the open-file limit"),
+        Err(e) => {
+            tracing::warn!(error = %kubelet::seams::chain(&e), "could not read the open-file limit")
+        }
     }
 }
 
@@ -451,7 +455,7 @@ async fn wait_for_signal() {
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
-            tracing::warn!(error = %e, "cannot watch SIGTERM; only Ctrl-C stops the agent");
+            tracing::warn!(error = %kubelet::seams::chain(&e), "cannot watch SIGTERM; only Ctrl-C stops the agent");
             let _ = tokio::signal::ctrl_c().await;
             return;
         }

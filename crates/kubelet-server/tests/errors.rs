@@ -1,0 +1,23 @@
+//! Error messages name each cause once.
+
+use kubelet_server::{KubeletServer, ServerConfig};
+
+#[tokio::test]
+async fn a_taken_port_names_its_cause_once() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a free port");
+    let port = taken.local_addr().expect("local address").port();
+    let config = ServerConfig::default()
+        .port(0)
+        .read_only_port(0)
+        .healthz_port(port);
+    let Err(e) = KubeletServer::bind(config).await else {
+        panic!("port {port} is taken, yet binding it succeeded");
+    };
+    assert_eq!(e.to_string(), format!("binding 127.0.0.1:{port}"));
+    let text = kubelet_api::chain(&e).to_string();
+    assert!(
+        text.starts_with(&format!("binding 127.0.0.1:{port}: ")),
+        "{text}"
+    );
+    assert_eq!(text.matches("in use").count(), 1, "{text}");
+}
