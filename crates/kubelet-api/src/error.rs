@@ -210,7 +210,10 @@ mod tests {
         // The seam's error carries the whole chain in its message; its cause is kept for
         // inspection and is not a `source`, so a chain of it names the cause once.
         let seam = Error::new(ErrorKind::Internal, chain(&e).to_string()).with_source(e);
-        assert_eq!(chain(&seam).to_string(), "internal error: reading /x: disk gone");
+        assert_eq!(
+            chain(&seam).to_string(),
+            "internal error: reading /x: disk gone"
+        );
         assert!(std::error::Error::source(&seam).is_none());
         let cause = seam.cause().and_then(|c| c.downcast_ref::<Read>());
         assert_eq!(cause.map(|r| r.0), Some("/x"));

@@ -216,9 +216,26 @@ pub fn self_signed(host: &str, addresses: &[IpAddr]) -> Result<(String, String),
     leaf.not_after = not_after;
     let leaf_cert = leaf.signed_by(&key, &ca_cert, &ca_key).map_err(gen_err)?;
     Ok((
-        format!("{}{}", leaf_cert.pem(), ca_cert.pem()),
-        key.serialize_pem(),
+        format!(
+            "{}{}",
+            pem_block("CERTIFICATE", leaf_cert.der()),
+            pem_block("CERTIFICATE", ca_cert.der())
+        ),
+        pem_block("PRIVATE KEY", &key.serialize_der()),
     ))
+}
+
+/// `der` as one PEM block (RFC 7468: base64 in lines of 64 characters) labelled `label`.
+fn pem_block(label: &str, der: &[u8]) -> String {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+    let mut out = format!("-----BEGIN {label}-----\n");
+    for line in b64.as_bytes().chunks(64) {
+        out.push_str(&String::from_utf8_lossy(line));
+        out.push('\n');
+    }
+    out.push_str(&format!("-----END {label}-----\n"));
+    out
 }
 
 /// The user of a verified client certificate: CN as the name, O values as groups.
@@ -339,6 +356,26 @@ mod tests {
         for cut in 0..der.len() {
             let _ = certificate_user(&der[..cut]);
         }
+    }
+
+    #[test]
+    fn pem_blocks_are_what_a_pem_encoder_writes() {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let p = rcgen::CertificateParams::new(vec!["node-a".into()]).unwrap();
+        let cert = p.self_signed(&key).unwrap();
+        assert_eq!(pem_block("CERTIFICATE", cert.der()), cert.pem());
+        assert_eq!(
+            pem_block("PRIVATE KEY", &key.serialize_der()),
+            key.serialize_pem()
+        );
+        // A generated pair loads as a certificate chain and a key.
+        let (chain, key) = self_signed("node-a", &[]).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("c.pem"), chain).unwrap();
+        std::fs::write(dir.path().join("k.pem"), key).unwrap();
+        let certs = kubelet_net::tls::load_certs(&dir.path().join("c.pem")).unwrap();
+        assert_eq!(certs.len(), 2);
+        kubelet_net::tls::load_key(&dir.path().join("k.pem")).unwrap();
     }
 
     #[test]
