@@ -95,16 +95,47 @@ impl HttpSourceConfig {
     }
 }
 
+/// Why a `--manifest-url-header` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HeaderError {
+    /// No `:` between name and value.
+    #[error("header {0:?} is not of the form Name:Value")]
+    NotNameValue(String),
+    /// The name is not an HTTP header name.
+    #[error("header name {name:?}: {reason}")]
+    Name {
+        /// The name as written.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The value is not an HTTP header value.
+    #[error("header value of {name:?}: {reason}")]
+    Value {
+        /// The header's name.
+        name: String,
+        /// What is wrong with the value.
+        reason: String,
+    },
+}
+
 /// Parse a `--manifest-url-header` value, `Name:Value` (the value may contain `:`; surrounding
 /// spaces of the value are trimmed).
-pub fn parse_header(text: &str) -> Result<(String, String), String> {
+pub fn parse_header(text: &str) -> Result<(String, String), HeaderError> {
     let (name, value) = text
         .split_once(':')
-        .ok_or_else(|| format!("header {text:?} is not of the form Name:Value"))?;
+        .ok_or_else(|| HeaderError::NotNameValue(text.to_string()))?;
     let name = name.trim();
-    HeaderName::from_bytes(name.as_bytes()).map_err(|e| format!("header name {name:?}: {e}"))?;
+    HeaderName::from_bytes(name.as_bytes()).map_err(|e| HeaderError::Name {
+        name: name.to_string(),
+        reason: e.to_string(),
+    })?;
     let value = value.trim();
-    HeaderValue::from_str(value).map_err(|e| format!("header value of {name:?}: {e}"))?;
+    HeaderValue::from_str(value).map_err(|e| HeaderError::Value {
+        name: name.to_string(),
+        reason: e.to_string(),
+    })?;
     Ok((name.to_string(), value.to_string()))
 }
 
@@ -462,8 +493,18 @@ mod tests {
             parse_header("Authorization: Bearer a:b"),
             Ok(("Authorization".to_string(), "Bearer a:b".to_string()))
         );
-        assert!(parse_header("no-colon").is_err());
-        assert!(parse_header("bad name:x").is_err());
+        assert_eq!(
+            parse_header("no-colon"),
+            Err(HeaderError::NotNameValue("no-colon".into()))
+        );
+        assert!(matches!(
+            parse_header("bad name:x"),
+            Err(HeaderError::Name { name, .. }) if name == "bad name"
+        ));
+        assert!(matches!(
+            parse_header("X-A:bad\u{7f}value"),
+            Err(HeaderError::Value { name, .. }) if name == "X-A"
+        ));
     }
 
     #[test]
