@@ -709,13 +709,23 @@ fn terminated_status(pod: &Pod, mut status: PodStatus) -> PodStatus {
     status
 }
 
+/// A status that would bring a terminated container back while the restart policy forbids it
+/// (the kubelet's messages).
+#[derive(Debug, thiserror::Error)]
+enum IllegalTransition {
+    #[error("terminated container {0} attempted illegal transition to non-terminated state")]
+    Container(String),
+    #[error("terminated init container {0} attempted illegal transition to non-terminated state")]
+    InitContainer(String),
+}
+
 /// `checkContainerStateTransition`: a terminated container may not become non-terminated when
 /// the restart policy forbids a restart.
 fn check_container_state_transition(
     old: &PodStatus,
     new: &PodStatus,
     pod: &Pod,
-) -> Result<(), String> {
+) -> Result<(), IllegalTransition> {
     let policy = podutil::restart_policy(pod);
     if policy == RestartPolicy::Always {
         return Ok(());
@@ -737,10 +747,7 @@ fn check_container_state_transition(
             .find(|n| n.name == o.name)
             && !is_terminated(n)
         {
-            return Err(format!(
-                "terminated container {} attempted illegal transition to non-terminated state",
-                n.name
-            ));
+            return Err(IllegalTransition::Container(n.name.clone()));
         }
     }
     let inits = podutil::init_containers(pod);
@@ -758,10 +765,7 @@ fn check_container_state_transition(
             .find(|n| n.name == o.name)
             && !is_terminated(n)
         {
-            return Err(format!(
-                "terminated init container {} attempted illegal transition to non-terminated state",
-                n.name
-            ));
+            return Err(IllegalTransition::InitContainer(n.name.clone()));
         }
     }
     Ok(())
@@ -884,6 +888,56 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use kubelet_api::{EventRecorder, InvolvedObject};
+
+    #[test]
+    fn a_terminated_container_may_come_back_only_when_the_policy_restarts_it() {
+        let status = |terminated: bool| {
+            let mut state = k8s_openapi::api::core::v1::ContainerState::default();
+            if terminated {
+                state.terminated = Some(ContainerStateTerminated {
+                    exit_code: 1,
+                    ..Default::default()
+                });
+            } else {
+                state.running = Some(ContainerStateRunning::default());
+            }
+            PodStatus {
+                container_statuses: Some(vec![ContainerStatus {
+                    name: "app".into(),
+                    state: Some(state),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }
+        };
+        let pod = |policy: &str| Pod {
+            spec: Some(PodSpec {
+                restart_policy: Some(policy.into()),
+                containers: vec![Container {
+                    name: "app".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let (old, new) = (status(true), status(false));
+        let refused = check_container_state_transition(&old, &new, &pod("Never"));
+        assert!(
+            matches!(&refused, Err(IllegalTransition::Container(n)) if n == "app"),
+            "{refused:?}"
+        );
+        assert_eq!(
+            refused.map_err(|e| e.to_string()),
+            Err(
+                "terminated container app attempted illegal transition to non-terminated state"
+                    .into()
+            )
+        );
+        // A failed container restarts under OnFailure and Always.
+        assert!(check_container_state_transition(&old, &new, &pod("OnFailure")).is_ok());
+        assert!(check_container_state_transition(&old, &new, &pod("Always")).is_ok());
+    }
 
     /// A sink that records calls, and can fail or stall on demand.
     #[derive(Default)]
