@@ -96,7 +96,13 @@ pub fn decode_pod(path: &Path, data: &[u8]) -> Result<Pod, PodConfigError> {
             api_version,
         });
     }
-    serde_json::from_value(value).map_err(|e| decode_err(format!("not a valid Pod: {e}")))
+    pod_from_value(&value).map_err(|e| decode_err(format!("not a valid Pod: {e}")))
+}
+
+/// The `Pod` in `value`, decoded from JSON text as the API client decodes pods (one
+/// deserializer of the whole `Pod` type in the binary, not a second one over `Value`).
+fn pod_from_value(value: &serde_json::Value) -> Result<Pod, serde_json::Error> {
+    serde_json::from_slice(&serde_json::to_vec(value)?)
 }
 
 /// Decode the body of a manifest URL (or of a push request): one `v1` `Pod`, or a `v1`
@@ -134,7 +140,7 @@ pub fn decode_pods(origin: &str, data: &[u8]) -> Result<Vec<Pod>, PodConfigError
                 {
                     return Err(decode_err(format!("PodList item {i} is not a v1 Pod")));
                 }
-                pods.push(serde_json::from_value(item).map_err(|e| {
+                pods.push(pod_from_value(&item).map_err(|e| {
                     decode_err(format!("PodList item {i} is not a valid Pod: {e}"))
                 })?);
             }
