@@ -100,9 +100,20 @@ pub fn decode_pod(path: &Path, data: &[u8]) -> Result<Pod, PodConfigError> {
 }
 
 /// The `Pod` in `value`, decoded from JSON text as the API client decodes pods (one
-/// deserializer of the whole `Pod` type in the binary, not a second one over `Value`).
-fn pod_from_value(value: &serde_json::Value) -> Result<Pod, serde_json::Error> {
-    serde_json::from_slice(&serde_json::to_vec(value)?)
+/// deserializer of the whole `Pod` type in the binary, not a second one over `Value`). The
+/// error names what is wrong without a position: a line and column of the re-encoded text
+/// would not point into the manifest.
+fn pod_from_value(value: &serde_json::Value) -> Result<Pod, String> {
+    let text = serde_json::to_vec(value).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&text).map_err(|e| {
+        let mut message = e.to_string();
+        if e.line() != 0
+            && let Some(at) = message.rfind(" at line ")
+        {
+            message.truncate(at);
+        }
+        message
+    })
 }
 
 /// Decode the body of a manifest URL (or of a push request): one `v1` `Pod`, or a `v1`
@@ -458,6 +469,20 @@ mod tests {
         let a = decode_pod(Path::new("a"), json.as_bytes()).expect("json");
         let b = decode_pod(Path::new("a"), POD.as_bytes()).expect("yaml");
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn a_pod_of_the_wrong_shape_is_named_without_a_position_of_the_reencoded_text() {
+        let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers: 5\n";
+        let err = decode_pod(Path::new("/m/web.yaml"), yaml.as_bytes()).unwrap_err();
+        let PodConfigError::DecodeManifest { reason, .. } = &err else {
+            panic!("{err:?}");
+        };
+        assert!(
+            reason.starts_with("not a valid Pod: invalid type: integer `5`"),
+            "{reason}"
+        );
+        assert!(!reason.contains(" at line "), "{reason}");
     }
 
     #[test]
