@@ -474,9 +474,9 @@ mod tests {
     #[test]
     fn a_pod_of_the_wrong_shape_is_named_without_a_position_of_the_reencoded_text() {
         let yaml = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers: 5\n";
-        let err = decode_pod(Path::new("/m/web.yaml"), yaml.as_bytes()).unwrap_err();
-        let PodConfigError::DecodeManifest { reason, .. } = &err else {
-            panic!("{err:?}");
+        let decoded = decode_pod(Path::new("/m/web.yaml"), yaml.as_bytes());
+        let Err(PodConfigError::DecodeManifest { reason, .. }) = &decoded else {
+            panic!("{decoded:?}");
         };
         assert!(
             reason.starts_with("not a valid Pod: invalid type: integer `5`"),
