@@ -521,7 +521,11 @@ impl Core {
                 // is what is known of the pod *now*: stamped with the time it was learnt, it
                 // releases the pod's waiters even when every inspection of the pod hangs.
                 let _ = started;
-                self.cache.set(&uid, Err(err.to_string()), Instant::now());
+                self.cache.set(
+                    &uid,
+                    Err(kubelet_api::chain(&err).to_string()),
+                    Instant::now(),
+                );
                 st.reinspect.insert(uid.clone());
                 report.inspection_failures.push(err);
             }
