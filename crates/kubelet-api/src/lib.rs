@@ -38,7 +38,8 @@
 //! ```
 //! Every item has
 //! one path: the flat re-exports below for the traits and their companions, the modules
-//! [`runtime`], [`pod`], [`sources`], [`annotations`] and [`objects`] for the rest.
+//! [`runtime`], [`pod`], [`sources`], [`annotations`], [`objects`] and [`stats`] (the
+//! Summary model and the [`StatsService`](stats::StatsService) plugins share) for the rest.
 #![forbid(unsafe_code)]
 
 // Namespaces: items reached by their module path.
@@ -47,6 +48,7 @@ pub mod conformance;
 pub mod objects;
 pub mod pod;
 pub mod runtime;
+pub mod stats;
 
 mod admission;
 mod cache;
@@ -56,6 +58,7 @@ mod event;
 mod pleg;
 mod plugin;
 mod probe;
+mod services;
 mod sink;
 mod source;
 mod status;
@@ -77,6 +80,7 @@ pub use plugin::{
     PluginContext, PluginState, PluginStatus, SyncLoopStalled,
 };
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate, ProbeUpdates};
+pub use services::{ServiceConflict, Services};
 pub use sink::StatusSink;
 pub use source::{
     NameIndex, PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot,

@@ -14,6 +14,7 @@ use crate::admission::{KillPodOptions, PodAdmitHandler};
 use crate::event::EventRecorder;
 use crate::objects::ObjectProvider;
 use crate::pleg::PlegHealth;
+use crate::services::{ServiceConflict, Services};
 use crate::sink::StatusSink;
 use crate::source::PodSource;
 use crate::status::StatusReader;
@@ -56,8 +57,9 @@ pub const PLUGIN_STOP_GRACE: Duration = Duration::from_secs(5);
 ///
 /// * at the engine's `build`, in registration order: its
 ///   [pod sources](AgentPlugin::pod_sources), [status sinks](AgentPlugin::status_sinks),
-///   [object provider](AgentPlugin::object_provider), [admit handlers](AgentPlugin::admit_handlers)
-///   and [metrics](AgentPlugin::register_metrics) are collected;
+///   [object provider](AgentPlugin::object_provider), [admit handlers](AgentPlugin::admit_handlers),
+///   [services](AgentPlugin::provide_services) and [metrics](AgentPlugin::register_metrics) are
+///   collected;
 /// * while the agent runs: its [node conditions](AgentPlugin::node_conditions) are read by
 ///   whoever writes the node status (through [`PluginContext::node_conditions`]), and its
 ///   [`run`](AgentPlugin::run) loop is driven by the engine's `Kubelet::run` with the
@@ -100,6 +102,15 @@ pub trait AgentPlugin: Send + Sync + 'static {
     /// Admission handlers the plugin adds. Called once, at build.
     fn admit_handlers(&self) -> Vec<Arc<dyn PodAdmitHandler>> {
         Vec::new()
+    }
+
+    /// Provide the services the plugin offers the other plugins (the stats service, …) with
+    /// [`Services::provide`], under its [name](Self::name). Called once, at build, in
+    /// registration order; a service another plugin already provides is a build error (the
+    /// [`ServiceConflict`] this returns). See [`Services`] for the rules.
+    fn provide_services(&self, services: &mut Services) -> Result<(), ServiceConflict> {
+        let _ = services;
+        Ok(())
     }
 
     /// Register the plugin's metrics in the agent's registry. Called once, at build.
@@ -194,6 +205,7 @@ pub struct PluginContext {
     handle: Arc<dyn AgentHandle>,
     conditions: NodeConditionReader,
     metrics: Arc<Registry>,
+    services: Arc<Services>,
 }
 
 impl std::fmt::Debug for PluginContext {
@@ -225,7 +237,20 @@ impl PluginContext {
             handle,
             conditions,
             metrics,
+            services: Arc::default(),
         }
+    }
+
+    /// The services the agent's plugins provide (the engine sets them at build).
+    pub fn with_services(mut self, services: Arc<Services>) -> Self {
+        self.services = services;
+        self
+    }
+
+    /// The agent's `T` if a plugin provides one (`ctx.service::<dyn StatsService>()`); see
+    /// [`Services`].
+    pub fn service<T: ?Sized + Send + Sync + 'static>(&self) -> Option<Arc<T>> {
+        self.services.get::<T>()
     }
 
     /// The node's name.

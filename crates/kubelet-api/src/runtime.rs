@@ -564,6 +564,12 @@ pub struct ContainerStats {
     pub memory_working_set_bytes: Option<u64>,
     /// Memory usage, in bytes.
     pub memory_usage_bytes: Option<u64>,
+    /// Anonymous memory (cgroup `rss`/`anon`), in bytes.
+    pub memory_rss_bytes: Option<u64>,
+    /// Page faults, cumulative.
+    pub memory_page_faults: Option<u64>,
+    /// Major page faults, cumulative.
+    pub memory_major_page_faults: Option<u64>,
     /// Cumulative CPU time, in nanoseconds.
     pub cpu_usage_core_nanoseconds: Option<u64>,
     /// Number of processes.

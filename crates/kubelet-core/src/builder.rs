@@ -199,6 +199,7 @@ impl KubeletBuilder {
             runtime = layer.layer(runtime);
         }
         let mut names = std::collections::HashSet::new();
+        let mut services = kubelet_api::Services::default();
         for p in &self.plugins {
             if !names.insert(p.name().to_string()) {
                 return Err(KubeletError::BuildDuplicatePlugin(p.name().to_string()));
@@ -214,6 +215,7 @@ impl KubeletBuilder {
                 }
                 self.object_provider = Some(provider);
             }
+            p.provide_services(&mut services)?;
         }
         let mut metrics = self.metrics;
         runtime.register_metrics(&mut metrics);
@@ -275,6 +277,7 @@ impl KubeletBuilder {
             conditions: NodeConditionReader::new(plugins.clone()),
             plugins,
             plugin_states,
+            services: Arc::new(services),
             metrics,
             start_metrics,
             cmd_tx,

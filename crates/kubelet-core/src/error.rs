@@ -30,6 +30,9 @@ pub enum KubeletError {
     /// A plugin provides ConfigMaps and Secrets while another provider is already set.
     #[error("plugin {0:?} provides an object provider, but one is already configured")]
     BuildDuplicateObjectProvider(String),
+    /// Two plugins provide the same service.
+    #[error(transparent)]
+    BuildDuplicateService(#[from] kubelet_api::ServiceConflict),
     /// A configured directory could not be made absolute.
     #[error("resolving directory {path}")]
     ResolveDir {

@@ -59,6 +59,7 @@ pub(crate) struct Parts {
     pub(crate) admit_handlers: Vec<Arc<dyn PodAdmitHandler>>,
     pub(crate) plugins: Arc<[Arc<dyn AgentPlugin>]>,
     pub(crate) plugin_states: PluginStates,
+    pub(crate) services: Arc<kubelet_api::Services>,
     pub(crate) conditions: NodeConditionReader,
     pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
     pub(crate) start_metrics: crate::pod_start::PodStartMetrics,
@@ -179,6 +180,7 @@ impl Kubelet {
             admit_handlers,
             plugins,
             plugin_states,
+            services,
             conditions,
             metrics,
             start_metrics,
@@ -236,7 +238,8 @@ impl Kubelet {
             Arc::new(handle),
             conditions,
             metrics,
-        );
+        )
+        .with_services(services);
         let plugin_token = CancellationToken::new();
         let mut plugin_tasks = JoinSet::new();
         for (index, plugin) in plugins.iter().enumerate() {

@@ -385,6 +385,9 @@ pub(crate) fn stats_out(container_id: &str, s: cri::ContainerStats) -> core::Con
         vv.timestamp = time_out(when).unwrap_or_else(Timestamp::now);
         vv.memory_working_set_bytes = memory.working_set_bytes.map(|v| v.value);
         vv.memory_usage_bytes = memory.usage_bytes.map(|v| v.value);
+        vv.memory_rss_bytes = memory.rss_bytes.map(|v| v.value);
+        vv.memory_page_faults = memory.page_faults.map(|v| v.value);
+        vv.memory_major_page_faults = memory.major_page_faults.map(|v| v.value);
         vv.cpu_usage_core_nanoseconds = cpu.usage_core_nano_seconds.map(|v| v.value);
         vv.process_count = None;
         vv.writable_layer_bytes = writable.and_then(|w| w.used_bytes).map(|v| v.value);

@@ -1,0 +1,419 @@
+//! The cgroup reader: which hierarchies this machine has ([`CgroupSetup`], detected once from
+//! mountinfo, never assumed) and the figures of one cgroup ([`CgroupSample`]), on v1 and v2.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// The v1 controllers the SDK reads or writes.
+pub const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "cpuset"];
+
+/// Which cgroup layout this machine has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CgroupSetup {
+    /// Legacy (or hybrid: v1 controllers plus an empty unified tree): each controller's mount
+    /// point.
+    V1 {
+        /// Controller name (`memory`, `cpu`, `cpuacct`, `pids`, `cpuset`) → mount point.
+        controllers: BTreeMap<String, PathBuf>,
+    },
+    /// The unified hierarchy.
+    V2 {
+        /// Its mount point (`/sys/fs/cgroup`).
+        root: PathBuf,
+    },
+}
+
+/// The cgroup version of a [`CgroupSetup`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupVersion {
+    /// cgroup v1 (or hybrid).
+    V1,
+    /// cgroup v2.
+    V2,
+}
+
+/// The cgroup mounts of a mountinfo text.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CgroupMounts {
+    /// v1 mount points and the SDK's controllers mounted at each.
+    pub v1: Vec<(PathBuf, Vec<String>)>,
+    /// v2 mount points.
+    pub v2: Vec<PathBuf>,
+}
+
+/// The cgroup mounts listed in a `/proc/<pid>/mountinfo` text.
+pub fn parse_mountinfo(text: &str) -> CgroupMounts {
+    let mut out = CgroupMounts::default();
+    for line in text.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let mut pre = pre.split_whitespace();
+        let mut post = post.split_whitespace();
+        let (Some(mount_point), Some(fstype)) = (pre.nth(4), post.next()) else {
+            continue;
+        };
+        let mount_point = PathBuf::from(mount_point.replace("\\040", " "));
+        match fstype {
+            "cgroup2" => out.v2.push(mount_point),
+            "cgroup" => {
+                let opts = post.nth(1).unwrap_or_default();
+                let controllers: Vec<String> = opts
+                    .split(',')
+                    .filter(|o| V1_CONTROLLERS.contains(o))
+                    .map(str::to_string)
+                    .collect();
+                if !controllers.is_empty() {
+                    out.v1.push((mount_point, controllers));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+impl CgroupSetup {
+    /// This machine's setup, from `/proc/self/mountinfo`; `None` without a memory controller.
+    pub fn detect() -> Option<Self> {
+        let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+        Self::from_mounts(&parse_mountinfo(&text))
+    }
+
+    /// The setup `mounts` describe: v1 when a v1 memory hierarchy is mounted (a hybrid machine
+    /// counts as v1, as in the kubelet), else v2 when a unified hierarchy offers the memory
+    /// controller (read from its `cgroup.controllers`), else `None`.
+    pub fn from_mounts(mounts: &CgroupMounts) -> Option<Self> {
+        let mut controllers = BTreeMap::new();
+        for (mp, ctrls) in &mounts.v1 {
+            for c in ctrls {
+                controllers.entry(c.clone()).or_insert_with(|| mp.clone());
+            }
+        }
+        if controllers.contains_key("memory") {
+            return Some(CgroupSetup::V1 { controllers });
+        }
+        mounts
+            .v2
+            .iter()
+            .find(|mp| {
+                std::fs::read_to_string(mp.join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
+            })
+            .map(|root| CgroupSetup::V2 { root: root.clone() })
+    }
+
+    /// v1 or v2.
+    pub fn version(&self) -> CgroupVersion {
+        match self {
+            CgroupSetup::V1 { .. } => CgroupVersion::V1,
+            CgroupSetup::V2 { .. } => CgroupVersion::V2,
+        }
+    }
+
+    /// The directory of cgroup `rel` (relative to the hierarchy root, a leading `/` allowed)
+    /// for `controller`; on v2 every controller shares it. `None` when a v1 controller is not
+    /// mounted.
+    pub fn dir(&self, controller: &str, rel: &Path) -> Option<PathBuf> {
+        let rel = rel.strip_prefix("/").unwrap_or(rel);
+        match self {
+            CgroupSetup::V1 { controllers } => controllers.get(controller).map(|m| m.join(rel)),
+            CgroupSetup::V2 { root } => Some(root.join(rel)),
+        }
+    }
+
+    /// The cgroup of a process in this setup, from its `/proc/<pid>/cgroup` text: the memory
+    /// controller's line on v1, the `0::` line on v2.
+    pub fn cgroup_of(&self, proc_cgroup: &str) -> Option<PathBuf> {
+        proc_cgroup.lines().find_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+            let wanted = match self {
+                CgroupSetup::V1 { .. } => ctrls.split(',').any(|c| c == "memory"),
+                CgroupSetup::V2 { .. } => ctrls.is_empty(),
+            };
+            wanted.then(|| PathBuf::from(path))
+        })
+    }
+
+    /// The figures of cgroup `rel` that can be read; `None` when its memory directory does not
+    /// exist (the cgroup is gone).
+    pub fn sample(&self, rel: &Path) -> Option<CgroupSample> {
+        let memory_dir = self.dir("memory", rel)?;
+        if !memory_dir.is_dir() {
+            return None;
+        }
+        let read = |controller: &str, file: &str| -> Option<String> {
+            std::fs::read_to_string(self.dir(controller, rel)?.join(file)).ok()
+        };
+        let mut s = CgroupSample::default();
+        let stat = read("memory", "memory.stat").map(|t| parse_keyed(&t));
+        let stat = stat.as_ref();
+        match self {
+            CgroupSetup::V2 { .. } => {
+                s.cpu_usage_ns = read("cpu", "cpu.stat")
+                    .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
+                    .map(|us| us.saturating_mul(1000));
+                s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
+                s.memory_limit = read("memory", "memory.max").and_then(|t| parse_u64(&t));
+                s.inactive_file = stat.and_then(|m| m.get("inactive_file").copied());
+                s.rss = stat.and_then(|m| m.get("anon").copied());
+                s.oom_kills = read("memory", "memory.events")
+                    .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
+            }
+            CgroupSetup::V1 { .. } => {
+                s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
+                s.memory_usage =
+                    read("memory", "memory.usage_in_bytes").and_then(|t| parse_u64(&t));
+                // An unlimited v1 cgroup reports a page-rounded i64::MAX.
+                s.memory_limit = read("memory", "memory.limit_in_bytes")
+                    .and_then(|t| parse_u64(&t))
+                    .filter(|l| *l < (1 << 62));
+                s.inactive_file = stat.and_then(|m| {
+                    m.get("total_inactive_file")
+                        .or_else(|| m.get("inactive_file"))
+                        .copied()
+                });
+                s.rss = stat.and_then(|m| m.get("total_rss").or_else(|| m.get("rss")).copied());
+                s.oom_kills = read("memory", "memory.oom_control")
+                    .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
+            }
+        }
+        s.page_faults =
+            stat.and_then(|m| m.get("total_pgfault").or_else(|| m.get("pgfault")).copied());
+        s.major_page_faults = stat.and_then(|m| {
+            m.get("total_pgmajfault")
+                .or_else(|| m.get("pgmajfault"))
+                .copied()
+        });
+        s.pids = read("pids", "pids.current").and_then(|t| parse_u64(&t));
+        Some(s)
+    }
+}
+
+/// What one cgroup's files say. A figure the kernel does not offer is `None`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CgroupSample {
+    /// Cumulative CPU time, ns (v1 `cpuacct.usage`, v2 `cpu.stat usage_usec` × 1000).
+    pub cpu_usage_ns: Option<u64>,
+    /// Memory usage, bytes (v1 `memory.usage_in_bytes`, v2 `memory.current`).
+    pub memory_usage: Option<u64>,
+    /// Memory limit, bytes; `None` when unlimited.
+    pub memory_limit: Option<u64>,
+    /// Inactive file pages, bytes (v1 `total_inactive_file`, v2 `inactive_file`).
+    pub inactive_file: Option<u64>,
+    /// Anonymous memory, bytes (v1 `total_rss`, v2 `anon`).
+    pub rss: Option<u64>,
+    /// Page faults, cumulative (`pgfault`).
+    pub page_faults: Option<u64>,
+    /// Major page faults, cumulative (`pgmajfault`).
+    pub major_page_faults: Option<u64>,
+    /// OOM kills in this cgroup, cumulative (v1 `memory.oom_control`, v2 `memory.events`).
+    pub oom_kills: Option<u64>,
+    /// Tasks in the cgroup (`pids.current`).
+    pub pids: Option<u64>,
+}
+
+impl CgroupSample {
+    /// Usage minus inactive file pages, floored at 0 (cAdvisor's working set).
+    pub fn working_set(&self) -> Option<u64> {
+        self.memory_usage
+            .map(|u| u.saturating_sub(self.inactive_file.unwrap_or(0)))
+    }
+}
+
+/// A single-number cgroup file (`max` is `None`).
+pub fn parse_u64(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+/// A flat-keyed file (`key value` per line): `memory.stat`, `memory.events`,
+/// `memory.oom_control`, `cpu.stat`. Lines that are not `key number` are skipped.
+pub fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
+    text.lines()
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let k = it.next()?;
+            let v = it.next()?.parse().ok()?;
+            Some((k.to_string(), v))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use std::path::Path;
+
+    /// Write `files` (path relative to `root`, content) under `root`.
+    pub(crate) fn lay_out(root: &Path, files: &[(&str, &str)]) {
+        for (rel, content) in files {
+            let p = root.join(rel);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, content).unwrap();
+        }
+    }
+
+    /// A cgroup v1 tree: memory and cpu,cpuacct hierarchies with cgroup `pod/c`.
+    pub(crate) fn v1(root: &Path) {
+        lay_out(
+            root,
+            &[
+                ("memory/memory.usage_in_bytes", "4000000000\n"),
+                (
+                    "memory/memory.stat",
+                    "cache 1\nrss 2\ntotal_rss 900000000\ntotal_inactive_file 1000000000\ntotal_pgfault 10\ntotal_pgmajfault 1\n",
+                ),
+                ("memory/pod/c/memory.usage_in_bytes", "300000000\n"),
+                (
+                    "memory/pod/c/memory.limit_in_bytes",
+                    "9223372036854771712\n",
+                ),
+                (
+                    "memory/pod/c/memory.stat",
+                    "rss 1\ntotal_rss 200000000\ntotal_inactive_file 50000000\ntotal_pgfault 77\ntotal_pgmajfault 3\n",
+                ),
+                (
+                    "memory/pod/c/memory.oom_control",
+                    "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n",
+                ),
+                ("cpu,cpuacct/cpuacct.usage", "123456789000\n"),
+                ("cpu,cpuacct/pod/c/cpuacct.usage", "5000000000\n"),
+                ("pids/pod/c/pids.current", "4\n"),
+            ],
+        );
+    }
+
+    /// A cgroup v2 tree with cgroup `pod/c`.
+    pub(crate) fn v2(root: &Path) {
+        lay_out(
+            root,
+            &[
+                ("cgroup.controllers", "cpuset cpu io memory pids\n"),
+                ("cpu.stat", "usage_usec 7000000\nuser_usec 1\n"),
+                ("pod/c/memory.current", "300000000\n"),
+                ("pod/c/memory.max", "67108864\n"),
+                (
+                    "pod/c/memory.stat",
+                    "anon 200000000\nfile 90000000\ninactive_file 50000000\npgfault 77\npgmajfault 3\n",
+                ),
+                (
+                    "pod/c/memory.events",
+                    "low 0\nhigh 0\nmax 5\noom 1\noom_kill 1\n",
+                ),
+                ("pod/c/cpu.stat", "usage_usec 5000000\nnr_periods 0\n"),
+                ("pod/c/pids.current", "4\n"),
+            ],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mountinfo_picks_v1_on_a_hybrid_machine_and_v2_when_the_unified_tree_has_memory() {
+        let dir = tempfile::tempdir().unwrap();
+        let unified = dir.path().join("unified");
+        std::fs::create_dir_all(&unified).unwrap();
+        std::fs::write(unified.join("cgroup.controllers"), "").unwrap();
+        let hybrid = format!(
+            "30 25 0:26 / /sys/fs/cgroup/memory rw,nosuid - cgroup cgroup rw,memory\n\
+             31 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+             32 25 0:28 / {} rw - cgroup2 cgroup2 rw\n\
+             33 25 0:29 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd\n",
+            unified.display()
+        );
+        let setup = CgroupSetup::from_mounts(&parse_mountinfo(&hybrid)).unwrap();
+        assert_eq!(setup.version(), CgroupVersion::V1);
+        assert_eq!(
+            setup.dir("cpuacct", Path::new("/a/b")),
+            Some(PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/a/b"))
+        );
+        assert_eq!(setup.dir("pids", Path::new("a")), None);
+
+        // A unified tree without the memory controller is no setup at all.
+        let v2_only = format!(
+            "32 25 0:28 / {} rw - cgroup2 cgroup2 rw\n",
+            unified.display()
+        );
+        assert_eq!(CgroupSetup::from_mounts(&parse_mountinfo(&v2_only)), None);
+        std::fs::write(unified.join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let setup = CgroupSetup::from_mounts(&parse_mountinfo(&v2_only)).unwrap();
+        assert_eq!(setup.version(), CgroupVersion::V2);
+        assert_eq!(
+            setup.dir("memory", Path::new("/x")),
+            Some(unified.join("x"))
+        );
+        // Garbage lines are skipped.
+        assert_eq!(
+            parse_mountinfo("junk\n1 2 3 - cgroup\n"),
+            CgroupMounts::default()
+        );
+    }
+
+    #[test]
+    fn a_processes_cgroup_is_read_from_the_controller_the_setup_uses() {
+        let text = "12:pids:/a\n4:memory:/kubepods/pod1/c1\n0::/user.slice\n";
+        let v1 = CgroupSetup::V1 {
+            controllers: BTreeMap::from([("memory".into(), PathBuf::from("/m"))]),
+        };
+        let v2 = CgroupSetup::V2 {
+            root: PathBuf::from("/sys/fs/cgroup"),
+        };
+        assert_eq!(v1.cgroup_of(text), Some(PathBuf::from("/kubepods/pod1/c1")));
+        assert_eq!(v2.cgroup_of(text), Some(PathBuf::from("/user.slice")));
+        assert_eq!(v2.cgroup_of("garbage"), None);
+    }
+
+    #[test]
+    fn v1_fixture_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        fixtures::v1(dir.path());
+        let setup = CgroupSetup::V1 {
+            controllers: BTreeMap::from([
+                ("memory".into(), dir.path().join("memory")),
+                ("cpu".into(), dir.path().join("cpu,cpuacct")),
+                ("cpuacct".into(), dir.path().join("cpu,cpuacct")),
+                ("pids".into(), dir.path().join("pids")),
+            ]),
+        };
+        let s = setup.sample(Path::new("/pod/c")).unwrap();
+        assert_eq!(s.cpu_usage_ns, Some(5_000_000_000));
+        assert_eq!(s.memory_usage, Some(300_000_000));
+        assert_eq!(s.memory_limit, None, "unlimited");
+        assert_eq!(s.working_set(), Some(250_000_000));
+        assert_eq!(s.rss, Some(200_000_000));
+        assert_eq!((s.page_faults, s.major_page_faults), (Some(77), Some(3)));
+        assert_eq!(s.oom_kills, Some(2));
+        assert_eq!(s.pids, Some(4));
+        let root = setup.sample(Path::new("")).unwrap();
+        assert_eq!(root.working_set(), Some(3_000_000_000));
+        assert_eq!(root.cpu_usage_ns, Some(123_456_789_000));
+        // A cgroup that is gone (pod just deleted) has no sample.
+        assert_eq!(setup.sample(Path::new("/pod/gone")), None);
+    }
+
+    #[test]
+    fn v2_fixture_figures() {
+        let dir = tempfile::tempdir().unwrap();
+        fixtures::v2(dir.path());
+        let setup = CgroupSetup::V2 {
+            root: dir.path().to_path_buf(),
+        };
+        let s = setup.sample(Path::new("pod/c")).unwrap();
+        assert_eq!(s.cpu_usage_ns, Some(5_000_000_000));
+        assert_eq!(s.memory_limit, Some(64 << 20));
+        assert_eq!(s.working_set(), Some(250_000_000));
+        assert_eq!(s.rss, Some(200_000_000));
+        assert_eq!((s.page_faults, s.major_page_faults), (Some(77), Some(3)));
+        assert_eq!(s.oom_kills, Some(1));
+        assert_eq!(s.pids, Some(4));
+        // A file with unexpected content is a missing figure, not an error.
+        std::fs::write(dir.path().join("pod/c/memory.current"), "lots\n").unwrap();
+        let s = setup.sample(Path::new("pod/c")).unwrap();
+        assert_eq!((s.memory_usage, s.working_set()), (None, None));
+    }
+}

@@ -1,0 +1,652 @@
+//! [`Collector`]: one pass over the machine, the runtime and the pods' directories makes a
+//! [`Summary`].
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kubelet_api::runtime::{self as model, ContainerState, ImageFsInfo, RuntimePod, SandboxState};
+use kubelet_api::stats::{
+    ContainerStats, CpuStats, FsStats, InterfaceStats, Machine, MemoryStats, NetworkStats,
+    NodeStats, PodReference, PodStats, ProcessStats, RlimitStats, RuntimeStats, Summary,
+    VolumeStats,
+};
+use kubelet_api::{AgentDirs, ContainerRuntime};
+use tokio::time::Instant;
+
+use crate::cgroup::{CgroupSample, CgroupSetup};
+use crate::fs::{self, FsCapacity};
+use crate::procfs;
+
+/// The kubelet's `housekeepingInterval`: how often the collector samples.
+pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
+/// The kubelet's `volumeStatsAggPeriod` (`--volume-stats-agg-period`): how often volume usage
+/// is measured (a directory walk).
+pub const DEFAULT_VOLUME_STATS_AGG_PERIOD: Duration = Duration::from_secs(60);
+/// How long one runtime call of a collection may take before its item is left out.
+pub const RUNTIME_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Volume plugins whose directories count as the pod's local ephemeral storage when they are
+/// not memory-backed (the kubelet's emptyDir, configMap, downwardAPI, …).
+const EPHEMERAL_VOLUME_PLUGINS: &[&str] = &[
+    "kubernetes.io~empty-dir",
+    "kubernetes.io~configmap",
+    "kubernetes.io~secret",
+    "kubernetes.io~downward-api",
+    "kubernetes.io~projected",
+];
+
+/// Settings of a [`Collector`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct StatsConfig {
+    /// How often the plugin samples (default 10 s).
+    pub housekeeping_interval: Duration,
+    /// How often volume usage is measured (default 1 min); between two measurements a pod's
+    /// volumes report the last figures.
+    pub volume_stats_agg_period: Duration,
+    /// procfs (`/proc`).
+    pub proc_root: PathBuf,
+    /// sysfs (`/sys`).
+    pub sys_root: PathBuf,
+    /// The cgroup setup; detected by [`StatsConfig::default`], `None` without cgroups.
+    pub cgroup: Option<CgroupSetup>,
+}
+
+impl Default for StatsConfig {
+    fn default() -> Self {
+        Self {
+            housekeeping_interval: DEFAULT_HOUSEKEEPING_INTERVAL,
+            volume_stats_agg_period: DEFAULT_VOLUME_STATS_AGG_PERIOD,
+            proc_root: PathBuf::from("/proc"),
+            sys_root: PathBuf::from("/sys"),
+            cgroup: CgroupSetup::detect(),
+        }
+    }
+}
+
+impl StatsConfig {
+    /// Sample every `interval`.
+    pub fn housekeeping_interval(mut self, interval: Duration) -> Self {
+        self.housekeeping_interval = interval;
+        self
+    }
+
+    /// Measure volumes every `period`.
+    pub fn volume_stats_agg_period(mut self, period: Duration) -> Self {
+        self.volume_stats_agg_period = period;
+        self
+    }
+
+    /// Read procfs at `proc_root` and sysfs at `sys_root` (fixtures).
+    pub fn roots(mut self, proc_root: impl Into<PathBuf>, sys_root: impl Into<PathBuf>) -> Self {
+        self.proc_root = proc_root.into();
+        self.sys_root = sys_root.into();
+        self
+    }
+
+    /// Use `cgroup` instead of the detected setup.
+    pub fn cgroup(mut self, cgroup: Option<CgroupSetup>) -> Self {
+        self.cgroup = cgroup;
+        self
+    }
+}
+
+/// Read the machine's capacity: online CPUs and `MemTotal`.
+pub fn read_machine(proc_root: &Path, sys_root: &Path) -> Machine {
+    let cores = match procfs::read(&sys_root.join("devices/system/cpu/online"))
+        .map(|t| procfs::count_cpu_list(&t))
+    {
+        Some(n) if n > 0 => n,
+        _ => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
+    };
+    let memory = procfs::read(&proc_root.join("meminfo"))
+        .and_then(|t| procfs::parse_meminfo(&t).get("MemTotal").copied())
+        .unwrap_or(0);
+    Machine::new(cores, memory)
+}
+
+/// Items that failed to be read: warned about once, then quiet until they work again.
+#[derive(Debug, Default)]
+struct Failing(HashSet<String>);
+
+impl Failing {
+    fn failed(&mut self, key: String, what: &str, error: &dyn std::fmt::Display) {
+        if self.0.insert(key.clone()) {
+            tracing::warn!(item = %key, error = %error, "{what}; left out of the stats until it can be read");
+        } else {
+            tracing::debug!(item = %key, error = %error, "{what}");
+        }
+    }
+
+    fn ok(&mut self, key: &str) {
+        self.0.remove(key);
+    }
+}
+
+/// Makes [`Summary`] samples: the node from cgroups, `/proc` and `statvfs`; pods and
+/// containers from the runtime (`list_pod_sandboxes`, `list_containers`, `container_stats`,
+/// `image_fs_info`) and the pods' volume and log directories. CPU rates come from the
+/// difference to the previous sample. Usable alone (see the crate's `summary` example); the
+/// [`StatsPlugin`](crate::StatsPlugin) drives one in the agent.
+#[derive(Debug)]
+pub struct Collector {
+    node_name: String,
+    dirs: AgentDirs,
+    config: StatsConfig,
+    machine: Machine,
+    boot_time: Option<Timestamp>,
+    own_cgroup: Option<PathBuf>,
+    /// Previous cumulative CPU figure per key (`node`, `kubelet`, a container ID, a pod UID).
+    cpu: HashMap<String, (u64, Timestamp)>,
+    /// Each pod's volume figures and when they were measured.
+    volumes: HashMap<String, (Instant, Vec<MeasuredVolume>)>,
+    last_image_fs: Option<ImageFsInfo>,
+    failing: Failing,
+}
+
+impl Collector {
+    /// A collector for node `node_name` whose agent keeps its files in `dirs`.
+    pub fn new(node_name: impl Into<String>, dirs: AgentDirs, config: StatsConfig) -> Self {
+        let machine = read_machine(&config.proc_root, &config.sys_root);
+        let boot_time = procfs::read(&config.proc_root.join("stat"))
+            .and_then(|t| procfs::parse_boot_time(&t))
+            .and_then(|s| Timestamp::from_second(s).ok());
+        let own_cgroup = config.cgroup.as_ref().and_then(|c| {
+            c.cgroup_of(&procfs::read(&config.proc_root.join("self/cgroup"))?)
+                .filter(|p| p != Path::new("/"))
+        });
+        Self {
+            node_name: node_name.into(),
+            dirs,
+            config,
+            machine,
+            boot_time,
+            own_cgroup,
+            cpu: HashMap::new(),
+            volumes: HashMap::new(),
+            last_image_fs: None,
+            failing: Failing::default(),
+        }
+    }
+
+    /// The machine's capacity, read at construction.
+    pub fn machine(&self) -> Machine {
+        self.machine
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &StatsConfig {
+        &self.config
+    }
+
+    /// One sample. Without a runtime only the node is sampled. Nothing here fails: an item
+    /// that cannot be read (a cgroup that vanished, a runtime call that failed or timed out, a
+    /// directory that is gone) is left out and logged once.
+    pub async fn collect(&mut self, runtime: Option<&dyn ContainerRuntime>) -> Summary {
+        let now = Timestamp::now();
+        let mut seen_cpu = HashSet::new();
+        let image_fs = match runtime {
+            Some(rt) => self.image_fs(rt).await,
+            None => None,
+        };
+        let node = self.node(now, image_fs.as_ref(), &mut seen_cpu);
+        let pods = match runtime {
+            Some(rt) => self.pods(rt, now, image_fs.as_ref(), &mut seen_cpu).await,
+            None => Vec::new(),
+        };
+        self.cpu.retain(|k, _| seen_cpu.contains(k));
+        let live: HashSet<&str> = pods.iter().map(|p| p.pod_ref.uid.as_str()).collect();
+        self.volumes.retain(|uid, _| live.contains(uid.as_str()));
+        let mut summary = Summary::new(self.node_name.clone());
+        summary.node = node;
+        summary.pods = pods;
+        summary
+    }
+
+    /// CPU figures with the rate since the previous sample of `key`.
+    fn cpu(
+        &mut self,
+        key: &str,
+        cumulative: Option<u64>,
+        at: Timestamp,
+        seen: &mut HashSet<String>,
+    ) -> Option<CpuStats> {
+        let cum = cumulative?;
+        seen.insert(key.to_string());
+        let mut c = CpuStats::new(at);
+        c.usage_core_nano_seconds = Some(cum);
+        if let Some((prev, prev_at)) = self.cpu.get(key) {
+            let dt = at.duration_since(*prev_at).as_nanos();
+            if dt > 0 && cum >= *prev {
+                c.usage_nano_cores =
+                    Some(((cum - prev) as u128 * 1_000_000_000 / dt as u128) as u64);
+            }
+        }
+        self.cpu.insert(key.to_string(), (cum, at));
+        Some(c)
+    }
+
+    fn node(
+        &mut self,
+        now: Timestamp,
+        image_fs: Option<&ImageFsInfo>,
+        seen: &mut HashSet<String>,
+    ) -> NodeStats {
+        let mut n = NodeStats::default();
+        n.node_name = self.node_name.clone();
+        n.start_time = self.boot_time;
+        let root = self
+            .config
+            .cgroup
+            .as_ref()
+            .and_then(|c| c.sample(Path::new("")));
+        let stat = procfs::read(&self.config.proc_root.join("stat"));
+        let cpu_ns = root
+            .and_then(|r| r.cpu_usage_ns)
+            .or_else(|| stat.as_deref().and_then(procfs::parse_stat_cpu_ns));
+        n.cpu = self.cpu("node", cpu_ns, now, seen);
+        n.memory = self.node_memory(now, root.as_ref());
+        n.network = self.node_network(now);
+        n.fs = fs::capacity(&self.dirs.root_dir).map(|c| fs_stats(now, &c, None, None));
+        let mut rt = RuntimeStats::default();
+        rt.image_fs = match image_fs.and_then(|i| i.image_filesystems.first()) {
+            Some(u) => {
+                fs::capacity(&u.mountpoint).map(|c| fs_stats(now, &c, u.used_bytes, u.inodes_used))
+            }
+            // No image filesystem reported: images live on nodefs, as the kubelet assumes.
+            None => n.fs.clone(),
+        };
+        rt.container_fs = image_fs
+            .and_then(|i| i.container_filesystems.first())
+            .and_then(|u| {
+                fs::capacity(&u.mountpoint).map(|c| fs_stats(now, &c, u.used_bytes, u.inodes_used))
+            });
+        n.runtime = Some(rt);
+        n.rlimit = Some(self.rlimit(now));
+        if let (Some(setup), Some(own)) = (self.config.cgroup.clone(), self.own_cgroup.clone())
+            && let Some(s) = setup.sample(&own)
+        {
+            let mut c = ContainerStats::new("kubelet");
+            c.start_time = self.boot_time;
+            c.cpu = self.cpu("kubelet", s.cpu_usage_ns, now, seen);
+            c.memory = Some(memory_stats(now, &s, s.memory_limit));
+            n.system_containers.push(c);
+        }
+        n
+    }
+
+    fn node_memory(&mut self, now: Timestamp, root: Option<&CgroupSample>) -> Option<MemoryStats> {
+        let meminfo = procfs::read(&self.config.proc_root.join("meminfo"))
+            .map(|t| procfs::parse_meminfo(&t))?;
+        let total = meminfo.get("MemTotal").copied()?;
+        let mut m = MemoryStats::new(now);
+        match (self.config.cgroup.as_ref(), root) {
+            // cAdvisor's root container on v1: the root cgroup's usage and inactive files.
+            (Some(CgroupSetup::V1 { .. }), Some(r)) if r.memory_usage.is_some() => {
+                m.usage_bytes = r.memory_usage;
+                m.working_set_bytes = r.working_set();
+                m.rss_bytes = r.rss;
+                m.page_faults = r.page_faults;
+                m.major_page_faults = r.major_page_faults;
+            }
+            // v2 (no memory.current at the root) or no cgroups: from /proc/meminfo.
+            _ => {
+                let used = total.saturating_sub(meminfo.get("MemFree").copied().unwrap_or(0));
+                m.usage_bytes = Some(used);
+                m.working_set_bytes =
+                    Some(used.saturating_sub(meminfo.get("Inactive(file)").copied().unwrap_or(0)));
+                m.rss_bytes = meminfo.get("AnonPages").copied();
+                if let Some(vm) = procfs::read(&self.config.proc_root.join("vmstat")) {
+                    let vm = crate::cgroup::parse_keyed(&vm);
+                    m.page_faults = vm.get("pgfault").copied();
+                    m.major_page_faults = vm.get("pgmajfault").copied();
+                }
+            }
+        }
+        m.available_bytes = m.working_set_bytes.map(|ws| total.saturating_sub(ws));
+        Some(m)
+    }
+
+    fn node_network(&mut self, now: Timestamp) -> Option<NetworkStats> {
+        let dev = procfs::read(&self.config.proc_root.join("net/dev"))?;
+        let interfaces: Vec<InterfaceStats> = procfs::parse_net_dev(&dev)
+            .into_iter()
+            .map(interface_stats)
+            .collect();
+        let default = procfs::read(&self.config.proc_root.join("net/route"))
+            .and_then(|t| procfs::default_route_interface(&t));
+        let mut net = NetworkStats::new(now);
+        net.default = interfaces
+            .iter()
+            .find(|i| Some(&i.name) == default.as_ref())
+            .or_else(|| interfaces.first())
+            .cloned()
+            .unwrap_or_default();
+        net.interfaces = interfaces;
+        Some(net)
+    }
+
+    fn rlimit(&mut self, now: Timestamp) -> RlimitStats {
+        let read_num = |rel: &str| {
+            procfs::read(&self.config.proc_root.join(rel))
+                .and_then(|t| t.trim().parse::<i64>().ok())
+        };
+        let mut r = RlimitStats::new(now);
+        r.maxpid = match (
+            read_num("sys/kernel/pid_max"),
+            read_num("sys/kernel/threads-max"),
+        ) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        r.curproc = procfs::read(&self.config.proc_root.join("loadavg"))
+            .and_then(|t| procfs::parse_loadavg_tasks(&t))
+            .map(|v| v as i64);
+        r
+    }
+
+    async fn image_fs(&mut self, rt: &dyn ContainerRuntime) -> Option<ImageFsInfo> {
+        match tokio::time::timeout(RUNTIME_CALL_TIMEOUT, rt.image_fs_info()).await {
+            Ok(Ok(info)) => {
+                self.failing.ok("image_fs_info");
+                self.last_image_fs = Some(info);
+            }
+            Ok(Err(e)) if e.kind() == kubelet_api::ErrorKind::Unimplemented => {
+                self.last_image_fs = None;
+            }
+            Ok(Err(e)) => self.failing.failed(
+                "image_fs_info".into(),
+                "the runtime's image filesystem",
+                &kubelet_api::chain(&e),
+            ),
+            Err(_) => self.failing.failed(
+                "image_fs_info".into(),
+                "the runtime's image filesystem",
+                &"timed out",
+            ),
+        }
+        self.last_image_fs.clone()
+    }
+
+    async fn pods(
+        &mut self,
+        rt: &dyn ContainerRuntime,
+        now: Timestamp,
+        image_fs: Option<&ImageFsInfo>,
+        seen: &mut HashSet<String>,
+    ) -> Vec<PodStats> {
+        let listed = tokio::time::timeout(RUNTIME_CALL_TIMEOUT, model::get_pods(rt)).await;
+        let pods = match listed {
+            Ok(Ok(p)) => {
+                self.failing.ok("list");
+                p
+            }
+            Ok(Err(e)) => {
+                self.failing.failed(
+                    "list".into(),
+                    "listing the runtime's pods",
+                    &kubelet_api::chain(&e),
+                );
+                return Vec::new();
+            }
+            Err(_) => {
+                self.failing
+                    .failed("list".into(), "listing the runtime's pods", &"timed out");
+                return Vec::new();
+            }
+        };
+        // Writable layers live on the container filesystem (the image filesystem unless split).
+        let layer_fs = image_fs
+            .and_then(|i| {
+                i.container_filesystems
+                    .first()
+                    .or_else(|| i.image_filesystems.first())
+            })
+            .and_then(|u| fs::capacity(&u.mountpoint));
+        let log_fs = fs::capacity(&self.dirs.pod_log_dir);
+        let mut out = Vec::new();
+        for pod in pods {
+            if let Some(p) = self
+                .pod(rt, &pod, now, layer_fs.as_ref(), log_fs.as_ref(), seen)
+                .await
+            {
+                out.push(p);
+            }
+        }
+        out
+    }
+
+    async fn pod(
+        &mut self,
+        rt: &dyn ContainerRuntime,
+        pod: &RuntimePod,
+        now: Timestamp,
+        layer_fs: Option<&FsCapacity>,
+        log_fs: Option<&FsCapacity>,
+        seen: &mut HashSet<String>,
+    ) -> Option<PodStats> {
+        let sandbox = pod
+            .sandboxes
+            .iter()
+            .find(|s| s.state == SandboxState::Ready)?;
+        let mut p = PodStats::new(PodReference::new(
+            pod.namespace.clone(),
+            pod.name.clone(),
+            pod.uid.clone(),
+        ));
+        p.start_time = Some(sandbox.created_at);
+        let log_dir = self
+            .dirs
+            .pod_log_dir
+            .join(format!("{}_{}_{}", pod.namespace, pod.name, pod.uid));
+        let mut cpu_sum: Option<u64> = None;
+        let mut memory = MemoryStats::new(now);
+        let mut any_memory = false;
+        let mut processes: Option<u64> = None;
+        let mut ephemeral = (0u64, 0u64);
+        for c in pod
+            .containers
+            .iter()
+            .filter(|c| c.state == ContainerState::Running && c.pod_sandbox_id == sandbox.id)
+        {
+            let mut cs = ContainerStats::new(c.metadata.name.clone());
+            cs.start_time = Some(c.created_at);
+            cs.container_id = c.id.clone();
+            cs.image = c.image.clone();
+            let key = format!("container {}", c.id);
+            match tokio::time::timeout(RUNTIME_CALL_TIMEOUT, rt.container_stats(&c.id)).await {
+                Ok(Ok(s)) => {
+                    self.failing.ok(&key);
+                    cs.cpu = self.cpu(&c.id, s.cpu_usage_core_nanoseconds, s.timestamp, seen);
+                    let mut m = MemoryStats::new(s.timestamp);
+                    m.usage_bytes = s.memory_usage_bytes;
+                    m.working_set_bytes = s.memory_working_set_bytes;
+                    m.rss_bytes = s.memory_rss_bytes;
+                    m.page_faults = s.memory_page_faults;
+                    m.major_page_faults = s.memory_major_page_faults;
+                    if s.memory_usage_bytes.is_some() || s.memory_working_set_bytes.is_some() {
+                        any_memory = true;
+                        add(&mut memory.usage_bytes, m.usage_bytes);
+                        add(&mut memory.working_set_bytes, m.working_set_bytes);
+                        add(&mut memory.rss_bytes, m.rss_bytes);
+                        add(&mut memory.page_faults, m.page_faults);
+                        add(&mut memory.major_page_faults, m.major_page_faults);
+                        cs.memory = Some(m);
+                    }
+                    add(&mut cpu_sum, s.cpu_usage_core_nanoseconds);
+                    add(&mut processes, s.process_count);
+                    if s.writable_layer_bytes.is_some() {
+                        let mut r = match layer_fs {
+                            Some(c) => fs_stats(now, c, None, None),
+                            None => FsStats::new(now),
+                        };
+                        r.used_bytes = s.writable_layer_bytes;
+                        r.inodes_used = s.writable_layer_inodes;
+                        ephemeral.0 += s.writable_layer_bytes.unwrap_or(0);
+                        ephemeral.1 += s.writable_layer_inodes.unwrap_or(0);
+                        cs.rootfs = Some(r);
+                    }
+                }
+                Ok(Err(e)) if e.is_not_found() => continue,
+                Ok(Err(e)) => {
+                    self.failing
+                        .failed(key, "a container's stats", &kubelet_api::chain(&e))
+                }
+                Err(_) => self
+                    .failing
+                    .failed(key, "a container's stats", &"timed out"),
+            }
+            if let Some((used, inodes)) = fs::disk_usage(&log_dir.join(&c.metadata.name)) {
+                let mut l = match log_fs {
+                    Some(cap) => fs_stats(now, cap, None, None),
+                    None => FsStats::new(now),
+                };
+                l.used_bytes = Some(used);
+                l.inodes_used = Some(inodes);
+                ephemeral.0 += used;
+                ephemeral.1 += inodes;
+                cs.logs = Some(l);
+            }
+            p.containers.push(cs);
+        }
+        p.cpu = self.cpu(&format!("pod {}", pod.uid), cpu_sum, now, seen);
+        if any_memory {
+            p.memory = Some(memory);
+        }
+        p.process_stats = processes.map(ProcessStats::new);
+        let (volumes, ephemeral_volumes) = self.pod_volumes(&pod.uid, now);
+        p.volumes = volumes;
+        ephemeral.0 += ephemeral_volumes.0;
+        ephemeral.1 += ephemeral_volumes.1;
+        let mut e = match fs::capacity(&self.dirs.root_dir) {
+            Some(c) => fs_stats(now, &c, None, None),
+            None => FsStats::new(now),
+        };
+        e.used_bytes = Some(ephemeral.0);
+        e.inodes_used = Some(ephemeral.1);
+        p.ephemeral_storage = Some(e);
+        Some(p)
+    }
+
+    /// The pod's volumes (measured at most once per `volume_stats_agg_period`) and the bytes
+    /// and inodes of those that count as ephemeral storage.
+    fn pod_volumes(&mut self, uid: &str, now: Timestamp) -> (Vec<VolumeStats>, (u64, u64)) {
+        let fresh = self
+            .volumes
+            .get(uid)
+            .is_some_and(|(at, _)| at.elapsed() < self.config.volume_stats_agg_period);
+        if !fresh {
+            let dir = self.dirs.root_dir.join("pods").join(uid).join("volumes");
+            self.volumes.insert(
+                uid.to_string(),
+                (Instant::now(), measure_volumes(&dir, now)),
+            );
+        }
+        let Some((_, vols)) = self.volumes.get(uid) else {
+            return (Vec::new(), (0, 0));
+        };
+        let mut eph = (0, 0);
+        for v in vols.iter().filter(|v| v.ephemeral) {
+            eph.0 += v.stats.fs.used_bytes.unwrap_or(0);
+            eph.1 += v.stats.fs.inodes_used.unwrap_or(0);
+        }
+        (vols.iter().map(|v| v.stats.clone()).collect(), eph)
+    }
+}
+
+/// One measured volume.
+#[derive(Debug, Clone)]
+struct MeasuredVolume {
+    stats: VolumeStats,
+    /// Counts as the pod's ephemeral storage (a disk-backed emptyDir, configMap, …).
+    ephemeral: bool,
+}
+
+/// Every volume directory `<volumes>/<plugin>/<name>`: its usage, and its filesystem's size.
+fn measure_volumes(volumes: &Path, now: Timestamp) -> Vec<MeasuredVolume> {
+    let mut out = Vec::new();
+    let Ok(plugins) = std::fs::read_dir(volumes) else {
+        return out;
+    };
+    for plugin in plugins.flatten() {
+        let Ok(vols) = std::fs::read_dir(plugin.path()) else {
+            continue;
+        };
+        let plugin_name = plugin.file_name();
+        let ephemeral_kind = EPHEMERAL_VOLUME_PLUGINS
+            .iter()
+            .any(|p| plugin_name.to_str() == Some(*p));
+        for v in vols.flatten() {
+            let Ok(name) = v.file_name().into_string() else {
+                continue;
+            };
+            let path = v.path();
+            let Some(cap) = fs::capacity(&path) else {
+                continue;
+            };
+            let mut s = fs_stats(now, &cap, None, None);
+            if let Some((used, inodes)) = fs::disk_usage(&path) {
+                s.used_bytes = Some(used);
+                s.inodes_used = Some(inodes);
+            }
+            out.push(MeasuredVolume {
+                stats: VolumeStats::new(name, s),
+                ephemeral: ephemeral_kind && !cap.tmpfs,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.stats.name.cmp(&b.stats.name));
+    out
+}
+
+fn add(sum: &mut Option<u64>, v: Option<u64>) {
+    if let Some(v) = v {
+        *sum = Some(sum.unwrap_or(0).saturating_add(v));
+    }
+}
+
+/// A filesystem's figures; `used`/`inodes_used` are the item's own (the filesystem's when
+/// `None`).
+fn fs_stats(
+    now: Timestamp,
+    c: &FsCapacity,
+    used: Option<u64>,
+    inodes_used: Option<u64>,
+) -> FsStats {
+    let mut s = FsStats::new(now);
+    s.capacity_bytes = Some(c.capacity);
+    s.available_bytes = Some(c.available);
+    s.used_bytes = used.or(Some(c.used));
+    if c.inodes > 0 {
+        s.inodes = Some(c.inodes);
+        s.inodes_free = Some(c.inodes_free);
+        s.inodes_used = inodes_used.or(Some(c.inodes.saturating_sub(c.inodes_free)));
+    } else {
+        s.inodes_used = inodes_used;
+    }
+    s
+}
+
+fn memory_stats(now: Timestamp, s: &CgroupSample, limit: Option<u64>) -> MemoryStats {
+    let mut m = MemoryStats::new(now);
+    m.usage_bytes = s.memory_usage;
+    m.working_set_bytes = s.working_set();
+    m.rss_bytes = s.rss;
+    m.page_faults = s.page_faults;
+    m.major_page_faults = s.major_page_faults;
+    m.available_bytes = limit
+        .zip(m.working_set_bytes)
+        .map(|(l, ws)| l.saturating_sub(ws));
+    m
+}
+
+fn interface_stats(i: procfs::InterfaceCounters) -> InterfaceStats {
+    let mut s = InterfaceStats::new(i.name);
+    s.rx_bytes = Some(i.rx_bytes);
+    s.rx_errors = Some(i.rx_errors);
+    s.tx_bytes = Some(i.tx_bytes);
+    s.tx_errors = Some(i.tx_errors);
+    s
+}

@@ -1,0 +1,53 @@
+//! `kubelet-stats`: resource usage for the kubelet SDK.
+//!
+//! One collector for the node, its pods and their containers, as the kubelet's cAdvisor and
+//! CRI stats providers make it:
+//!
+//! * the **node** from the root cgroup (cgroup v1 or v2, [detected](CgroupSetup::detect)
+//!   once from mountinfo, never assumed), `/proc` (`meminfo`, `stat`, `loadavg`, `net/dev`)
+//!   and `statvfs` of the agent's root directory;
+//! * **pods and containers** from the runtime (`list_pod_sandboxes`, `list_containers`,
+//!   `container_stats`, `image_fs_info`: CRI `ContainerStats` on containerd, the process
+//!   runtime's cgroups), their **volumes** (`<root>/pods/<uid>/volumes/<plugin>/<name>`, walked
+//!   every `volumeStatsAggPeriod`) and **logs** (`<podLogsDir>/<ns>_<name>_<uid>/<container>`);
+//! * **rates** (`usageNanoCores`) from the difference between two samples.
+//!
+//! The result is the kubelet's `stats/v1alpha1` [`Summary`](kubelet_api::stats::Summary).
+//! [`StatsPlugin`] samples every `housekeepingInterval` (10 s) in an agent and provides
+//! [`Stats`] as the agent's [`StatsService`](kubelet_api::stats::StatsService): the kubelet
+//! API serves it as `/stats/summary`, `/metrics/resource` and `/metrics/cadvisor`. Readers get
+//! the latest sample (an `Arc` clone): nothing is collected on a request's path.
+//!
+//! Used alone, a [`Collector`] samples on demand:
+//!
+//! ```no_run
+//! # async fn f() {
+//! use kubelet_api::AgentDirs;
+//! use kubelet_stats::{Collector, StatsConfig};
+//!
+//! let dirs = AgentDirs { root_dir: "/var/lib/kubelet".into(), pod_log_dir: "/var/log/pods".into() };
+//! let mut collector = Collector::new("node-1", dirs, StatsConfig::default());
+//! let summary = collector.collect(None).await; // no runtime: the node only
+//! println!("{:?}", summary.node.memory);
+//! # }
+//! ```
+//!
+//! Differences from the kubelet: a pod's CPU and memory are the sums of its running
+//! containers' (the kubelet reads the pod cgroup, which the SDK does not create yet); pod
+//! network figures are not collected (the runtime seam exposes no sandbox network namespace);
+//! the `runtime` and `pods` system containers are not reported, `kubelet` is when the agent runs
+//! in a cgroup of its own.
+#![forbid(unsafe_code)]
+
+pub mod cgroup;
+mod collector;
+pub mod fs;
+mod plugin;
+pub mod procfs;
+
+pub use cgroup::{CgroupSample, CgroupSetup, CgroupVersion};
+pub use collector::{
+    Collector, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_VOLUME_STATS_AGG_PERIOD,
+    RUNTIME_CALL_TIMEOUT, StatsConfig, read_machine,
+};
+pub use plugin::{REFRESH_TIMEOUT, Stats, StatsPlugin};
