@@ -143,6 +143,9 @@ pub struct KubeletConfiguration {
     pub node_status_report_frequency: GoDuration,
     /// `runtimeRequestTimeout` (2 m): deadline of every runtime call but image pulls.
     pub runtime_request_timeout: GoDuration,
+    /// `volumeStatsAggPeriod` (1 m): how often pod volumes' disk usage is measured for the
+    /// stats (`/stats/summary`, eviction).
+    pub volume_stats_agg_period: GoDuration,
     /// `streamingConnectionIdleTimeout` (4 h): idle exec, attach and port-forward connections
     /// are closed after this long.
     pub streaming_connection_idle_timeout: GoDuration,
@@ -331,6 +334,7 @@ impl Default for KubeletConfiguration {
             node_status_update_frequency: GoDuration::from_secs(10),
             node_status_report_frequency: GoDuration::from_secs(300),
             runtime_request_timeout: GoDuration::from_secs(120),
+            volume_stats_agg_period: GoDuration::from_secs(60),
             streaming_connection_idle_timeout: GoDuration::from_secs(4 * 3600),
             container_runtime_endpoint: String::new(),
             pod_logs_dir: "/var/log/pods".to_string(),

@@ -23,46 +23,9 @@ pub(crate) enum CgroupDriver {
     V2(PathBuf),
 }
 
-/// Mounts of type `cgroup` / `cgroup2` from a mountinfo text.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(crate) struct CgroupMounts {
-    /// v1 mount point → controllers mounted there.
-    pub(crate) v1: Vec<(PathBuf, Vec<String>)>,
-    /// v2 mount points.
-    pub(crate) v2: Vec<PathBuf>,
-}
-
-/// Parse `/proc/self/mountinfo`.
-pub(crate) fn parse_mountinfo(text: &str) -> CgroupMounts {
-    let mut out = CgroupMounts::default();
-    for line in text.lines() {
-        let Some((pre, post)) = line.split_once(" - ") else {
-            continue;
-        };
-        let pre: Vec<&str> = pre.split_whitespace().collect();
-        let post: Vec<&str> = post.split_whitespace().collect();
-        let (Some(mount_point), Some(fstype)) = (pre.get(4), post.first()) else {
-            continue;
-        };
-        let mount_point = PathBuf::from(mount_point.replace("\\040", " "));
-        match *fstype {
-            "cgroup2" => out.v2.push(mount_point),
-            "cgroup" => {
-                let opts = post.get(2).copied().unwrap_or_default();
-                let controllers = opts
-                    .split(',')
-                    .filter(|o| V1_CONTROLLERS.contains(o))
-                    .map(str::to_string)
-                    .collect::<Vec<_>>();
-                if !controllers.is_empty() {
-                    out.v1.push((mount_point, controllers));
-                }
-            }
-            _ => {}
-        }
-    }
-    out
-}
+#[cfg(test)]
+use kubelet_stats::cgroup::parse_keyed;
+pub(crate) use kubelet_stats::cgroup::{CgroupMounts, parse_mountinfo, parse_u64};
 
 impl CgroupDriver {
     /// Detect the hierarchy to use: v1 when a v1 memory hierarchy is mounted, else v2 when a
@@ -75,7 +38,10 @@ impl CgroupDriver {
     pub(crate) fn from_mounts(mounts: &CgroupMounts) -> Option<Self> {
         let mut v1 = BTreeMap::new();
         for (mp, ctrls) in &mounts.v1 {
-            for c in ctrls {
+            for c in ctrls
+                .iter()
+                .filter(|c| V1_CONTROLLERS.contains(&c.as_str()))
+            {
                 v1.entry(c.clone()).or_insert_with(|| mp.clone());
             }
         }
@@ -177,12 +143,10 @@ pub(crate) struct CgroupPaths {
     pub(crate) dirs: BTreeMap<String, PathBuf>,
 }
 
-/// Usage figures read from a cgroup.
+/// Usage figures read from a cgroup: what the shared reader says, and the processes in it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct CgroupStats {
-    pub(crate) memory_usage: Option<u64>,
-    pub(crate) memory_working_set: Option<u64>,
-    pub(crate) cpu_usage_ns: Option<u64>,
+    pub(crate) sample: kubelet_stats::CgroupSample,
     pub(crate) process_count: Option<u64>,
 }
 
@@ -284,51 +248,33 @@ impl CgroupPaths {
         Ok(())
     }
 
-    /// Memory, CPU and process figures.
-    pub(crate) fn stats(&self) -> CgroupStats {
-        let read = |controller: &str, file: &str| -> Option<String> {
-            std::fs::read_to_string(self.dir(controller)?.join(file)).ok()
-        };
-        let mut s = CgroupStats::default();
+    fn version(&self) -> kubelet_stats::CgroupVersion {
         if self.unified {
-            s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
-            let inactive = read("memory", "memory.stat")
-                .and_then(|t| parse_keyed(&t).get("inactive_file").copied());
-            s.cpu_usage_ns = read("cpu", "cpu.stat")
-                .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
-                .map(|us| us.saturating_mul(1000));
-            s.memory_working_set = s
-                .memory_usage
-                .map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+            kubelet_stats::CgroupVersion::V2
         } else {
-            s.memory_usage = read("memory", "memory.usage_in_bytes").and_then(|t| parse_u64(&t));
-            let inactive = read("memory", "memory.stat").and_then(|t| {
-                let m = parse_keyed(&t);
-                m.get("total_inactive_file")
-                    .or_else(|| m.get("inactive_file"))
-                    .copied()
-            });
-            s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
-            s.memory_working_set = s
-                .memory_usage
-                .map(|u| u.saturating_sub(inactive.unwrap_or(0)));
+            kubelet_stats::CgroupVersion::V1
         }
-        s.process_count = read("pids", "cgroup.procs")
-            .or_else(|| read("memory", "cgroup.procs"))
-            .map(|t| t.lines().filter(|l| !l.trim().is_empty()).count() as u64);
-        s
+    }
+
+    /// Memory, CPU and process figures (`kubelet-stats`' reader).
+    pub(crate) fn stats(&self) -> CgroupStats {
+        let sample = kubelet_stats::cgroup::read_sample(self.version(), |c| {
+            self.dir(c).map(Path::to_path_buf)
+        })
+        .unwrap_or_default();
+        let process_count = ["pids", "memory"].iter().find_map(|c| {
+            let t = std::fs::read_to_string(self.dir(c)?.join("cgroup.procs")).ok()?;
+            Some(t.lines().filter(|l| !l.trim().is_empty()).count() as u64)
+        });
+        CgroupStats {
+            sample,
+            process_count,
+        }
     }
 
     /// Number of OOM kills the kernel performed in this cgroup, if it says.
     pub(crate) fn oom_kills(&self) -> Option<u64> {
-        let dir = self.dir("memory")?;
-        if self.unified {
-            let t = std::fs::read_to_string(dir.join("memory.events")).ok()?;
-            parse_keyed(&t).get("oom_kill").copied()
-        } else {
-            let t = std::fs::read_to_string(dir.join("memory.oom_control")).ok()?;
-            parse_keyed(&t).get("oom_kill").copied()
-        }
+        self.stats().sample.oom_kills
     }
 
     /// v1 only: how often the memory limit was hit (a fallback OOM hint on old kernels).
@@ -420,24 +366,6 @@ pub(crate) fn remove_tree_once(dir: &Path) -> Result<usize, ProcessError> {
     }
     remove_dirs(&[dir.to_path_buf()])?;
     Ok(killed)
-}
-
-/// Parse a single-number cgroup file (`max` is `None`).
-pub(crate) fn parse_u64(text: &str) -> Option<u64> {
-    text.trim().parse().ok()
-}
-
-/// Parse a flat-keyed cgroup file (`key value` per line), as `memory.stat`, `memory.events`,
-/// `memory.oom_control` and `cpu.stat`.
-pub(crate) fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
-    text.lines()
-        .filter_map(|l| {
-            let mut it = l.split_whitespace();
-            let k = it.next()?;
-            let v = it.next()?.parse().ok()?;
-            Some((k.to_string(), v))
-        })
-        .collect()
 }
 
 /// cgroup v1 `cpu.shares` → v2 `cpu.weight` (the conversion runc and the kubelet use).
@@ -568,9 +496,9 @@ mod tests {
         assert_eq!(rd("cpu.max"), "50000 100000");
         assert_eq!(rd("cpu.weight"), shares_to_weight(512).to_string());
         let s = p.stats();
-        assert_eq!(s.memory_usage, Some(10_485_760));
-        assert_eq!(s.memory_working_set, Some(10_485_760 - 3_000_000));
-        assert_eq!(s.cpu_usage_ns, Some(1_500_000));
+        assert_eq!(s.sample.memory_usage, Some(10_485_760));
+        assert_eq!(s.sample.working_set(), Some(10_485_760 - 3_000_000));
+        assert_eq!(s.sample.cpu_usage_ns, Some(1_500_000));
         assert_eq!(s.process_count, Some(2));
         assert_eq!(p.oom_kills(), Some(1));
         assert_eq!(p.pids(), vec![10, 11]);
@@ -620,9 +548,9 @@ mod tests {
         assert_eq!(rd("cpu", "cpu.cfs_quota_us"), "20000");
         assert_eq!(rd("cpu", "cpu.cfs_period_us"), "100000");
         let s = p.stats();
-        assert_eq!(s.memory_usage, Some(8_192_000));
-        assert_eq!(s.memory_working_set, Some(8_000_000));
-        assert_eq!(s.cpu_usage_ns, Some(123_456_789));
+        assert_eq!(s.sample.memory_usage, Some(8_192_000));
+        assert_eq!(s.sample.working_set(), Some(8_000_000));
+        assert_eq!(s.sample.cpu_usage_ns, Some(123_456_789));
         assert_eq!(s.process_count, Some(1));
         assert_eq!(p.oom_kills(), Some(2));
         assert_eq!(p.memory_failcnt(), Some(7));

@@ -1369,9 +1369,12 @@ impl ProcessRuntime {
         };
         if let Some(cg) = &rec.cgroup {
             let s = cg.stats();
-            out.memory_usage_bytes = s.memory_usage;
-            out.memory_working_set_bytes = s.memory_working_set;
-            out.cpu_usage_core_nanoseconds = s.cpu_usage_ns;
+            out.memory_usage_bytes = s.sample.memory_usage;
+            out.memory_working_set_bytes = s.sample.working_set();
+            out.memory_rss_bytes = s.sample.rss;
+            out.memory_page_faults = s.sample.page_faults;
+            out.memory_major_page_faults = s.sample.major_page_faults;
+            out.cpu_usage_core_nanoseconds = s.sample.cpu_usage_ns;
             out.process_count = s.process_count;
             return Ok(out);
         }

@@ -62,6 +62,7 @@ mod proxy;
 mod routes;
 #[cfg(feature = "https")]
 pub mod spdy;
+mod stats;
 #[cfg(feature = "https")]
 mod streaming;
 #[cfg(feature = "https")]
@@ -514,6 +515,7 @@ impl AgentPlugin for KubeletServer {
             ctx: routes::Context {
                 handle: ctx.handle(),
                 runtime: ctx.runtime(),
+                stats: ctx.service::<dyn kubelet_api::stats::StatsService>(),
                 debugging: self.config.enable_debugging_handlers,
                 system_logs: self.config.enable_system_log_handler,
                 system_log_dir: self.config.system_log_dir.clone(),

@@ -65,6 +65,8 @@ pub(crate) enum Port {
 pub(crate) struct Context {
     pub(crate) handle: std::sync::Arc<dyn AgentHandle>,
     pub(crate) runtime: Arc<dyn ContainerRuntime>,
+    /// The agent's stats service, when a plugin provides one (else the stats paths are 404).
+    pub(crate) stats: Option<Arc<dyn kubelet_api::stats::StatsService>>,
     pub(crate) debugging: bool,
     pub(crate) system_logs: bool,
     pub(crate) system_log_dir: PathBuf,
@@ -165,8 +167,13 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
         );
     }
     if let Some(r) = get_only(req.method()) {
+        // `/stats/summary` also answers POST, as the kubelet's.
+        if path == "/stats/summary" && req.method() == Method::POST {
+            return stats_summary(ctx, query);
+        }
         let known = path == "/healthz"
             || path.starts_with("/healthz/")
+            || path == "/stats/summary"
             || path == "/pods"
             || path == "/pods/"
             || path.starts_with("/metrics")
@@ -187,6 +194,27 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
             ctx.handle.as_ref(),
             Some(&["prober_probe", "process_start_time_seconds"]),
         ),
+        "/stats/summary" => stats_summary(ctx, query),
+        "/metrics/resource" => match &ctx.stats {
+            Some(stats) => with_type(
+                full(
+                    StatusCode::OK,
+                    crate::stats::resource_metrics(&stats.summary()),
+                ),
+                crate::stats::PROMETHEUS_TEXT,
+            ),
+            None => plain(StatusCode::NOT_FOUND, "404 page not found\n"),
+        },
+        "/metrics/cadvisor" => match &ctx.stats {
+            Some(stats) => with_type(
+                full(
+                    StatusCode::OK,
+                    crate::stats::cadvisor_metrics(&stats.summary(), stats.machine()),
+                ),
+                crate::stats::PROMETHEUS_TEXT,
+            ),
+            None => plain(StatusCode::NOT_FOUND, "404 page not found\n"),
+        },
         "/configz" if port == Port::Main => match &ctx.configz {
             Some(c) => json(StatusCode::OK, &serde_json::json!({ "kubeletconfig": c })),
             None => plain(StatusCode::NOT_FOUND, "404 page not found\n"),
@@ -205,6 +233,21 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
             system_logs(&ctx.system_log_dir, path).await
         }
         _ => plain(StatusCode::NOT_FOUND, "404 page not found\n"),
+    }
+}
+
+/// `/stats/summary` (GET and POST): the latest sample, whole or `only_cpu_and_memory`.
+fn stats_summary(ctx: &Context, query: &str) -> Response<Body> {
+    let Some(stats) = &ctx.stats else {
+        return plain(StatusCode::NOT_FOUND, "404 page not found\n");
+    };
+    let reduced = crate::stats::only_cpu_and_memory(query);
+    match crate::stats::summary_json(&stats.summary(), reduced) {
+        Ok(body) => with_type(full(StatusCode::OK, body), "application/json"),
+        Err(e) => plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("Internal Error: {e}\n"),
+        ),
     }
 }
 

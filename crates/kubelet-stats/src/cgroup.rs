@@ -140,56 +140,63 @@ impl CgroupSetup {
     /// The figures of cgroup `rel` that can be read; `None` when its memory directory does not
     /// exist (the cgroup is gone).
     pub fn sample(&self, rel: &Path) -> Option<CgroupSample> {
-        let memory_dir = self.dir("memory", rel)?;
-        if !memory_dir.is_dir() {
-            return None;
-        }
-        let read = |controller: &str, file: &str| -> Option<String> {
-            std::fs::read_to_string(self.dir(controller, rel)?.join(file)).ok()
-        };
-        let mut s = CgroupSample::default();
-        let stat = read("memory", "memory.stat").map(|t| parse_keyed(&t));
-        let stat = stat.as_ref();
-        match self {
-            CgroupSetup::V2 { .. } => {
-                s.cpu_usage_ns = read("cpu", "cpu.stat")
-                    .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
-                    .map(|us| us.saturating_mul(1000));
-                s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
-                s.memory_limit = read("memory", "memory.max").and_then(|t| parse_u64(&t));
-                s.inactive_file = stat.and_then(|m| m.get("inactive_file").copied());
-                s.rss = stat.and_then(|m| m.get("anon").copied());
-                s.oom_kills = read("memory", "memory.events")
-                    .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
-            }
-            CgroupSetup::V1 { .. } => {
-                s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
-                s.memory_usage =
-                    read("memory", "memory.usage_in_bytes").and_then(|t| parse_u64(&t));
-                // An unlimited v1 cgroup reports a page-rounded i64::MAX.
-                s.memory_limit = read("memory", "memory.limit_in_bytes")
-                    .and_then(|t| parse_u64(&t))
-                    .filter(|l| *l < (1 << 62));
-                s.inactive_file = stat.and_then(|m| {
-                    m.get("total_inactive_file")
-                        .or_else(|| m.get("inactive_file"))
-                        .copied()
-                });
-                s.rss = stat.and_then(|m| m.get("total_rss").or_else(|| m.get("rss")).copied());
-                s.oom_kills = read("memory", "memory.oom_control")
-                    .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
-            }
-        }
-        s.page_faults =
-            stat.and_then(|m| m.get("total_pgfault").or_else(|| m.get("pgfault")).copied());
-        s.major_page_faults = stat.and_then(|m| {
-            m.get("total_pgmajfault")
-                .or_else(|| m.get("pgmajfault"))
-                .copied()
-        });
-        s.pids = read("pids", "pids.current").and_then(|t| parse_u64(&t));
-        Some(s)
+        read_sample(self.version(), |controller| self.dir(controller, rel))
     }
+}
+
+/// The figures of one cgroup whose directory for each controller `dir` names (on v2 the same
+/// for all); `None` when its memory directory does not exist (the cgroup is gone). For a
+/// runtime that keeps its containers' cgroup directories itself.
+pub fn read_sample(
+    version: CgroupVersion,
+    dir: impl Fn(&str) -> Option<PathBuf>,
+) -> Option<CgroupSample> {
+    if !dir("memory")?.is_dir() {
+        return None;
+    }
+    let read = |controller: &str, file: &str| -> Option<String> {
+        std::fs::read_to_string(dir(controller)?.join(file)).ok()
+    };
+    let mut s = CgroupSample::default();
+    let stat = read("memory", "memory.stat").map(|t| parse_keyed(&t));
+    let stat = stat.as_ref();
+    match version {
+        CgroupVersion::V2 => {
+            s.cpu_usage_ns = read("cpu", "cpu.stat")
+                .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
+                .map(|us| us.saturating_mul(1000));
+            s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
+            s.memory_limit = read("memory", "memory.max").and_then(|t| parse_u64(&t));
+            s.inactive_file = stat.and_then(|m| m.get("inactive_file").copied());
+            s.rss = stat.and_then(|m| m.get("anon").copied());
+            s.oom_kills = read("memory", "memory.events")
+                .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
+        }
+        CgroupVersion::V1 => {
+            s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
+            s.memory_usage = read("memory", "memory.usage_in_bytes").and_then(|t| parse_u64(&t));
+            // An unlimited v1 cgroup reports a page-rounded i64::MAX.
+            s.memory_limit = read("memory", "memory.limit_in_bytes")
+                .and_then(|t| parse_u64(&t))
+                .filter(|l| *l < (1 << 62));
+            s.inactive_file = stat.and_then(|m| {
+                m.get("total_inactive_file")
+                    .or_else(|| m.get("inactive_file"))
+                    .copied()
+            });
+            s.rss = stat.and_then(|m| m.get("total_rss").or_else(|| m.get("rss")).copied());
+            s.oom_kills = read("memory", "memory.oom_control")
+                .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
+        }
+    }
+    s.page_faults = stat.and_then(|m| m.get("total_pgfault").or_else(|| m.get("pgfault")).copied());
+    s.major_page_faults = stat.and_then(|m| {
+        m.get("total_pgmajfault")
+            .or_else(|| m.get("pgmajfault"))
+            .copied()
+    });
+    s.pids = read("pids", "pids.current").and_then(|t| parse_u64(&t));
+    Some(s)
 }
 
 /// What one cgroup's files say. A figure the kernel does not offer is `None`.

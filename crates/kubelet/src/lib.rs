@@ -11,6 +11,8 @@
 //! * the **PLEG** from that runtime (evented by default, the relist as its safety net and for
 //!   runtimes without events; the relist alone with `EventedPLEG=false`);
 //! * the **prober** (feature `probe`) and **node-pressure eviction** (feature `eviction`);
+//! * the **stats** collector (feature `stats`): `/stats/summary`, `/metrics/resource` and
+//!   `/metrics/cadvisor` on the kubelet API;
 //! * the **pod sources** `staticPodPath` and `staticPodURL`, and with a kubeconfig the API
 //!   server's pods, status and ConfigMaps/Secrets (feature `apiserver`);
 //! * the **healthz and read-only ports** (feature `server`): `/healthz`, `/pods`, `/metrics`,
@@ -48,7 +50,8 @@
 //! }
 //! ```
 //!
-//! Features: `process`, `probe`, `eviction`, `server` (default), `cri`, `apiserver`, `testing`.
+//! Features: `process`, `probe`, `eviction`, `stats`, `server` (default), `cri`, `apiserver`,
+//! `testing`.
 //!
 //! # The Kubernetes version is yours
 //!
@@ -103,6 +106,9 @@ pub use kubelet_process as process;
 /// The HTTP endpoints crate.
 #[cfg(feature = "server")]
 pub use kubelet_server as server;
+/// The stats crate.
+#[cfg(feature = "stats")]
+pub use kubelet_stats as stats;
 
 /// What an agent's `main` usually needs, without names that clash with Kubernetes API types:
 /// the runtime model is reached as `runtime::Container`, the API as `api::Container`.
@@ -199,6 +205,8 @@ pub struct AgentBuilder {
     default_prober: bool,
     probe_errors_as_failures: bool,
     default_eviction: bool,
+    default_stats: bool,
+    housekeeping_interval: std::time::Duration,
     evict_static_pods: bool,
     static_pod_url_ca_file: Option<PathBuf>,
     #[cfg(feature = "process")]
@@ -240,6 +248,8 @@ impl AgentBuilder {
             default_prober: true,
             probe_errors_as_failures: false,
             default_eviction: true,
+            default_stats: true,
+            housekeeping_interval: std::time::Duration::from_secs(10),
             evict_static_pods: false,
             static_pod_url_ca_file: None,
             #[cfg(feature = "process")]
@@ -347,6 +357,18 @@ impl AgentBuilder {
         self
     }
 
+    /// No stats collector (the stats endpoints answer 404).
+    pub fn without_stats(mut self) -> Self {
+        self.default_stats = false;
+        self
+    }
+
+    /// `--housekeeping-interval`: how often the stats collector samples (default 10 s).
+    pub fn housekeeping_interval(mut self, interval: std::time::Duration) -> Self {
+        self.housekeeping_interval = interval;
+        self
+    }
+
     /// Let eviction take static pods (the kubelet never evicts them; an agent whose pods all
     /// come from files wants priority to decide).
     pub fn evict_static_pods(mut self, on: bool) -> Self {
@@ -440,6 +462,8 @@ impl AgentBuilder {
             default_prober,
             probe_errors_as_failures,
             default_eviction,
+            default_stats,
+            housekeeping_interval,
             evict_static_pods,
             static_pod_url_ca_file,
             #[cfg(feature = "process")]
@@ -527,6 +551,9 @@ impl AgentBuilder {
         }
         if default_eviction {
             builder = with_eviction(builder, &c, evict_static_pods)?;
+        }
+        if default_stats {
+            builder = with_stats(builder, &c, housekeeping_interval);
         }
         if !c.static_pod_path.is_empty() {
             let source = kubelet_podconfig::FileSource::new(&c.static_pod_path, node_name.clone())
@@ -628,6 +655,27 @@ fn with_eviction(
     _: bool,
 ) -> Result<KubeletBuilder, AgentError> {
     Ok(builder)
+}
+
+#[cfg(feature = "stats")]
+fn with_stats(
+    builder: KubeletBuilder,
+    c: &KubeletConfiguration,
+    housekeeping_interval: std::time::Duration,
+) -> KubeletBuilder {
+    let config = kubelet_stats::StatsConfig::default()
+        .housekeeping_interval(housekeeping_interval)
+        .volume_stats_agg_period(c.volume_stats_agg_period.as_duration());
+    builder.plugin(Arc::new(kubelet_stats::StatsPlugin::new(config)))
+}
+
+#[cfg(not(feature = "stats"))]
+fn with_stats(
+    builder: KubeletBuilder,
+    _: &KubeletConfiguration,
+    _: std::time::Duration,
+) -> KubeletBuilder {
+    builder
 }
 
 /// The API server client the kubelet API's webhook authentication and authorization use.

@@ -95,6 +95,12 @@ struct Flags {
     /// Deadline of every CRI call except image pulls (the kubelet's runtimeRequestTimeout).
     #[arg(long = "runtime-request-timeout", default_value = "2m", value_parser = parse_duration)]
     runtime_request_timeout: Duration,
+    /// How often the stats collector samples the node, pods and containers.
+    #[arg(long = "housekeeping-interval", default_value = "10s", value_parser = parse_duration)]
+    housekeeping_interval: Duration,
+    /// How often pod volumes' disk usage is measured for the stats (`volumeStatsAggPeriod`).
+    #[arg(long = "volume-stats-agg-period", default_value = "1m", value_parser = parse_duration)]
+    volume_stats_agg_period: Duration,
     /// Port of the read-only API (`/healthz`, `/pods`); 0 disables it (the kubelet's default).
     #[arg(long = "read-only-port", default_value_t = 0)]
     read_only_port: u16,
@@ -183,6 +189,7 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
         c.container_runtime_endpoint = endpoint.clone();
     }
     c.runtime_request_timeout = flags.runtime_request_timeout.into();
+    c.volume_stats_agg_period = flags.volume_stats_agg_period.into();
     c.cluster_dns = flags
         .cluster_dns
         .iter()
@@ -285,7 +292,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
         .root_dir(&flags.root_dir)
-        .start_stage_limit(flags.start_stage_limit);
+        .start_stage_limit(flags.start_stage_limit)
+        .housekeeping_interval(flags.housekeeping_interval);
     #[cfg(feature = "probe")]
     {
         agent = agent.probe_errors_as_failures(flags.probe_errors_as_failures);

@@ -1891,3 +1891,366 @@ fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
     drop(env);
     drop(fs);
 }
+
+// ---------------------------------------------------------------------------------------------
+// Stats: `/stats/summary` and `/metrics/resource` against the machine's ground truth
+// ---------------------------------------------------------------------------------------------
+
+/// `GET path` on the read-only port as JSON.
+fn get_json(env: &Env, path: &str) -> Value {
+    let (code, body) = http_get(env.port, path).unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    assert_eq!(code, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path} is not JSON ({e}): {body}"))
+}
+
+fn stats_pod<'a>(summary: &'a Value, name: &str) -> Option<&'a Value> {
+    summary["pods"]
+        .as_array()?
+        .iter()
+        .find(|p| p["podRef"]["name"] == name)
+}
+
+fn stats_container<'a>(pod: &'a Value, name: &str) -> Option<&'a Value> {
+    pod["containers"]
+        .as_array()?
+        .iter()
+        .find(|c| c["name"] == name)
+}
+
+/// One sample of a Prometheus text exposition: name, labels, value, timestamp (ms).
+type PromSample = (String, BTreeMap<String, String>, f64, Option<i64>);
+
+/// A strict parser of the Prometheus text format (0.0.4): `# HELP`/`# TYPE` lines, samples with
+/// quoted, escaped label values, a float value and an optional integer timestamp. Panics on
+/// anything else, and on a sample whose family has no `# TYPE` line before it.
+fn parse_prometheus(text: &str) -> Vec<PromSample> {
+    fn is_name(s: &str) -> bool {
+        let mut chars = s.chars();
+        chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_' || c == ':')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':')
+    }
+    let mut typed = std::collections::BTreeSet::new();
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split(' ');
+            let (name, kind) = (it.next().unwrap_or(""), it.next().unwrap_or(""));
+            assert!(is_name(name), "bad family name in {line:?}");
+            assert!(
+                ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                "bad type in {line:?}"
+            );
+            assert!(
+                typed.insert(name.to_string()),
+                "family typed twice: {line:?}"
+            );
+            continue;
+        }
+        if line.starts_with("# HELP ") || line.is_empty() {
+            continue;
+        }
+        assert!(!line.starts_with('#'), "unexpected comment {line:?}");
+        let (name, rest) = match line.find(['{', ' ']) {
+            Some(i) => line.split_at(i),
+            None => panic!("no value in {line:?}"),
+        };
+        assert!(is_name(name), "bad metric name in {line:?}");
+        assert!(typed.contains(name), "sample before its # TYPE: {line:?}");
+        let mut labels = BTreeMap::new();
+        let mut rest = rest;
+        if let Some(r) = rest.strip_prefix('{') {
+            let mut r = r;
+            loop {
+                if let Some(after) = r.strip_prefix('}') {
+                    r = after;
+                    break;
+                }
+                let eq = r
+                    .find('=')
+                    .unwrap_or_else(|| panic!("bad labels in {line:?}"));
+                let key = &r[..eq];
+                assert!(is_name(key), "bad label name in {line:?}");
+                let mut value = String::new();
+                let mut chars = r[eq + 1..]
+                    .strip_prefix('"')
+                    .expect("quoted")
+                    .char_indices();
+                let end = loop {
+                    match chars.next() {
+                        Some((_, '\\')) => match chars.next() {
+                            Some((_, 'n')) => value.push('\n'),
+                            Some((_, c @ ('\\' | '"'))) => value.push(c),
+                            other => panic!("bad escape {other:?} in {line:?}"),
+                        },
+                        Some((i, '"')) => break i,
+                        Some((_, c)) => value.push(c),
+                        None => panic!("unterminated label value in {line:?}"),
+                    }
+                };
+                labels.insert(key.to_string(), value);
+                r = &r[eq + 2 + end + 1..];
+                r = r.strip_prefix(',').unwrap_or(r);
+            }
+            rest = r;
+        }
+        let mut fields = rest.trim_start().split(' ');
+        let value: f64 = fields
+            .next()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("bad value in {line:?}"));
+        let ts = fields.next().map(|t| {
+            t.parse::<i64>()
+                .unwrap_or_else(|_| panic!("bad timestamp in {line:?}"))
+        });
+        assert!(fields.next().is_none(), "trailing fields in {line:?}");
+        out.push((name.to_string(), labels, value, ts));
+    }
+    out
+}
+
+/// The ground truth of the stats: a container burning CPU under a 500m quota, one holding
+/// 200 MiB, one that wrote 5 MiB of logs, an emptyDir with a 50 MiB file, the node's memory
+/// against `/proc/meminfo`; `/metrics/resource` parses and agrees with the Summary.
+#[test]
+fn stats_summary_and_resource_metrics_report_what_the_machine_shows_when_root() {
+    if !root_or_skip("stats_summary_and_resource_metrics_report_what_the_machine_shows_when_root") {
+        return;
+    }
+    let mut env = Env::new("stats");
+    env.extra_args = [
+        "--housekeeping-interval",
+        "1s",
+        "--volume-stats-agg-period",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec();
+    env.start();
+    let (burn, hold, logger, filler) = (
+        env.token("burn"),
+        env.token("hold"),
+        env.token("logger"),
+        env.token("filler"),
+    );
+    let mut burn_c = sh("burn", "while :; do :; done", &burn);
+    burn_c["resources"] = json!({ "limits": { "cpu": "500m" } });
+    let mut hold_c = json!({
+        "name": "hold",
+        "image": "busybox",
+        "command": ["perl", "-e", "my $x = 'a' x (210 * 1024 * 1024); sleep 3600;", &hold],
+    });
+    hold_c["resources"] = json!({ "limits": { "memory": "640Mi" } });
+    let logger_c = json!({
+        "name": "logger",
+        "image": "busybox",
+        "command": ["perl", "-e", "$| = 1; print 'x' x 1023, \"\\n\" for 1 .. 5200; sleep 3600;", &logger],
+    });
+    // The process runtime runs on the host's filesystem: the filler finds the emptyDir under
+    // the agent's root directory by the pod's UID.
+    let root = env.root.display().to_string();
+    let mut filler_c = sh(
+        "filler",
+        &format!(
+            "d={root}/pods/$POD_UID/volumes/kubernetes.io~empty-dir/data; head -c 52428800 /dev/zero > $d/blob; {}",
+            looping("", true)
+        ),
+        &filler,
+    );
+    filler_c["env"] = json!([{ "name": "POD_UID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.uid" } } }]);
+    filler_c["volumeMounts"] = json!([{ "name": "data", "mountPath": "/data" }]);
+    env.write_pod(
+        "stats.json",
+        &pod(
+            "stats",
+            json!({
+                "containers": [burn_c, hold_c, logger_c, filler_c],
+                "volumes": [{ "name": "data", "emptyDir": {} }],
+                "terminationGracePeriodSeconds": 1,
+            }),
+        ),
+    );
+    let name = static_name("stats");
+    env.wait_running_ready(&name);
+
+    // Everything shows within the deadline (rates need two samples; volumes their period).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let summary = loop {
+        let s = get_json(&env, "/stats/summary");
+        let ok = stats_pod(&s, &name).is_some_and(|p| {
+            let cores = stats_container(p, "burn")
+                .and_then(|c| c["cpu"]["usageNanoCores"].as_f64())
+                .unwrap_or(0.0);
+            let held = stats_container(p, "hold")
+                .and_then(|c| c["memory"]["workingSetBytes"].as_f64())
+                .unwrap_or(0.0);
+            let logs = stats_container(p, "logger")
+                .and_then(|c| c["logs"]["usedBytes"].as_f64())
+                .unwrap_or(0.0);
+            let volume = p["volume"]
+                .as_array()
+                .and_then(|v| v.iter().find(|v| v["name"] == "data"))
+                .and_then(|v| v["usedBytes"].as_f64())
+                .unwrap_or(0.0);
+            (0.35e9..=0.65e9).contains(&cores)
+                && held >= 200.0 * 1048576.0
+                && logs >= 5.0 * 1048576.0
+                && volume >= 50.0 * 1048576.0
+        });
+        if ok {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the summary did not show the pod's usage within 60 s:\n{}",
+            serde_json::to_string_pretty(&stats_pod(&s, &name)).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let p = stats_pod(&summary, &name).expect("the pod");
+    assert_eq!(p["podRef"]["namespace"], "default", "{p:#}");
+    assert!(
+        p["podRef"]["uid"].as_str().is_some_and(|u| !u.is_empty()),
+        "{p:#}"
+    );
+    let held = stats_container(p, "hold").expect("hold")["memory"]["workingSetBytes"]
+        .as_u64()
+        .expect("working set");
+    let pod_ws = p["memory"]["workingSetBytes"]
+        .as_u64()
+        .expect("pod working set");
+    assert!(pod_ws >= held, "pod {pod_ws} < container {held}");
+    assert!(
+        p["ephemeral-storage"]["usedBytes"].as_u64().unwrap_or(0) >= 55 << 20,
+        "{p:#}"
+    );
+    assert!(
+        p["process_stats"]["process_count"].as_u64().unwrap_or(0) >= 4,
+        "{p:#}"
+    );
+
+    // The node: capacity is MemTotal, usage what the machine shows.
+    let meminfo = std::fs::read_to_string("/proc/meminfo").expect("meminfo");
+    let kb = |key: &str| -> f64 {
+        meminfo
+            .lines()
+            .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+            .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
+            .map(|v| v * 1024.0)
+            .unwrap_or_else(|| panic!("{key} in /proc/meminfo"))
+    };
+    let node = &summary["node"];
+    assert_eq!(node["nodeName"], NODE);
+    let mem = &node["memory"];
+    let (ws, avail, usage) = (
+        mem["workingSetBytes"].as_f64().expect("node working set"),
+        mem["availableBytes"].as_f64().expect("node available"),
+        mem["usageBytes"].as_f64().expect("node usage"),
+    );
+    let total = kb("MemTotal");
+    assert_eq!(ws + avail, total, "working set + available = MemTotal");
+    // Page cache, buffers and anonymous memory: what the root memory cgroup (or meminfo) counts.
+    let charged = kb("Cached") + kb("Buffers") + kb("AnonPages");
+    let meminfo_used = total - kb("MemFree");
+    assert!(
+        (usage - charged).abs() <= 0.05 * total || (usage - meminfo_used).abs() <= 0.05 * total,
+        "node usage {usage} is not within 5% of MemTotal of /proc/meminfo's ({charged} charged, {meminfo_used} used)"
+    );
+    assert!(
+        node["cpu"]["usageCoreNanoSeconds"].as_u64().unwrap_or(0) > 0,
+        "{node:#}"
+    );
+    assert!(
+        node["fs"]["capacityBytes"].as_u64().unwrap_or(0) > 0,
+        "{node:#}"
+    );
+    assert!(
+        node["rlimit"]["maxpid"].as_i64().unwrap_or(0) > 0,
+        "{node:#}"
+    );
+
+    // The reduced form metrics-server ≤ 0.5 asks for.
+    let reduced = get_json(&env, "/stats/summary?only_cpu_and_memory=true");
+    let rp = stats_pod(&reduced, &name).expect("the pod, reduced");
+    assert!(
+        rp.get("ephemeral-storage").is_none() && rp.get("volume").is_none(),
+        "{rp:#}"
+    );
+    assert!(
+        stats_container(rp, "hold").is_some_and(|c| c.get("logs").is_none()),
+        "{rp:#}"
+    );
+
+    // /metrics/resource parses, and its container series are the Summary's figures: read
+    // between two identical summaries, so all three come from one sample.
+    let (before, metrics, after) = loop {
+        let before = get_json(&env, "/stats/summary");
+        let (code, metrics) =
+            http_get(env.port, "/metrics/resource").expect("GET /metrics/resource");
+        assert_eq!(code, 200, "{metrics}");
+        let after = get_json(&env, "/stats/summary");
+        if before == after {
+            break (before, metrics, after);
+        }
+    };
+    drop(after);
+    let samples = parse_prometheus(&metrics);
+    let find = |name_: &str, container: &str| {
+        samples
+            .iter()
+            .find(|(n, l, _, _)| {
+                n == name_
+                    && l.get("container").map(String::as_str) == Some(container)
+                    && l.get("pod") == Some(&name)
+                    && l.get("namespace").map(String::as_str) == Some("default")
+            })
+            .unwrap_or_else(|| panic!("{name_} of {container} in:\n{metrics}"))
+    };
+    let p = stats_pod(&before, &name).expect("the pod");
+    for c in ["burn", "hold", "logger", "filler"] {
+        let sc = stats_container(p, c).expect("container");
+        let (_, _, cpu, ts) = find("container_cpu_usage_seconds_total", c);
+        let ns = sc["cpu"]["usageCoreNanoSeconds"].as_f64().expect("cpu");
+        assert!((cpu - ns / 1e9).abs() < 1e-6, "{c}: {cpu} s vs {ns} ns");
+        assert!(ts.is_some(), "{c}: the sample carries its timestamp");
+        let (_, _, ws, _) = find("container_memory_working_set_bytes", c);
+        assert_eq!(
+            *ws,
+            sc["memory"]["workingSetBytes"].as_f64().expect("ws"),
+            "{c}"
+        );
+        find("container_start_time_seconds", c);
+    }
+    assert!(
+        samples
+            .iter()
+            .any(|(n, _, _, _)| n == "node_cpu_usage_seconds_total"),
+        "{metrics}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|(n, _, v, _)| n == "resource_scrape_error" && *v == 0.0),
+        "{metrics}"
+    );
+
+    // /metrics/cadvisor parses too, with the machine's size.
+    let (code, cadvisor) = http_get(env.port, "/metrics/cadvisor").expect("GET /metrics/cadvisor");
+    assert_eq!(code, 200, "{cadvisor}");
+    let cs = parse_prometheus(&cadvisor);
+    let cores = cs
+        .iter()
+        .find(|(n, _, _, _)| n == "machine_cpu_cores")
+        .map(|s| s.2)
+        .expect("machine_cpu_cores");
+    assert!(cores >= 1.0, "{cadvisor}");
+    assert!(
+        cs.iter().any(|(n, l, _, _)| n == "container_memory_rss"
+            && l.get("container").map(String::as_str) == Some("hold")
+            && l.get("image").map(String::as_str) == Some("busybox")),
+        "{cadvisor}"
+    );
+
+    env.remove_pods(&["stats"]);
+}
