@@ -52,6 +52,8 @@ pub struct StatsConfig {
     pub sys_root: PathBuf,
     /// The cgroup setup; detected by [`StatsConfig::default`], `None` without cgroups.
     pub cgroup: Option<CgroupSetup>,
+    /// The kernel log the OOM watcher reads (`/dev/kmsg`); `None` turns the watcher off.
+    pub kmsg: Option<PathBuf>,
 }
 
 impl Default for StatsConfig {
@@ -62,6 +64,7 @@ impl Default for StatsConfig {
             proc_root: PathBuf::from("/proc"),
             sys_root: PathBuf::from("/sys"),
             cgroup: CgroupSetup::detect(),
+            kmsg: Some(crate::oom::default_kmsg()),
         }
     }
 }
@@ -83,6 +86,12 @@ impl StatsConfig {
     pub fn roots(mut self, proc_root: impl Into<PathBuf>, sys_root: impl Into<PathBuf>) -> Self {
         self.proc_root = proc_root.into();
         self.sys_root = sys_root.into();
+        self
+    }
+
+    /// Read the kernel log for OOM kills at `kmsg` (`None`: no OOM watcher).
+    pub fn kmsg(mut self, kmsg: Option<PathBuf>) -> Self {
+        self.kmsg = kmsg;
         self
     }
 
@@ -174,6 +183,11 @@ impl Collector {
     /// The machine's capacity, read at construction.
     pub fn machine(&self) -> Machine {
         self.machine
+    }
+
+    /// When the machine booted (`btime` of `/proc/stat`).
+    pub fn boot_time(&self) -> Option<Timestamp> {
+        self.boot_time
     }
 
     /// The settings.

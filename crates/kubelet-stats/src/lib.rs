@@ -12,6 +12,9 @@
 //!   every `volumeStatsAggPeriod`) and **logs** (`<podLogsDir>/<ns>_<name>_<uid>/<container>`);
 //! * **rates** (`usageNanoCores`) from the difference between two samples.
 //!
+//! The [OOM watcher](oom) reads the kernel log (`/dev/kmsg`) and records a `SystemOOM`
+//! warning event on the Node for every system OOM kill, with the victim's name and PID.
+//!
 //! The result is the kubelet's `stats/v1alpha1` [`Summary`](kubelet_api::stats::Summary).
 //! [`StatsPlugin`] samples every `housekeepingInterval` (10 s) in an agent and provides
 //! [`Stats`] as the agent's [`StatsService`](kubelet_api::stats::StatsService): the kubelet
@@ -42,6 +45,7 @@
 pub mod cgroup;
 mod collector;
 pub mod fs;
+pub mod oom;
 mod plugin;
 pub mod procfs;
 

@@ -124,23 +124,34 @@ impl AgentPlugin for StatsPlugin {
         let mut collector =
             Collector::new(ctx.node_name(), ctx.dirs().clone(), self.config.clone());
         let runtime = ctx.runtime();
-        let mut tick = tokio::time::interval(self.config.housekeeping_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let waiting = tokio::select! {
-                _ = shutdown.cancelled() => return Ok(()),
-                _ = tick.tick() => None,
-                Some(reply) = requests.recv() => Some(reply),
-            };
-            let summary = Arc::new(collector.collect(Some(runtime.as_ref())).await);
-            *self.stats.shared.latest.write() = summary.clone();
-            if let Some(reply) = waiting {
-                let _ = reply.send(summary.clone());
-                // Everyone who asked meanwhile gets this sample too.
-                while let Ok(reply) = requests.try_recv() {
+        let boot_time = collector.boot_time();
+        let collecting = async {
+            let mut tick = tokio::time::interval(self.config.housekeeping_interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                let waiting = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tick.tick() => None,
+                    Some(reply) = requests.recv() => Some(reply),
+                };
+                let summary = Arc::new(collector.collect(Some(runtime.as_ref())).await);
+                *self.stats.shared.latest.write() = summary.clone();
+                if let Some(reply) = waiting {
                     let _ = reply.send(summary.clone());
+                    // Everyone who asked meanwhile gets this sample too.
+                    while let Ok(reply) = requests.try_recv() {
+                        let _ = reply.send(summary.clone());
+                    }
                 }
             }
-        }
+        };
+        let recorder = ctx.recorder();
+        let watching = async {
+            if let Some(kmsg) = &self.config.kmsg {
+                crate::oom::watch(kmsg, boot_time, ctx.node_name(), &recorder, &shutdown).await;
+            }
+        };
+        tokio::join!(collecting, watching);
+        Ok(())
     }
 }
