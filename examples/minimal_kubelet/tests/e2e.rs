@@ -2254,3 +2254,36 @@ fn stats_summary_and_resource_metrics_report_what_the_machine_shows_when_root() 
 
     env.remove_pods(&["stats"]);
 }
+
+/// A container that allocates 256 MiB under a 64 MiB limit ends `OOMKilled` (exit code 137),
+/// and the agent goes on.
+#[test]
+fn a_container_over_its_memory_limit_ends_oom_killed_when_root() {
+    if !root_or_skip("a_container_over_its_memory_limit_ends_oom_killed_when_root") {
+        return;
+    }
+    let mut env = Env::new("oomkill");
+    env.start();
+    let token = env.token("hog");
+    let mut c = json!({
+        "name": "hog",
+        "image": "busybox",
+        "command": ["perl", "-e", "my $x = 'a' x (256 * 1024 * 1024); sleep 3600;", &token],
+    });
+    c["resources"] = json!({ "limits": { "memory": "64Mi" } });
+    env.write_pod(
+        "hog.json",
+        &pod(
+            "hog",
+            json!({ "containers": [c], "restartPolicy": "Never" }),
+        ),
+    );
+    let p = env.wait_pod(&static_name("hog"), "the container terminated", |p| {
+        main_status(p, "hog")["state"]["terminated"].is_object()
+    });
+    let t = &main_status(&p, "hog")["state"]["terminated"];
+    assert_eq!(t["reason"], "OOMKilled", "{p:#}");
+    assert_eq!(t["exitCode"], 137, "{p:#}");
+    assert_eq!(p["status"]["phase"], "Failed", "{p:#}");
+    env.remove_pods(&["hog"]);
+}

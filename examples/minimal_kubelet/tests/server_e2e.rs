@@ -476,6 +476,79 @@ fn kubectl_logs_and_the_kubelet_apis_authentication_through_a_real_api_server() 
     assert_eq!(code, 200, "{body}");
     assert!(body.contains("\"kubeletconfig\""));
 
+    // Stats: through the API server's node proxy (`kubectl get --raw`), refused without RBAC.
+    let raw = format!("/api/v1/nodes/{node}/proxy/stats/summary");
+    let summary = eventually(
+        "the node's summary through the API server",
+        Duration::from_secs(60),
+        || {
+            let o = kubectl(k, &admin, &["get", "--raw", &raw]);
+            let v: serde_json::Value = serde_json::from_str(&o.stdout).ok()?;
+            (v["node"]["nodeName"] == node.as_str()).then_some(v)
+        },
+    );
+    assert!(
+        summary["node"]["memory"]["workingSetBytes"]
+            .as_u64()
+            .unwrap_or(0)
+            > 0,
+        "{summary:#}"
+    );
+    let (code, body, _) = curl(
+        port,
+        "/stats/summary",
+        &["-H", &format!("Authorization: Bearer {viewer}")],
+    );
+    assert_eq!(
+        (code, body.as_str()),
+        (
+            403,
+            "Forbidden (user=system:serviceaccount:default:viewer, verb=get, resource=nodes, subresource(s)=[stats])\n"
+        )
+    );
+    let prober = service_account_token(&env, k, "prober");
+    for args in [
+        &[
+            "create",
+            "clusterrole",
+            "node-proxy",
+            "--verb=get",
+            "--resource=nodes/proxy",
+        ][..],
+        &[
+            "create",
+            "clusterrolebinding",
+            "prober-node-proxy",
+            "--clusterrole=node-proxy",
+            "--serviceaccount=default:prober",
+        ][..],
+    ] {
+        kubectl_ok(k, &admin, args);
+    }
+    let through_apiserver = |token: &str| {
+        let o = run(Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(env.ca_file())
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("{}{raw}", env.url())));
+        o.stdout.trim().parse::<u16>().unwrap_or(0)
+    };
+    eventually(
+        "the prober's RBAC to allow the node proxy",
+        Duration::from_secs(30),
+        || (through_apiserver(&prober) == 200).then_some(()),
+    );
+    kubectl_ok(
+        k,
+        &admin,
+        &["delete", "clusterrolebinding", "prober-node-proxy"],
+    );
+    eventually(
+        "the node proxy to be refused once the binding is gone",
+        Duration::from_secs(30),
+        || (through_apiserver(&prober) == 403).then_some(()),
+    );
+
     // The API server goes away: nothing hangs.
     let unused = service_account_token(&env, k, "late");
     env.stop_apiserver();
