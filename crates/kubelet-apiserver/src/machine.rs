@@ -49,31 +49,6 @@ pub fn go_arch() -> &'static str {
     }
 }
 
-/// Count CPUs in a kernel CPU list (`0-3,8,10-11`).
-pub(crate) fn count_cpu_list(s: &str) -> u64 {
-    s.trim()
-        .split(',')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.split_once('-') {
-            Some((a, b)) => match (a.trim().parse::<u64>(), b.trim().parse::<u64>()) {
-                (Ok(a), Ok(b)) if b >= a => b - a + 1,
-                _ => 0,
-            },
-            None => u64::from(p.trim().parse::<u64>().is_ok()),
-        })
-        .sum()
-}
-
-/// `MemTotal` of a `/proc/meminfo` text, in bytes.
-pub(crate) fn mem_total(meminfo: &str) -> u64 {
-    meminfo
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
 /// `PRETTY_NAME` of an `/etc/os-release` text.
 pub(crate) fn pretty_name(os_release: &str) -> String {
     os_release
@@ -86,10 +61,8 @@ pub(crate) fn pretty_name(os_release: &str) -> String {
 impl MachineInfo {
     /// Read this machine; `root_dir` names the filesystem whose size is the ephemeral storage.
     pub fn detect(root_dir: &Path) -> Self {
-        let cpus = match count_cpu_list(&read_trimmed("/sys/devices/system/cpu/online")) {
-            0 => std::thread::available_parallelism().map_or(1, |n| n.get() as u64),
-            n => n,
-        };
+        // CPUs and memory as the stats collector reads them (`kubelet-stats`).
+        let machine = kubelet_stats::read_machine(Path::new("/proc"), Path::new("/sys"));
         // fsblkcnt_t is not u64 on every target.
         #[allow(clippy::useless_conversion)]
         let root_fs_bytes = existing_ancestor(root_dir)
@@ -98,8 +71,8 @@ impl MachineInfo {
                 u64::from(s.blocks()).saturating_mul(u64::from(s.fragment_size()))
             });
         Self {
-            cpus,
-            memory_bytes: mem_total(&std::fs::read_to_string("/proc/meminfo").unwrap_or_default()),
+            cpus: machine.num_cores,
+            memory_bytes: machine.memory_capacity,
             root_fs_bytes,
             kernel_version: read_trimmed("/proc/sys/kernel/osrelease"),
             os_image: pretty_name(&std::fs::read_to_string("/etc/os-release").unwrap_or_default()),
@@ -135,15 +108,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn cpu_lists_meminfo_and_os_release_parse() {
-        assert_eq!(count_cpu_list("0-3,8,10-11\n"), 7);
-        assert_eq!(count_cpu_list("0"), 1);
-        assert_eq!(count_cpu_list(""), 0);
-        assert_eq!(
-            mem_total("MemTotal:       24575520 kB\nMemFree: 1 kB\n"),
-            24_575_520 * 1024
-        );
-        assert_eq!(mem_total("garbage"), 0);
+    fn os_release_parses() {
         assert_eq!(
             pretty_name("NAME=\"Debian\"\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n"),
             "Debian GNU/Linux 12 (bookworm)"

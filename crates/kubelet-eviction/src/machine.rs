@@ -45,36 +45,23 @@ impl CgroupFs {
         Self::from_mountinfo(&text)
     }
 
-    /// Pick the memory hierarchy from a mountinfo text.
+    /// Pick the memory hierarchy from a mountinfo text (`kubelet-stats`' detection).
     pub fn from_mountinfo(text: &str) -> Option<Self> {
-        let mut v2 = Vec::new();
-        for line in text.lines() {
-            let Some((pre, post)) = line.split_once(" - ") else {
-                continue;
-            };
-            let pre: Vec<&str> = pre.split_whitespace().collect();
-            let post: Vec<&str> = post.split_whitespace().collect();
-            let (Some(mp), Some(fstype)) = (pre.get(4), post.first()) else {
-                continue;
-            };
-            let mp = PathBuf::from(mp.replace("\\040", " "));
-            match *fstype {
-                "cgroup" => {
-                    let opts = post.get(2).copied().unwrap_or_default();
-                    if opts.split(',').any(|o| o == "memory") {
-                        return Some(CgroupFs::V1 { memory: mp });
-                    }
-                }
-                "cgroup2" => v2.push(mp),
-                _ => {}
-            }
+        let setup =
+            kubelet_stats::CgroupSetup::from_mounts(&kubelet_stats::cgroup::parse_mountinfo(text))?;
+        Self::from_setup(&setup)
+    }
+
+    /// The memory hierarchy of a detected cgroup setup.
+    pub fn from_setup(setup: &kubelet_stats::CgroupSetup) -> Option<Self> {
+        match setup.version() {
+            kubelet_stats::CgroupVersion::V1 => Some(CgroupFs::V1 {
+                memory: setup.dir("memory", Path::new(""))?,
+            }),
+            kubelet_stats::CgroupVersion::V2 => Some(CgroupFs::V2 {
+                root: setup.dir("memory", Path::new(""))?,
+            }),
         }
-        v2.into_iter()
-            .find(|mp| {
-                std::fs::read_to_string(mp.join("cgroup.controllers"))
-                    .is_ok_and(|c| c.split_whitespace().any(|w| w == "memory"))
-            })
-            .map(|root| CgroupFs::V2 { root })
     }
 
     /// Directory of cgroup `rel` (relative to the hierarchy root).
@@ -289,24 +276,9 @@ impl MachineStats {
         })
     }
 
-    fn meminfo(&self) -> Result<HashMap<String, u64>, EvictionError> {
+    fn meminfo(&self) -> Result<std::collections::BTreeMap<String, u64>, EvictionError> {
         let path = self.config.proc_root.join("meminfo");
-        let text = self.read(&path)?;
-        let mut out = HashMap::new();
-        for line in text.lines() {
-            let Some((k, rest)) = line.split_once(':') else {
-                continue;
-            };
-            let mut it = rest.split_whitespace();
-            let Some(Ok(v)) = it.next().map(str::parse::<u64>) else {
-                continue;
-            };
-            let mult = match it.next() {
-                Some("kB") => 1024,
-                _ => 1,
-            };
-            out.insert(k.trim().to_string(), v.saturating_mul(mult));
-        }
+        let out = kubelet_stats::procfs::parse_meminfo(&self.read(&path)?);
         if !out.contains_key("MemTotal") {
             return Err(EvictionError::ParseStats {
                 path,
@@ -451,11 +423,8 @@ impl MachineStats {
         let max = self.read_u64(&self.config.proc_root.join("sys/kernel/pid_max"))? as i64;
         let path = self.config.proc_root.join("loadavg");
         let text = self.read(&path)?;
-        let running = text
-            .split_whitespace()
-            .nth(3)
-            .and_then(|f| f.split_once('/'))
-            .and_then(|(_, total)| total.parse::<i64>().ok())
+        let running = kubelet_stats::procfs::parse_loadavg_tasks(&text)
+            .map(|n| n as i64)
             .ok_or_else(|| EvictionError::ParseStats {
                 path,
                 reason: format!("unexpected content {:?}", text.trim()),
@@ -573,32 +542,8 @@ impl MachineStats {
     }
 }
 
-/// Bytes (allocated blocks) and inodes used under `dir`, not following symlinks or crossing
-/// into other filesystems.
-pub fn disk_usage(dir: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    let root = std::fs::symlink_metadata(dir).ok()?;
-    let dev = root.dev();
-    let mut bytes = 0u64;
-    let mut inodes = 0u64;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(md) = std::fs::symlink_metadata(&d) else {
-            continue;
-        };
-        if md.dev() != dev {
-            continue;
-        }
-        bytes = bytes.saturating_add(md.blocks().saturating_mul(512));
-        inodes += 1;
-        if md.is_dir()
-            && let Ok(rd) = std::fs::read_dir(&d)
-        {
-            stack.extend(rd.filter_map(|e| e.ok()).map(|e| e.path()));
-        }
-    }
-    Some((bytes, inodes))
-}
+/// Bytes (allocated blocks) and inodes used under `dir` (`kubelet-stats`' walk).
+pub use kubelet_stats::fs::disk_usage;
 
 #[async_trait]
 impl StatsProvider for MachineStats {
