@@ -151,6 +151,10 @@ pub struct Collector {
     cpu: HashMap<String, (u64, Timestamp)>,
     /// Each pod's volume figures and when they were measured.
     volumes: HashMap<String, (Instant, Vec<MeasuredVolume>)>,
+    /// Each container's log usage and when it was measured.
+    logs: HashMap<String, (Instant, Option<(u64, u64)>)>,
+    /// Containers whose logs were looked at in this collection.
+    log_seen: HashSet<String>,
     last_image_fs: Option<ImageFsInfo>,
     failing: Failing,
 }
@@ -175,6 +179,8 @@ impl Collector {
             own_cgroup,
             cpu: HashMap::new(),
             volumes: HashMap::new(),
+            logs: HashMap::new(),
+            log_seen: HashSet::new(),
             last_image_fs: None,
             failing: Failing::default(),
         }
@@ -213,6 +219,8 @@ impl Collector {
         self.cpu.retain(|k, _| seen_cpu.contains(k));
         let live: HashSet<&str> = pods.iter().map(|p| p.pod_ref.uid.as_str()).collect();
         self.volumes.retain(|uid, _| live.contains(uid.as_str()));
+        let log_seen = std::mem::take(&mut self.log_seen);
+        self.logs.retain(|id, _| log_seen.contains(id));
         let mut summary = Summary::new(self.node_name.clone());
         summary.node = node;
         summary.pods = pods;
@@ -420,12 +428,15 @@ impl Collector {
             })
             .and_then(|u| fs::capacity(&u.mountpoint));
         let log_fs = fs::capacity(&self.dirs.pod_log_dir);
+        let root_fs = fs::capacity(&self.dirs.root_dir);
         let mut out = Vec::new();
         for pod in pods {
-            if let Some(p) = self
-                .pod(rt, &pod, now, layer_fs.as_ref(), log_fs.as_ref(), seen)
-                .await
-            {
+            let filesystems = Filesystems {
+                layers: layer_fs.as_ref(),
+                logs: log_fs.as_ref(),
+                root: root_fs.as_ref(),
+            };
+            if let Some(p) = self.pod(rt, &pod, now, filesystems, seen).await {
                 out.push(p);
             }
         }
@@ -437,10 +448,10 @@ impl Collector {
         rt: &dyn ContainerRuntime,
         pod: &RuntimePod,
         now: Timestamp,
-        layer_fs: Option<&FsCapacity>,
-        log_fs: Option<&FsCapacity>,
+        filesystems: Filesystems<'_>,
         seen: &mut HashSet<String>,
     ) -> Option<PodStats> {
+        let (layer_fs, log_fs) = (filesystems.layers, filesystems.logs);
         let sandbox = pod
             .sandboxes
             .iter()
@@ -512,7 +523,7 @@ impl Collector {
                     .failing
                     .failed(key, "a container's stats", &"timed out"),
             }
-            if let Some((used, inodes)) = fs::disk_usage(&log_dir.join(&c.metadata.name)) {
+            if let Some((used, inodes)) = self.log_usage(&c.id, &log_dir.join(&c.metadata.name)) {
                 let mut l = match log_fs {
                     Some(cap) => fs_stats(now, cap, None, None),
                     None => FsStats::new(now),
@@ -534,14 +545,29 @@ impl Collector {
         p.volumes = volumes;
         ephemeral.0 += ephemeral_volumes.0;
         ephemeral.1 += ephemeral_volumes.1;
-        let mut e = match fs::capacity(&self.dirs.root_dir) {
-            Some(c) => fs_stats(now, &c, None, None),
+        let mut e = match filesystems.root {
+            Some(c) => fs_stats(now, c, None, None),
             None => FsStats::new(now),
         };
         e.used_bytes = Some(ephemeral.0);
         e.inodes_used = Some(ephemeral.1);
         p.ephemeral_storage = Some(e);
         Some(p)
+    }
+
+    /// A container's log directory usage, measured at most once per
+    /// `volume_stats_agg_period` (a directory walk, like the volumes).
+    fn log_usage(&mut self, container_id: &str, dir: &Path) -> Option<(u64, u64)> {
+        self.log_seen.insert(container_id.to_string());
+        if let Some((at, usage)) = self.logs.get(container_id)
+            && at.elapsed() < self.config.volume_stats_agg_period
+        {
+            return *usage;
+        }
+        let usage = fs::disk_usage(dir);
+        self.logs
+            .insert(container_id.to_string(), (Instant::now(), usage));
+        usage
     }
 
     /// The pod's volumes (measured at most once per `volume_stats_agg_period`) and the bytes
@@ -568,6 +594,14 @@ impl Collector {
         }
         (vols.iter().map(|v| v.stats.clone()).collect(), eph)
     }
+}
+
+/// The filesystems of one collection: writable layers, logs, the root directory.
+#[derive(Debug, Clone, Copy)]
+struct Filesystems<'a> {
+    layers: Option<&'a FsCapacity>,
+    logs: Option<&'a FsCapacity>,
+    root: Option<&'a FsCapacity>,
 }
 
 /// One measured volume.
