@@ -1072,3 +1072,137 @@ fn kubectl_exec_cp_and_port_forward_reach_containerd_containers_through_its_stre
     }
     env.stop_agent();
 }
+
+/// Stats on containerd (CRI `ContainerStats`, `ImageFsInfo`): a container burning CPU under a
+/// 500m quota, one holding 200 MiB, one that wrote 5 MiB of logs, an emptyDir with a 50 MiB
+/// file; a container over its 64 MiB limit ends `OOMKilled`.
+#[test]
+fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
+    let Some(mut env) =
+        Env::start("stats_and_oom_kills_on_containerd_match_what_the_containers_do")
+    else {
+        return;
+    };
+    env.extra_args = [
+        "--housekeeping-interval",
+        "1s",
+        "--volume-stats-agg-period",
+        "1s",
+    ]
+    .map(String::from)
+    .to_vec();
+    env.start_agent();
+    let image = env.var("BUSYBOX_IMAGE").to_string();
+    let c = |name: &str, script: &str| serde_json::json!({ "name": name, "image": image, "command": ["/bin/sh", "-c", script] });
+    let mut burn = c("burn", "while :; do :; done");
+    burn["resources"] = serde_json::json!({ "limits": { "cpu": "500m" } });
+    let mut hold = c(
+        "hold",
+        "x=$(head -c 209715200 /dev/zero | tr '\\0' a); sleep 3600",
+    );
+    hold["resources"] = serde_json::json!({ "limits": { "memory": "900Mi" } });
+    let logger = c(
+        "logger",
+        "head -c 5300000 /dev/zero | tr '\\0' x | fold -w 1000; sleep 3600",
+    );
+    let mut filler = c(
+        "filler",
+        "head -c 52428800 /dev/zero > /data/blob; sleep 3600",
+    );
+    filler["volumeMounts"] = serde_json::json!([{ "name": "data", "mountPath": "/data" }]);
+    let stats = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "stats" },
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [burn, hold, logger, filler],
+            "volumes": [{ "name": "data", "emptyDir": {} }],
+        },
+    });
+    write_manifest(&env.manifests(), "stats", &stats.to_string());
+    let mut hog = c(
+        "hog",
+        "x=$(head -c 268435456 /dev/zero | tr '\\0' a); sleep 3600",
+    );
+    hog["resources"] = serde_json::json!({ "limits": { "memory": "64Mi" } });
+    let hog = serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "hog" },
+        "spec": { "restartPolicy": "Never", "containers": [hog] },
+    });
+    write_manifest(&env.manifests(), "hog", &hog.to_string());
+    let find = |s: &Value, pod: &str, c: &str, path: &[&str]| -> f64 {
+        let Some(p) = s["pods"].as_array().and_then(|ps| {
+            ps.iter()
+                .find(|p| p["podRef"]["name"] == format!("{pod}-cri-node"))
+        }) else {
+            return 0.0;
+        };
+        let mut v = if c.is_empty() {
+            p
+        } else {
+            match p["containers"]
+                .as_array()
+                .and_then(|cs| cs.iter().find(|x| x["name"] == c))
+            {
+                Some(v) => v,
+                None => return 0.0,
+            }
+        };
+        for k in path {
+            v = &v[*k];
+        }
+        v.as_f64().unwrap_or(0.0)
+    };
+    let summary = wait_until("the stats of the pod's containers", || {
+        let s: Value = serde_json::from_str(&http_get(env.port, "/stats/summary").ok()?).ok()?;
+        let cores = find(&s, "stats", "burn", &["cpu", "usageNanoCores"]);
+        let held = find(&s, "stats", "hold", &["memory", "workingSetBytes"]);
+        let logs = find(&s, "stats", "logger", &["logs", "usedBytes"]);
+        let volume = s["pods"]
+            .as_array()?
+            .iter()
+            .find(|p| p["podRef"]["name"] == "stats-cri-node")?["volume"]
+            .as_array()?
+            .iter()
+            .find(|v| v["name"] == "data")?["usedBytes"]
+            .as_f64()?;
+        ((0.35e9..=0.65e9).contains(&cores)
+            && held >= 200.0 * 1048576.0
+            && logs >= 5.0 * 1048576.0
+            && volume >= 50.0 * 1048576.0)
+            .then_some(s)
+    });
+    assert!(
+        find(&summary, "stats", "", &["memory", "workingSetBytes"])
+            >= find(&summary, "stats", "hold", &["memory", "workingSetBytes"])
+    );
+    // containerd reports writable layers and its image filesystem.
+    assert!(
+        summary["pods"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["podRef"]["name"] == "stats-cri-node"))
+            .and_then(|p| p["containers"][0]["rootfs"]["usedBytes"].as_u64())
+            .is_some(),
+        "{summary:#}"
+    );
+    assert!(
+        summary["node"]["runtime"]["imageFs"]["usedBytes"]
+            .as_u64()
+            .is_some(),
+        "{summary:#}"
+    );
+
+    let hog = wait_until("hog terminated", || {
+        env.pod("hog")
+            .filter(|p| p["status"]["containerStatuses"][0]["state"]["terminated"].is_object())
+    });
+    let t = &hog["status"]["containerStatuses"][0]["state"]["terminated"];
+    assert_eq!(t["reason"], "OOMKilled", "{hog:#}");
+    assert_eq!(t["exitCode"], 137, "{hog:#}");
+
+    std::fs::remove_file(env.manifests().join("stats.yaml")).unwrap();
+    std::fs::remove_file(env.manifests().join("hog.yaml")).unwrap();
+    wait_until("/pods empty", || {
+        env.pods().filter(|p| p.is_empty()).map(|_| ())
+    });
+    env.stop_agent();
+}
