@@ -542,8 +542,7 @@ impl MachineStats {
     }
 }
 
-/// Bytes (allocated blocks) and inodes used under `dir` (`kubelet-stats`' walk).
-pub use kubelet_stats::fs::disk_usage;
+use kubelet_stats::fs::disk_usage;
 
 #[async_trait]
 impl StatsProvider for MachineStats {

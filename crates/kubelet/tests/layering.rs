@@ -186,6 +186,16 @@ fn the_engine_depends_on_no_subsystem_crate() {
 }
 
 #[test]
+fn the_stats_crate_depends_on_the_seam_crate_alone() {
+    let meta = metadata();
+    let g = graph(&meta);
+    let deps = closure(&g, "kubelet-stats");
+    let workspace: BTreeSet<String> = members(&meta).into_iter().map(|(n, _)| n).collect();
+    let own: Vec<_> = deps.intersection(&workspace).cloned().collect();
+    assert_eq!(own, ["kubelet-api"], "kubelet-stats' workspace dependencies");
+}
+
+#[test]
 fn the_network_crate_depends_on_no_workspace_crate() {
     let meta = metadata();
     let g = graph(&meta);
