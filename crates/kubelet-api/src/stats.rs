@@ -552,6 +552,7 @@ mod opt_time {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -10,12 +10,12 @@ use k8s_openapi::api::core::v1::Pod;
 use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::ContainerStats;
 use kubelet_core::testing::{FakeOp, FakeRuntime};
-use kubelet_stats::fs::disk_usage;
 use kubelet_eviction::stats::MemoryCgroup;
 use kubelet_eviction::{
     ActivePod, CgroupFs, FsLayout, IMAGE_FS_INFO_TIMEOUT, ImageFsSource, MachineStats,
     MachineStatsConfig, Signal, StatsProvider,
 };
+use kubelet_stats::fs::disk_usage;
 
 const MI: u64 = 1 << 20;
 

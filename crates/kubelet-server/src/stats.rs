@@ -369,12 +369,13 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use kubelet_api::stats::{PodReference, PodStats};
 
     fn t() -> Timestamp {
-        "2026-11-27T04:00:00Z".parse().unwrap()
+        "2026-11-27T04:00:00Z".parse().expect("a timestamp")
     }
 
     fn sample() -> Summary {
@@ -437,7 +438,7 @@ mod tests {
         let names: Vec<&str> = text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
-            .map(|l| l.split(' ').next().unwrap())
+            .filter_map(|l| l.split(' ').next())
             .collect();
         let mut sorted = names.clone();
         sorted.sort();

@@ -250,6 +250,7 @@ pub fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 pub(crate) mod fixtures {
     use std::path::Path;
 
@@ -317,6 +318,7 @@ pub(crate) mod fixtures {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -69,6 +69,7 @@ pub fn disk_usage(dir: &Path) -> Option<(u64, u64)> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

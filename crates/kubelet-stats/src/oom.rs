@@ -231,6 +231,7 @@ pub fn default_kmsg() -> PathBuf {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

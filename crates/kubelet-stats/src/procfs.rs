@@ -137,6 +137,7 @@ pub(crate) fn read(path: &Path) -> Option<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)]
 //! The OOM watcher against the real kernel log: lines written to `/dev/kmsg` (as root) in the
 //! kernel's formats come back through the watcher as a `SystemOOM` event on the Node, and a
 //! cgroup's OOM makes none.

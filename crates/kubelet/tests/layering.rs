@@ -192,7 +192,11 @@ fn the_stats_crate_depends_on_the_seam_crate_alone() {
     let deps = closure(&g, "kubelet-stats");
     let workspace: BTreeSet<String> = members(&meta).into_iter().map(|(n, _)| n).collect();
     let own: Vec<_> = deps.intersection(&workspace).cloned().collect();
-    assert_eq!(own, ["kubelet-api"], "kubelet-stats' workspace dependencies");
+    assert_eq!(
+        own,
+        ["kubelet-api"],
+        "kubelet-stats' workspace dependencies"
+    );
 }
 
 #[test]
