@@ -76,8 +76,8 @@ pub use pleg::{
     PodLifecycleEventType,
 };
 pub use plugin::{
-    AgentDirs, AgentHandle, AgentPlugin, NodeConditionReader, NotRunning, PLUGIN_STOP_GRACE,
-    PluginContext, PluginState, PluginStatus, SyncLoopStalled,
+    AgentDirs, AgentHandle, AgentPlugin, NodeConditionReader, NodeResources, NotRunning,
+    PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStatus, SyncLoopStalled,
 };
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate, ProbeUpdates};
 pub use services::{ServiceConflict, Services};

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::NodeCondition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -122,6 +123,14 @@ pub trait AgentPlugin: Send + Sync + 'static {
     /// status is computed; must be cheap and must not block.
     fn node_conditions(&self) -> Vec<NodeCondition> {
         Vec::new()
+    }
+
+    /// The node resources the plugin reports now (the stats plugin: the machine's `cpu`,
+    /// `memory` and `ephemeral-storage` capacity). Read with the conditions whenever a node
+    /// status is computed; must be cheap and must not block. A resource several plugins report
+    /// takes the value of the last one registered.
+    fn node_resources(&self) -> NodeResources {
+        NodeResources::default()
     }
 
     /// The plugin's long-running loop, driven by the engine's `Kubelet::run` until
@@ -317,6 +326,30 @@ impl NodeConditionReader {
             .flat_map(|p| p.node_conditions())
             .collect()
     }
+
+    /// The node resources every plugin reports now, merged in registration order (a later
+    /// plugin's value of a resource wins).
+    pub fn resources(&self) -> NodeResources {
+        let mut out = NodeResources::default();
+        for p in self.plugins.iter() {
+            let r = p.node_resources();
+            out.capacity.extend(r.capacity);
+            out.allocatable.extend(r.allocatable);
+        }
+        out
+    }
+}
+
+/// Node resources a plugin contributes to the node status (`status.capacity`,
+/// `status.allocatable`), by resource name (`cpu`, `memory`, `ephemeral-storage`, …). What no
+/// plugin reports, the node status writer fills in itself.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct NodeResources {
+    /// `status.capacity` entries.
+    pub capacity: std::collections::BTreeMap<String, Quantity>,
+    /// `status.allocatable` entries.
+    pub allocatable: std::collections::BTreeMap<String, Quantity>,
 }
 
 /// Where a plugin's loop is.
@@ -342,4 +375,46 @@ pub struct PluginStatus {
     pub name: String,
     /// Its state.
     pub state: PluginState,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    struct Reports(&'static str, &'static str);
+
+    #[async_trait]
+    impl AgentPlugin for Reports {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn node_resources(&self) -> NodeResources {
+            let mut r = NodeResources::default();
+            r.capacity.insert("cpu".into(), Quantity(self.1.into()));
+            r.capacity
+                .insert(format!("example.com/{}", self.0), Quantity("1".into()));
+            r
+        }
+    }
+
+    #[test]
+    fn node_resources_merge_in_registration_order_and_the_last_plugin_wins() {
+        let plugins: Arc<[Arc<dyn AgentPlugin>]> = vec![
+            Arc::new(Reports("a", "2")) as Arc<dyn AgentPlugin>,
+            Arc::new(Reports("b", "4")),
+        ]
+        .into();
+        let r = NodeConditionReader::new(plugins).resources();
+        assert_eq!(r.capacity["cpu"].0, "4");
+        assert_eq!(r.capacity["example.com/a"].0, "1");
+        assert_eq!(r.capacity["example.com/b"].0, "1");
+        assert!(r.allocatable.is_empty());
+        assert!(
+            NodeConditionReader::default()
+                .resources()
+                .capacity
+                .is_empty()
+        );
+    }
 }

@@ -5,8 +5,9 @@
 //!
 //! * **node registration and status** ([`node`]): creates the Node (`--register-node`) with
 //!   capacity, allocatable, addresses, node info, daemon endpoints and the kubelet's labels, and
-//!   keeps its conditions current (Ready with the reason when not ready; pressure conditions from
-//!   a [`NodeConditionSource`] such as the eviction manager);
+//!   keeps its conditions current (Ready with the reason when not ready; the plugins' node
+//!   conditions, such as eviction's pressure conditions, and node resources, such as the stats
+//!   plugin's capacity: `AgentPlugin::node_conditions` / `node_resources`);
 //! * **the node Lease** ([`lease`]) in `kube-node-lease`, renewed every 10 s;
 //! * **the pod source** ([`ApiPodSource`], source `api`): pods with `spec.nodeName=<node>`,
 //!   watched with kube-runtime, delivered as snapshots; pods keep running while the API server
@@ -76,7 +77,7 @@ pub mod source;
 pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
 pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
 pub use error::ApiServerError;
-pub use node::{NodeConditionSource, NodeStatusInputs};
+pub use node::NodeStatusInputs;
 pub use objects::{ApiObjects, ChangeDetection};
 pub use review::{SubjectAccessReviewAuthorizer, TokenReviewAuthenticator};
 pub use services::ServiceCache;

@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kubelet_api::AgentHandle;
 use kubelet_api::runtime::{RuntimeStatus, RuntimeVersion};
-use kubelet_api::{ContainerRuntime, PlegHealth};
+use kubelet_api::{ContainerRuntime, NodeConditionReader, NodeResources, PlegHealth};
 
 use crate::config::ApiServerConfig;
 use crate::machine::MachineInfo;
@@ -43,36 +43,19 @@ pub const MESSAGE_READY: &str = "kubelet is posting ready status";
 /// Reason of `Ready=False`.
 pub const REASON_NOT_READY: &str = "KubeletNotReady";
 
-/// A source of extra node conditions (node-pressure eviction's MemoryPressure, DiskPressure and
-/// PIDPressure, or an embedder's own). Called once per status computation; keep it cheap.
-pub trait NodeConditionSource: Send + Sync + 'static {
-    /// The conditions as they are now (`type`, `status`, `reason`, `message`; the timestamps
-    /// are filled in by the status computation).
-    fn conditions(&self) -> Vec<NodeCondition>;
-}
-
-impl<F> NodeConditionSource for F
-where
-    F: Fn() -> Vec<NodeCondition> + Send + Sync + 'static,
-{
-    fn conditions(&self) -> Vec<NodeCondition> {
-        self()
-    }
-}
-
 /// What the node status is computed from.
 #[derive(Clone)]
 pub struct NodeStatusInputs {
     runtime: Arc<dyn ContainerRuntime>,
     handle: Option<std::sync::Arc<dyn AgentHandle>>,
-    conditions: Vec<Arc<dyn NodeConditionSource>>,
+    plugins: NodeConditionReader,
 }
 
 impl std::fmt::Debug for NodeStatusInputs {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeStatusInputs")
             .field("handle", &self.handle.is_some())
-            .field("condition_sources", &self.conditions.len())
+            .field("plugins", &self.plugins)
             .finish_non_exhaustive()
     }
 }
@@ -83,7 +66,7 @@ impl NodeStatusInputs {
         Self {
             runtime,
             handle: None,
-            conditions: Vec::new(),
+            plugins: NodeConditionReader::default(),
         }
     }
 
@@ -94,9 +77,10 @@ impl NodeStatusInputs {
         self
     }
 
-    /// Add a source of extra conditions.
-    pub fn condition_source(mut self, source: Arc<dyn NodeConditionSource>) -> Self {
-        self.conditions.push(source);
+    /// The agent's plugins, for their node conditions (eviction's pressure conditions) and
+    /// node resources (the stats plugin's capacity): `PluginContext::node_conditions`.
+    pub fn plugins(mut self, plugins: NodeConditionReader) -> Self {
+        self.plugins = plugins;
         self
     }
 
@@ -112,11 +96,8 @@ impl NodeStatusInputs {
                 .handle
                 .as_ref()
                 .map_or(PlegHealth::Healthy, |h| h.pleg_health()),
-            extra: self
-                .conditions
-                .iter()
-                .flat_map(|c| c.conditions())
-                .collect(),
+            extra: self.plugins.conditions(),
+            resources: self.plugins.resources(),
         }
     }
 }
@@ -134,6 +115,8 @@ pub struct Observation {
     pub pleg: PlegHealth,
     /// Extra conditions (pressure).
     pub extra: Vec<NodeCondition>,
+    /// Node resources the plugins report; they replace the machine facts' values.
+    pub resources: NodeResources,
 }
 
 /// The errors that make the node NotReady (the kubelet's runtime and network errors).
@@ -293,7 +276,9 @@ pub fn node_status(
     old: Option<&NodeStatus>,
     now: Timestamp,
 ) -> NodeStatus {
-    let (capacity, allocatable) = resources(&facts.machine, config);
+    let (mut capacity, mut allocatable) = resources(&facts.machine, config);
+    capacity.extend(obs.resources.capacity.clone());
+    allocatable.extend(obs.resources.allocatable.clone());
     let mut addresses = Vec::new();
     if let Some(ip) = &facts.node_ip {
         addresses.push(NodeAddress {
@@ -450,7 +435,35 @@ mod tests {
             runtime_status: Some(RuntimeStatus::all_ready()),
             pleg: PlegHealth::Healthy,
             extra: vec![],
+            resources: NodeResources::default(),
         }
+    }
+
+    #[test]
+    fn resources_the_plugins_report_replace_the_machine_facts() {
+        let mut obs = healthy();
+        obs.resources
+            .capacity
+            .insert("cpu".into(), Quantity("3".into()));
+        obs.resources
+            .capacity
+            .insert("example.com/dongle".into(), Quantity("1".into()));
+        obs.resources
+            .allocatable
+            .insert("example.com/dongle".into(), Quantity("1".into()));
+        let s = node_status(
+            &facts(),
+            &ApiServerConfig::default(),
+            &obs,
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        let cap = s.capacity.as_ref().expect("capacity");
+        assert_eq!(cap["cpu"].0, "3");
+        assert_eq!(cap["example.com/dongle"].0, "1");
+        assert_eq!(cap["pods"].0, "110", "what no plugin reports stays");
+        let alloc = s.allocatable.as_ref().expect("allocatable");
+        assert_eq!(alloc["example.com/dongle"].0, "1");
     }
 
     fn ready(s: &NodeStatus) -> NodeCondition {

@@ -3,15 +3,13 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use kubelet_api::{
-    AgentPlugin, NodeConditionReader, ObjectProvider, PluginContext, PodSource, StatusSink,
-};
+use kubelet_api::{AgentPlugin, ObjectProvider, PluginContext, PodSource, StatusSink};
 use kubelet_core::configuration::KubeletConfiguration;
 use tokio_util::sync::CancellationToken;
 
 use crate::agent::ApiServer;
 use crate::config::ApiServerConfig;
-use crate::node::{NodeConditionSource, NodeStatusInputs};
+use crate::node::NodeStatusInputs;
 
 /// [`ApiServer`] is the agent plugin `apiserver`: it adds the `api` pod source, the status sink
 /// and the ConfigMap/Secret provider ([`ApiObjects`](crate::ApiObjects)) at build, and its loop registers the Node,
@@ -45,15 +43,9 @@ impl AgentPlugin for ApiServer {
         self.shared.objects.sync_pods_through(ctx.handle());
         let inputs = NodeStatusInputs::new(ctx.runtime())
             .kubelet(ctx.handle())
-            .condition_source(Arc::new(ctx.node_conditions()));
+            .plugins(ctx.node_conditions());
         ApiServer::run(self, inputs, shutdown).await;
         Ok(())
-    }
-}
-
-impl NodeConditionSource for NodeConditionReader {
-    fn conditions(&self) -> Vec<k8s_openapi::api::core::v1::NodeCondition> {
-        NodeConditionReader::conditions(self)
     }
 }
 

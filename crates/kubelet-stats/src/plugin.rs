@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use kubelet_api::k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kubelet_api::stats::{Machine, StatsService, Summary};
-use kubelet_api::{AgentPlugin, PluginContext, ServiceConflict, Services};
+use kubelet_api::{AgentPlugin, NodeResources, PluginContext, ServiceConflict, Services};
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -19,6 +20,8 @@ pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(5);
 
 struct Shared {
     latest: RwLock<Arc<Summary>>,
+    /// The plugin's loop is collecting (a refresh can be answered).
+    running: std::sync::atomic::AtomicBool,
     machine: Machine,
     refresh: mpsc::Sender<oneshot::Sender<Arc<Summary>>>,
 }
@@ -44,9 +47,16 @@ impl StatsService for Stats {
         self.shared.latest.read().clone()
     }
 
-    /// Ask the collector for a sample now; the latest one when the collector does not run or
-    /// does not answer within [`REFRESH_TIMEOUT`].
+    /// Ask the collector for a sample now; the latest one at once when the plugin's loop does
+    /// not run, or when the collector does not answer within [`REFRESH_TIMEOUT`].
     async fn refresh(&self) -> Arc<Summary> {
+        if !self
+            .shared
+            .running
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return self.summary();
+        }
         let (tx, rx) = oneshot::channel();
         if self.shared.refresh.send(tx).await.is_ok()
             && let Ok(Ok(s)) = tokio::time::timeout(REFRESH_TIMEOUT, rx).await
@@ -87,6 +97,7 @@ impl StatsPlugin {
             stats: Stats {
                 shared: Arc::new(Shared {
                     latest: RwLock::new(Arc::new(Summary::default())),
+                    running: std::sync::atomic::AtomicBool::new(false),
                     machine,
                     refresh: tx,
                 }),
@@ -106,6 +117,28 @@ impl StatsPlugin {
 impl AgentPlugin for StatsPlugin {
     fn name(&self) -> &str {
         "stats"
+    }
+
+    /// The machine's `cpu` and `memory`, and nodefs' size as `ephemeral-storage` once sampled.
+    fn node_resources(&self) -> NodeResources {
+        let machine = self.stats.shared.machine;
+        let mut r = NodeResources::default();
+        r.capacity
+            .insert("cpu".into(), Quantity(machine.num_cores.to_string()));
+        r.capacity
+            .insert("memory".into(), bytes_quantity(machine.memory_capacity));
+        if let Some(bytes) = self
+            .stats
+            .summary()
+            .node
+            .fs
+            .as_ref()
+            .and_then(|f| f.capacity_bytes)
+        {
+            r.capacity
+                .insert("ephemeral-storage".into(), bytes_quantity(bytes));
+        }
+        r
     }
 
     fn provide_services(&self, services: &mut Services) -> Result<(), ServiceConflict> {
@@ -151,7 +184,59 @@ impl AgentPlugin for StatsPlugin {
                 crate::oom::watch(kmsg, boot_time, ctx.node_name(), &recorder, &shutdown).await;
             }
         };
+        self.stats
+            .shared
+            .running
+            .store(true, std::sync::atomic::Ordering::Release);
         tokio::join!(collecting, watching);
+        self.stats
+            .shared
+            .running
+            .store(false, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+}
+
+/// Bytes as the kubelet writes them in a node status: `Ki` when whole kibibytes.
+fn bytes_quantity(bytes: u64) -> Quantity {
+    if bytes.is_multiple_of(1024) {
+        Quantity(format!("{}Ki", bytes / 1024))
+    } else {
+        Quantity(bytes.to_string())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_plugin_reports_the_machines_capacity_and_serves_its_latest_sample() {
+        let plugin = StatsPlugin::new(StatsConfig::default().kmsg(None));
+        let machine = plugin.stats().machine();
+        assert!(machine.num_cores >= 1 && machine.memory_capacity > 0);
+        let r = plugin.node_resources();
+        assert_eq!(r.capacity["cpu"].0, machine.num_cores.to_string());
+        assert_eq!(
+            r.capacity["memory"],
+            bytes_quantity(machine.memory_capacity)
+        );
+        // No sample yet: no ephemeral-storage, and a refresh without a running loop answers
+        // with the latest (empty) sample at once.
+        assert!(!r.capacity.contains_key("ephemeral-storage"));
+        let s = tokio::time::timeout(REFRESH_TIMEOUT, plugin.stats().refresh())
+            .await
+            .unwrap();
+        assert!(s.pods.is_empty());
+        assert_eq!(bytes_quantity(2048).0, "2Ki");
+        assert_eq!(bytes_quantity(1000).0, "1000");
+        let mut services = Services::default();
+        plugin.provide_services(&mut services).unwrap();
+        assert!(services.get::<dyn StatsService>().is_some());
+        assert!(
+            plugin.provide_services(&mut services).is_err(),
+            "a second provider"
+        );
     }
 }
