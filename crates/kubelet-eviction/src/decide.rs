@@ -984,6 +984,7 @@ mod tests {
             volume_bytes: Some(vol),
             volumes: [("cache".to_string(), vol)].into(),
             inodes: None,
+            processes: None,
         };
         assert_eq!(local_storage_violation(&p, &usage(1 << 20, 1 << 20)), None);
         let v = local_storage_violation(&p, &usage(2 << 20, 0)).unwrap();

@@ -51,6 +51,7 @@ pub mod manager;
 pub mod metrics;
 pub mod notify;
 mod plugin;
+pub mod service;
 pub mod signal;
 pub mod stats;
 
@@ -69,6 +70,7 @@ pub use manager::{
 };
 pub use metrics::EvictionMetrics;
 pub use plugin::EvictionPlugin;
+pub use service::ServiceStats;
 pub use signal::{NodeCondition, Resource, Signal};
 pub use stats::{
     ActivePod, ContainerUsage, Observations, PodUsage, SignalObservation, StatsProvider,

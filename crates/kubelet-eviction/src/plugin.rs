@@ -18,6 +18,7 @@ use crate::error::EvictionError;
 use crate::machine::{MachineStats, MachineStatsConfig};
 use crate::manager::{EvictionManager, ManagerEvent, NodeConditions};
 use crate::metrics::EvictionMetrics;
+use crate::service::ServiceStats;
 use crate::signal::NodeCondition;
 use crate::stats::StatsProvider;
 
@@ -169,7 +170,23 @@ impl AgentPlugin for EvictionPlugin {
                 if machine.pod_log_dir.is_none() {
                     machine = machine.pod_log_dir(&ctx.dirs().pod_log_dir);
                 }
-                Arc::new(MachineStats::new(machine).with_runtime(ctx.runtime()))
+                let machine = MachineStats::new(machine).with_runtime(ctx.runtime());
+                // The agent's stats service when a plugin provides one (the kubelet reads its
+                // summary provider); the machine alone otherwise.
+                match ctx.service::<dyn kubelet_api::stats::StatsService>() {
+                    Some(service) => {
+                        tracing::info!(
+                            "eviction: signals and pod usage from the stats service, memory from the machine"
+                        );
+                        Arc::new(ServiceStats::new(service, machine)) as Arc<dyn StatsProvider>
+                    }
+                    None => {
+                        tracing::info!(
+                            "eviction: signals and pod usage from the machine (no stats service)"
+                        );
+                        Arc::new(machine)
+                    }
+                }
             }
         };
         let manager = EvictionManager::new(self.config.clone(), stats, Arc::new(ctx.handle()))

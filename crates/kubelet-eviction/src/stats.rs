@@ -61,6 +61,9 @@ pub struct PodUsage {
     pub volumes: BTreeMap<String, u64>,
     /// Inodes used by the pod's volumes, logs and writable layers.
     pub inodes: Option<u64>,
+    /// Processes of the whole pod, when known only for the pod (the stats service's
+    /// `process_stats`); else the containers' sum counts.
+    pub processes: Option<u64>,
 }
 
 impl PodUsage {
@@ -71,7 +74,8 @@ impl PodUsage {
 
     /// Processes of the pod.
     pub fn processes(&self) -> Option<u64> {
-        sum(self.containers.iter().map(|c| c.processes))
+        self.processes
+            .or_else(|| sum(self.containers.iter().map(|c| c.processes)))
     }
 
     /// Ephemeral storage used by the pod (containers plus volumes).

@@ -2287,3 +2287,64 @@ fn a_container_over_its_memory_limit_ends_oom_killed_when_root() {
     assert_eq!(p["status"]["phase"], "Failed", "{p:#}");
     env.remove_pods(&["hog"]);
 }
+
+/// Eviction reads the stats service: an emptyDir over its `sizeLimit` (measured by the stats
+/// collector's volume walk) gets its pod evicted, and a bystander keeps running.
+#[test]
+fn an_empty_dir_over_its_size_limit_is_evicted_through_the_stats_service() {
+    let mut env = Env::new("sizelimit");
+    // Static pods are critical to the kubelet: this agent's pods all come from files.
+    env.extra_args = [
+        "--housekeeping-interval",
+        "1s",
+        "--volume-stats-agg-period",
+        "1s",
+        "--evict-static-pods",
+    ]
+    .map(String::from)
+    .to_vec();
+    env.start();
+    let (by, by_pid) = env.looping_pod("bystander");
+    let token = env.token("filler");
+    let root = env.root.display().to_string();
+    let mut c = sh(
+        "filler",
+        &format!(
+            "head -c 20971520 /dev/zero > {root}/pods/$POD_UID/volumes/kubernetes.io~empty-dir/cache/blob; {}",
+            looping("", true)
+        ),
+        &token,
+    );
+    c["env"] = json!([{ "name": "POD_UID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.uid" } } }]);
+    env.write_pod(
+        "filler.json",
+        &pod(
+            "filler",
+            json!({
+                "containers": [c],
+                "volumes": [{ "name": "cache", "emptyDir": { "sizeLimit": "10Mi" } }],
+                "terminationGracePeriodSeconds": 1,
+            }),
+        ),
+    );
+    let p = env.wait_pod(&static_name("filler"), "evicted", |p| {
+        p["status"]["phase"] == "Failed" && p["status"]["reason"] == "Evicted"
+    });
+    let message = p["status"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("cache") && message.contains("10Mi"),
+        "{p:#}"
+    );
+    assert_eq!(
+        container_pids(&by),
+        vec![by_pid],
+        "the bystander was disturbed"
+    );
+    assert!(
+        env.stderr()
+            .contains("eviction: signals and pod usage from the stats service"),
+        "{}",
+        env.stderr()
+    );
+    env.remove_pods(&["filler", "bystander"]);
+}
