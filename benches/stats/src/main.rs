@@ -35,6 +35,9 @@ struct Flags {
     /// Encodings of the summary measured.
     #[arg(long, default_value_t = 1000)]
     requests: usize,
+    /// `process` (the built-in runtime) or `containerd` (a private containerd, root only).
+    #[arg(long, default_value = "process")]
+    runtime: String,
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,29 +71,85 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         .prefix("ksdk-stats-bench-")
         .tempdir_in("/tmp")?;
     let root = nix::unistd::geteuid().is_root();
-    let config = ProcessRuntimeConfig::new(dir.path().join("state"))
-        .shim(ShimCommand::CurrentExe)
-        .use_cgroups(root);
-    let rt: Arc<dyn ContainerRuntime> = Arc::new(ProcessRuntime::new(config)?);
     let dirs = AgentDirs {
         root_dir: dir.path().join("root"),
         pod_log_dir: dir.path().join("logs"),
     };
     std::fs::create_dir_all(&dirs.root_dir)?;
-    let result = measure(&flags, rt.clone(), dirs, root).await;
+    match flags.runtime.as_str() {
+        "process" => {
+            let config = ProcessRuntimeConfig::new(dir.path().join("state"))
+                .shim(ShimCommand::CurrentExe)
+                .use_cgroups(root);
+            let rt: Arc<dyn ContainerRuntime> = Arc::new(ProcessRuntime::new(config)?);
+            let target = Target {
+                rt,
+                image: "host".into(),
+                what: if root {
+                    "process runtime, cgroups"
+                } else {
+                    "process runtime, no cgroups: not root"
+                },
+                runtime_pid: None,
+            };
+            let result = measure(&flags, &target, dirs).await;
+            remove_all(&*target.rt).await?;
+            result
+        }
+        "containerd" => {
+            let env = bench_support::ContainerdEnv::start("start", "ksdk-stats-bench-")?;
+            let cri = kubelet_cri::CriRuntime::connect(
+                kubelet_cri::CriConfig::new(env.endpoint())
+                    .request_timeout(std::time::Duration::from_secs(60))
+                    .termination_message_dir(dirs.root_dir.join("pods")),
+            )
+            .await?;
+            let target = Target {
+                rt: Arc::new(cri),
+                image: env.busybox.clone(),
+                what: "containerd",
+                runtime_pid: env.pid,
+            };
+            let result = measure(&flags, &target, dirs).await;
+            remove_all(&*target.rt).await?;
+            result
+        }
+        other => anyhow::bail!("unknown runtime {other:?}: process or containerd"),
+    }
+}
+
+struct Target {
+    rt: Arc<dyn ContainerRuntime>,
+    image: String,
+    what: &'static str,
+    /// The runtime's own process, whose CPU a collection also costs (containerd).
+    runtime_pid: Option<u32>,
+}
+
+async fn remove_all(rt: &dyn ContainerRuntime) -> anyhow::Result<()> {
     for s in rt.list_pod_sandboxes(&SandboxFilter::default()).await? {
         rt.stop_pod_sandbox(&s.id).await?;
         rt.remove_pod_sandbox(&s.id).await?;
     }
-    result
+    Ok(())
 }
 
-async fn measure(
-    flags: &Flags,
-    rt: Arc<dyn ContainerRuntime>,
-    dirs: AgentDirs,
-    cgroups: bool,
-) -> anyhow::Result<()> {
+/// User + system CPU seconds of process `pid` (from /proc, 100 ticks per second).
+fn proc_cpu(pid: Option<u32>) -> f64 {
+    let Some(stat) = pid.and_then(|p| std::fs::read_to_string(format!("/proc/{p}/stat")).ok())
+    else {
+        return 0.0;
+    };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 2..]) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+async fn measure(flags: &Flags, t: &Target, dirs: AgentDirs) -> anyhow::Result<()> {
+    let rt = &t.rt;
     for i in 0..flags.pods {
         let uid = format!("stats-bench-{i}");
         let mut l = Labels::new();
@@ -113,9 +172,10 @@ async fn measure(
                 name: "main".into(),
                 attempt: 0,
             },
-            "host",
+            t.image.clone(),
         );
         c.command = vec!["/bin/sh".into(), "-c".into(), "exec sleep 3600".into()];
+        std::fs::create_dir_all(&s.log_directory)?;
         c.labels = cl;
         c.log_path = "main/0.log".into();
         let sid = rt.run_pod_sandbox(&s).await?;
@@ -123,13 +183,9 @@ async fn measure(
         rt.start_container(&cid).await?;
     }
     println!(
-        "{} pods on the process runtime ({}), load {}",
+        "{} pods ({}), load {}",
         flags.pods,
-        if cgroups {
-            "cgroups"
-        } else {
-            "no cgroups: not root"
-        },
+        t.what,
         std::fs::read_to_string("/proc/loadavg")
             .unwrap_or_default()
             .trim()
@@ -138,8 +194,9 @@ async fn measure(
     // The floor: the runtime calls one collection needs.
     let mut floor = Vec::new();
     let mut floor_cpu = 0.0;
+    let mut floor_runtime = 0.0;
     for _ in 0..flags.rounds {
-        let (c0, t0) = (self_cpu()?, Instant::now());
+        let (c0, r0, t0) = (self_cpu()?, proc_cpu(t.runtime_pid), Instant::now());
         rt.list_pod_sandboxes(&SandboxFilter::default()).await?;
         let containers = rt.list_containers(&ContainerFilter::default()).await?;
         for c in &containers {
@@ -147,6 +204,7 @@ async fn measure(
         }
         floor.push(t0.elapsed());
         floor_cpu += self_cpu()? - c0;
+        floor_runtime += proc_cpu(t.runtime_pid) - r0;
     }
 
     let rss_before = rss_kib(std::process::id());
@@ -154,11 +212,13 @@ async fn measure(
     let mut summary = collector.collect(Some(rt.as_ref())).await;
     let mut times = Vec::new();
     let mut cpu = 0.0;
+    let mut runtime_cpu = 0.0;
     for _ in 0..flags.rounds {
-        let (c0, t0) = (self_cpu()?, Instant::now());
+        let (c0, r0, t0) = (self_cpu()?, proc_cpu(t.runtime_pid), Instant::now());
         summary = collector.collect(Some(rt.as_ref())).await;
         times.push(t0.elapsed());
         cpu += self_cpu()? - c0;
+        runtime_cpu += proc_cpu(t.runtime_pid) - r0;
     }
     let latest = Arc::new(summary);
     let rss_after = rss_kib(std::process::id());
@@ -190,6 +250,14 @@ async fn measure(
         cpu_per / 10.0 * 100.0,
         cpu_per * 360.0
     );
+    if t.runtime_pid.is_some() {
+        println!(
+            "the runtime's own CPU per collection: {:.2} ms (floor {:.2} ms), {:.3} % of a core at 10 s",
+            runtime_cpu / n * 1e3,
+            floor_runtime / n * 1e3,
+            runtime_cpu / n / 10.0 * 100.0
+        );
+    }
 
     for (what, reduced) in [("whole", false), ("only_cpu_and_memory", true)] {
         let mut lat = Vec::with_capacity(flags.requests);

@@ -127,6 +127,26 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         ))
     }
 
+    /// Usage figures of every container (CRI `ListContainerStats`): one call for a stats
+    /// collection instead of one per container. The default lists the containers and asks
+    /// [`container_stats`](Self::container_stats) for each running one, leaving out those
+    /// that vanish meanwhile; a runtime with a listing call overrides it.
+    async fn list_container_stats(&self) -> Result<Vec<ContainerStats>> {
+        let filter = crate::runtime::ContainerFilter {
+            state: Some(crate::runtime::ContainerState::Running),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        for c in self.list_containers(&filter).await? {
+            match self.container_stats(&c.id).await {
+                Ok(s) => out.push(s),
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
     /// The filesystems the runtime keeps images (and container layers) on, with the space and
     /// inodes the images use (CRI `ImageFsInfo`). The eviction manager's `imagefs.*` signals
     /// come from the image filesystem's mountpoint.

@@ -275,6 +275,11 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
         let fut = self.inner.container_stats(container_id);
         self.interceptor.intercept(c, fut).await
     }
+    async fn list_container_stats(&self) -> Result<Vec<ContainerStats>> {
+        let c = Call::new("list_container_stats");
+        let fut = self.inner.list_container_stats();
+        self.interceptor.intercept(c, fut).await
+    }
     async fn image_fs_info(&self) -> Result<ImageFsInfo> {
         let c = Call::new("image_fs_info");
         self.interceptor

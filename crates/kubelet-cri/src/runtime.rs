@@ -1120,6 +1120,32 @@ impl ContainerRuntime for CriRuntime {
         Ok(convert::stats_out(container_id, stats))
     }
 
+    async fn list_container_stats(&self) -> Result<Vec<core::ContainerStats>> {
+        let mut c = self.runtime.clone();
+        let req = cri::ListContainerStatsRequest { filter: None };
+        let resp = self
+            .unary(
+                "ListContainerStats",
+                self.timeout(),
+                move |r| async move { c.list_container_stats(r).await },
+                req,
+            )
+            .await?;
+        Ok(resp
+            .stats
+            .into_iter()
+            .map(|s| {
+                let id = s
+                    .attributes
+                    .as_ref()
+                    .map(|a| a.id.clone())
+                    .unwrap_or_default();
+                convert::stats_out(&id, s)
+            })
+            .filter(|s| !s.container_id.is_empty())
+            .collect())
+    }
+
     /// CRI `GetContainerEvents` when the runtime implements it (containerd ≥ 1.7, CRI-O),
     /// otherwise containerd's native task and container events (containerd 1.6); see
     /// [`crate::events`].

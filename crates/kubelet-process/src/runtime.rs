@@ -1748,6 +1748,20 @@ impl ContainerRuntime for ProcessRuntime {
     async fn container_stats(&self, container_id: &str) -> kubelet_api::Result<ContainerStats> {
         Ok(self.stats(container_id)?)
     }
+
+    /// Every container's figures in one pass over the records (exited containers included,
+    /// with what their cgroup still says).
+    async fn list_container_stats(&self) -> kubelet_api::Result<Vec<ContainerStats>> {
+        let mut out = Vec::new();
+        for rec in self.all_containers()? {
+            match self.stats(&rec.id) {
+                Ok(s) => out.push(s),
+                Err(ProcessError::ContainerNotFound(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(out)
+    }
 }
 
 #[cfg(test)]

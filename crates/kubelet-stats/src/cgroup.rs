@@ -158,7 +158,9 @@ pub fn read_sample(
         std::fs::read_to_string(dir(controller)?.join(file)).ok()
     };
     let mut s = CgroupSample::default();
-    let stat = read("memory", "memory.stat").map(|t| parse_keyed(&t));
+    // Borrowed keys: no allocation per line (a collection reads one per container).
+    let stat_text = read("memory", "memory.stat");
+    let stat = stat_text.as_deref().map(Keyed);
     let stat = stat.as_ref();
     match version {
         CgroupVersion::V2 => {
@@ -167,8 +169,8 @@ pub fn read_sample(
                 .map(|us| us.saturating_mul(1000));
             s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
             s.memory_limit = read("memory", "memory.max").and_then(|t| parse_u64(&t));
-            s.inactive_file = stat.and_then(|m| m.get("inactive_file").copied());
-            s.rss = stat.and_then(|m| m.get("anon").copied());
+            s.inactive_file = stat.and_then(|m| m.get("inactive_file"));
+            s.rss = stat.and_then(|m| m.get("anon"));
             s.oom_kills = read("memory", "memory.events")
                 .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
         }
@@ -182,19 +184,15 @@ pub fn read_sample(
             s.inactive_file = stat.and_then(|m| {
                 m.get("total_inactive_file")
                     .or_else(|| m.get("inactive_file"))
-                    .copied()
             });
-            s.rss = stat.and_then(|m| m.get("total_rss").or_else(|| m.get("rss")).copied());
+            s.rss = stat.and_then(|m| m.get("total_rss").or_else(|| m.get("rss")));
             s.oom_kills = read("memory", "memory.oom_control")
                 .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
         }
     }
-    s.page_faults = stat.and_then(|m| m.get("total_pgfault").or_else(|| m.get("pgfault")).copied());
-    s.major_page_faults = stat.and_then(|m| {
-        m.get("total_pgmajfault")
-            .or_else(|| m.get("pgmajfault"))
-            .copied()
-    });
+    s.page_faults = stat.and_then(|m| m.get("total_pgfault").or_else(|| m.get("pgfault")));
+    s.major_page_faults =
+        stat.and_then(|m| m.get("total_pgmajfault").or_else(|| m.get("pgmajfault")));
     s.pids = read("pids", "pids.current").and_then(|t| parse_u64(&t));
     Some(s)
 }
@@ -234,6 +232,21 @@ impl CgroupSample {
 /// A single-number cgroup file (`max` is `None`).
 pub fn parse_u64(text: &str) -> Option<u64> {
     text.trim().parse().ok()
+}
+
+/// A flat-keyed text looked up in place.
+struct Keyed<'a>(&'a str);
+
+impl Keyed<'_> {
+    fn get(&self, key: &str) -> Option<u64> {
+        self.0.lines().find_map(|l| {
+            let mut it = l.split_whitespace();
+            if it.next()? != key {
+                return None;
+            }
+            it.next()?.parse().ok()
+        })
+    }
 }
 
 /// A flat-keyed file (`key value` per line): `memory.stat`, `memory.events`,

@@ -26,6 +26,9 @@ pub const DEFAULT_HOUSEKEEPING_INTERVAL: Duration = Duration::from_secs(10);
 pub const DEFAULT_VOLUME_STATS_AGG_PERIOD: Duration = Duration::from_secs(60);
 /// How long one runtime call of a collection may take before its item is left out.
 pub const RUNTIME_CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the runtime may take to list every container's stats (CRI `ListContainerStats`,
+/// or one call per container for a runtime without a listing call).
+pub const LIST_STATS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Volume plugins whose directories count as the pod's local ephemeral storage when they are
 /// not memory-backed (the kubelet's emptyDir, configMap, downwardAPI, …).
@@ -135,7 +138,7 @@ impl Failing {
 }
 
 /// Makes [`Summary`] samples: the node from cgroups, `/proc` and `statvfs`; pods and
-/// containers from the runtime (`list_pod_sandboxes`, `list_containers`, `container_stats`,
+/// containers from the runtime (`list_pod_sandboxes`, `list_containers`, `list_container_stats`,
 /// `image_fs_info`) and the pods' volume and log directories. CPU rates come from the
 /// difference to the previous sample. Usable alone (see the crate's `summary` example); the
 /// [`StatsPlugin`](crate::StatsPlugin) drives one in the agent.
@@ -419,6 +422,31 @@ impl Collector {
                 return Vec::new();
             }
         };
+        let mut stats: HashMap<String, model::ContainerStats> =
+            match tokio::time::timeout(LIST_STATS_TIMEOUT, rt.list_container_stats()).await {
+                Ok(Ok(list)) => {
+                    self.failing.ok("list_container_stats");
+                    list.into_iter()
+                        .map(|s| (s.container_id.clone(), s))
+                        .collect()
+                }
+                Ok(Err(e)) => {
+                    self.failing.failed(
+                        "list_container_stats".into(),
+                        "the containers' stats",
+                        &kubelet_api::chain(&e),
+                    );
+                    HashMap::new()
+                }
+                Err(_) => {
+                    self.failing.failed(
+                        "list_container_stats".into(),
+                        "the containers' stats",
+                        &"timed out",
+                    );
+                    HashMap::new()
+                }
+            };
         // Writable layers live on the container filesystem (the image filesystem unless split).
         let layer_fs = image_fs
             .and_then(|i| {
@@ -436,17 +464,17 @@ impl Collector {
                 logs: log_fs.as_ref(),
                 root: root_fs.as_ref(),
             };
-            if let Some(p) = self.pod(rt, &pod, now, filesystems, seen).await {
+            if let Some(p) = self.pod(&pod, &mut stats, now, filesystems, seen) {
                 out.push(p);
             }
         }
         out
     }
 
-    async fn pod(
+    fn pod(
         &mut self,
-        rt: &dyn ContainerRuntime,
         pod: &RuntimePod,
+        stats: &mut HashMap<String, model::ContainerStats>,
         now: Timestamp,
         filesystems: Filesystems<'_>,
         seen: &mut HashSet<String>,
@@ -480,10 +508,9 @@ impl Collector {
             cs.start_time = Some(c.created_at);
             cs.container_id = c.id.clone();
             cs.image = c.image.clone();
-            let key = format!("container {}", c.id);
-            match tokio::time::timeout(RUNTIME_CALL_TIMEOUT, rt.container_stats(&c.id)).await {
-                Ok(Ok(s)) => {
-                    self.failing.ok(&key);
+            // A container the runtime had no figures for is reported without them.
+            if let Some(s) = stats.remove(&c.id) {
+                {
                     cs.cpu = self.cpu(&c.id, s.cpu_usage_core_nanoseconds, s.timestamp, seen);
                     let mut m = MemoryStats::new(s.timestamp);
                     m.usage_bytes = s.memory_usage_bytes;
@@ -514,14 +541,6 @@ impl Collector {
                         cs.rootfs = Some(r);
                     }
                 }
-                Ok(Err(e)) if e.is_not_found() => continue,
-                Ok(Err(e)) => {
-                    self.failing
-                        .failed(key, "a container's stats", &kubelet_api::chain(&e))
-                }
-                Err(_) => self
-                    .failing
-                    .failed(key, "a container's stats", &"timed out"),
             }
             if let Some((used, inodes)) = self.log_usage(&c.id, &log_dir.join(&c.metadata.name)) {
                 let mut l = match log_fs {

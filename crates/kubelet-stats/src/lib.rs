@@ -51,7 +51,7 @@ pub mod procfs;
 
 pub use cgroup::{CgroupSample, CgroupSetup, CgroupVersion};
 pub use collector::{
-    Collector, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_VOLUME_STATS_AGG_PERIOD,
+    Collector, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_VOLUME_STATS_AGG_PERIOD, LIST_STATS_TIMEOUT,
     RUNTIME_CALL_TIMEOUT, StatsConfig, read_machine,
 };
 pub use plugin::{REFRESH_TIMEOUT, Stats, StatsPlugin};

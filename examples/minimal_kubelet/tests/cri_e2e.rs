@@ -1096,11 +1096,10 @@ fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
     let c = |name: &str, script: &str| serde_json::json!({ "name": name, "image": image, "command": ["/bin/sh", "-c", script] });
     let mut burn = c("burn", "while :; do :; done");
     burn["resources"] = serde_json::json!({ "limits": { "cpu": "500m" } });
-    let mut hold = c(
-        "hold",
-        "x=$(head -c 209715200 /dev/zero | tr '\\0' a); sleep 3600",
-    );
-    hold["resources"] = serde_json::json!({ "limits": { "memory": "900Mi" } });
+    // dd reads 200 MiB into one buffer, then blocks writing it to a reader that never reads:
+    // the buffer stays resident.
+    let mut hold = c("hold", "dd if=/dev/zero bs=209715200 count=1 | sleep 3600");
+    hold["resources"] = serde_json::json!({ "limits": { "memory": "400Mi" } });
     let logger = c(
         "logger",
         "head -c 5300000 /dev/zero | tr '\\0' x | fold -w 1000; sleep 3600",
@@ -1152,8 +1151,16 @@ fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
         }
         v.as_f64().unwrap_or(0.0)
     };
+    let last = std::cell::RefCell::new(Value::Null);
+    let deadline = Instant::now() + LONG;
     let summary = wait_until("the stats of the pod's containers", || {
+        assert!(
+            Instant::now() < deadline,
+            "the stats did not show the pods' usage; last summary:\n{:#}",
+            last.borrow()["pods"]
+        );
         let s: Value = serde_json::from_str(&http_get(env.port, "/stats/summary").ok()?).ok()?;
+        *last.borrow_mut() = s.clone();
         let cores = find(&s, "stats", "burn", &["cpu", "usageNanoCores"]);
         let held = find(&s, "stats", "hold", &["memory", "workingSetBytes"]);
         let logs = find(&s, "stats", "logger", &["logs", "usedBytes"]);

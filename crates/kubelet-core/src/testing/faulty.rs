@@ -193,6 +193,9 @@ impl ContainerRuntime for FaultyRuntime {
     async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {
         self.inner.container_stats(container_id).await
     }
+    async fn list_container_stats(&self) -> Result<Vec<ContainerStats>> {
+        self.inner.list_container_stats().await
+    }
     async fn image_fs_info(&self) -> Result<ImageFsInfo> {
         self.inner.image_fs_info().await
     }
