@@ -1,0 +1,167 @@
+//! The collector over a runtime that misbehaves: stats that fail or hang, a pod whose volume
+//! vanishes. The sample leaves the item out and goes on; nothing panics.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kubelet_api::runtime::{
+    ContainerConfig, ContainerMetadata, ContainerStats, Labels, PodSandboxConfig,
+    PodSandboxMetadata, labels,
+};
+use kubelet_api::{AgentDirs, ContainerRuntime, ErrorKind};
+use kubelet_core::testing::{FakeOp, FakeRuntime};
+use kubelet_stats::{Collector, StatsConfig};
+
+const UID: &str = "u-1";
+
+async fn pod(rt: &FakeRuntime) -> Vec<String> {
+    let mut l = Labels::new();
+    l.insert(labels::POD_UID.into(), UID.into());
+    l.insert(labels::POD_NAME.into(), "web".into());
+    l.insert(labels::POD_NAMESPACE.into(), "default".into());
+    let mut s = PodSandboxConfig::new(PodSandboxMetadata {
+        name: "web".into(),
+        namespace: "default".into(),
+        uid: UID.into(),
+        attempt: 0,
+    });
+    s.labels = l.clone();
+    let sid = rt.run_pod_sandbox(&s).await.unwrap();
+    let mut ids = Vec::new();
+    for name in ["app", "sidecar"] {
+        let mut cl = l.clone();
+        cl.insert(labels::CONTAINER_NAME.into(), name.into());
+        let mut c = ContainerConfig::new(
+            ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            },
+            "busybox",
+        );
+        c.labels = cl;
+        let id = rt.create_container(&sid, &c, &s).await.unwrap();
+        rt.start_container(&id).await.unwrap();
+        ids.push(id);
+    }
+    ids
+}
+
+fn figures(id: &str, cpu_ns: u64, ws: u64) -> ContainerStats {
+    let mut s = ContainerStats::new(id, jiff::Timestamp::now());
+    s.cpu_usage_core_nanoseconds = Some(cpu_ns);
+    s.memory_working_set_bytes = Some(ws);
+    s.memory_usage_bytes = Some(ws * 2);
+    s.process_count = Some(1);
+    s
+}
+
+fn collector(dir: &std::path::Path) -> Collector {
+    let dirs = AgentDirs {
+        root_dir: dir.join("root"),
+        pod_log_dir: dir.join("logs"),
+    };
+    std::fs::create_dir_all(&dirs.root_dir).unwrap();
+    Collector::new("n", dirs, StatsConfig::default().kmsg(None))
+}
+
+#[tokio::test]
+async fn pods_containers_rates_and_volumes_come_from_the_runtime_and_the_pod_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = FakeRuntime::new();
+    let ids = pod(&rt).await;
+    rt.set_container_stats(&ids[0], figures(&ids[0], 1_000_000_000, 100));
+    rt.set_container_stats(&ids[1], figures(&ids[1], 0, 50));
+    let vol = dir.path().join(format!(
+        "root/pods/{UID}/volumes/kubernetes.io~empty-dir/cache"
+    ));
+    std::fs::create_dir_all(&vol).unwrap();
+    std::fs::write(vol.join("blob"), vec![1u8; 1 << 20]).unwrap();
+    let mut c = collector(dir.path());
+    let first = c.collect(Some(&rt)).await;
+    let p = first.pod(UID).expect("the pod");
+    assert_eq!(p.pod_ref.name, "web");
+    assert_eq!(p.containers.len(), 2);
+    assert_eq!(p.memory.as_ref().unwrap().working_set_bytes, Some(150));
+    assert_eq!(p.process_stats.as_ref().unwrap().process_count, Some(2));
+    assert!(p.volumes[0].fs.used_bytes.unwrap() >= 1 << 20);
+    assert!(p.ephemeral_storage.as_ref().unwrap().used_bytes.unwrap() >= 1 << 20);
+    let app = p.containers.iter().find(|c| c.name == "app").unwrap();
+    assert_eq!(
+        app.cpu.as_ref().unwrap().usage_nano_cores,
+        None,
+        "one sample: no rate yet"
+    );
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    rt.set_container_stats(&ids[0], figures(&ids[0], 1_100_000_000, 100));
+    // The volume goes away between two measurements: it is left out, nothing fails.
+    std::fs::remove_dir_all(dir.path().join(format!("root/pods/{UID}"))).unwrap();
+    let second = c.collect(Some(&rt)).await;
+    let p = second.pod(UID).expect("the pod");
+    let app = p.containers.iter().find(|c| c.name == "app").unwrap();
+    let rate = app.cpu.as_ref().unwrap().usage_nano_cores.expect("a rate");
+    assert!(
+        rate > 0 && rate <= 500_000_000,
+        "0.1 s of CPU in ≥ 0.2 s: {rate}"
+    );
+}
+
+#[tokio::test]
+async fn failing_stats_leave_the_figures_out_and_keep_the_pods_and_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = FakeRuntime::new();
+    let ids = pod(&rt).await;
+    rt.set_container_stats(&ids[0], figures(&ids[0], 5, 100));
+    rt.fail_always(
+        FakeOp::ContainerStats,
+        ErrorKind::Unavailable,
+        "stats broken",
+    );
+    rt.fail_always(
+        FakeOp::ImageFsInfo,
+        ErrorKind::Unavailable,
+        "imagefs broken",
+    );
+    let mut c = collector(dir.path());
+    for _ in 0..3 {
+        let s = c.collect(Some(&rt)).await;
+        let p = s.pod(UID).expect("the pod is still reported");
+        assert_eq!(p.containers.len(), 2);
+        assert!(
+            p.containers
+                .iter()
+                .all(|c| c.cpu.is_none() && c.memory.is_none())
+        );
+        assert!(
+            s.node.memory.is_some(),
+            "the node does not depend on the runtime"
+        );
+    }
+    rt.clear_failures(FakeOp::ContainerStats);
+    let s = c.collect(Some(&rt)).await;
+    assert!(
+        s.pod(UID)
+            .unwrap()
+            .containers
+            .iter()
+            .any(|c| c.memory.is_some())
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_runtime_costs_one_timeout_and_the_sample_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Arc::new(FakeRuntime::new());
+    pod(&rt).await;
+    rt.set_op_delay(FakeOp::ContainerStats, Duration::from_secs(3600));
+    let mut c = collector(dir.path());
+    let started = tokio::time::Instant::now();
+    let s = c.collect(Some(rt.as_ref() as &dyn ContainerRuntime)).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(s.pod(UID).unwrap().containers.len(), 2);
+}
