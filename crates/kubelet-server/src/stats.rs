@@ -6,7 +6,9 @@
 use std::fmt::Write as _;
 
 use jiff::Timestamp;
-use kubelet_api::stats::{ContainerStats, CpuStats, Machine, MemoryStats, PodStats, Summary};
+use kubelet_api::stats::{
+    ContainerStats, CpuStats, FsStats, Machine, MemoryStats, NodeStats, PodStats, Summary,
+};
 
 /// The Prometheus text format the kubelet's `/metrics/resource` and `/metrics/cadvisor` use.
 pub(crate) const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -35,20 +37,21 @@ pub(crate) fn summary_json(
     }
 }
 
-/// One metric family being written: `# HELP`, `# TYPE`, then samples.
+/// One metric family being written: `# HELP`, `# TYPE`, then its samples.
 struct Family<'a> {
     out: &'a mut String,
+    name: &'a str,
 }
 
 impl<'a> Family<'a> {
-    fn new(out: &'a mut String, name: &str, kind: &str, help: &str) -> Self {
+    fn new(out: &'a mut String, name: &'a str, kind: &str, help: &str) -> Self {
         let _ = writeln!(out, "# HELP {name} {help}");
         let _ = writeln!(out, "# TYPE {name} {kind}");
-        Self { out }
+        Self { out, name }
     }
 
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64, at: Option<Timestamp>) {
-        self.out.push_str(name);
+    fn sample(&mut self, labels: &[(&str, &str)], value: f64, at: Option<Timestamp>) {
+        self.out.push_str(self.name);
         if !labels.is_empty() {
             self.out.push('{');
             for (i, (k, v)) in labels.iter().enumerate() {
@@ -81,139 +84,122 @@ fn format_value(v: f64) -> String {
     }
 }
 
-fn cpu_seconds(c: &Option<CpuStats>) -> Option<(f64, Timestamp)> {
+/// A value and the time of its sample (none for a start time, as the kubelet writes it).
+type Value = Option<(f64, Option<Timestamp>)>;
+
+fn cpu_seconds(c: &Option<CpuStats>) -> Value {
     let c = c.as_ref()?;
-    Some((c.usage_core_nano_seconds? as f64 / 1e9, c.time))
+    Some((c.usage_core_nano_seconds? as f64 / 1e9, Some(c.time)))
 }
 
-fn working_set(m: &Option<MemoryStats>) -> Option<(f64, Timestamp)> {
+fn working_set(m: &Option<MemoryStats>) -> Value {
     let m = m.as_ref()?;
-    Some((m.working_set_bytes? as f64, m.time))
+    Some((m.working_set_bytes? as f64, Some(m.time)))
 }
 
-fn containers(summary: &Summary) -> impl Iterator<Item = (&PodStats, &ContainerStats)> {
-    summary
-        .pods
-        .iter()
-        .flat_map(|p| p.containers.iter().map(move |c| (p, c)))
+fn start_seconds(t: Option<Timestamp>) -> Value {
+    Some((t?.as_nanosecond() as f64 / 1e9, None))
 }
 
 /// `/metrics/resource`: the kubelet's resource metrics (names, labels, help, explicit
 /// timestamps), families in name order as the kubelet's registry writes them.
 pub(crate) fn resource_metrics(summary: &Summary) -> String {
+    type Pick<T> = fn(&T) -> Value;
+    let container: [(&str, &str, &str, Pick<ContainerStats>); 3] = [
+        (
+            "container_cpu_usage_seconds_total",
+            "counter",
+            "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
+            |c| cpu_seconds(&c.cpu),
+        ),
+        (
+            "container_memory_working_set_bytes",
+            "gauge",
+            "[STABLE] Current working set of the container in bytes",
+            |c| working_set(&c.memory),
+        ),
+        (
+            "container_start_time_seconds",
+            "gauge",
+            "[STABLE] Start time of the container since unix epoch in seconds",
+            |c| start_seconds(c.start_time),
+        ),
+    ];
+    let node: [(&str, &str, &str, Pick<NodeStats>); 2] = [
+        (
+            "node_cpu_usage_seconds_total",
+            "counter",
+            "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
+            |n| cpu_seconds(&n.cpu),
+        ),
+        (
+            "node_memory_working_set_bytes",
+            "gauge",
+            "[STABLE] Current working set of the node in bytes",
+            |n| working_set(&n.memory),
+        ),
+    ];
+    let pod: [(&str, &str, &str, Pick<PodStats>); 2] = [
+        (
+            "pod_cpu_usage_seconds_total",
+            "counter",
+            "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
+            |p| cpu_seconds(&p.cpu),
+        ),
+        (
+            "pod_memory_working_set_bytes",
+            "gauge",
+            "[STABLE] Current working set of the pod in bytes",
+            |p| working_set(&p.memory),
+        ),
+    ];
     let mut out = String::new();
-    let mut f = Family::new(
-        &mut out,
-        "container_cpu_usage_seconds_total",
-        "counter",
-        "[STABLE] Cumulative cpu time consumed by the container in core-seconds",
-    );
-    for (p, c) in containers(summary) {
-        if let Some((v, at)) = cpu_seconds(&c.cpu) {
-            let labels = [
-                ("container", c.name.as_str()),
-                ("namespace", p.pod_ref.namespace.as_str()),
-                ("pod", p.pod_ref.name.as_str()),
-            ];
-            f.sample("container_cpu_usage_seconds_total", &labels, v, Some(at));
+    for (name, kind, help, pick) in container {
+        let mut f = Family::new(&mut out, name, kind, help);
+        for p in &summary.pods {
+            for c in &p.containers {
+                if let Some((v, at)) = pick(c) {
+                    let labels = [
+                        ("container", c.name.as_str()),
+                        ("namespace", p.pod_ref.namespace.as_str()),
+                        ("pod", p.pod_ref.name.as_str()),
+                    ];
+                    f.sample(&labels, v, at);
+                }
+            }
         }
     }
-    let mut f = Family::new(
-        &mut out,
-        "container_memory_working_set_bytes",
-        "gauge",
-        "[STABLE] Current working set of the container in bytes",
-    );
-    for (p, c) in containers(summary) {
-        if let Some((v, at)) = working_set(&c.memory) {
-            let labels = [
-                ("container", c.name.as_str()),
-                ("namespace", p.pod_ref.namespace.as_str()),
-                ("pod", p.pod_ref.name.as_str()),
-            ];
-            f.sample("container_memory_working_set_bytes", &labels, v, Some(at));
+    for (name, kind, help, pick) in node {
+        let mut f = Family::new(&mut out, name, kind, help);
+        if let Some((v, at)) = pick(&summary.node) {
+            f.sample(&[], v, at);
         }
     }
-    let mut f = Family::new(
-        &mut out,
-        "container_start_time_seconds",
-        "gauge",
-        "[STABLE] Start time of the container since unix epoch in seconds",
-    );
-    for (p, c) in containers(summary) {
-        if let Some(t) = c.start_time {
-            let labels = [
-                ("container", c.name.as_str()),
-                ("namespace", p.pod_ref.namespace.as_str()),
-                ("pod", p.pod_ref.name.as_str()),
-            ];
-            let secs = t.as_nanosecond() as f64 / 1e9;
-            f.sample("container_start_time_seconds", &labels, secs, None);
-        }
-    }
-    let mut f = Family::new(
-        &mut out,
-        "node_cpu_usage_seconds_total",
-        "counter",
-        "[STABLE] Cumulative cpu time consumed by the node in core-seconds",
-    );
-    if let Some((v, at)) = cpu_seconds(&summary.node.cpu) {
-        f.sample("node_cpu_usage_seconds_total", &[], v, Some(at));
-    }
-    let mut f = Family::new(
-        &mut out,
-        "node_memory_working_set_bytes",
-        "gauge",
-        "[STABLE] Current working set of the node in bytes",
-    );
-    if let Some((v, at)) = working_set(&summary.node.memory) {
-        f.sample("node_memory_working_set_bytes", &[], v, Some(at));
-    }
-    let mut f = Family::new(
-        &mut out,
-        "pod_cpu_usage_seconds_total",
-        "counter",
-        "[STABLE] Cumulative cpu time consumed by the pod in core-seconds",
-    );
-    for p in &summary.pods {
-        if let Some((v, at)) = cpu_seconds(&p.cpu) {
-            let labels = [
-                ("namespace", p.pod_ref.namespace.as_str()),
-                ("pod", p.pod_ref.name.as_str()),
-            ];
-            f.sample("pod_cpu_usage_seconds_total", &labels, v, Some(at));
-        }
-    }
-    let mut f = Family::new(
-        &mut out,
-        "pod_memory_working_set_bytes",
-        "gauge",
-        "[STABLE] Current working set of the pod in bytes",
-    );
-    for p in &summary.pods {
-        if let Some((v, at)) = working_set(&p.memory) {
-            let labels = [
-                ("namespace", p.pod_ref.namespace.as_str()),
-                ("pod", p.pod_ref.name.as_str()),
-            ];
-            f.sample("pod_memory_working_set_bytes", &labels, v, Some(at));
+    for (name, kind, help, pick) in pod {
+        let mut f = Family::new(&mut out, name, kind, help);
+        for p in &summary.pods {
+            if let Some((v, at)) = pick(p) {
+                let labels = [
+                    ("namespace", p.pod_ref.namespace.as_str()),
+                    ("pod", p.pod_ref.name.as_str()),
+                ];
+                f.sample(&labels, v, at);
+            }
         }
     }
     // The sample is served whole or not at all: there is no partial scrape failure.
-    let mut f = Family::new(
-        &mut out,
-        "resource_scrape_error",
-        "gauge",
-        "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
-    );
-    f.sample("resource_scrape_error", &[], 0.0, None);
-    let mut f = Family::new(
-        &mut out,
-        "scrape_error",
-        "gauge",
-        "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
-    );
-    f.sample("scrape_error", &[], 0.0, None);
+    for (name, help) in [
+        (
+            "resource_scrape_error",
+            "[STABLE] 1 if there was an error while getting container metrics, 0 otherwise",
+        ),
+        (
+            "scrape_error",
+            "[ALPHA] (Deprecated since 1.29.0) 1 if there was an error while getting container metrics, 0 otherwise",
+        ),
+    ] {
+        Family::new(&mut out, name, "gauge", help).sample(&[], 0.0, None);
+    }
     out
 }
 
@@ -230,7 +216,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
         pod: &'a str,
         cpu: &'a Option<CpuStats>,
         memory: &'a Option<MemoryStats>,
-        fs_used: Option<(f64, Timestamp)>,
+        rootfs: Option<&'a FsStats>,
         start: Option<Timestamp>,
     }
     let mut rows = vec![Row {
@@ -241,7 +227,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
         pod: "",
         cpu: &summary.node.cpu,
         memory: &summary.node.memory,
-        fs_used: None,
+        rootfs: None,
         start: summary.node.start_time,
     }];
     for p in &summary.pods {
@@ -253,7 +239,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
             pod: &p.pod_ref.name,
             cpu: &p.cpu,
             memory: &p.memory,
-            fs_used: None,
+            rootfs: None,
             start: p.start_time,
         });
         for c in &p.containers {
@@ -265,44 +251,27 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
                 pod: &p.pod_ref.name,
                 cpu: &c.cpu,
                 memory: &c.memory,
-                fs_used: c
-                    .rootfs
-                    .as_ref()
-                    .and_then(|r| Some((r.used_bytes? as f64, r.time))),
+                rootfs: c.rootfs.as_ref(),
                 start: c.start_time,
             });
         }
     }
-    let labels = |r: &'_ Row<'_>| -> Vec<(&'static str, String)> {
-        vec![
-            ("container", r.container.to_string()),
-            ("id", r.id.clone()),
-            ("image", r.image.to_string()),
-            (
-                "name",
-                if r.container.is_empty() {
-                    String::new()
-                } else {
-                    r.id.clone()
-                },
-            ),
-            ("namespace", r.namespace.to_string()),
-            ("pod", r.pod.to_string()),
-        ]
-    };
-    type Pick = fn(&Row<'_>) -> Option<(f64, Option<Timestamp>)>;
+    type Pick = fn(&Row<'_>) -> Value;
     let families: [(&str, &str, &str, Pick); 6] = [
         (
             "container_cpu_usage_seconds_total",
             "counter",
             "Cumulative cpu time consumed in seconds.",
-            |r| cpu_seconds(r.cpu).map(|(v, t)| (v, Some(t))),
+            |r| cpu_seconds(r.cpu),
         ),
         (
             "container_fs_usage_bytes",
             "gauge",
             "Number of bytes that are consumed by the container on this filesystem.",
-            |r| r.fs_used.map(|(v, t)| (v, Some(t))),
+            |r| {
+                let f = r.rootfs?;
+                Some((f.used_bytes? as f64, Some(f.time)))
+            },
         ),
         (
             "container_memory_rss",
@@ -326,13 +295,13 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
             "container_memory_working_set_bytes",
             "gauge",
             "Current working set in bytes.",
-            |r| working_set(r.memory).map(|(v, t)| (v, Some(t))),
+            |r| working_set(r.memory),
         ),
         (
             "container_start_time_seconds",
             "gauge",
             "Start time of the container since unix epoch in seconds.",
-            |r| Some((r.start?.as_nanosecond() as f64 / 1e9, None)),
+            |r| start_seconds(r.start),
         ),
     ];
     let mut out = String::new();
@@ -340,31 +309,38 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
         let mut f = Family::new(&mut out, name, kind, help);
         for r in &rows {
             if let Some((v, at)) = pick(r) {
-                let l = labels(r);
-                let l: Vec<(&str, &str)> = l.iter().map(|(k, v)| (*k, v.as_str())).collect();
-                f.sample(name, &l, v, at);
+                // Containers are named by their ID; pod and node rows have no name.
+                let name = if r.container.is_empty() {
+                    ""
+                } else {
+                    r.id.as_str()
+                };
+                let labels = [
+                    ("container", r.container),
+                    ("id", r.id.as_str()),
+                    ("image", r.image),
+                    ("name", name),
+                    ("namespace", r.namespace),
+                    ("pod", r.pod),
+                ];
+                f.sample(&labels, v, at);
             }
         }
     }
-    let mut f = Family::new(
+    Family::new(
         &mut out,
         "machine_cpu_cores",
         "gauge",
         "Number of logical CPU cores.",
-    );
-    f.sample("machine_cpu_cores", &[], machine.num_cores as f64, None);
-    let mut f = Family::new(
+    )
+    .sample(&[], machine.num_cores as f64, None);
+    Family::new(
         &mut out,
         "machine_memory_bytes",
         "gauge",
         "Amount of memory installed on the machine.",
-    );
-    f.sample(
-        "machine_memory_bytes",
-        &[],
-        machine.memory_capacity as f64,
-        None,
-    );
+    )
+    .sample(&[], machine.memory_capacity as f64, None);
     out
 }
 
