@@ -165,14 +165,13 @@ pub fn read_sample(
     match version {
         CgroupVersion::V2 => {
             s.cpu_usage_ns = read("cpu", "cpu.stat")
-                .and_then(|t| parse_keyed(&t).get("usage_usec").copied())
+                .and_then(|t| Keyed(&t).get("usage_usec"))
                 .map(|us| us.saturating_mul(1000));
             s.memory_usage = read("memory", "memory.current").and_then(|t| parse_u64(&t));
             s.memory_limit = read("memory", "memory.max").and_then(|t| parse_u64(&t));
             s.inactive_file = stat.and_then(|m| m.get("inactive_file"));
             s.rss = stat.and_then(|m| m.get("anon"));
-            s.oom_kills = read("memory", "memory.events")
-                .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
+            s.oom_kills = read("memory", "memory.events").and_then(|t| Keyed(&t).get("oom_kill"));
         }
         CgroupVersion::V1 => {
             s.cpu_usage_ns = read("cpuacct", "cpuacct.usage").and_then(|t| parse_u64(&t));
@@ -186,8 +185,8 @@ pub fn read_sample(
                     .or_else(|| m.get("inactive_file"))
             });
             s.rss = stat.and_then(|m| m.get("total_rss").or_else(|| m.get("rss")));
-            s.oom_kills = read("memory", "memory.oom_control")
-                .and_then(|t| parse_keyed(&t).get("oom_kill").copied());
+            s.oom_kills =
+                read("memory", "memory.oom_control").and_then(|t| Keyed(&t).get("oom_kill"));
         }
     }
     s.page_faults = stat.and_then(|m| m.get("total_pgfault").or_else(|| m.get("pgfault")));

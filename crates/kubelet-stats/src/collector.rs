@@ -290,13 +290,14 @@ impl Collector {
             });
         n.runtime = Some(rt);
         n.rlimit = Some(self.rlimit(now));
-        if let (Some(setup), Some(own)) = (self.config.cgroup.clone(), self.own_cgroup.clone())
-            && let Some(s) = setup.sample(&own)
-        {
+        let own = (self.config.cgroup.as_ref())
+            .zip(self.own_cgroup.as_ref())
+            .and_then(|(setup, own)| setup.sample(own));
+        if let Some(s) = own {
             let mut c = ContainerStats::new("kubelet");
             c.start_time = self.boot_time;
             c.cpu = self.cpu("kubelet", s.cpu_usage_ns, now, seen);
-            c.memory = Some(memory_stats(now, &s, s.memory_limit));
+            c.memory = Some(memory_stats(now, &s));
             n.system_containers.push(c);
         }
         n
@@ -510,48 +511,39 @@ impl Collector {
             cs.image = c.image.clone();
             // A container the runtime had no figures for is reported without them.
             if let Some(s) = stats.remove(&c.id) {
-                {
-                    cs.cpu = self.cpu(&c.id, s.cpu_usage_core_nanoseconds, s.timestamp, seen);
-                    let mut m = MemoryStats::new(s.timestamp);
-                    m.usage_bytes = s.memory_usage_bytes;
-                    m.working_set_bytes = s.memory_working_set_bytes;
-                    m.rss_bytes = s.memory_rss_bytes;
-                    m.page_faults = s.memory_page_faults;
-                    m.major_page_faults = s.memory_major_page_faults;
-                    if s.memory_usage_bytes.is_some() || s.memory_working_set_bytes.is_some() {
-                        any_memory = true;
-                        add(&mut memory.usage_bytes, m.usage_bytes);
-                        add(&mut memory.working_set_bytes, m.working_set_bytes);
-                        add(&mut memory.rss_bytes, m.rss_bytes);
-                        add(&mut memory.page_faults, m.page_faults);
-                        add(&mut memory.major_page_faults, m.major_page_faults);
-                        cs.memory = Some(m);
-                    }
-                    add(&mut cpu_sum, s.cpu_usage_core_nanoseconds);
-                    add(&mut processes, s.process_count);
-                    if s.writable_layer_bytes.is_some() {
-                        let mut r = match layer_fs {
-                            Some(c) => fs_stats(now, c, None, None),
-                            None => FsStats::new(now),
-                        };
-                        r.used_bytes = s.writable_layer_bytes;
-                        r.inodes_used = s.writable_layer_inodes;
-                        ephemeral.0 += s.writable_layer_bytes.unwrap_or(0);
-                        ephemeral.1 += s.writable_layer_inodes.unwrap_or(0);
-                        cs.rootfs = Some(r);
-                    }
+                cs.cpu = self.cpu(&c.id, s.cpu_usage_core_nanoseconds, s.timestamp, seen);
+                let mut m = MemoryStats::new(s.timestamp);
+                m.usage_bytes = s.memory_usage_bytes;
+                m.working_set_bytes = s.memory_working_set_bytes;
+                m.rss_bytes = s.memory_rss_bytes;
+                m.page_faults = s.memory_page_faults;
+                m.major_page_faults = s.memory_major_page_faults;
+                if s.memory_usage_bytes.is_some() || s.memory_working_set_bytes.is_some() {
+                    any_memory = true;
+                    add(&mut memory.usage_bytes, m.usage_bytes);
+                    add(&mut memory.working_set_bytes, m.working_set_bytes);
+                    add(&mut memory.rss_bytes, m.rss_bytes);
+                    add(&mut memory.page_faults, m.page_faults);
+                    add(&mut memory.major_page_faults, m.major_page_faults);
+                    cs.memory = Some(m);
+                }
+                add(&mut cpu_sum, s.cpu_usage_core_nanoseconds);
+                add(&mut processes, s.process_count);
+                if s.writable_layer_bytes.is_some() {
+                    ephemeral.0 += s.writable_layer_bytes.unwrap_or(0);
+                    ephemeral.1 += s.writable_layer_inodes.unwrap_or(0);
+                    cs.rootfs = Some(usage_on(
+                        now,
+                        layer_fs,
+                        s.writable_layer_bytes,
+                        s.writable_layer_inodes,
+                    ));
                 }
             }
             if let Some((used, inodes)) = self.log_usage(&c.id, &log_dir.join(&c.metadata.name)) {
-                let mut l = match log_fs {
-                    Some(cap) => fs_stats(now, cap, None, None),
-                    None => FsStats::new(now),
-                };
-                l.used_bytes = Some(used);
-                l.inodes_used = Some(inodes);
                 ephemeral.0 += used;
                 ephemeral.1 += inodes;
-                cs.logs = Some(l);
+                cs.logs = Some(usage_on(now, log_fs, Some(used), Some(inodes)));
             }
             p.containers.push(cs);
         }
@@ -564,13 +556,12 @@ impl Collector {
         p.volumes = volumes;
         ephemeral.0 += ephemeral_volumes.0;
         ephemeral.1 += ephemeral_volumes.1;
-        let mut e = match filesystems.root {
-            Some(c) => fs_stats(now, c, None, None),
-            None => FsStats::new(now),
-        };
-        e.used_bytes = Some(ephemeral.0);
-        e.inodes_used = Some(ephemeral.1);
-        p.ephemeral_storage = Some(e);
+        p.ephemeral_storage = Some(usage_on(
+            now,
+            filesystems.root,
+            Some(ephemeral.0),
+            Some(ephemeral.1),
+        ));
         Some(p)
     }
 
@@ -696,14 +687,35 @@ fn fs_stats(
     s
 }
 
-fn memory_stats(now: Timestamp, s: &CgroupSample, limit: Option<u64>) -> MemoryStats {
+/// An item's usage (`used`, `inodes_used`) on a filesystem whose size `capacity` gives, when
+/// known.
+fn usage_on(
+    now: Timestamp,
+    capacity: Option<&FsCapacity>,
+    used: Option<u64>,
+    inodes_used: Option<u64>,
+) -> FsStats {
+    match capacity {
+        Some(c) => fs_stats(now, c, used, inodes_used),
+        None => {
+            let mut s = FsStats::new(now);
+            s.used_bytes = used;
+            s.inodes_used = inodes_used;
+            s
+        }
+    }
+}
+
+/// Memory figures of a cgroup; available is its limit minus its working set.
+fn memory_stats(now: Timestamp, s: &CgroupSample) -> MemoryStats {
     let mut m = MemoryStats::new(now);
     m.usage_bytes = s.memory_usage;
     m.working_set_bytes = s.working_set();
     m.rss_bytes = s.rss;
     m.page_faults = s.page_faults;
     m.major_page_faults = s.major_page_faults;
-    m.available_bytes = limit
+    m.available_bytes = s
+        .memory_limit
         .zip(m.working_set_bytes)
         .map(|(l, ws)| l.saturating_sub(ws));
     m

@@ -6,9 +6,9 @@
 //! * the **node** from the root cgroup (cgroup v1 or v2, [detected](CgroupSetup::detect)
 //!   once from mountinfo, never assumed), `/proc` (`meminfo`, `stat`, `loadavg`, `net/dev`)
 //!   and `statvfs` of the agent's root directory;
-//! * **pods and containers** from the runtime (`list_pod_sandboxes`, `list_containers`,
-//!   `container_stats`, `image_fs_info`: CRI `ContainerStats` on containerd, the process
-//!   runtime's cgroups), their **volumes** (`<root>/pods/<uid>/volumes/<plugin>/<name>`, walked
+//! * **pods and containers** from the runtime (`list_pod_sandboxes`, `list_containers`, one
+//!   `list_container_stats` per collection, `image_fs_info`: CRI `ListContainerStats` on
+//!   containerd, the process runtime's cgroups), their **volumes** (`<root>/pods/<uid>/volumes/<plugin>/<name>`, walked
 //!   every `volumeStatsAggPeriod`) and **logs** (`<podLogsDir>/<ns>_<name>_<uid>/<container>`);
 //! * **rates** (`usageNanoCores`) from the difference between two samples.
 //!
@@ -20,6 +20,15 @@
 //! [`Stats`] as the agent's [`StatsService`](kubelet_api::stats::StatsService): the kubelet
 //! API serves it as `/stats/summary`, `/metrics/resource` and `/metrics/cadvisor`. Readers get
 //! the latest sample (an `Arc` clone): nothing is collected on a request's path.
+//!
+//! In an agent it is one line of the builder (the facade's `AgentBuilder` adds it by default;
+//! `without_stats()` leaves it out):
+//!
+//! ```text
+//! let stats = kubelet_stats::StatsPlugin::new(StatsConfig::default());
+//! let agent = KubeletBuilder::new("node-1").plugin(Arc::new(stats)) /* runtime, pleg, … */;
+//! // another plugin, in its run(): ctx.service::<dyn kubelet_api::stats::StatsService>()
+//! ```
 //!
 //! Used alone, a [`Collector`] samples on demand:
 //!

@@ -167,7 +167,11 @@ impl AgentPlugin for StatsPlugin {
                     _ = tick.tick() => None,
                     Some(reply) = requests.recv() => Some(reply),
                 };
-                let summary = Arc::new(collector.collect(Some(runtime.as_ref())).await);
+                // A collection waits for the runtime at most its timeouts; shutdown does not.
+                let summary = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    s = collector.collect(Some(runtime.as_ref())) => Arc::new(s),
+                };
                 *self.stats.shared.latest.write() = summary.clone();
                 if let Some(reply) = waiting {
                     let _ = reply.send(summary.clone());
