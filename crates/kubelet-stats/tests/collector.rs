@@ -165,3 +165,111 @@ async fn a_hanging_runtime_costs_one_timeout_and_the_sample_goes_on() {
     );
     assert_eq!(s.pod(UID).unwrap().containers.len(), 2);
 }
+
+/// The agent side of a plugin context, for driving the plugin without the engine.
+struct NoAgent;
+
+#[async_trait::async_trait]
+impl kubelet_api::AgentHandle for NoAgent {
+    fn statuses(&self) -> kubelet_api::StatusReader {
+        kubelet_api::StatusReader::default()
+    }
+    fn pleg_health(&self) -> kubelet_api::PlegHealth {
+        kubelet_api::PlegHealth::Healthy
+    }
+    fn sync_loop_health(&self, _: Duration) -> Result<(), kubelet_api::SyncLoopStalled> {
+        Ok(())
+    }
+    fn plugins(&self) -> Vec<kubelet_api::PluginStatus> {
+        Vec::new()
+    }
+    fn metrics(&self) -> Arc<kubelet_api::prometheus_client::registry::Registry> {
+        Arc::default()
+    }
+    fn sync_pod(&self, _: &str) {}
+    async fn kill_pod(
+        &self,
+        _: &str,
+        _: kubelet_api::KillPodOptions,
+    ) -> Result<(), kubelet_api::NotRunning> {
+        Err(kubelet_api::NotRunning)
+    }
+}
+
+#[tokio::test]
+async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() {
+    use kubelet_api::AgentPlugin;
+    use kubelet_api::stats::StatsService;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = Arc::new(FakeRuntime::new());
+    pod(&rt).await;
+    let dirs = AgentDirs {
+        root_dir: dir.path().join("root"),
+        pod_log_dir: dir.path().join("logs"),
+    };
+    let ctx = kubelet_api::PluginContext::new(
+        "n",
+        dirs,
+        rt.clone(),
+        kubelet_api::EventRecorder::log_only(),
+        Arc::new(NoAgent),
+        kubelet_api::NodeConditionReader::default(),
+        Arc::default(),
+    );
+    // An hour between housekeeping rounds: only the first round and refreshes collect.
+    let plugin = Arc::new(kubelet_stats::StatsPlugin::new(
+        StatsConfig::default()
+            .kmsg(None)
+            .housekeeping_interval(Duration::from_secs(3600)),
+    ));
+    let stats = plugin.stats();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
+        async move { plugin.run(ctx, shutdown).await }
+    });
+    let first = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let s = stats.summary();
+            if s.pod(UID).is_some() {
+                return s;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the first round");
+    // Figures that change after the first round show only through a refresh.
+    let ids = rt.containers();
+    assert_eq!(first.pod(UID).unwrap().containers.len(), ids.len());
+    rt.set_container_stats(&ids[0].id, figures(&ids[0].id, 7, 4242));
+    let fresh = tokio::time::timeout(kubelet_stats::REFRESH_TIMEOUT, stats.refresh())
+        .await
+        .unwrap();
+    let app = fresh
+        .pod(UID)
+        .unwrap()
+        .containers
+        .iter()
+        .find(|c| c.container_id == ids[0].id);
+    assert_eq!(
+        app.and_then(|c| c.memory.as_ref()?.working_set_bytes),
+        Some(4242),
+        "the refresh collected anew"
+    );
+    assert!(
+        Arc::ptr_eq(&fresh, &stats.summary()),
+        "and published what it returned"
+    );
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("stops at shutdown")
+        .unwrap()
+        .unwrap();
+    // Stopped: a refresh answers at once with the latest sample.
+    let after = tokio::time::timeout(Duration::from_millis(500), stats.refresh())
+        .await
+        .unwrap();
+    assert!(Arc::ptr_eq(&after, &fresh));
+}
