@@ -18,8 +18,8 @@ use kubelet::prelude::*;
 use kubelet_api::conformance::{ConformanceConfig, run_conformance};
 use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStatus, ExecResult,
-    Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus, RuntimeStatus,
-    RuntimeVersion, SandboxFilter, SandboxState, labels_match,
+    PodSandbox, PodSandboxConfig, PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
+    SandboxState, labels_match,
 };
 use kubelet_api::{Error, ErrorKind, Result};
 use parking_lot::Mutex;
@@ -406,18 +406,7 @@ impl ContainerRuntime for ToyRuntime {
             )),
         }
     }
-    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
-        Ok(Some({
-            let mut v = Image::default();
-            v.id = image.image.clone();
-            v.repo_tags = vec![image.image.clone()];
-            v.size = 0;
-            v
-        }))
-    }
-    async fn pull_image(&self, image: &ImageSpec, _: &PodSandboxConfig) -> Result<String> {
-        Ok(image.image.clone())
-    }
+    // No `images()`: containers are host programs, so nothing is pulled.
 }
 
 fn main() -> anyhow::Result<std::process::ExitCode> {

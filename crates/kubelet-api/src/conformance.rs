@@ -333,23 +333,45 @@ impl Suite<'_> {
         Ok(())
     }
 
+    /// A runtime without images passes; one with an [`ImageService`](crate::ImageService)
+    /// finds or pulls the image, then lists it, and removing an absent image is `Ok`.
     async fn image(&self) -> CheckResult {
-        let spec = ImageSpec {
-            image: self.config.image.clone(),
-        };
-        if call("image_status", self.runtime.image_status(&spec).await)?.is_some() {
+        let Some(images) = self.runtime.images() else {
             return Ok(());
+        };
+        let spec = ImageSpec::new(self.config.image.clone());
+        let image = match call("image_status", images.image_status(&spec).await)? {
+            Some(i) => i,
+            None => {
+                call(
+                    "pull_image",
+                    images
+                        .pull_image(&spec, None, &PodSandboxConfig::default())
+                        .await,
+                )?;
+                match call("image_status", images.image_status(&spec).await)? {
+                    Some(i) => i,
+                    None => {
+                        return fail(
+                            "image_status reports the image missing right after pull_image",
+                        );
+                    }
+                }
+            }
+        };
+        let listed = call("list_images", images.list_images().await)?;
+        if !listed.iter().any(|i| i.id == image.id) {
+            return fail(format!(
+                "list_images does not list {} (image_status's ID {})",
+                self.config.image, image.id
+            ));
         }
+        let absent = ImageSpec::new("conformance.invalid/no-such-image:absent");
         call(
-            "pull_image",
-            self.runtime
-                .pull_image(&spec, &PodSandboxConfig::default())
-                .await,
+            "remove_image of an absent image",
+            images.remove_image(&absent).await,
         )?;
-        match call("image_status", self.runtime.image_status(&spec).await)? {
-            Some(_) => Ok(()),
-            None => fail("image_status reports the image missing right after pull_image"),
-        }
+        Ok(())
     }
 
     async fn sandbox(&self, check: &str) -> CheckResult {

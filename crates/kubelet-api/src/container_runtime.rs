@@ -8,8 +8,8 @@ use async_trait::async_trait;
 use crate::error::Result;
 use crate::runtime::{
     Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
-    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
-    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
+    ContainerStatus, ExecResult, PodSandbox, PodSandboxConfig, PodSandboxStatus, RuntimeStatus,
+    RuntimeVersion, SandboxFilter,
 };
 
 /// A container runtime, shaped like CRI v1's RuntimeService and ImageService.
@@ -58,7 +58,8 @@ use crate::runtime::{
 ///
 /// Optional capabilities are default methods answering [`Error::unsupported`](crate::Error)
 /// ([`ErrorKind::Unimplemented`](crate::ErrorKind)): [`container_stats`](Self::container_stats),
-/// [`image_fs_info`](Self::image_fs_info), [`container_events`](Self::container_events). Callers
+/// [`reopen_container_log`](Self::reopen_container_log),
+/// [`container_events`](Self::container_events). Callers
 /// check [`Error::is_unsupported`](crate::Error::is_unsupported) and fall back (relisting,
 /// nodefs) or pass the clear message on. A capability with several operations (streaming,
 /// image management, stats, resource updates) is a small trait of its own, reached through one
@@ -109,15 +110,6 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         timeout: Duration,
     ) -> Result<ExecResult>;
 
-    /// The image if the runtime has it, `None` if it must be pulled.
-    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>>;
-    /// Pull an image; returns the image reference.
-    async fn pull_image(
-        &self,
-        image: &ImageSpec,
-        sandbox_config: &PodSandboxConfig,
-    ) -> Result<String>;
-
     /// Usage figures for one container. Optional: the default reports
     /// [`ErrorKind::Unimplemented`](crate::ErrorKind).
     async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {
@@ -147,15 +139,14 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Ok(out)
     }
 
-    /// The filesystems the runtime keeps images (and container layers) on, with the space and
-    /// inodes the images use (CRI `ImageFsInfo`). The eviction manager's `imagefs.*` signals
-    /// come from the image filesystem's mountpoint.
-    ///
-    /// Optional: the default reports [`ErrorKind::Unimplemented`](crate::ErrorKind), and
-    /// callers then treat the image filesystem as the node filesystem, as the kubelet does when
-    /// there is no separate one.
-    async fn image_fs_info(&self) -> Result<ImageFsInfo> {
-        Err(crate::Error::unsupported("image_fs_info"))
+    /// Reopen the log file of a running container (CRI `ReopenContainerLog`): the runtime
+    /// closes the file it writes the container's output to and opens `log_path` anew, so that a
+    /// log rotator can rename the full file away. Optional: the default reports
+    /// [`ErrorKind::Unimplemented`](crate::ErrorKind), and logs of such a runtime are not
+    /// rotated.
+    async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
+        let _ = container_id;
+        Err(crate::Error::unsupported("reopen_container_log"))
     }
 
     /// A stream of container lifecycle events pushed by the runtime (CRI `GetContainerEvents`,
@@ -169,14 +160,15 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Err(crate::Error::unsupported("container_events"))
     }
 
-    /// Whether the runtime has images to pull, and so containers with a root filesystem of
-    /// their own. A runtime that runs programs of the host (the process runtime) has neither:
-    /// the engine then skips [`image_status`](Self::image_status) and
-    /// [`pull_image`](Self::pull_image), records no `Pulling`/`Pulled` events, and mounts no
-    /// kubelet-managed `/etc/hosts`. The default is true; wrappers must pass the inner runtime's
-    /// answer on.
-    fn pulls_images(&self) -> bool {
-        true
+    /// The runtime's images ([`ImageService`](crate::ImageService)): listing, inspection,
+    /// pulls with credentials, removal and the image filesystem's usage. `None`, the default:
+    /// the runtime runs programs of the host (the process runtime) and has no images, and so no
+    /// root filesystems of its own; the engine then pulls nothing, records no
+    /// `Pulling`/`Pulled` events and mounts no kubelet-managed `/etc/hosts`, and image garbage
+    /// collection has nothing to do. Wrappers must pass the inner runtime's answer on (or
+    /// answer with themselves, wrapping the inner one's).
+    fn images(&self) -> Option<&dyn crate::ImageService> {
+        None
     }
 
     /// Exec, attach and port-forward ([`StreamingRuntime`](crate::StreamingRuntime)), for the

@@ -5,7 +5,7 @@
 //! It holds:
 //!
 //! * the **traits** outsiders implement: [`ContainerRuntime`] (CRI-shaped, container level) and
-//!   its optional [`StreamingRuntime`], [`PodSource`], [`StatusSink`], [`VolumePlugin`],
+//!   its optional [`StreamingRuntime`] and [`ImageService`], [`PodSource`], [`StatusSink`], [`VolumePlugin`],
 //!   [`ObjectProvider`], [`AgentPlugin`] with what its [`PluginContext`] exposes
 //!   ([`AgentHandle`]), and the subsystem seams [`PodLifecycleEventGenerator`],
 //!   [`ProbeManager`] and [`PodAdmitHandler`];
@@ -55,6 +55,7 @@ mod cache;
 mod container_runtime;
 mod error;
 mod event;
+mod images;
 mod pleg;
 mod plugin;
 mod probe;
@@ -70,6 +71,7 @@ pub use cache::{CacheEntry, PodCache, PodCacheWriter, pod_cache};
 pub use container_runtime::ContainerRuntime;
 pub use error::{Error, ErrorChain, ErrorKind, Result, chain};
 pub use event::{Event, EventRecorder, EventType, InvolvedObject};
+pub use images::{ImageService, image_fs_info_of};
 pub use objects::{Lookup, ObjectProvider, ReferencedObjects, StaticObjects};
 pub use pleg::{
     PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,

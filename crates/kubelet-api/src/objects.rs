@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service, ServiceAccount};
 use parking_lot::RwLock;
 
 use crate::error::Result;
@@ -61,6 +61,13 @@ pub trait ObjectProvider: Send + Sync + 'static {
                 "cannot request a token for service account {namespace}/{service_account}: the object provider cannot issue service account tokens"
             ),
         ))
+    }
+    /// ServiceAccount `name` in `namespace`, for its `imagePullSecrets` when a pod names none
+    /// (`Ok(None)`: it does not exist). The default knows none: an agent without an API server
+    /// pulls with the pod's own secrets only.
+    async fn service_account(&self, namespace: &str, name: &str) -> Result<Option<ServiceAccount>> {
+        let _ = (namespace, name);
+        Ok(None)
     }
     /// Every Service of the cluster, for the pods' service environment variables
     /// (the engine's `services` module); called for every container start, so it must be a cheap read
@@ -178,6 +185,7 @@ pub struct StaticObjects {
 struct Store {
     config_maps: BTreeMap<(String, String), ConfigMap>,
     secrets: BTreeMap<(String, String), Secret>,
+    service_accounts: BTreeMap<(String, String), ServiceAccount>,
 }
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
@@ -204,6 +212,15 @@ impl StaticObjects {
     /// Add or replace a Secret (namespace `default` when unset).
     pub fn put_secret(&self, s: Secret) {
         self.inner.write().secrets.insert(key_of(&s.metadata), s);
+    }
+
+    /// Add or replace a ServiceAccount (namespace `default` when unset): its
+    /// `imagePullSecrets` serve pods that name none.
+    pub fn put_service_account(&self, sa: ServiceAccount) {
+        self.inner
+            .write()
+            .service_accounts
+            .insert(key_of(&sa.metadata), sa);
     }
 
     /// Remove a ConfigMap.
@@ -239,6 +256,15 @@ impl ObjectProvider for StaticObjects {
             .inner
             .read()
             .secrets
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned())
+    }
+
+    async fn service_account(&self, namespace: &str, name: &str) -> Result<Option<ServiceAccount>> {
+        Ok(self
+            .inner
+            .read()
+            .service_accounts
             .get(&(namespace.to_string(), name.to_string()))
             .cloned())
     }

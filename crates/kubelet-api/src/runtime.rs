@@ -529,16 +529,21 @@ impl ImageSpec {
     }
 }
 
-/// An image the runtime has.
+/// An image the runtime has (CRI `Image`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Image {
     /// Image ID.
     pub id: String,
-    /// Tags.
+    /// Tags (`registry/repository:tag`).
     pub repo_tags: Vec<String>,
+    /// Digest references (`registry/repository@sha256:…`).
+    pub repo_digests: Vec<String>,
     /// Size in bytes.
     pub size: u64,
+    /// The runtime keeps this image (its sandbox image, say): image garbage collection never
+    /// removes it.
+    pub pinned: bool,
 }
 
 impl Image {
@@ -548,7 +553,59 @@ impl Image {
             id: id.into(),
             repo_tags,
             size,
+            ..Default::default()
         }
+    }
+}
+
+/// Registry credentials for one pull (CRI `AuthConfig`), from the pod's image pull secrets.
+///
+/// Its `Debug` output names which fields are set, never their values: credentials must not
+/// reach a log line, an event or a status message.
+#[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct AuthConfig {
+    /// User name.
+    pub username: String,
+    /// Password.
+    pub password: String,
+    /// `base64(username:password)`, as a docker config's `auth` field.
+    pub auth: String,
+    /// The registry the credentials are for (`host[:port]`).
+    pub server_address: String,
+    /// A token to exchange for a registry token (docker config `identitytoken`).
+    pub identity_token: String,
+    /// A bearer token for the registry (docker config `registrytoken`).
+    pub registry_token: String,
+}
+
+impl AuthConfig {
+    /// User name and password for `server_address`.
+    pub fn basic(
+        server_address: impl Into<String>,
+        username: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        Self {
+            server_address: server_address.into(),
+            username: username.into(),
+            password: password.into(),
+            ..Default::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let set = |s: &String| if s.is_empty() { "" } else { "<redacted>" };
+        f.debug_struct("AuthConfig")
+            .field("server_address", &self.server_address)
+            .field("username", &set(&self.username))
+            .field("password", &set(&self.password))
+            .field("auth", &set(&self.auth))
+            .field("identity_token", &set(&self.identity_token))
+            .field("registry_token", &set(&self.registry_token))
+            .finish()
     }
 }
 

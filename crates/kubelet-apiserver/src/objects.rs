@@ -554,6 +554,18 @@ impl ObjectProvider for ApiObjects {
         Ok(got)
     }
 
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> kubelet_api::Result<Option<ServiceAccount>> {
+        // Read when a pod without pull secrets pulls: rare enough for a GET each time.
+        let api: Api<ServiceAccount> = Api::namespaced(self.client.clone(), namespace);
+        api.get_opt(name)
+            .await
+            .map_err(|e| api_error("serviceaccount", namespace, name, e))
+    }
+
     fn register_pod(&self, pod: &Pod) {
         let Some(uid) = pod.metadata.uid.clone() else {
             return;

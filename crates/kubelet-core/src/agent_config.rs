@@ -31,6 +31,8 @@ pub struct KubeletConfig {
     pub cluster_domain: String,
     /// `resolvConf` (`/etc/resolv.conf`); empty for none.
     pub resolv_conf: PathBuf,
+    /// `serializeImagePulls`, `maxParallelImagePulls`, `registryPullQPS`, `registryBurst`.
+    pub pull_limits: crate::image_pull::PullLimits,
 }
 
 /// The log link directory that goes with a pod log directory: `/var/log/containers` for the
@@ -59,6 +61,7 @@ impl Default for KubeletConfig {
             cluster_dns: Vec::new(),
             cluster_domain: String::new(),
             resolv_conf: PathBuf::from("/etc/resolv.conf"),
+            pull_limits: crate::image_pull::PullLimits::default(),
         }
     }
 }
@@ -81,6 +84,12 @@ impl KubeletConfig {
             cluster_dns: configuration.cluster_dns.clone(),
             cluster_domain: configuration.cluster_domain.clone(),
             resolv_conf: PathBuf::from(&configuration.resolv_conf),
+            pull_limits: crate::image_pull::PullLimits {
+                serialize: configuration.serialize_image_pulls,
+                max_parallel: configuration.max_parallel_image_pulls,
+                qps: f64::from(configuration.registry_pull_qps),
+                burst: configuration.registry_burst,
+            },
             ..Self::default()
         }
     }

@@ -146,6 +146,35 @@ pub struct KubeletConfiguration {
     /// `volumeStatsAggPeriod` (1 m): how often pod volumes' disk usage is measured for the
     /// stats (`/stats/summary`, eviction).
     pub volume_stats_agg_period: GoDuration,
+    /// `serializeImagePulls` (true): pull one image at a time.
+    pub serialize_image_pulls: bool,
+    /// `maxParallelImagePulls`: how many pulls run at once when they are not serialized;
+    /// absent for no bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_parallel_image_pulls: Option<u32>,
+    /// `registryPullQPS` (5): image pulls started per second; 0 for no limit.
+    #[serde(rename = "registryPullQPS")]
+    pub registry_pull_qps: u32,
+    /// `registryBurst` (10): pulls that may start at once above `registryPullQPS`.
+    pub registry_burst: u32,
+    /// `imageGCHighThresholdPercent` (85): image filesystem usage at which image garbage
+    /// collection starts; 100 switches it off.
+    pub image_gc_high_threshold_percent: i32,
+    /// `imageGCLowThresholdPercent` (80): the usage image garbage collection frees down to.
+    pub image_gc_low_threshold_percent: i32,
+    /// `imageMinimumGCAge` (2 m): an image is not removed before it has been known this long.
+    #[serde(rename = "imageMinimumGCAge")]
+    pub image_minimum_gc_age: GoDuration,
+    /// `imageMaximumGCAge` (0, off): unused images are removed this long after their last
+    /// use whatever the disk usage.
+    #[serde(rename = "imageMaximumGCAge")]
+    pub image_maximum_gc_age: GoDuration,
+    /// `containerLogMaxSize` (`10Mi`): a container's log is rotated at this size.
+    pub container_log_max_size: String,
+    /// `containerLogMaxFiles` (5): log files kept per container, the current one included.
+    pub container_log_max_files: i32,
+    /// `containerLogMonitorInterval` (10 s): how often log sizes are checked.
+    pub container_log_monitor_interval: GoDuration,
     /// `streamingConnectionIdleTimeout` (4 h): idle exec, attach and port-forward connections
     /// are closed after this long.
     pub streaming_connection_idle_timeout: GoDuration,
@@ -335,6 +364,17 @@ impl Default for KubeletConfiguration {
             node_status_report_frequency: GoDuration::from_secs(300),
             runtime_request_timeout: GoDuration::from_secs(120),
             volume_stats_agg_period: GoDuration::from_secs(60),
+            serialize_image_pulls: true,
+            max_parallel_image_pulls: None,
+            registry_pull_qps: 5,
+            registry_burst: 10,
+            image_gc_high_threshold_percent: 85,
+            image_gc_low_threshold_percent: 80,
+            image_minimum_gc_age: GoDuration::from_secs(120),
+            image_maximum_gc_age: GoDuration::from_secs(0),
+            container_log_max_size: "10Mi".to_string(),
+            container_log_max_files: 5,
+            container_log_monitor_interval: GoDuration::from_secs(10),
             streaming_connection_idle_timeout: GoDuration::from_secs(4 * 3600),
             container_runtime_endpoint: String::new(),
             pod_logs_dir: "/var/log/pods".to_string(),

@@ -50,12 +50,12 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::{Error, ErrorKind, Result};
-use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::{
-    Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
+    AuthConfig, Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
     ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
     PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
 };
+use kubelet_api::{ContainerRuntime, ImageService};
 
 /// Turns a runtime into a wrapped one.
 pub trait RuntimeLayer: Send + Sync + 'static {
@@ -255,21 +255,6 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
         let fut = self.inner.exec_sync(container_id, cmd, timeout);
         self.interceptor.intercept(c, fut).await
     }
-    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
-        let c = Call::new("image_status");
-        let fut = self.inner.image_status(image);
-        self.interceptor.intercept(c, fut).await
-    }
-    async fn pull_image(
-        &self,
-        image: &ImageSpec,
-        sandbox_config: &PodSandboxConfig,
-    ) -> Result<String> {
-        let mut c = Call::new("pull_image");
-        c.image_pull = true;
-        let fut = self.inner.pull_image(image, sandbox_config);
-        self.interceptor.intercept(c, fut).await
-    }
     async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {
         let c = Call::new("container_stats");
         let fut = self.inner.container_stats(container_id);
@@ -280,11 +265,10 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
         let fut = self.inner.list_container_stats();
         self.interceptor.intercept(c, fut).await
     }
-    async fn image_fs_info(&self) -> Result<ImageFsInfo> {
-        let c = Call::new("image_fs_info");
-        self.interceptor
-            .intercept(c, self.inner.image_fs_info())
-            .await
+    async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
+        let c = Call::new("reopen_container_log");
+        let fut = self.inner.reopen_container_log(container_id);
+        self.interceptor.intercept(c, fut).await
     }
     async fn container_events(&self) -> Result<ContainerEventStream> {
         // The subscription call is intercepted; the stream itself is long-lived and is not.
@@ -293,12 +277,61 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
             .intercept(c, self.inner.container_events())
             .await
     }
-    fn pulls_images(&self) -> bool {
-        self.inner.pulls_images()
+    fn images(&self) -> Option<&dyn ImageService> {
+        // The wrapper answers for the inner image service, so image calls are intercepted too.
+        self.inner.images().map(|_| self as &dyn ImageService)
     }
     fn register_metrics(&self, registry: &mut Registry) {
         self.interceptor.register_metrics(registry);
         self.inner.register_metrics(registry);
+    }
+}
+
+impl<I: Interceptor> Intercepted<I> {
+    fn inner_images(&self) -> Result<&dyn ImageService> {
+        self.inner
+            .images()
+            .ok_or_else(|| Error::unsupported("images"))
+    }
+}
+
+#[async_trait]
+impl<I: Interceptor> ImageService for Intercepted<I> {
+    async fn list_images(&self) -> Result<Vec<Image>> {
+        let images = self.inner_images()?;
+        let c = Call::new("list_images");
+        self.interceptor.intercept(c, images.list_images()).await
+    }
+    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
+        let images = self.inner_images()?;
+        let c = Call::new("image_status");
+        self.interceptor
+            .intercept(c, images.image_status(image))
+            .await
+    }
+    async fn pull_image(
+        &self,
+        image: &ImageSpec,
+        auth: Option<&AuthConfig>,
+        sandbox_config: &PodSandboxConfig,
+    ) -> Result<String> {
+        let images = self.inner_images()?;
+        let mut c = Call::new("pull_image");
+        c.image_pull = true;
+        let fut = images.pull_image(image, auth, sandbox_config);
+        self.interceptor.intercept(c, fut).await
+    }
+    async fn remove_image(&self, image: &ImageSpec) -> Result<()> {
+        let images = self.inner_images()?;
+        let c = Call::new("remove_image");
+        self.interceptor
+            .intercept(c, images.remove_image(image))
+            .await
+    }
+    async fn image_fs_info(&self) -> Result<ImageFsInfo> {
+        let images = self.inner_images()?;
+        let c = Call::new("image_fs_info");
+        self.interceptor.intercept(c, images.image_fs_info()).await
     }
 }
 
@@ -602,13 +635,38 @@ mod tests {
     use crate::testing::{FakeOp, FakeRuntime};
 
     #[test]
-    fn layers_pass_on_whether_the_runtime_pulls_images() {
-        let fake = Arc::new(FakeRuntime::new());
-        fake.set_pulls_images(false);
-        let inner: Arc<dyn ContainerRuntime> = fake;
-        let layered =
-            OperationMetrics::new().layer(Deadlines::new(Duration::from_secs(1)).layer(inner));
-        assert!(!layered.pulls_images());
+    fn layers_pass_on_whether_the_runtime_has_images() {
+        let layered = |fake: FakeRuntime| {
+            let inner: Arc<dyn ContainerRuntime> = Arc::new(fake);
+            OperationMetrics::new().layer(Deadlines::new(Duration::from_secs(1)).layer(inner))
+        };
+        let without = FakeRuntime::new();
+        without.set_pulls_images(false);
+        assert!(layered(without).images().is_none());
+        assert!(layered(FakeRuntime::new()).images().is_some());
+    }
+
+    #[tokio::test]
+    async fn image_calls_through_a_layer_are_counted() {
+        let fake: Arc<dyn ContainerRuntime> = Arc::new(FakeRuntime::new());
+        let metrics = OperationMetrics::new();
+        let runtime = metrics.layer(fake);
+        let mut registry = Registry::default();
+        runtime.register_metrics(&mut registry);
+        let images = runtime.images().unwrap();
+        images.list_images().await.unwrap();
+        images
+            .remove_image(&ImageSpec::new("absent"))
+            .await
+            .unwrap();
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        for line in [
+            "kubelet_runtime_operations_total{operation_type=\"list_images\"} 1",
+            "kubelet_runtime_operations_total{operation_type=\"remove_image\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 
     #[tokio::test]
@@ -667,7 +725,11 @@ mod tests {
         // Image pulls are unbounded by default: still pending after an hour minus a second.
         let pull = tokio::time::timeout(
             Duration::from_secs(3599),
-            runtime.pull_image(&ImageSpec::default(), &PodSandboxConfig::default()),
+            runtime.images().unwrap().pull_image(
+                &ImageSpec::default(),
+                None,
+                &PodSandboxConfig::default(),
+            ),
         )
         .await;
         assert!(pull.is_err(), "the pull was cut short: {pull:?}");
@@ -675,7 +737,9 @@ mod tests {
             .image_pull_timeout(Some(Duration::from_secs(5)))
             .layer(slow());
         let err = bounded
-            .pull_image(&ImageSpec::default(), &PodSandboxConfig::default())
+            .images()
+            .unwrap()
+            .pull_image(&ImageSpec::default(), None, &PodSandboxConfig::default())
             .await
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);

@@ -85,6 +85,7 @@
 // Namespaces: items reached by their module path.
 pub mod configuration;
 pub mod container;
+pub mod credentials;
 pub mod dns;
 pub mod duration;
 pub mod layer;
@@ -108,6 +109,7 @@ mod env_objects;
 mod error;
 mod handle;
 mod hosts;
+mod image_pull;
 mod kubelet;
 mod object_volumes;
 mod plugin;
@@ -122,6 +124,7 @@ pub use builder::KubeletBuilder;
 pub use env_objects::EnvObjects;
 pub use error::KubeletError;
 pub use handle::KubeletHandle;
+pub use image_pull::PullLimits;
 pub use kubelet::Kubelet;
 pub use status_manager::{
     MAX_POD_TERMINATION_MESSAGE_LENGTH, SYNC_PERIOD, StatusManager, normalize_status,

@@ -103,6 +103,8 @@ pub(crate) struct Engine {
     hook_http: HttpClient,
     /// Where a pod's start time goes.
     start_metrics: PodStartMetrics,
+    /// Admits image pulls (`serializeImagePulls`, `registryPullQPS`).
+    pull_gate: crate::image_pull::PullGate,
 }
 
 /// `User-Agent` of `httpGet` lifecycle hooks: `kube-lifecycle/<major>.<minor>` of the Kubernetes
@@ -143,7 +145,6 @@ impl Engine {
     ) -> Self {
         Self {
             node_name,
-            config,
             runtime,
             runtime_name,
             cache,
@@ -161,6 +162,8 @@ impl Engine {
             static_names: Mutex::new(HashMap::new()),
             mounted: Mutex::new(HashMap::new()),
             start_metrics: PodStartMetrics::new(),
+            pull_gate: crate::image_pull::PullGate::new(config.pull_limits),
+            config,
         }
     }
 
@@ -913,14 +916,14 @@ impl Engine {
     }
 
     async fn ensure_image(&self, p: &Pod, c: &Container) -> Result<(), ImageError> {
-        if !self.runtime.pulls_images() {
+        let Some(images) = self.runtime.images() else {
             return Ok(());
-        }
+        };
         let image = c.image.clone().unwrap_or_default();
         let involved = InvolvedObject::container(p, &c.name);
         let policy = pod::pull_policy(c);
         let spec = ImageSpec::new(image.clone());
-        let present = match self.runtime.image_status(&spec).await {
+        let present = match images.image_status(&spec).await {
             Ok(s) => s.is_some(),
             Err(cause) => return Err(ImageError::Inspect { image, cause }),
         };
@@ -946,18 +949,16 @@ impl Engine {
                     self.recorder.normal(involved, "BackOff", e.to_string());
                     return Err(e);
                 }
-                self.recorder.normal(
-                    involved.clone(),
-                    "Pulling",
-                    format!("Pulling image {image:?}"),
-                );
-                let sandbox = self.sandbox_config(p, 0);
-                match self.runtime.pull_image(&spec, &sandbox).await {
+                let started = Instant::now();
+                match self.pull(p, &involved, images, &spec).await {
                     Ok(_) => {
                         self.recorder.normal(
                             involved,
                             "Pulled",
-                            format!("Successfully pulled image {image:?}"),
+                            format!(
+                                "Successfully pulled image {image:?} in {:.3}s",
+                                started.elapsed().as_secs_f64()
+                            ),
                         );
                         Ok(())
                     }
@@ -971,6 +972,122 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// One pull of `spec` for pod `p`: the pull gate (rate, then a slot), then each matching
+    /// credential of the pod's pull secrets in turn (most specific first; the first success
+    /// wins, else the last error), anonymously when none matches.
+    async fn pull(
+        &self,
+        p: &Pod,
+        involved: &InvolvedObject,
+        images: &dyn kubelet_api::ImageService,
+        spec: &ImageSpec,
+    ) -> Result<String, kubelet_api::Error> {
+        let keyring = self.pull_keyring(p).await?;
+        let credentials = keyring
+            .lookup(&spec.image)
+            .map_err(|e| kubelet_api::Error::invalid_argument(e.to_string()))?;
+        if !self.pull_gate.try_accept() {
+            return Err(kubelet_api::Error::new(
+                kubelet_api::ErrorKind::ResourceExhausted,
+                crate::image_pull::PULL_QPS_EXCEEDED,
+            ));
+        }
+        self.recorder.normal(
+            involved.clone(),
+            "Pulling",
+            format!("Pulling image {:?}", spec.image),
+        );
+        let _slot = self.pull_gate.slot().await;
+        let sandbox = self.sandbox_config(p, 0);
+        if credentials.is_empty() {
+            return images.pull_image(spec, None, &sandbox).await;
+        }
+        let mut last = None;
+        for auth in &credentials {
+            match images.pull_image(spec, Some(auth), &sandbox).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    tracing::debug!(image = %spec.image, registry = %auth.server_address, error = %kubelet_api::chain(&e), "pull with one matching credential failed; trying the next");
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| kubelet_api::Error::internal("no pull attempted")))
+    }
+
+    /// The keyring of pod `p`'s image pull secrets (those of its service account when it names
+    /// none). A secret that cannot be read is reported in one `FailedToRetrieveImagePullSecret`
+    /// event and skipped, as the kubelet does; a malformed one fails the pull.
+    async fn pull_keyring(
+        &self,
+        p: &Pod,
+    ) -> Result<crate::credentials::Keyring, kubelet_api::Error> {
+        let mut keyring = crate::credentials::Keyring::default();
+        let Some(objects) = &self.objects else {
+            return Ok(keyring);
+        };
+        let namespace = pod::namespace(p);
+        let mut names: Vec<String> = p
+            .spec
+            .iter()
+            .flat_map(|s| s.image_pull_secrets.iter().flatten())
+            .map(|r| r.name.clone())
+            .filter(|n| !n.is_empty())
+            .collect();
+        if names.is_empty() {
+            let account = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.service_account_name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| "default".to_string());
+            match objects.service_account(namespace, &account).await {
+                Ok(Some(sa)) => {
+                    names = sa
+                        .image_pull_secrets
+                        .iter()
+                        .flatten()
+                        .map(|r| r.name.clone())
+                        .filter(|n| !n.is_empty())
+                        .collect();
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::warn!(pod = %pod::full_name(p), service_account = %account, error = %kubelet_api::chain(&e), "reading the service account's image pull secrets failed; pulling without them");
+                }
+            }
+        }
+        let mut failed = Vec::new();
+        for name in &names {
+            match objects.secret(namespace, name).await {
+                Ok(Some(secret)) => match keyring.add_secret(&secret) {
+                    Ok(true) => {}
+                    Ok(false) => failed.push(format!(
+                        "{namespace}/{name} (type {:?} is not an image pull secret)",
+                        secret.type_.as_deref().unwrap_or("")
+                    )),
+                    Err(e) => return Err(kubelet_api::Error::invalid_argument(e.to_string())),
+                },
+                Ok(None) => failed.push(format!("{namespace}/{name}")),
+                Err(e) => {
+                    tracing::warn!(pod = %pod::full_name(p), secret = %name, error = %kubelet_api::chain(&e), "reading an image pull secret failed");
+                    failed.push(format!("{namespace}/{name}"));
+                }
+            }
+        }
+        if !failed.is_empty() {
+            self.recorder.warning(
+                InvolvedObject::pod(p),
+                "FailedToRetrieveImagePullSecret",
+                format!(
+                    "Unable to retrieve some image pull secrets ({}); attempting to pull the image may not succeed.",
+                    failed.join(", ")
+                ),
+            );
+        }
+        Ok(keyring)
     }
 
     /// Stop one container: preStop hook (bounded by the grace period), then the runtime's stop
@@ -1286,7 +1403,7 @@ impl Engine {
             .as_ref()
             .and_then(|s| s.host_network)
             .unwrap_or(false);
-        if !self.runtime.pulls_images() || (pod_ips.is_empty() && !host_network) {
+        if self.runtime.images().is_none() || (pod_ips.is_empty() && !host_network) {
             return None;
         }
         let own = c

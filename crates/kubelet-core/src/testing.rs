@@ -40,14 +40,15 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::{Error, ErrorKind, Result};
-use kubelet_api::ContainerRuntime;
 use kubelet_api::Event;
 use kubelet_api::StatusSink;
 use kubelet_api::runtime::{
-    Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStats, ContainerStatus,
-    ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxStatus,
-    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
+    AuthConfig, Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStats,
+    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
+    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels,
+    labels_match,
 };
+use kubelet_api::{ContainerRuntime, ImageService};
 
 mod faulty;
 pub use faulty::FaultyRuntime;
@@ -84,14 +85,20 @@ pub enum FakeOp {
     ContainerStatus,
     /// [`ContainerRuntime::exec_sync`].
     ExecSync,
-    /// [`ContainerRuntime::image_status`].
+    /// [`ImageService::image_status`].
     ImageStatus,
-    /// [`ContainerRuntime::pull_image`].
+    /// [`ImageService::pull_image`].
     PullImage,
     /// [`ContainerRuntime::container_stats`].
     ContainerStats,
-    /// [`ContainerRuntime::image_fs_info`].
+    /// [`ImageService::image_fs_info`].
     ImageFsInfo,
+    /// [`ImageService::list_images`].
+    ListImages,
+    /// [`ImageService::remove_image`].
+    RemoveImage,
+    /// [`ContainerRuntime::reopen_container_log`].
+    ReopenContainerLog,
 }
 
 impl FakeOp {
@@ -116,6 +123,9 @@ impl FakeOp {
             FakeOp::PullImage => "pull_image",
             FakeOp::ContainerStats => "container_stats",
             FakeOp::ImageFsInfo => "image_fs_info",
+            FakeOp::ListImages => "list_images",
+            FakeOp::RemoveImage => "remove_image",
+            FakeOp::ReopenContainerLog => "reopen_container_log",
         }
     }
 }
@@ -148,6 +158,8 @@ struct State {
     sandboxes: BTreeMap<String, FakeSandbox>,
     containers: BTreeMap<String, FakeContainer>,
     images: HashMap<String, bool>,
+    image_info: HashMap<String, FakeImage>,
+    pull_auth: Vec<(String, String, String)>,
     images_present_by_default: bool,
     pulls_images: bool,
     calls: Vec<String>,
@@ -260,12 +272,51 @@ impl State {
             .ok_or_else(|| Error::not_found(format!("container {id:?} not found")))
     }
 
+    /// The image name an image reference or fake image ID stands for.
+    fn image_name(&self, image: &str) -> String {
+        image
+            .strip_prefix("fake-image:")
+            .unwrap_or(image)
+            .to_string()
+    }
+
+    fn image_entry(&self, name: &str) -> Image {
+        let info = self.image_info.get(name).copied().unwrap_or_default();
+        let mut v = Image::new(image_id(name), vec![name.to_string()], info.size);
+        v.pinned = info.pinned;
+        v
+    }
+
     fn image_present(&self, image: &str) -> bool {
         self.images
             .get(image)
             .copied()
             .unwrap_or(self.images_present_by_default)
     }
+}
+
+/// Size and pin of one image of a [`FakeRuntime`].
+#[derive(Debug, Clone, Copy, Default)]
+struct FakeImage {
+    size: u64,
+    pinned: bool,
+}
+
+/// The user name and password `auth` carries: its own fields, or the `auth` field
+/// (`base64(user:password)`) when set, as a registry reads them.
+fn credentials_of(auth: &AuthConfig) -> (String, String) {
+    use base64::Engine as _;
+    if !auth.auth.is_empty() {
+        let decoded = base64::engine::general_purpose::STANDARD
+            .decode(&auth.auth)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .unwrap_or_default();
+        if let Some((u, p)) = decoded.split_once(':') {
+            return (u.to_string(), p.to_string());
+        }
+    }
+    (auth.username.clone(), auth.password.clone())
 }
 
 fn default_reason(exit_code: i32) -> &'static str {
@@ -333,6 +384,8 @@ impl FakeRuntime {
                 sandboxes: BTreeMap::new(),
                 containers: BTreeMap::new(),
                 images: HashMap::new(),
+                image_info: HashMap::new(),
+                pull_auth: Vec::new(),
                 images_present_by_default: true,
                 pulls_images: true,
                 calls: Vec::new(),
@@ -448,10 +501,30 @@ impl FakeRuntime {
         self.state.lock().images.insert(image.to_string(), present);
     }
 
-    /// What [`ContainerRuntime::pulls_images`] answers (true unless set): false makes a
-    /// runtime without images, as the process runtime.
+    /// Whether the runtime has images ([`ContainerRuntime::images`] answers `Some`, true unless
+    /// set): false makes a runtime without images, as the process runtime.
     pub fn set_pulls_images(&self, pulls: bool) {
         self.state.lock().pulls_images = pulls;
+    }
+
+    /// Make `image` present with `size` bytes, pinned or not: it is then listed by
+    /// [`ImageService::list_images`] (images only present by default are not listed).
+    pub fn add_image(&self, image: &str, size: u64, pinned: bool) {
+        let mut st = self.state.lock();
+        st.images.insert(image.to_string(), true);
+        st.image_info
+            .insert(image.to_string(), FakeImage { size, pinned });
+    }
+
+    /// Pulls of images starting with `prefix` need user `username` with `password` (a pull
+    /// without them, or with others, fails with `PermissionDenied` and an `unauthorized`
+    /// message naming the image, never the credentials).
+    pub fn require_pull_credentials(&self, prefix: &str, username: &str, password: &str) {
+        self.state.lock().pull_auth.push((
+            prefix.to_string(),
+            username.to_string(),
+            password.to_string(),
+        ));
     }
 
     /// Whether images not named in [`set_image_present`](Self::set_image_present) are present
@@ -585,8 +658,11 @@ fn filter_keys(
 
 #[async_trait]
 impl ContainerRuntime for FakeRuntime {
-    fn pulls_images(&self) -> bool {
-        self.state.lock().pulls_images
+    fn images(&self) -> Option<&dyn ImageService> {
+        self.state
+            .lock()
+            .pulls_images
+            .then_some(self as &dyn ImageService)
     }
 
     async fn version(&self) -> Result<RuntimeVersion> {
@@ -898,29 +974,6 @@ impl ContainerRuntime for FakeRuntime {
         }
     }
 
-    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
-        self.enter(FakeOp::ImageStatus, &image.image, &[]).await?;
-        let st = self.state.lock();
-        Ok(st.image_present(&image.image).then(|| {
-            let mut v = Image::default();
-            v.id = image_id(&image.image);
-            v.repo_tags = vec![image.image.clone()];
-            v.size = 0;
-            v
-        }))
-    }
-
-    async fn pull_image(
-        &self,
-        image: &ImageSpec,
-        sandbox_config: &PodSandboxConfig,
-    ) -> Result<String> {
-        let keys = vec![sandbox_config.metadata.uid.clone()];
-        self.enter(FakeOp::PullImage, &image.image, &keys).await?;
-        self.state.lock().images.insert(image.image.clone(), true);
-        Ok(image_id(&image.image))
-    }
-
     async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {
         let keys = self.keys_for_id(container_id);
         self.enter(FakeOp::ContainerStats, container_id, &keys)
@@ -935,6 +988,82 @@ impl ContainerRuntime for FakeRuntime {
         });
         stats.timestamp = ts;
         Ok(stats)
+    }
+
+    async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
+        let keys = self.keys_for_id(container_id);
+        self.enter(FakeOp::ReopenContainerLog, container_id, &keys)
+            .await?;
+        let st = self.state.lock();
+        let c = st.container(container_id)?;
+        if c.status.state != ContainerState::Running {
+            return Err(Error::new(
+                ErrorKind::FailedPrecondition,
+                format!("container {container_id:?} is not running"),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl ImageService for FakeRuntime {
+    async fn list_images(&self) -> Result<Vec<Image>> {
+        self.enter(FakeOp::ListImages, "", &[]).await?;
+        let st = self.state.lock();
+        let mut out: Vec<Image> = st
+            .images
+            .iter()
+            .filter(|(_, present)| **present)
+            .map(|(name, _)| st.image_entry(name))
+            .collect();
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
+        self.enter(FakeOp::ImageStatus, &image.image, &[]).await?;
+        let st = self.state.lock();
+        let name = st.image_name(&image.image);
+        Ok(st.image_present(&name).then(|| st.image_entry(&name)))
+    }
+
+    async fn pull_image(
+        &self,
+        image: &ImageSpec,
+        auth: Option<&AuthConfig>,
+        sandbox_config: &PodSandboxConfig,
+    ) -> Result<String> {
+        let keys = vec![sandbox_config.metadata.uid.clone()];
+        let what = match auth {
+            Some(a) => format!("{} as {}", image.image, credentials_of(a).0),
+            None => image.image.clone(),
+        };
+        self.enter(FakeOp::PullImage, &what, &keys).await?;
+        let mut st = self.state.lock();
+        let needed = st
+            .pull_auth
+            .iter()
+            .find(|(prefix, _, _)| image.image.starts_with(prefix.as_str()))
+            .map(|(_, u, p)| (u.clone(), p.clone()));
+        if let Some(needed) = needed
+            && auth.map(credentials_of) != Some(needed)
+        {
+            return Err(Error::new(
+                ErrorKind::PermissionDenied,
+                format!("failed to pull {:?}: unauthorized", image.image),
+            ));
+        }
+        st.images.insert(image.image.clone(), true);
+        Ok(image_id(&image.image))
+    }
+
+    async fn remove_image(&self, image: &ImageSpec) -> Result<()> {
+        self.enter(FakeOp::RemoveImage, &image.image, &[]).await?;
+        let mut st = self.state.lock();
+        let name = st.image_name(&image.image);
+        st.images.insert(name, false);
+        Ok(())
     }
 
     async fn image_fs_info(&self) -> Result<ImageFsInfo> {
@@ -1335,10 +1464,40 @@ mod tests {
             .await
             .expect_err("absent image");
         assert!(err.is_not_found());
-        rt.pull_image(&spec, &sandbox_config("u1"))
+        rt.pull_image(&spec, None, &sandbox_config("u1"))
             .await
             .expect("pull");
         assert!(rt.image_status(&spec).await.expect("status").is_some());
+        rt.add_image("reg.io/big", 5 << 20, false);
+        rt.add_image("reg.io/pause", 1 << 20, true);
+        let listed = rt.list_images().await.expect("list");
+        assert!(
+            listed
+                .iter()
+                .any(|i| i.repo_tags == ["reg.io/pause"] && i.pinned && i.size == 1 << 20),
+            "{listed:?}"
+        );
+        rt.remove_image(&ImageSpec::new(listed[0].id.clone()))
+            .await
+            .expect("remove");
+        assert_eq!(
+            rt.list_images().await.expect("list").len(),
+            listed.len() - 1
+        );
+        rt.require_pull_credentials("private.io/", "alice", "pw");
+        let private = ImageSpec::new("private.io/app");
+        let err = rt
+            .pull_image(&private, None, &sandbox_config("u1"))
+            .await
+            .expect_err("anonymous");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        rt.pull_image(
+            &private,
+            Some(&AuthConfig::basic("private.io", "alice", "pw")),
+            &sandbox_config("u1"),
+        )
+        .await
+        .expect("with credentials");
 
         let (_sb, id2) = running(&rt, "u2", "app").await;
         rt.set_exec_handler(|_, cmd| {

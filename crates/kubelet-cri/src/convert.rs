@@ -361,8 +361,22 @@ pub(crate) fn image_out(i: cri::Image) -> core::Image {
         let mut v = core::Image::default();
         v.id = i.id;
         v.repo_tags = i.repo_tags;
+        v.repo_digests = i.repo_digests;
         v.size = i.size;
+        v.pinned = i.pinned;
         v
+    }
+}
+
+/// Registry credentials → CRI `AuthConfig`.
+pub(crate) fn auth_in(a: &core::AuthConfig) -> cri::AuthConfig {
+    cri::AuthConfig {
+        username: a.username.clone(),
+        password: a.password.clone(),
+        auth: a.auth.clone(),
+        server_address: a.server_address.clone(),
+        identity_token: a.identity_token.clone(),
+        registry_token: a.registry_token.clone(),
     }
 }
 

@@ -45,6 +45,11 @@ fn operation_type(op: &'static str) -> &'static str {
         "ContainerStats" => "container_stats",
         "ImageStatus" => "image_status",
         "PullImage" => "pull_image",
+        "ListImages" => "list_images",
+        "RemoveImage" => "remove_image",
+        "ImageFsInfo" => "image_fs_info",
+        "ListContainerStats" => "list_container_stats",
+        "ReopenContainerLog" => "reopen_container_log",
         other => other,
     }
 }

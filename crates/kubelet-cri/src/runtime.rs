@@ -1055,51 +1055,6 @@ impl ContainerRuntime for CriRuntime {
         })
     }
 
-    async fn image_status(&self, image: &ImageSpec) -> Result<Option<core::Image>> {
-        let mut c = self.images.clone();
-        let req = cri::ImageStatusRequest {
-            image: Some(cri::ImageSpec {
-                image: image.image.clone(),
-                ..Default::default()
-            }),
-            verbose: false,
-        };
-        let resp = self
-            .unary(
-                "ImageStatus",
-                self.timeout(),
-                move |r| async move { c.image_status(r).await },
-                req,
-            )
-            .await?;
-        Ok(resp.image.map(convert::image_out))
-    }
-
-    async fn pull_image(
-        &self,
-        image: &ImageSpec,
-        sandbox_config: &PodSandboxConfig,
-    ) -> Result<String> {
-        let mut c = self.images.clone();
-        let req = cri::PullImageRequest {
-            image: Some(cri::ImageSpec {
-                image: image.image.clone(),
-                ..Default::default()
-            }),
-            auth: None,
-            sandbox_config: Some(convert::sandbox_config_in(sandbox_config)),
-        };
-        let resp = self
-            .unary(
-                "PullImage",
-                self.config.image_pull_timeout,
-                move |r| async move { c.pull_image(r).await },
-                req,
-            )
-            .await?;
-        Ok(resp.image_ref)
-    }
-
     async fn container_stats(&self, container_id: &str) -> Result<core::ContainerStats> {
         let mut c = self.runtime.clone();
         let req = cri::ContainerStatsRequest {
@@ -1151,6 +1106,106 @@ impl ContainerRuntime for CriRuntime {
     /// [`crate::events`].
     async fn container_events(&self) -> Result<core::ContainerEventStream> {
         Ok(self.events.subscribe().await?)
+    }
+
+    async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::ReopenContainerLogRequest {
+            container_id: container_id.to_string(),
+        };
+        self.unary(
+            "ReopenContainerLog",
+            self.timeout(),
+            move |r| async move { c.reopen_container_log(r).await },
+            req,
+        )
+        .await?;
+        Ok(())
+    }
+
+    fn images(&self) -> Option<&dyn kubelet_api::ImageService> {
+        Some(self)
+    }
+}
+
+/// CRI's ImageService.
+#[async_trait]
+impl kubelet_api::ImageService for CriRuntime {
+    async fn list_images(&self) -> Result<Vec<core::Image>> {
+        let mut c = self.images.clone();
+        let resp = self
+            .unary(
+                "ListImages",
+                self.timeout(),
+                move |r| async move { c.list_images(r).await },
+                cri::ListImagesRequest { filter: None },
+            )
+            .await?;
+        Ok(resp.images.into_iter().map(convert::image_out).collect())
+    }
+
+    async fn image_status(&self, image: &ImageSpec) -> Result<Option<core::Image>> {
+        let mut c = self.images.clone();
+        let req = cri::ImageStatusRequest {
+            image: Some(cri::ImageSpec {
+                image: image.image.clone(),
+                ..Default::default()
+            }),
+            verbose: false,
+        };
+        let resp = self
+            .unary(
+                "ImageStatus",
+                self.timeout(),
+                move |r| async move { c.image_status(r).await },
+                req,
+            )
+            .await?;
+        Ok(resp.image.map(convert::image_out))
+    }
+
+    async fn pull_image(
+        &self,
+        image: &ImageSpec,
+        auth: Option<&core::AuthConfig>,
+        sandbox_config: &PodSandboxConfig,
+    ) -> Result<String> {
+        let mut c = self.images.clone();
+        let req = cri::PullImageRequest {
+            image: Some(cri::ImageSpec {
+                image: image.image.clone(),
+                ..Default::default()
+            }),
+            auth: auth.map(convert::auth_in),
+            sandbox_config: Some(convert::sandbox_config_in(sandbox_config)),
+        };
+        let resp = self
+            .unary(
+                "PullImage",
+                self.config.image_pull_timeout,
+                move |r| async move { c.pull_image(r).await },
+                req,
+            )
+            .await?;
+        Ok(resp.image_ref)
+    }
+
+    async fn remove_image(&self, image: &ImageSpec) -> Result<()> {
+        let mut c = self.images.clone();
+        let req = cri::RemoveImageRequest {
+            image: Some(cri::ImageSpec {
+                image: image.image.clone(),
+                ..Default::default()
+            }),
+        };
+        self.unary(
+            "RemoveImage",
+            self.timeout(),
+            move |r| async move { c.remove_image(r).await },
+            req,
+        )
+        .await?;
+        Ok(())
     }
 
     async fn image_fs_info(&self) -> Result<core::ImageFsInfo> {

@@ -18,12 +18,12 @@ use k8s_openapi::api::core::v1::{
     SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kubelet_api::ContainerRuntime;
 use kubelet_api::ErrorKind;
 use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, ContainerState, ImageSpec, Labels, PodSandboxConfig,
     PodSandboxMetadata, RuntimeStatus, SandboxState,
 };
+use kubelet_api::{ContainerRuntime, ImageService};
 use tokio::sync::watch;
 
 const LONG: Duration = Duration::from_secs(90);

@@ -102,7 +102,7 @@ pub struct MachineStatsConfig {
     /// A path on nodefs (the kubelet's root dir); `None` leaves nodefs signals unobserved.
     pub nodefs: Option<PathBuf>,
     /// A path on the image filesystem, for runtimes that do not report one. The runtime's own
-    /// report ([`ContainerRuntime::image_fs_info`]) wins; without either, `imagefs.*` is read
+    /// report ([`ImageService::image_fs_info`](kubelet_api::ImageService::image_fs_info)) wins; without either, `imagefs.*` is read
     /// from nodefs, as in the kubelet when there is no separate image filesystem. See
     /// [`ImageFsSource`].
     pub imagefs: Option<PathBuf>,
@@ -258,7 +258,7 @@ impl MachineStats {
     }
 
     /// Take per-container usage (`ContainerRuntime::container_stats`) and the image filesystem
-    /// (`ContainerRuntime::image_fs_info`) from `runtime`.
+    /// (`ImageService::image_fs_info`) from `runtime`.
     pub fn with_runtime(mut self, runtime: Arc<dyn ContainerRuntime>) -> Self {
         self.runtime = Some(runtime);
         self
@@ -437,7 +437,11 @@ impl MachineStats {
     /// report one (no runtime, `Unimplemented`, an empty list) or has never answered.
     pub async fn runtime_image_fs(&self) -> Option<ImageFsInfo> {
         let rt = self.runtime.as_ref()?;
-        let answer = tokio::time::timeout(IMAGE_FS_INFO_TIMEOUT, rt.image_fs_info()).await;
+        let answer = tokio::time::timeout(
+            IMAGE_FS_INFO_TIMEOUT,
+            kubelet_api::image_fs_info_of(rt.as_ref()),
+        )
+        .await;
         let mut last = self.last_image_fs.lock();
         match answer {
             Ok(Ok(info)) if !info.image_filesystems.is_empty() => {

@@ -727,8 +727,8 @@ mod tests {
 
     use kubelet_api::runtime::{
         Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStatus,
-        ExecResult, Image, ImageSpec, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
-        PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
+        ExecResult, PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
+        RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
     };
     use kubelet_api::{PodLifecycleEventType, Result};
     use kubelet_core::testing::FakeRuntime;
@@ -795,15 +795,8 @@ mod tests {
         ) -> Result<ExecResult> {
             self.0.exec_sync(id, cmd, timeout).await
         }
-        async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
-            self.0.image_status(image).await
-        }
-        async fn pull_image(
-            &self,
-            image: &ImageSpec,
-            sandbox_config: &PodSandboxConfig,
-        ) -> Result<String> {
-            self.0.pull_image(image, sandbox_config).await
+        fn images(&self) -> Option<&dyn kubelet_api::ImageService> {
+            self.0.images()
         }
         async fn container_events(&self) -> Result<ContainerEventStream> {
             Ok(Box::pin(futures::stream::pending()))

@@ -96,6 +96,15 @@ pub enum ProcessError {
         #[source]
         source: std::io::Error,
     },
+    /// The container's shim did not reopen its log file (a shim without log reopening, or
+    /// one that did not answer in time).
+    #[error("reopening the log of container {id:?}: {detail}")]
+    ReopenLog {
+        /// Container ID.
+        id: String,
+        /// What went wrong.
+        detail: String,
+    },
     /// Reading or writing a state file or directory failed.
     #[error("{op} {path}")]
     State {
@@ -167,6 +176,7 @@ impl ProcessError {
                 ErrorKind::DeadlineExceeded
             }
             ProcessError::NoSpace { .. } => ErrorKind::ResourceExhausted,
+            ProcessError::ReopenLog { .. } => ErrorKind::Unavailable,
             ProcessError::State { source, .. } | ProcessError::Cgroup { source, .. }
                 if source.kind() == std::io::ErrorKind::PermissionDenied =>
             {

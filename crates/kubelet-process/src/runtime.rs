@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use jiff::Timestamp;
 use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerMetadata,
-    ContainerState, ContainerStats, ContainerStatus, EnvVar, ExecResult, Image, ImageSpec,
-    LinuxResources, Mount, PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
-    RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
+    ContainerState, ContainerStats, ContainerStatus, EnvVar, ExecResult, LinuxResources, Mount,
+    PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus, RuntimeStatus,
+    RuntimeVersion, SandboxFilter, SandboxState, labels, labels_match,
 };
 use kubelet_api::{ContainerRuntime, EventRecorder, InvolvedObject};
 use nix::sys::signal::{Signal, kill, killpg};
@@ -40,6 +40,12 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const KILL_WAIT: Duration = Duration::from_secs(10);
 /// Poll period while waiting for a shim's records.
 const POLL: Duration = Duration::from_millis(20);
+
+/// The FIFO in a container's state directory its shim reopens the log file on.
+pub(crate) const REOPEN_LOG_FIFO: &str = "reopen-log";
+
+/// How long `reopen_container_log` waits for the shim to recreate the log file.
+const REOPEN_WAIT: Duration = Duration::from_secs(2);
 
 /// The environment a container's process gets: exactly `envs`, in order (a later duplicate
 /// wins), plus `PATH` when not given.
@@ -1029,6 +1035,44 @@ impl ProcessRuntime {
     /// A command that runs `cmd` in running container `id`: its environment, working
     /// directory, user and cgroup (through the shim's `exec` mode), in a new process group.
     /// Standard streams are left to the caller.
+    /// Ask container `id`'s shim to reopen its log; see
+    /// [`reopen_container_log`](ContainerRuntime::reopen_container_log).
+    async fn reopen_log(&self, id: &str) -> Result<(), ProcessError> {
+        use std::os::unix::fs::OpenOptionsExt;
+        let rec = self.container(id)?;
+        if self.observe(&rec)?.state != ContainerState::Running {
+            return Err(ProcessError::NotRunning(id.to_string()));
+        }
+        let fifo = self.container_dir(id).join(REOPEN_LOG_FIFO);
+        let reopen_err = |detail: String| ProcessError::ReopenLog {
+            id: id.to_string(),
+            detail,
+        };
+        // Non-blocking: with no shim listening the open fails (ENXIO) instead of waiting.
+        let request = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .map_err(|e| {
+                reopen_err(format!(
+                    "the shim does not listen on {}: {e}",
+                    fifo.display()
+                ))
+            })?;
+        drop(request);
+        let deadline = tokio::time::Instant::now() + REOPEN_WAIT;
+        while !rec.log_path.exists() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(reopen_err(format!(
+                    "{} was not recreated within {REOPEN_WAIT:?}",
+                    rec.log_path.display()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        Ok(())
+    }
+
     pub(crate) fn exec_command(
         &self,
         id: &str,
@@ -1711,32 +1755,16 @@ impl ContainerRuntime for ProcessRuntime {
         Ok(self.exec(container_id, cmd, timeout).await?)
     }
 
-    /// Containers are host programs: there is nothing to pull, and no image events.
-    fn pulls_images(&self) -> bool {
-        false
-    }
-
     /// Exec, attach and port-forward served in process (see the crate documentation).
     fn streaming(&self) -> Option<&dyn kubelet_api::StreamingRuntime> {
         Some(self)
     }
 
-    async fn image_status(&self, image: &ImageSpec) -> kubelet_api::Result<Option<Image>> {
-        Ok(Some({
-            let mut v = Image::default();
-            v.id = image.image.clone();
-            v.repo_tags = vec![image.image.clone()];
-            v.size = 0;
-            v
-        }))
-    }
-
-    async fn pull_image(
-        &self,
-        image: &ImageSpec,
-        _sandbox_config: &PodSandboxConfig,
-    ) -> kubelet_api::Result<String> {
-        Ok(image.image.clone())
+    /// Tell the container's shim to open its log file anew (over the `reopen-log` FIFO in
+    /// the container's state directory), then wait until the file exists again (at most 2 s).
+    /// Containers have no images: [`images`](ContainerRuntime::images) stays `None`.
+    async fn reopen_container_log(&self, container_id: &str) -> kubelet_api::Result<()> {
+        Ok(self.reopen_log(container_id).await?)
     }
 
     /// Container and sandbox events from inotify on the state directory; see the

@@ -276,6 +276,10 @@ fn run_container(dir: &Path) -> ExitCode {
     }
 
     let sink = Arc::new(Mutex::new(log_file));
+    if let Err(e) = listen_for_reopen(dir, &rec.log_path, sink.clone()) {
+        // The container runs; only log rotation is unavailable for it.
+        log(format_args!("log reopening unavailable: {e}"));
+    }
     let (done_tx, done_rx) = mpsc::channel::<()>();
     let mut pumps = 0;
     if let Some(out) = child.stdout.take() {
@@ -352,6 +356,44 @@ fn run_container(dir: &Path) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// Serve `reopen_container_log`: each writer that opens the `reopen-log` FIFO in the state
+/// directory makes the shim open `log_path` anew (after a log rotator renamed the full file)
+/// and send later output there. The thread blocks in `open` between requests and ends with the
+/// shim.
+fn listen_for_reopen(
+    dir: &Path,
+    log_path: &Path,
+    sink: Arc<Mutex<std::fs::File>>,
+) -> std::io::Result<()> {
+    let fifo = dir.join(crate::runtime::REOPEN_LOG_FIFO);
+    match nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)) {
+        Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let log_path = log_path.to_path_buf();
+    std::thread::spawn(move || {
+        loop {
+            let mut request = match std::fs::File::open(&fifo) {
+                Ok(f) => f,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    log(format_args!("log reopening stopped: {e}"));
+                    return;
+                }
+            };
+            let _ = std::io::copy(&mut request, &mut std::io::sink());
+            match OpenOptions::new().create(true).append(true).open(&log_path) {
+                Ok(f) => *sink.lock() = f,
+                Err(e) => log(format_args!(
+                    "reopening log {}: {e}; writing to the old file",
+                    log_path.display()
+                )),
+            }
+        }
+    });
+    Ok(())
 }
 
 fn spawn_pump(

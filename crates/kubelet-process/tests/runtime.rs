@@ -5,9 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use kubelet_api::runtime::{
-    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, EnvVar, ImageSpec,
-    LinuxResources, Mount, PodSandboxConfig, PodSandboxMetadata, SandboxFilter, SandboxState,
-    labels,
+    ContainerConfig, ContainerFilter, ContainerMetadata, ContainerState, EnvVar, LinuxResources,
+    Mount, PodSandboxConfig, PodSandboxMetadata, SandboxFilter, SandboxState, labels,
 };
 use kubelet_api::{ContainerRuntime, ErrorKind, EventRecorder, EventType};
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig};
@@ -474,26 +473,52 @@ async fn list_filters_by_id_state_sandbox_and_labels() {
 }
 
 #[tokio::test]
-async fn images_are_recorded_not_pulled() {
+async fn there_are_no_images_and_the_runtime_answers_version_and_status() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let rt = runtime(tmp.path());
-    let spec = ImageSpec::new("registry.invalid/app:1");
-    let img = rt
-        .image_status(&spec)
-        .await
-        .expect("status")
-        .expect("present");
-    assert_eq!(img.id, "registry.invalid/app:1");
-    let pulled = rt
-        .pull_image(&spec, &PodSandboxConfig::default())
-        .await
-        .expect("pull");
-    assert_eq!(pulled, "registry.invalid/app:1");
+    assert!(rt.images().is_none(), "host programs: nothing to pull");
     let v = rt.version().await.expect("version");
     assert_eq!(v.runtime_name, "process");
     let s = rt.status().await.expect("status");
     assert!(s.condition("RuntimeReady").is_some_and(|c| c.status));
     assert!(s.condition("NetworkReady").is_some_and(|c| c.status));
+}
+
+#[tokio::test]
+async fn a_reopened_log_continues_in_a_new_file_after_the_old_one_was_renamed() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(tmp.path());
+    let (_sid, cid, sb) = run(&rt, tmp.path(), "u-reopen", |sb| {
+        container_config(
+            sb,
+            "app",
+            "i=0; while [ $i -lt 400 ]; do echo line-$i; i=$((i+1)); sleep 0.01; done; sleep 100",
+        )
+    })
+    .await;
+    let log = sb.log_directory.join("app/0.log");
+    wait_log(&log, "line-20").await;
+    let rotated = sb.log_directory.join("app/0.log.20260101-000000");
+    std::fs::rename(&log, &rotated).expect("rename");
+    rt.reopen_container_log(&cid).await.expect("reopen");
+    assert!(log.exists(), "the log is recreated before reopen returns");
+    wait_log(&log, "line-399").await;
+    // Every line is in exactly one of the two files, in order.
+    let mut lines = Vec::new();
+    for f in [&rotated, &log] {
+        let text = std::fs::read_to_string(f).expect("read");
+        lines.extend(
+            text.lines()
+                .map(|l| l.rsplit(' ').next().unwrap_or("").to_string()),
+        );
+    }
+    let want: Vec<String> = (0..400).map(|i| format!("line-{i}")).collect();
+    assert_eq!(lines, want);
+    // A container that is not running cannot reopen.
+    rt.stop_container(&cid, Duration::ZERO).await.expect("stop");
+    let err = rt.reopen_container_log(&cid).await.expect_err("stopped");
+    assert_eq!(err.kind(), kubelet_api::ErrorKind::FailedPrecondition);
+    cleanup(&rt).await;
 }
 
 #[tokio::test]

@@ -374,7 +374,7 @@ impl Collector {
     }
 
     async fn image_fs(&mut self, rt: &dyn ContainerRuntime) -> Option<ImageFsInfo> {
-        match tokio::time::timeout(RUNTIME_CALL_TIMEOUT, rt.image_fs_info()).await {
+        match tokio::time::timeout(RUNTIME_CALL_TIMEOUT, kubelet_api::image_fs_info_of(rt)).await {
             Ok(Ok(info)) => {
                 self.failing.ok("image_fs_info");
                 self.last_image_fs = Some(info);

@@ -16,8 +16,8 @@ use crate::error::{Error, Result};
 use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerEventStream, ContainerFilter, ContainerStats,
-    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
-    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
+    ContainerStatus, ExecResult, PodSandbox, PodSandboxConfig, PodSandboxStatus, RuntimeStatus,
+    RuntimeVersion, SandboxFilter, labels,
 };
 
 /// A [`ContainerRuntime`] passing every call to an inner runtime (a real one: the process
@@ -118,8 +118,8 @@ impl FaultyRuntime {
 
 #[async_trait]
 impl ContainerRuntime for FaultyRuntime {
-    fn pulls_images(&self) -> bool {
-        self.inner.pulls_images()
+    fn images(&self) -> Option<&dyn kubelet_api::ImageService> {
+        self.inner.images()
     }
     fn streaming(&self) -> Option<&dyn kubelet_api::StreamingRuntime> {
         self.inner.streaming()
@@ -180,24 +180,14 @@ impl ContainerRuntime for FaultyRuntime {
     ) -> Result<ExecResult> {
         self.inner.exec_sync(container_id, cmd, timeout).await
     }
-    async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
-        self.inner.image_status(image).await
-    }
-    async fn pull_image(
-        &self,
-        image: &ImageSpec,
-        sandbox_config: &PodSandboxConfig,
-    ) -> Result<String> {
-        self.inner.pull_image(image, sandbox_config).await
-    }
     async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {
         self.inner.container_stats(container_id).await
     }
     async fn list_container_stats(&self) -> Result<Vec<ContainerStats>> {
         self.inner.list_container_stats().await
     }
-    async fn image_fs_info(&self) -> Result<ImageFsInfo> {
-        self.inner.image_fs_info().await
+    async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
+        self.inner.reopen_container_log(container_id).await
     }
     async fn container_events(&self) -> Result<ContainerEventStream> {
         if *self.broken.borrow() {
