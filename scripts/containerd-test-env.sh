@@ -8,6 +8,8 @@
 #                                         CONTAINERD17_DIR unless it is there; prints the path
 #                                         of its containerd binary (not installed system-wide)
 #   containerd-test-env.sh images DIR     build the pause and busybox OCI archives into DIR
+#   containerd-test-env.sh build-image OUT.tar NAME LAYER.tar CONFIG-JSON
+#                                         build a one-layer OCI archive (the `images` recipe)
 #   containerd-test-env.sh start ENVDIR   start a containerd whose root, state, socket, CNI
 #                                         config and logs all live under ENVDIR (created, must
 #                                         not be in use), import the images, print its settings
@@ -239,6 +241,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "$CNI_BIN_DIR"
     conf_dir = "$env/cni/net.d"
     max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    # Per-registry settings (the test registry's CA: scripts/registry-test-env.sh).
+    config_path = "$env/certs.d"
 EOF
 }
 
@@ -409,6 +414,7 @@ case "${1:-}" in
 install) cmd_install && cmd_fetch17 >/dev/null ;;
 fetch17) cmd_fetch17 ;;
 images) cmd_images "${2:-}" ;;
+build-image) build_image "${2:?OUT.tar}" "${3:?NAME}" "${4:?LAYER.tar}" "${5:?CONFIG-JSON}" ;;
 start) cmd_start "${2:-}" ;;
 start17)
     CONTAINERD_BIN=$(cmd_fetch17)
@@ -418,7 +424,7 @@ stop) cmd_stop "${2:-}" ;;
 kill) cmd_kill "${2:-}" ;;
 restart) cmd_restart "${2:-}" ;;
 *)
-    sed -n '2,27p' "$0" >&2
+    sed -n '2,29p' "$0" >&2
     exit 2
     ;;
 esac

@@ -571,7 +571,8 @@ pub struct AuthConfig {
     pub password: String,
     /// `base64(username:password)`, as a docker config's `auth` field.
     pub auth: String,
-    /// The registry the credentials are for (`host[:port]`).
+    /// The registry the credentials are for, as a URL (`https://host:port`); empty: whatever
+    /// registry the image names (as the kubelet sends pull secrets' credentials).
     pub server_address: String,
     /// A token to exchange for a registry token (docker config `identitytoken`).
     pub identity_token: String,
@@ -580,14 +581,9 @@ pub struct AuthConfig {
 }
 
 impl AuthConfig {
-    /// User name and password for `server_address`.
-    pub fn basic(
-        server_address: impl Into<String>,
-        username: impl Into<String>,
-        password: impl Into<String>,
-    ) -> Self {
+    /// A user name and password.
+    pub fn basic(username: impl Into<String>, password: impl Into<String>) -> Self {
         Self {
-            server_address: server_address.into(),
             username: username.into(),
             password: password.into(),
             ..Default::default()

@@ -332,7 +332,8 @@ impl Keyring {
                 Some(p) => format!("{}:{p}", loc.host),
                 None => loc.host.clone(),
             };
-            auth.server_address = host_port.clone();
+            // `server_address` stays empty, as the kubelet leaves it: containerd parses it as
+            // a URL and rejects a bare `host:port`.
             let key = format!("{host_port}{}", loc.path);
             self.entries.push((key, loc, auth));
         }
@@ -465,7 +466,7 @@ mod tests {
             (a.username.as_str(), a.password.as_str()),
             ("alice", "s3cr3t:extra")
         );
-        assert_eq!(a.server_address, "r.io");
+        assert!(a.server_address.is_empty());
         let mut k = Keyring::default();
         let err = k
             .add_docker_config_json("s", br#"{"auths": {"r.io": {"auth": "bm9jb2xvbg=="}}}"#)

@@ -1009,7 +1009,7 @@ impl Engine {
             match images.pull_image(spec, Some(auth), &sandbox).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {
-                    tracing::debug!(image = %spec.image, registry = %auth.server_address, error = %kubelet_api::chain(&e), "pull with one matching credential failed; trying the next");
+                    tracing::debug!(image = %spec.image, error = %kubelet_api::chain(&e), "pull with one matching credential failed; trying the next");
                     last = Some(e);
                 }
             }

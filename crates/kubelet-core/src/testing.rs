@@ -1493,7 +1493,7 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::PermissionDenied);
         rt.pull_image(
             &private,
-            Some(&AuthConfig::basic("private.io", "alice", "pw")),
+            Some(&AuthConfig::basic("alice", "pw")),
             &sandbox_config("u1"),
         )
         .await

@@ -244,6 +244,25 @@ impl Agent {
         Self::start_with_pleg(env, runtime, pods, pleg, pleg_events)
     }
 
+    /// Starts an agent on `runtime` whose pods' Secrets (image pull secrets) and service
+    /// accounts come from `objects`.
+    pub fn start_with_objects(
+        env: &ContainerdEnv,
+        runtime: Arc<dyn ContainerRuntime>,
+        pods: watch::Receiver<Vec<Pod>>,
+        objects: Arc<dyn kubelet_api::ObjectProvider>,
+    ) -> Self {
+        let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+        Self::build(
+            env,
+            runtime,
+            pods,
+            Arc::new(pleg),
+            pleg_events,
+            Some(objects),
+        )
+    }
+
     /// Starts an agent with the given PLEG.
     pub fn start_with_pleg(
         env: &ContainerdEnv,
@@ -252,17 +271,30 @@ impl Agent {
         pleg: Arc<dyn PodLifecycleEventGenerator>,
         pleg_events: kubelet_api::PlegEvents,
     ) -> Self {
+        Self::build(env, runtime, pods, pleg, pleg_events, None)
+    }
+
+    fn build(
+        env: &ContainerdEnv,
+        runtime: Arc<dyn ContainerRuntime>,
+        pods: watch::Receiver<Vec<Pod>>,
+        pleg: Arc<dyn PodLifecycleEventGenerator>,
+        pleg_events: kubelet_api::PlegEvents,
+        objects: Option<Arc<dyn kubelet_api::ObjectProvider>>,
+    ) -> Self {
         let sink = Arc::new(RecordingSink::new());
         let mut config = KubeletConfig::with_dirs(env.dir.join("kubelet"), env.dir.join("logs"));
         config.node_ip = Some(NODE_IP.to_string());
-        let kubelet = KubeletBuilder::new("node-1")
+        let mut builder = KubeletBuilder::new("node-1")
             .config(config)
             .runtime(runtime)
             .pleg(pleg, pleg_events)
             .pod_source(Arc::new(TestSource { rx: pods }))
-            .status_sink(sink.clone())
-            .build()
-            .expect("build the agent");
+            .status_sink(sink.clone());
+        if let Some(objects) = objects {
+            builder = builder.object_provider(objects);
+        }
+        let kubelet = builder.build().expect("build the agent");
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(kubelet.run(shutdown.clone()));
         Self {
@@ -595,4 +627,78 @@ pub async fn exit_is_reported_early_as_cri_records_it(
         )
     );
     early
+}
+
+fn registry_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/registry-test-env.sh")
+}
+
+/// A private registry (TLS + htpasswd) that `containerd` trusts, holding
+/// [`private_image`](Self::private_image) and [`extra_images`](Self::extra_images); started
+/// with `scripts/registry-test-env.sh`, stopped and deleted on drop.
+pub struct RegistryEnv {
+    pub dir: PathBuf,
+    /// `127.0.0.1:<port>`.
+    pub host: String,
+    pub user: String,
+    pub password: String,
+    /// busybox, pullable with the credentials only.
+    pub private_image: String,
+    /// Three distinct images of 2, 3 and 4 MiB (no shell in them: not for running).
+    pub extra_images: Vec<String>,
+}
+
+impl RegistryEnv {
+    /// Starts one next to `containerd` (which then trusts its CA); panics when the script
+    /// fails (the containerd environment exists, so the machine can run it).
+    pub fn start(containerd: &ContainerdEnv) -> Self {
+        let dir = containerd.dir.join("registry");
+        let out = std::process::Command::new("bash")
+            .arg(registry_script())
+            .arg("start")
+            .arg(&dir)
+            .arg(containerd.dir.join("certs.d"))
+            .output()
+            .expect("run registry-test-env.sh");
+        assert!(
+            out.status.success(),
+            "registry-test-env.sh start failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let vars: BTreeMap<String, String> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let get = |k: &str| vars.get(k).cloned().unwrap_or_default();
+        Self {
+            dir,
+            host: get("REGISTRY"),
+            user: get("REGISTRY_USER"),
+            password: get("REGISTRY_PASSWORD"),
+            private_image: get("PRIVATE_IMAGE"),
+            extra_images: get("EXTRA_IMAGES")
+                .split_whitespace()
+                .map(str::to_string)
+                .collect(),
+        }
+    }
+
+    /// A `.dockerconfigjson` document for this registry with `password`.
+    pub fn docker_config_json(&self, password: &str) -> String {
+        format!(
+            r#"{{"auths": {{"{}": {{"username": "{}", "password": "{password}"}}}}}}"#,
+            self.host, self.user
+        )
+    }
+}
+
+impl Drop for RegistryEnv {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("bash")
+            .arg(registry_script())
+            .arg("stop")
+            .arg(&self.dir)
+            .status();
+    }
 }
