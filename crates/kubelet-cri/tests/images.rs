@@ -13,7 +13,7 @@ use common::{Agent, ContainerdEnv, RegistryEnv, WITHIN, container, pod, running,
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{LocalObjectReference, Pod, PodStatus, Secret};
 use kubelet_api::runtime::{AuthConfig, ImageSpec, PodSandboxConfig};
-use kubelet_api::{ContainerRuntime, ImageService, StaticObjects};
+use kubelet_api::{ContainerRuntime, StaticObjects};
 use tokio::sync::watch;
 
 fn pull_secret(name: &str, json: &str) -> Secret {
