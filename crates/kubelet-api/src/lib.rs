@@ -59,6 +59,7 @@ mod images;
 mod pleg;
 mod plugin;
 mod probe;
+mod reclaim;
 mod services;
 mod sink;
 mod source;
@@ -82,6 +83,7 @@ pub use plugin::{
     PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStatus, SyncLoopStalled,
 };
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate, ProbeUpdates};
+pub use reclaim::NodeReclaimer;
 pub use services::{ServiceConflict, Services};
 pub use sink::StatusSink;
 pub use source::{

@@ -176,6 +176,14 @@ pub trait AgentHandle: Send + Sync + 'static {
 
     /// Kill pod `uid` with `options` (the eviction path); returns once the pod has terminated.
     async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning>;
+
+    /// Whether every pod source has delivered its first full set of pods (the kubelet's
+    /// `sourcesReady.AllReady()`). Until then a pod the agent does not know yet may still
+    /// arrive, so garbage collectors must not remove anything of pods missing from
+    /// [`statuses`](Self::statuses). The default, false, keeps them from doing so.
+    fn sources_ready(&self) -> bool {
+        false
+    }
 }
 
 fn _assert_handle_dyn(_: &dyn AgentHandle) {}

@@ -63,6 +63,10 @@ impl AgentHandle for KubeletHandle {
         self.sync_requests.request(uid);
     }
 
+    fn sources_ready(&self) -> bool {
+        self.sync_loop.sources_ready()
+    }
+
     async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning> {
         let (done, wait) = oneshot::channel();
         self.cmd_tx

@@ -99,16 +99,30 @@ impl SyncRequests {
 
 /// When the sync loop last entered an iteration (the kubelet's `syncLoopMonitor`), for the
 /// `/healthz/syncloop` check.
+/// It also says whether every pod source has delivered its first set.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct SyncLoopMonitor(Arc<Mutex<Option<Instant>>>);
+pub(crate) struct SyncLoopMonitor {
+    last: Arc<Mutex<Option<Instant>>>,
+    sources_ready: Arc<std::sync::atomic::AtomicBool>,
+}
 
 impl SyncLoopMonitor {
     fn enter(&self) {
-        *self.0.lock() = Some(Instant::now());
+        *self.last.lock() = Some(Instant::now());
     }
 
     pub(crate) fn last(&self) -> Option<Instant> {
-        *self.0.lock()
+        *self.last.lock()
+    }
+
+    fn set_sources_ready(&self) {
+        self.sources_ready
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub(crate) fn sources_ready(&self) -> bool {
+        self.sources_ready
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 
@@ -292,7 +306,12 @@ impl Kubelet {
                 biased;
                 _ = inner.cancelled() => break,
                 Some(cmd) = cmd_rx.recv() => loop_state.handle_command(cmd),
-                Some(u) = updates.recv() => loop_state.handle_update(u),
+                Some(u) = updates.recv() => {
+                    loop_state.handle_update(u);
+                    if loop_state.seen_all_sources() {
+                        monitor.set_sources_ready();
+                    }
+                }
                 Some(ev) = pleg_events.recv() => loop_state.handle_pleg_event(ev),
                 Some(pu) = async { match probe_updates.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
                     loop_state.notify(&pu.pod_uid);

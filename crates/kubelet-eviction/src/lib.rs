@@ -65,8 +65,7 @@ pub use machine::{
     CgroupFs, IMAGE_FS_INFO_TIMEOUT, ImageFsSource, MachineStats, MachineStatsConfig, MemorySource,
 };
 pub use manager::{
-    Eviction, EvictionManager, FsLayout, ManagerEvent, NodeConditions, NodeReclaimer, PodControl,
-    SyncResult,
+    Eviction, EvictionManager, FsLayout, ManagerEvent, NodeConditions, PodControl, SyncResult,
 };
 pub use metrics::EvictionMetrics;
 pub use plugin::EvictionPlugin;

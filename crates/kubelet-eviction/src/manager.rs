@@ -6,7 +6,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kubelet_api::{
-    AgentHandle, EventRecorder, EventType, InvolvedObject, KillPodOptions, PodAdmitHandler,
+    AgentHandle, EventRecorder, EventType, InvolvedObject, KillPodOptions, NodeReclaimer,
+    PodAdmitHandler,
 };
 use parking_lot::RwLock;
 use prometheus_client::registry::Registry;
@@ -83,15 +84,6 @@ impl PodControl for Arc<dyn AgentHandle> {
                 uid: uid.to_string(),
             })
     }
-}
-
-/// Node-level reclaim for disk pressure (image and container garbage collection).
-#[async_trait]
-pub trait NodeReclaimer: Send + Sync + 'static {
-    /// Remove every dead container (`DeleteAllUnusedContainers`).
-    async fn delete_unused_containers(&self) -> kubelet_api::Result<()>;
-    /// Remove unused images (`DeleteUnusedImages`).
-    async fn delete_unused_images(&self) -> kubelet_api::Result<()>;
 }
 
 /// How the node's filesystems are laid out, which decides what node-level reclaim runs.

@@ -1,5 +1,6 @@
 //! [`EvictionPlugin`]: node-pressure eviction plugged into the agent.
 
+use crate::FsLayout;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -189,14 +190,50 @@ impl AgentPlugin for EvictionPlugin {
                 }
             }
         };
-        let manager = EvictionManager::new(self.config.clone(), stats, Arc::new(ctx.handle()))
+        let mut manager = EvictionManager::new(self.config.clone(), stats, Arc::new(ctx.handle()))
             .with_shared(
                 self.conditions.clone(),
                 self.metrics.clone(),
                 self.events.clone(),
             )
             .with_recorder(ctx.recorder(), ctx.node_name());
+        // Disk pressure is first met by reclaim (dead containers, unused images) when a plugin
+        // provides it (the garbage collector), as the kubelet does before it evicts.
+        if let Some(reclaimer) = ctx.service::<dyn kubelet_api::NodeReclaimer>() {
+            let layout = fs_layout(ctx.runtime().as_ref(), &ctx.dirs().root_dir).await;
+            tracing::info!(
+                ?layout,
+                "eviction: node-level reclaim before evicting for disk pressure"
+            );
+            manager = manager.with_reclaimer(reclaimer, layout);
+        }
         manager.run(shutdown).await;
         Ok(())
+    }
+}
+
+/// The node's filesystem layout: a separate image filesystem when the runtime's image
+/// filesystem is another device than the root directory's, one filesystem otherwise (also
+/// when the runtime reports none).
+async fn fs_layout(
+    runtime: &dyn kubelet_api::ContainerRuntime,
+    root_dir: &std::path::Path,
+) -> FsLayout {
+    use std::os::unix::fs::MetadataExt;
+    let answer = tokio::time::timeout(
+        crate::machine::IMAGE_FS_INFO_TIMEOUT,
+        kubelet_api::image_fs_info_of(runtime),
+    )
+    .await;
+    let Ok(Ok(info)) = answer else {
+        return FsLayout::Single;
+    };
+    let Some(image_fs) = info.image_filesystems.first() else {
+        return FsLayout::Single;
+    };
+    let device = |p: &std::path::Path| std::fs::metadata(p).ok().map(|m| m.dev());
+    match (device(&image_fs.mountpoint), device(root_dir)) {
+        (Some(a), Some(b)) if a != b => FsLayout::SeparateImageFs,
+        _ => FsLayout::Single,
     }
 }

@@ -9,11 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kubelet_api::KillPodOptions;
+use kubelet_api::{KillPodOptions, NodeReclaimer};
 use kubelet_eviction::{
     ActivePod, ContainerUsage, EvictionConfig, EvictionError, EvictionManager, EvictionSettings,
-    FsLayout, ManagerEvent, NodeCondition, NodeReclaimer, Observations, PodControl, PodUsage,
-    Signal, SignalObservation, StatsProvider,
+    FsLayout, ManagerEvent, NodeCondition, Observations, PodControl, PodUsage, Signal,
+    SignalObservation, StatsProvider,
 };
 use parking_lot::Mutex;
 use tokio::time::Instant;
