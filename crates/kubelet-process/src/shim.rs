@@ -384,8 +384,11 @@ fn listen_for_reopen(
                 }
             };
             let _ = std::io::copy(&mut request, &mut std::io::sink());
+            // The writers wait while the new file is opened: once it exists, nothing more is
+            // written to the old one (a follower drains the old file, then switches).
+            let mut writer = sink.lock();
             match OpenOptions::new().create(true).append(true).open(&log_path) {
-                Ok(f) => *sink.lock() = f,
+                Ok(f) => *writer = f,
                 Err(e) => log(format_args!(
                     "reopening log {}: {e}; writing to the old file",
                     log_path.display()

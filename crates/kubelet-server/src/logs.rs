@@ -204,8 +204,13 @@ impl LogOptions {
 
 /// The start of the last `n` lines of `file` (of length `len`), reading backwards in blocks.
 pub fn tail_start(file: &mut File, len: u64, n: u64) -> std::io::Result<u64> {
+    tail_lines(file, len, n).map(|(start, _)| start)
+}
+
+/// [`tail_start`], and how many lines start there (fewer than `n` when the file has fewer).
+fn tail_lines(file: &mut File, len: u64, n: u64) -> std::io::Result<(u64, u64)> {
     if n == 0 {
-        return Ok(len);
+        return Ok((len, 0));
     }
     const BLOCK: u64 = 4096;
     let mut end = len;
@@ -213,12 +218,14 @@ pub fn tail_start(file: &mut File, len: u64, n: u64) -> std::io::Result<u64> {
     let mut seen = 0u64;
     // A newline ending the file ends the last line; it does not start one.
     let mut skip_last = true;
+    let mut any = false;
     while end > 0 {
         let start = end.saturating_sub(BLOCK);
         let chunk = &mut buf[..(end - start) as usize];
         file.seek(SeekFrom::Start(start))?;
         file.read_exact(chunk)?;
         for i in (0..chunk.len()).rev() {
+            any = true;
             if chunk[i] != b'\n' {
                 skip_last = false;
                 continue;
@@ -229,12 +236,32 @@ pub fn tail_start(file: &mut File, len: u64, n: u64) -> std::io::Result<u64> {
             }
             seen += 1;
             if seen == n {
-                return Ok(start + i as u64 + 1);
+                return Ok((start + i as u64 + 1, seen));
             }
         }
         end = start;
     }
-    Ok(0)
+    // The first line of the file has no newline before it.
+    Ok((0, if any { seen + 1 } else { 0 }))
+}
+
+/// The newest rotated file of `log` still uncompressed (`<log>.<timestamp>`), the one a log
+/// rotator left for readers to finish.
+fn newest_rotated(log: &Path) -> Option<PathBuf> {
+    let dir = log.parent()?;
+    let prefix = format!("{}.", log.file_name()?.to_str()?);
+    let mut rotated: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                n.starts_with(&prefix) && !n.ends_with(".gz") && !n.ends_with(".tmp")
+            })
+        })
+        .map(|e| e.path())
+        .collect();
+    rotated.sort();
+    rotated.pop()
 }
 
 /// Format a time as the kubelet's `RFC3339NanoFixed` (nine fraction digits, UTC).
@@ -292,6 +319,9 @@ pub struct LogCursor {
     options: ReadOptions,
     written: u64,
     done: bool,
+    /// Reading the newest rotated file first (`tailLines` reaching past the current file):
+    /// the current file follows at its end.
+    rotated_first: bool,
 }
 
 fn inode(path: &Path) -> Option<u64> {
@@ -306,20 +336,38 @@ impl LogCursor {
         let path = std::fs::canonicalize(path)?;
         let mut file = File::open(&path)?;
         let meta = file.metadata()?;
+        let mut ino = meta.ino();
+        let mut rotated_first = false;
         let pos = match tail {
-            Some(n) => tail_start(&mut file, meta.len(), n)?,
+            Some(n) => {
+                let (mut pos, seen) = tail_lines(&mut file, meta.len(), n)?;
+                // Fewer lines than asked for: the rest from the end of the newest rotated
+                // file, so that `tailLines` spans a rotation.
+                if seen < n
+                    && let Some(prev) = newest_rotated(&path)
+                    && let Ok(mut prev_file) = File::open(&prev)
+                    && let Ok(prev_meta) = prev_file.metadata()
+                {
+                    pos = tail_start(&mut prev_file, prev_meta.len(), n - seen)?;
+                    file = prev_file;
+                    ino = prev_meta.ino();
+                    rotated_first = true;
+                }
+                pos
+            }
             None => 0,
         };
         file.seek(SeekFrom::Start(pos))?;
         Ok(Self {
             path,
             file,
-            ino: meta.ino(),
+            ino,
             pos,
             pending: Vec::new(),
             options,
             written: 0,
             done: options.limit_bytes == Some(0),
+            rotated_first,
         })
     }
 
@@ -335,7 +383,7 @@ impl LogCursor {
 
     /// Whether the path now names another file (rotated), or the file shrank (truncated).
     pub fn replaced(&self) -> bool {
-        inode(&self.path).is_some_and(|i| i != self.ino)
+        !self.rotated_first && inode(&self.path).is_some_and(|i| i != self.ino)
             || self.file.metadata().is_ok_and(|m| m.len() < self.pos)
     }
 
@@ -347,6 +395,7 @@ impl LogCursor {
         self.file = file;
         self.pos = 0;
         self.pending.clear();
+        self.rotated_first = false;
         Ok(())
     }
 
@@ -399,6 +448,15 @@ impl LogCursor {
         if eof && !self.done && !self.pending.is_empty() && (flush || !self.options.follow) {
             let line = std::mem::take(&mut self.pending);
             self.emit(&line, &mut out);
+        }
+        if eof && !self.done && self.rotated_first {
+            // The rotated file is done: its last line is complete, and the current one follows.
+            if !self.pending.is_empty() {
+                let line = std::mem::take(&mut self.pending);
+                self.emit(&line, &mut out);
+            }
+            self.reopen()?;
+            return Ok((out, false));
         }
         if self.pending.is_empty() {
             self.pending = Vec::new();
@@ -516,14 +574,17 @@ where
                     break;
                 }
             }
+            // What the old file got before the rotation is read before the new file: no line
+            // is lost or sent twice across a rotation.
+            if cursor.has_more() {
+                break;
+            }
             if cursor.replaced() {
                 if let Err(e) = cursor.reopen() {
                     tracing::debug!(path = %cursor.path.display(), error = %kubelet_api::chain(&e), "reopening a rotated log failed; retrying");
                 } else {
                     break;
                 }
-            } else if cursor.has_more() {
-                break;
             }
             tokio::select! {
                 _ = tx.closed() => return,
@@ -665,6 +726,30 @@ mod tests {
             "2024-01-01T00:00:02Z stdout F b",
         ]);
         assert_eq!(read_all(&path, Some(1), o), "b");
+    }
+
+    #[test]
+    fn tail_lines_reach_into_the_newest_rotated_file() {
+        let (dir, path) = log_file(&[
+            "2024-01-01T00:00:04Z stdout F d\n",
+            "2024-01-01T00:00:05Z stdout F e\n",
+        ]);
+        let line = |c: &str| format!("2024-01-01T00:00:01Z stdout F {c}\n");
+        std::fs::write(
+            dir.path().join("0.log.20240101-000000.gz"),
+            line("compressed"),
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("0.log.20240101-000003"),
+            [line("a"), line("b"), line("c")].concat(),
+        )
+        .unwrap();
+        let o = ReadOptions::default();
+        assert_eq!(read_all(&path, Some(4), o), "b\nc\nd\ne\n");
+        assert_eq!(read_all(&path, Some(2), o), "d\ne\n");
+        assert_eq!(read_all(&path, Some(100), o), "a\nb\nc\nd\ne\n");
+        assert_eq!(read_all(&path, None, o), "d\ne\n");
     }
 
     #[test]

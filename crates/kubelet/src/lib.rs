@@ -93,6 +93,9 @@ pub use kubelet_cri as cri;
 /// The eviction crate.
 #[cfg(feature = "eviction")]
 pub use kubelet_eviction as eviction;
+/// The garbage collection crate.
+#[cfg(feature = "gc")]
+pub use kubelet_gc as gc;
 /// The PLEG crate.
 pub use kubelet_pleg as pleg;
 /// The pod sources crate.
@@ -171,6 +174,10 @@ pub enum AgentError {
     #[cfg(feature = "eviction")]
     #[error("eviction settings")]
     Eviction(#[from] kubelet_eviction::EvictionError),
+    /// Invalid garbage collection settings.
+    #[cfg(feature = "gc")]
+    #[error("garbage collection settings")]
+    Gc(#[from] kubelet_gc::GcError),
     /// The API server connection could not be made from the kubeconfig.
     #[cfg(feature = "apiserver")]
     #[error("kubeconfig")]
@@ -207,6 +214,9 @@ pub struct AgentBuilder {
     default_eviction: bool,
     default_stats: bool,
     housekeeping_interval: std::time::Duration,
+    default_gc: bool,
+    #[cfg(feature = "gc")]
+    container_gc: kubelet_gc::ContainerGcPolicy,
     evict_static_pods: bool,
     static_pod_url_ca_file: Option<PathBuf>,
     #[cfg(feature = "process")]
@@ -250,6 +260,9 @@ impl AgentBuilder {
             default_eviction: true,
             default_stats: true,
             housekeeping_interval: std::time::Duration::from_secs(10),
+            default_gc: true,
+            #[cfg(feature = "gc")]
+            container_gc: kubelet_gc::ContainerGcPolicy::default(),
             evict_static_pods: false,
             static_pod_url_ca_file: None,
             #[cfg(feature = "process")]
@@ -363,6 +376,21 @@ impl AgentBuilder {
         self
     }
 
+    /// No image or container garbage collection and no log rotation (disks fill up).
+    pub fn without_gc(mut self) -> Self {
+        self.default_gc = false;
+        self
+    }
+
+    /// Container garbage collection's policy (`--maximum-dead-containers-per-container`,
+    /// `--maximum-dead-containers`, `--minimum-container-ttl-duration`); the kubelet's
+    /// defaults unless set.
+    #[cfg(feature = "gc")]
+    pub fn container_gc_policy(mut self, policy: kubelet_gc::ContainerGcPolicy) -> Self {
+        self.container_gc = policy;
+        self
+    }
+
     /// `--housekeeping-interval`: how often the stats collector samples (default 10 s).
     pub fn housekeeping_interval(mut self, interval: std::time::Duration) -> Self {
         self.housekeeping_interval = interval;
@@ -464,6 +492,9 @@ impl AgentBuilder {
             default_eviction,
             default_stats,
             housekeeping_interval,
+            default_gc,
+            #[cfg(feature = "gc")]
+            container_gc,
             evict_static_pods,
             static_pod_url_ca_file,
             #[cfg(feature = "process")]
@@ -554,6 +585,14 @@ impl AgentBuilder {
         }
         if default_stats {
             builder = with_stats(builder, &c, housekeeping_interval);
+        }
+        if default_gc {
+            #[cfg(feature = "gc")]
+            {
+                let mut config = gc_config(&c, pod_infra_container_image.as_deref())?;
+                config.containers = container_gc;
+                builder = builder.plugin(Arc::new(kubelet_gc::GcPlugin::new(config)?));
+            }
         }
         if !c.static_pod_path.is_empty() {
             let source = kubelet_podconfig::FileSource::new(&c.static_pod_path, node_name.clone())
@@ -667,6 +706,48 @@ fn with_stats(
         .housekeeping_interval(housekeeping_interval)
         .volume_stats_agg_period(c.volume_stats_agg_period.as_duration());
     builder.plugin(Arc::new(kubelet_stats::StatsPlugin::new(config)))
+}
+
+/// The garbage collectors' settings from the kubelet's configuration; the sandbox image
+/// (`--pod-infra-container-image`) is never removed.
+#[cfg(feature = "gc")]
+pub fn gc_config(
+    c: &KubeletConfiguration,
+    sandbox_image: Option<&str>,
+) -> Result<kubelet_gc::GcConfig, AgentError> {
+    let percent = |field: &str, v: i32| {
+        u8::try_from(v).ok().filter(|p| *p <= 100).ok_or_else(|| {
+            AgentError::Gc(kubelet_gc::GcError::InvalidConfig(format!(
+                "{field} ({v}) must be between 0 and 100"
+            )))
+        })
+    };
+    let mut config = kubelet_gc::GcConfig::new();
+    config.images.high_threshold_percent = percent(
+        "imageGCHighThresholdPercent",
+        c.image_gc_high_threshold_percent,
+    )?;
+    config.images.low_threshold_percent = percent(
+        "imageGCLowThresholdPercent",
+        c.image_gc_low_threshold_percent,
+    )?;
+    config.images.min_age = c.image_minimum_gc_age.as_duration();
+    config.images.max_age = c.image_maximum_gc_age.as_duration();
+    config.images.pinned_images = sandbox_image.map(str::to_string).into_iter().collect();
+    let size = kubelet_core::quantity::parse_bytes(&c.container_log_max_size).map_err(|e| {
+        AgentError::Gc(kubelet_gc::GcError::InvalidConfig(format!(
+            "containerLogMaxSize {:?}: {e}",
+            c.container_log_max_size
+        )))
+    })?;
+    config.logs.max_size = u64::try_from(size).unwrap_or(0);
+    config.logs.max_files = usize::try_from(c.container_log_max_files).unwrap_or(0);
+    config.logs.monitor_interval = c.container_log_monitor_interval.as_duration();
+    config.container_log_dir = Some(kubelet_core::container_log_dir_for(std::path::Path::new(
+        &c.pod_logs_dir,
+    )));
+    config.validate()?;
+    Ok(config)
 }
 
 #[cfg(not(feature = "stats"))]

@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 mod cluster;
 #[cfg(feature = "eviction")]
 mod eviction;
+mod images;
 mod memory;
 mod server;
 
@@ -128,6 +129,9 @@ struct Flags {
     #[cfg(feature = "eviction")]
     #[command(flatten)]
     eviction: eviction::EvictionFlags,
+    /// Image pulls, garbage collection and log rotation.
+    #[command(flatten)]
+    images: images::ImageFlags,
     /// Beyond the kubelet: count probe errors (an exec the runtime rejects, a probe port that
     /// names no container port) as probe failures. The kubelet discards them, so a liveness
     /// probe that keeps erroring never restarts anything.
@@ -208,6 +212,7 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
     c.healthz_bind_address = flags.healthz_bind_address.clone();
     #[cfg(feature = "eviction")]
     eviction::configure(&flags.eviction, &mut c)?;
+    images::configure(&flags.images, &mut c);
     c.feature_gates = flags.feature_gates.clone();
     #[cfg(feature = "apiserver")]
     cluster::configure(&flags.cluster, &mut c);
@@ -301,6 +306,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     #[cfg(feature = "eviction")]
     {
         agent = agent.evict_static_pods(flags.eviction.evict_static_pods);
+    }
+    #[cfg(feature = "gc")]
+    {
+        agent = agent.container_gc_policy(images::container_gc_policy(&flags.images));
     }
     if let Some(image) = &flags.pod_infra_container_image {
         agent = agent.pod_infra_container_image(image);

@@ -1,0 +1,297 @@
+//! [`LogRotator`]: the kubelet's container log rotation (`container_log_manager.go`).
+//!
+//! Every check lists the running containers and, for each whose log file (`log_path` of its
+//! status) has reached `containerLogMaxSize`:
+//!
+//! 1. deletes leftovers of an interrupted rotation (`*.tmp`, and uncompressed files whose
+//!    `.gz` exists);
+//! 2. deletes the oldest rotated files until at most `containerLogMaxFiles − 2` remain (room for
+//!    the file being rotated and the new one);
+//! 3. compresses every rotated file not compressed yet (`<f>.tmp`, renamed to `<f>.gz`);
+//! 4. renames the log to `<log>.<YYYYMMDD-hhmmss>` and asks the runtime to reopen it
+//!    ([`ContainerRuntime::reopen_container_log`]); if that fails, renames it back.
+//!
+//! The newest rotated file stays uncompressed, so that a reader following the log finishes it.
+//! A log file found missing (a rotation that failed half-way) is reopened. Deliberate
+//! difference: the timestamp is UTC (the kubelet uses the node's local time). A runtime that
+//! cannot reopen logs is logged once and its logs are left alone.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use kubelet_api::ContainerRuntime;
+use kubelet_api::runtime::{ContainerFilter, ContainerState};
+use parking_lot::Mutex;
+
+use crate::config::LogRotationPolicy;
+use crate::error::GcError;
+
+/// What one check did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RotationOutcome {
+    /// Logs rotated (the paths of the files they were renamed to).
+    pub rotated: Vec<PathBuf>,
+    /// Old rotated files deleted.
+    pub deleted: Vec<PathBuf>,
+}
+
+/// The log rotator; see the [module docs](self).
+#[derive(Debug)]
+pub struct LogRotator {
+    policy: LogRotationPolicy,
+    /// The runtime said it cannot reopen logs (logged once).
+    unsupported: Mutex<bool>,
+}
+
+fn log_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> GcError + 'a {
+    move |source| GcError::Log {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The rotated files of `log` (`<log>.*`), sorted by name (the timestamp suffix sorts them
+/// oldest first).
+fn rotated_files(log: &Path) -> Result<Vec<PathBuf>, GcError> {
+    let (Some(dir), Some(name)) = (log.parent(), log.file_name().and_then(|n| n.to_str())) else {
+        return Ok(Vec::new());
+    };
+    let prefix = format!("{name}.");
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).map_err(log_err("listing", dir))? {
+        let Ok(e) = e else { continue };
+        if e.file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with(&prefix))
+        {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn ends_with(p: &Path, suffix: &str) -> bool {
+    p.to_str().is_some_and(|s| s.ends_with(suffix))
+}
+
+/// Gzip `path` to `<path>.gz` through `<path>.gz.tmp`, then remove `path`.
+fn compress(path: &Path) -> Result<(), GcError> {
+    let gz = PathBuf::from(format!("{}.gz", path.display()));
+    let tmp = PathBuf::from(format!("{}.gz.tmp", path.display()));
+    let mut input = std::fs::File::open(path).map_err(log_err("opening", path))?;
+    let output = std::fs::File::create(&tmp).map_err(log_err("creating", &tmp))?;
+    let mut encoder = flate2::write::GzEncoder::new(output, flate2::Compression::default());
+    std::io::copy(&mut input, &mut encoder).map_err(log_err("compressing", path))?;
+    let mut output = encoder.finish().map_err(log_err("compressing", path))?;
+    output.flush().map_err(log_err("writing", &tmp))?;
+    std::fs::rename(&tmp, &gz).map_err(log_err("renaming", &tmp))?;
+    std::fs::remove_file(path).map_err(log_err("removing", path))?;
+    Ok(())
+}
+
+/// Steps 1–3 for `log`: returns the rotated files deleted.
+fn prepare(log: &Path, max_files: usize) -> Result<Vec<PathBuf>, GcError> {
+    let mut deleted = Vec::new();
+    let files = rotated_files(log)?;
+    let mut kept = Vec::new();
+    for f in files {
+        let gz_twin = PathBuf::from(format!("{}.gz", f.display()));
+        if ends_with(&f, ".tmp") || (!ends_with(&f, ".gz") && gz_twin.exists()) {
+            std::fs::remove_file(&f).map_err(log_err("removing", &f))?;
+            deleted.push(f);
+        } else {
+            kept.push(f);
+        }
+    }
+    let allowed = max_files.saturating_sub(2);
+    while kept.len() > allowed {
+        let f = kept.remove(0);
+        std::fs::remove_file(&f).map_err(log_err("removing", &f))?;
+        deleted.push(f);
+    }
+    for f in kept.iter().filter(|f| !ends_with(f, ".gz")) {
+        compress(f)?;
+    }
+    Ok(deleted)
+}
+
+impl LogRotator {
+    /// A rotator with `policy`.
+    pub fn new(policy: LogRotationPolicy) -> Self {
+        Self {
+            policy,
+            unsupported: Mutex::new(false),
+        }
+    }
+
+    /// The policy.
+    pub fn policy(&self) -> &LogRotationPolicy {
+        &self.policy
+    }
+
+    /// One check of every running container's log.
+    pub async fn rotate_all(
+        &self,
+        runtime: &dyn ContainerRuntime,
+    ) -> Result<RotationOutcome, GcError> {
+        let mut out = RotationOutcome::default();
+        if self.policy.max_size == 0 || *self.unsupported.lock() {
+            return Ok(out);
+        }
+        let filter = ContainerFilter {
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        };
+        let running = runtime
+            .list_containers(&filter)
+            .await
+            .map_err(GcError::runtime("list_containers"))?;
+        for c in running {
+            let Ok(status) = runtime.container_status(&c.id).await else {
+                continue;
+            };
+            let log = status.log_path;
+            if log.as_os_str().is_empty() {
+                continue;
+            }
+            if let Err(e) = self.check(runtime, &c.id, &log, &mut out).await {
+                // One container's log must not keep the others from being rotated.
+                tracing::warn!(container = %c.id, path = %log.display(), error = %e, "rotating a container log failed");
+            }
+            if *self.unsupported.lock() {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    async fn check(
+        &self,
+        runtime: &dyn ContainerRuntime,
+        id: &str,
+        log: &Path,
+        out: &mut RotationOutcome,
+    ) -> Result<(), GcError> {
+        let size = match tokio::fs::metadata(log).await {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                // A rotation that renamed the file but did not reopen it: reopen now.
+                self.reopen(runtime, id).await?;
+                match tokio::fs::metadata(log).await {
+                    Ok(m) => m.len(),
+                    Err(_) => return Ok(()),
+                }
+            }
+            Err(e) => return Err(log_err("reading", log)(e)),
+        };
+        if size < self.policy.max_size {
+            return Ok(());
+        }
+        let max_files = self.policy.max_files;
+        let path = log.to_path_buf();
+        let deleted = tokio::task::spawn_blocking(move || prepare(&path, max_files))
+            .await
+            .map_err(|e| GcError::Log {
+                op: "rotating",
+                path: log.to_path_buf(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+        out.deleted.extend(deleted);
+        let stamp = jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S").to_string();
+        let rotated = PathBuf::from(format!("{}.{stamp}", log.display()));
+        if tokio::fs::try_exists(&rotated).await.unwrap_or(true) {
+            // Rotated twice within a second: the next check rotates it.
+            return Ok(());
+        }
+        tokio::fs::rename(log, &rotated)
+            .await
+            .map_err(log_err("renaming", log))?;
+        if let Err(e) = self.reopen(runtime, id).await {
+            // Put it back so that the container keeps writing to the file readers open.
+            if let Err(back) = tokio::fs::rename(&rotated, log).await {
+                tracing::warn!(path = %log.display(), error = %back, "renaming a rotated log back failed");
+            }
+            return Err(e);
+        }
+        tracing::debug!(container = %id, path = %rotated.display(), size, "rotated container log");
+        out.rotated.push(rotated);
+        Ok(())
+    }
+
+    async fn reopen(&self, runtime: &dyn ContainerRuntime, id: &str) -> Result<(), GcError> {
+        match runtime.reopen_container_log(id).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_unsupported() => {
+                let mut warned = self.unsupported.lock();
+                if !*warned {
+                    tracing::warn!(error = %kubelet_api::chain(&e), "the runtime cannot reopen container logs: logs are not rotated");
+                    *warned = true;
+                }
+                Err(GcError::runtime("reopen_container_log")(e))
+            }
+            Err(e) => Err(GcError::runtime("reopen_container_log")(e)),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn touch(p: &Path, content: &str) {
+        std::fs::write(p, content).unwrap();
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn preparing_cleans_leftovers_keeps_room_and_compresses_all_but_none_newer() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("0.log");
+        touch(&log, "current\n");
+        for f in [
+            "0.log.20260101-000001.gz",
+            "0.log.20260101-000002.gz",
+            "0.log.20260101-000003",
+            "0.log.20260101-000003.gz",
+            "0.log.20260101-000004",
+            "0.log.20260101-000005.gz.tmp",
+            "1.log.20260101-000001",
+        ] {
+            touch(&dir.path().join(f), "x\n");
+        }
+        let deleted = prepare(&log, 5).unwrap();
+        // The .tmp and the uncompressed twin go, then the oldest until 3 remain, then the
+        // uncompressed one left is compressed.
+        assert_eq!(deleted.len(), 3, "{deleted:?}");
+        assert_eq!(
+            names(dir.path()),
+            [
+                "0.log",
+                "0.log.20260101-000002.gz",
+                "0.log.20260101-000003.gz",
+                "0.log.20260101-000004.gz",
+                "1.log.20260101-000001",
+            ]
+        );
+        let mut text = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(
+                std::fs::File::open(dir.path().join("0.log.20260101-000004.gz")).unwrap(),
+            ),
+            &mut text,
+        )
+        .unwrap();
+        assert_eq!(text, "x\n");
+    }
+}
