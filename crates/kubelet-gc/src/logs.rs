@@ -3,15 +3,17 @@
 //! Every check lists the running containers and, for each whose log file (`log_path` of its
 //! status) has reached `containerLogMaxSize`:
 //!
-//! 1. deletes leftovers of an interrupted rotation (`*.tmp`, and uncompressed files whose
-//!    `.gz` exists);
-//! 2. deletes the oldest rotated files until at most `containerLogMaxFiles − 2` remain (room for
-//!    the file being rotated and the new one);
-//! 3. compresses every rotated file not compressed yet (`<f>.tmp`, renamed to `<f>.gz`);
-//! 4. renames the log to `<log>.<YYYYMMDD-hhmmss>` and asks the runtime to reopen it
-//!    ([`ContainerRuntime::reopen_container_log`]); if that fails, renames it back.
+//! 1. renames the log to `<log>.<YYYYMMDD-hhmmss>` and asks the runtime to reopen it
+//!    ([`ContainerRuntime::reopen_container_log`]); if that fails, renames it back;
+//! 2. then, in the background, deletes leftovers of an interrupted run (`*.tmp`, and
+//!    uncompressed files whose `.gz` exists), deletes the oldest rotated files until at most
+//!    `containerLogMaxFiles − 1` remain, and compresses every rotated file but the newest
+//!    (`<f>.gz.tmp`, renamed to `<f>.gz`).
 //!
 //! The newest rotated file stays uncompressed, so that a reader following the log finishes it.
+//! Deliberate difference: the kubelet compresses before it renames, which holds the log at its
+//! size limit for as long as compressing takes; here the container's output moves to the new
+//! file first.
 //! A log file found missing (a rotation that failed half-way) is reopened. Deliberate
 //! difference: the timestamp is UTC (the kubelet uses the node's local time). A runtime that
 //! cannot reopen logs is logged once and its logs are left alone.
@@ -29,10 +31,9 @@ use crate::error::GcError;
 /// What one check did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RotationOutcome {
-    /// Logs rotated (the paths of the files they were renamed to).
+    /// Logs rotated (the paths of the files they were renamed to); their older rotated files
+    /// are compressed and pruned in the background.
     pub rotated: Vec<PathBuf>,
-    /// Old rotated files deleted.
-    pub deleted: Vec<PathBuf>,
 }
 
 /// The log rotator; see the [module docs](self).
@@ -41,6 +42,9 @@ pub struct LogRotator {
     policy: LogRotationPolicy,
     /// The runtime said it cannot reopen logs (logged once).
     unsupported: Mutex<bool>,
+    /// Logs whose rotated files are being compressed and pruned, and whether they were rotated
+    /// again meanwhile (then the job runs once more).
+    busy: std::sync::Arc<Mutex<std::collections::HashMap<PathBuf, bool>>>,
 }
 
 fn log_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> GcError + 'a {
@@ -91,8 +95,11 @@ fn compress(path: &Path) -> Result<(), GcError> {
     Ok(())
 }
 
-/// Steps 1–3 for `log`: returns the rotated files deleted.
-fn prepare(log: &Path, max_files: usize) -> Result<Vec<PathBuf>, GcError> {
+/// Keep `log`'s rotated files in order (after a rotation): delete leftovers of an
+/// interrupted run (`*.tmp`, uncompressed files whose `.gz` exists), delete the oldest until at
+/// most `max_files − 1` remain (with the current file, `max_files`), and compress all but the
+/// newest. Returns the files deleted.
+fn maintain(log: &Path, max_files: usize) -> Result<Vec<PathBuf>, GcError> {
     let mut deleted = Vec::new();
     let files = rotated_files(log)?;
     let mut kept = Vec::new();
@@ -105,14 +112,16 @@ fn prepare(log: &Path, max_files: usize) -> Result<Vec<PathBuf>, GcError> {
             kept.push(f);
         }
     }
-    let allowed = max_files.saturating_sub(2);
+    let allowed = max_files.saturating_sub(1);
     while kept.len() > allowed {
         let f = kept.remove(0);
         std::fs::remove_file(&f).map_err(log_err("removing", &f))?;
         deleted.push(f);
     }
-    for f in kept.iter().filter(|f| !ends_with(f, ".gz")) {
-        compress(f)?;
+    if let Some((_newest, older)) = kept.split_last() {
+        for f in older.iter().filter(|f| !ends_with(f, ".gz")) {
+            compress(f)?;
+        }
     }
     Ok(deleted)
 }
@@ -123,6 +132,7 @@ impl LogRotator {
         Self {
             policy,
             unsupported: Mutex::new(false),
+            busy: std::sync::Arc::default(),
         }
     }
 
@@ -189,16 +199,6 @@ impl LogRotator {
         if size < self.policy.max_size {
             return Ok(());
         }
-        let max_files = self.policy.max_files;
-        let path = log.to_path_buf();
-        let deleted = tokio::task::spawn_blocking(move || prepare(&path, max_files))
-            .await
-            .map_err(|e| GcError::Log {
-                op: "rotating",
-                path: log.to_path_buf(),
-                source: std::io::Error::other(e.to_string()),
-            })??;
-        out.deleted.extend(deleted);
         let stamp = jiff::Timestamp::now().strftime("%Y%m%d-%H%M%S").to_string();
         let rotated = PathBuf::from(format!("{}.{stamp}", log.display()));
         if tokio::fs::try_exists(&rotated).await.unwrap_or(true) {
@@ -217,6 +217,38 @@ impl LogRotator {
         }
         tracing::debug!(container = %id, path = %rotated.display(), size, "rotated container log");
         out.rotated.push(rotated);
+        // Compressing takes a while: it runs in the background, so that the next check (of
+        // this log too) is not held up; one run per log at a time.
+        {
+            let mut busy = self.busy.lock();
+            if let Some(again) = busy.get_mut(log) {
+                *again = true;
+                return Ok(());
+            }
+            busy.insert(log.to_path_buf(), false);
+        }
+        let (busy, log, max_files) = (self.busy.clone(), log.to_path_buf(), self.policy.max_files);
+        tokio::task::spawn_blocking(move || {
+            loop {
+                match maintain(&log, max_files) {
+                    Ok(deleted) if !deleted.is_empty() => {
+                        tracing::debug!(path = %log.display(), deleted = deleted.len(), "deleted old rotated logs");
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(path = %log.display(), error = %e, "compressing or pruning rotated logs failed");
+                    }
+                }
+                let mut busy = busy.lock();
+                match busy.get_mut(&log) {
+                    Some(again) if *again => *again = false,
+                    _ => {
+                        busy.remove(&log);
+                        return;
+                    }
+                }
+            }
+        });
         Ok(())
     }
 
@@ -255,13 +287,13 @@ mod tests {
     }
 
     #[test]
-    fn preparing_cleans_leftovers_keeps_room_and_compresses_all_but_none_newer() {
+    fn maintaining_cleans_leftovers_keeps_the_newest_files_and_compresses_all_but_the_newest() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("0.log");
         touch(&log, "current\n");
         for f in [
             "0.log.20260101-000001.gz",
-            "0.log.20260101-000002.gz",
+            "0.log.20260101-000002",
             "0.log.20260101-000003",
             "0.log.20260101-000003.gz",
             "0.log.20260101-000004",
@@ -270,9 +302,9 @@ mod tests {
         ] {
             touch(&dir.path().join(f), "x\n");
         }
-        let deleted = prepare(&log, 5).unwrap();
-        // The .tmp and the uncompressed twin go, then the oldest until 3 remain, then the
-        // uncompressed one left is compressed.
+        let deleted = maintain(&log, 4).unwrap();
+        // The .tmp and the uncompressed twin go, then the oldest until 3 remain; of those,
+        // all but the newest are compressed.
         assert_eq!(deleted.len(), 3, "{deleted:?}");
         assert_eq!(
             names(dir.path()),
@@ -280,14 +312,14 @@ mod tests {
                 "0.log",
                 "0.log.20260101-000002.gz",
                 "0.log.20260101-000003.gz",
-                "0.log.20260101-000004.gz",
+                "0.log.20260101-000004",
                 "1.log.20260101-000001",
             ]
         );
         let mut text = String::new();
         std::io::Read::read_to_string(
             &mut flate2::read::GzDecoder::new(
-                std::fs::File::open(dir.path().join("0.log.20260101-000004.gz")).unwrap(),
+                std::fs::File::open(dir.path().join("0.log.20260101-000002.gz")).unwrap(),
             ),
             &mut text,
         )

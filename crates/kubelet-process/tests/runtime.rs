@@ -498,14 +498,33 @@ async fn a_reopened_log_continues_in_a_new_file_after_the_old_one_was_renamed() 
     .await;
     let log = sb.log_directory.join("app/0.log");
     wait_log(&log, "line-20").await;
-    let rotated = sb.log_directory.join("app/0.log.20260101-000000");
-    std::fs::rename(&log, &rotated).expect("rename");
-    rt.reopen_container_log(&cid).await.expect("reopen");
-    assert!(log.exists(), "the log is recreated before reopen returns");
+    // Rotated five times while the container writes.
+    let mut files = Vec::new();
+    for n in 0..5 {
+        let rotated = sb
+            .log_directory
+            .join(format!("app/0.log.20260101-00000{n}"));
+        std::fs::rename(&log, &rotated).expect("rename");
+        rt.reopen_container_log(&cid).await.expect("reopen");
+        assert!(log.exists(), "the log is recreated before reopen returns");
+        files.push(rotated);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     wait_log(&log, "line-399").await;
-    // Every line is in exactly one of the two files, in order.
+    for f in &files {
+        let len = std::fs::metadata(f).expect("rotated").len();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            std::fs::metadata(f).expect("rotated").len(),
+            len,
+            "nothing is written to {} after its reopen",
+            f.display()
+        );
+    }
+    files.push(log.clone());
+    // Every line is in exactly one of the files, in order.
     let mut lines = Vec::new();
-    for f in [&rotated, &log] {
+    for f in &files {
         let text = std::fs::read_to_string(f).expect("read");
         lines.extend(
             text.lines()

@@ -2348,3 +2348,168 @@ fn an_empty_dir_over_its_size_limit_is_evicted_through_the_stats_service() {
     );
     env.remove_pods(&["filler", "bystander"]);
 }
+
+/// Lines `first..=last` of the followed log, each once and in order (the payload after the
+/// number is checked too: a torn line would not match).
+fn assert_every_line_once(text: &str, count: usize, pad: &str) {
+    let mut next = 0usize;
+    for line in text.lines() {
+        if line == "done" {
+            continue;
+        }
+        let (n, rest) = line
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("line {next}: malformed {:?}", &line[..line.len().min(80)]));
+        let n: usize = n
+            .parse()
+            .unwrap_or_else(|_| panic!("line {next}: malformed {:?}", &line[..line.len().min(80)]));
+        assert_eq!(n, next, "a line lost or repeated around line {next}");
+        assert_eq!(rest, pad, "line {n} torn");
+        next += 1;
+    }
+    assert_eq!(next, count, "lines followed");
+}
+
+#[test]
+fn a_chatty_containers_logs_rotate_at_10_mib_keeping_five_files_and_a_follower_loses_no_line() {
+    let mut env = Env::new("logrotate");
+    env.api_port = free_port();
+    let certs = env.root.parent().expect("parent").join("pki");
+    env.extra_args = vec![
+        "--anonymous-auth".into(),
+        "--authorization-mode".into(),
+        "AlwaysAllow".into(),
+        "--authentication-token-webhook=false".into(),
+        "--cert-dir".into(),
+        certs.to_string_lossy().into_owned(),
+        // Checked every 100 ms instead of 10 s, so that a fast writer overshoots 10 MiB by
+        // little (the kubelet's check is as coarse: a file grows until the next check).
+        "--container-log-monitor-interval".into(),
+        "100ms".into(),
+    ];
+    env.start();
+    let token = env.token("chatty");
+    // 61,440 lines of 1 KiB (60 MiB), about 6 MiB/s, then a marker.
+    let pad = "x".repeat(1017);
+    let script = format!(
+        "i=0; while [ $i -lt 61440 ]; do echo \"$i {pad}\"; i=$((i+1)); \
+         if [ $((i % 200)) -eq 0 ]; then sleep 0.03; fi; done; echo done; sleep 3600"
+    );
+    env.write_pod(
+        "chatty.json",
+        &pod(
+            "chatty",
+            json!({
+                "restartPolicy": "Always",
+                "terminationGracePeriodSeconds": 1,
+                "containers": [sh("app", &script, &token)],
+            }),
+        ),
+    );
+    let name = static_name("chatty");
+    let p = env.wait_running_ready(&name);
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
+    let followed = env.work.join("followed.log");
+    let mut curl = Command::new("curl")
+        .args(["-sk", "--no-buffer", "-o"])
+        .arg(&followed)
+        .arg(format!(
+            "https://127.0.0.1:{}/containerLogs/default/{name}/app?follow=true",
+            env.api_port
+        ))
+        .spawn()
+        .expect("curl");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = std::fs::read_to_string(&followed).unwrap_or_default();
+        if text.ends_with("done\n") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the follower did not reach the end ({} bytes); agent log:\n{}",
+            text.len(),
+            env.stderr()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let _ = curl.kill();
+    let _ = curl.wait();
+    assert_every_line_once(
+        &std::fs::read_to_string(&followed).expect("followed"),
+        61440,
+        &pad,
+    );
+    // Compressing and pruning run in the background after each rotation: once they are done,
+    // at most 5 files, all but the newest rotated one compressed.
+    let dir = env.logs.join(format!("default_{name}_{uid}")).join("app");
+    let list = || -> Vec<(String, u64)> {
+        std::fs::read_dir(&dir)
+            .expect("log dir")
+            .filter_map(|e| {
+                let e = e.ok()?;
+                Some((
+                    e.file_name().to_string_lossy().into_owned(),
+                    e.metadata().ok()?.len(),
+                ))
+            })
+            .collect()
+    };
+    let settled = |files: &[(String, u64)]| {
+        files.len() <= 5
+            && files
+                .iter()
+                .filter(|(n, _)| n != "0.log" && !n.ends_with(".gz"))
+                .count()
+                == 1
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut files = list();
+    while !settled(&files) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        files = list();
+    }
+    assert!(files.len() <= 5, "{files:?}");
+    let rotated: Vec<&(String, u64)> = files.iter().filter(|(n, _)| n != "0.log").collect();
+    assert!(
+        rotated.len() >= 3,
+        "60 MiB at 10 MiB makes rotations: {files:?}"
+    );
+    // Within one check's writing (100 ms at ~6 MiB/s) of the limit.
+    const SLACK: u64 = 3 << 20;
+    for (n, len) in &files {
+        assert!(
+            *len <= (10 << 20) + SLACK,
+            "{n}: {len} bytes; rotations:\n{}",
+            env.stderr_lines_with("rotat").join("\n")
+        );
+    }
+    let plain: Vec<&&(String, u64)> = rotated
+        .iter()
+        .filter(|(n, _)| !n.ends_with(".gz"))
+        .collect();
+    assert_eq!(
+        plain.len(),
+        1,
+        "all but the newest rotated file are compressed: {files:?}"
+    );
+    // `tailLines` reaches into the newest rotated file when the current one is short.
+    let current_lines = std::fs::read_to_string(dir.join("0.log"))
+        .expect("current log")
+        .lines()
+        .count();
+    let want = current_lines + 10;
+    let o = Command::new("curl")
+        .args(["-sk"])
+        .arg(format!(
+            "https://127.0.0.1:{}/containerLogs/default/{name}/app?tailLines={want}",
+            env.api_port
+        ))
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(text.lines().count(), want, "tailLines={want}");
+    assert_eq!(text.lines().last(), Some("done"));
+    env.remove_manifest("chatty.json");
+    env.wait_pod_gone(&name);
+}
