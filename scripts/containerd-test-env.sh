@@ -22,8 +22,10 @@
 # CONTAINERD_PID, CONTAINERD_VERSION, PAUSE_IMAGE, BUSYBOX_IMAGE, POD_SUBNET, BRIDGE.
 # No registry is needed: both images are built from /bin/busybox (busybox-static).
 #
-# Environment: CONTAINERD_BIN (the containerd `start` runs, default the one on PATH; its
-# directory goes first on the daemon's PATH so that it uses the shim and `ctr` next to it),
+# Environment: CONTAINERD_ROOT_TMPFS (a size such as `256M`: `start` puts containerd's root on
+# a tmpfs of that size, a small image filesystem), CONTAINERD_BIN (the containerd `start`
+# runs, default the one on PATH; its directory goes first on the daemon's PATH so that it uses
+# the shim and `ctr` next to it),
 # CONTAINERD17_DIR (where `fetch17` unpacks containerd 1.7, default
 # /var/cache/kubelet-sdk/containerd-1.7; a working binary there is never fetched again).
 set -euo pipefail
@@ -300,6 +302,11 @@ cmd_start() {
     done
     local subnet="10.123.$slot.0/24" bridge="ksdk$slot"
     write_config "$env" "$subnet" "$bridge"
+    # A small image filesystem of its own when asked (disk pressure tests): containerd's root,
+    # content store and snapshots on a tmpfs of that size.
+    if [ -n "${CONTAINERD_ROOT_TMPFS:-}" ]; then
+        mount -t tmpfs -o "size=$CONTAINERD_ROOT_TMPFS" ksdk-containerd-root "$env/root"
+    fi
     # Images are deterministic; one cache per busybox binary, image names and this script's
     # image recipe is shared by all environments.
     local key
@@ -424,7 +431,7 @@ stop) cmd_stop "${2:-}" ;;
 kill) cmd_kill "${2:-}" ;;
 restart) cmd_restart "${2:-}" ;;
 *)
-    sed -n '2,29p' "$0" >&2
+    sed -n '2,32p' "$0" >&2
     exit 2
     ;;
 esac

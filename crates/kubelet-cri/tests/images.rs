@@ -243,3 +243,98 @@ async fn a_reopened_log_continues_in_a_new_file() {
         "every line once, in order, across the two files"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn image_gc_on_containerd_removes_unused_images_least_recently_used_first() {
+    let Some(env) = ContainerdEnv::start("images_gc") else {
+        return;
+    };
+    let registry = RegistryEnv::start(&env);
+    let rt = env.runtime().await;
+    let images = rt.images().expect("CRI has images");
+    let auth = AuthConfig::basic(&registry.user, &registry.password);
+    let mut ids = Vec::new();
+    for image in &registry.extra_images {
+        let id = images
+            .pull_image(
+                &ImageSpec::new(image.clone()),
+                Some(&auth),
+                &PodSandboxConfig::default(),
+            )
+            .await
+            .unwrap();
+        ids.push(id);
+    }
+    // A running pod uses busybox.
+    start_pod(&env, rt.as_ref(), "u-busy", "sleep 3600").await;
+    let mut policy = kubelet_gc::ImageGcPolicy::default();
+    policy.min_age = Duration::ZERO;
+    policy.high_threshold_percent = 1;
+    policy.low_threshold_percent = 0;
+    // containerd 1.6 does not pin its sandbox image: the agent's configuration does.
+    policy.pinned_images = vec![env.pause.clone()];
+    let gc = kubelet_gc::ImageGc::new(policy);
+    // The second extra image is used by a container that is then removed: of the unused
+    // images, it is the most recently used.
+    let sandbox = common::sandbox_config("u-extra", &env);
+    let sid = rt.run_pod_sandbox(&sandbox).await.unwrap();
+    let mut config = common::pod_container(&env, &sandbox, "extra", "true");
+    config.image = registry.extra_images[1].clone();
+    let cid = rt.create_container(&sid, &config, &sandbox).await.unwrap();
+    gc.detect(rt.as_ref(), tokio::time::Instant::now())
+        .await
+        .unwrap();
+    rt.remove_container(&cid).await.unwrap();
+    rt.stop_pod_sandbox(&sid).await.unwrap();
+    rt.remove_pod_sandbox(&sid).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+
+    let listed = images.list_images().await.unwrap();
+    let size = |id: &str| listed.iter().find(|i| i.id == id).map(|i| i.size).unwrap();
+    // Everything in use: to free the first and third extra images' bytes exactly.
+    let wanted = size(&ids[0]) + size(&ids[2]);
+    let out = gc
+        .collect(
+            rt.as_ref(),
+            Some(kubelet_gc::FsUsage {
+                capacity: wanted,
+                available: 0,
+            }),
+        )
+        .await
+        .unwrap();
+    let mut removed: Vec<String> = out.removed.iter().map(|(id, _)| id.clone()).collect();
+    removed.sort();
+    let mut want = vec![ids[0].clone(), ids[2].clone()];
+    want.sort();
+    assert_eq!(
+        removed, want,
+        "the never used ones, not the recently used one"
+    );
+    let left: Vec<String> = images
+        .list_images()
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|i| i.repo_tags)
+        .collect();
+    for keep in [&registry.extra_images[1], &env.busybox, &env.pause] {
+        assert!(left.contains(keep), "{keep} kept: {left:?}");
+    }
+    // Asked to free everything it may: the recently used extra image goes, busybox (in use)
+    // and the sandbox image (pinned) stay.
+    let out = gc.delete_unused(rt.as_ref()).await.unwrap();
+    assert_eq!(out.removed.len(), 1, "{out:?}");
+    let left: Vec<String> = images
+        .list_images()
+        .await
+        .unwrap()
+        .into_iter()
+        .flat_map(|i| i.repo_tags)
+        .collect();
+    assert!(
+        left.contains(&env.busybox) && left.contains(&env.pause),
+        "{left:?}"
+    );
+    assert!(!left.contains(&registry.extra_images[1]));
+}

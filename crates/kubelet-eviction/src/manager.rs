@@ -372,7 +372,7 @@ impl EvictionManager {
                 tracing::warn!(error = %kubelet_api::chain(&e), step = ?step, "node-level reclaim failed");
             }
         }
-        match self.stats.observe().await {
+        match self.stats.observe_fresh().await {
             Ok(obs) => {
                 let still = thresholds_met(thresholds, &obs, true);
                 if still.is_empty() {

@@ -102,47 +102,15 @@ fn fs_signals(
 #[async_trait]
 impl StatsProvider for ServiceStats {
     async fn observe(&self) -> Result<Observations, EvictionError> {
-        let mut out = self.machine.observe_memory().await?;
         let summary = self.sample().await;
-        let now = Instant::now();
-        let node = &summary.node;
-        if let Some(r) = &node.rlimit
-            && let (Some(max), Some(cur)) = (r.maxpid, r.curproc)
-        {
-            out.insert(
-                Signal::PidAvailable,
-                SignalObservation {
-                    available: max - cur,
-                    capacity: max,
-                    time: now,
-                },
-            );
-        }
-        fs_signals(
-            node.fs.as_ref(),
-            Signal::NodeFsAvailable,
-            Signal::NodeFsInodesFree,
-            now,
-            &mut out,
-        );
-        let runtime = node.runtime.as_ref();
-        fs_signals(
-            runtime
-                .and_then(|r| r.image_fs.as_ref())
-                .or(node.fs.as_ref()),
-            Signal::ImageFsAvailable,
-            Signal::ImageFsInodesFree,
-            now,
-            &mut out,
-        );
-        fs_signals(
-            runtime.and_then(|r| r.container_fs.as_ref()),
-            Signal::ContainerFsAvailable,
-            Signal::ContainerFsInodesFree,
-            now,
-            &mut out,
-        );
-        Ok(out)
+        self.observations(&summary).await
+    }
+
+    /// A new collection, whatever the age of the latest (after node-level reclaim, as the
+    /// kubelet asks its summary provider for updated stats).
+    async fn observe_fresh(&self) -> Result<Observations, EvictionError> {
+        let summary = self.service.refresh().await;
+        self.observations(&summary).await
     }
 
     async fn observe_memory(&self) -> Result<Observations, EvictionError> {
@@ -214,5 +182,51 @@ impl StatsProvider for ServiceStats {
 
     fn memory_cgroup(&self) -> Option<MemoryCgroup> {
         self.machine.memory_cgroup()
+    }
+}
+
+impl ServiceStats {
+    /// The signals of `summary`, with memory read from the machine now.
+    async fn observations(&self, summary: &Summary) -> Result<Observations, EvictionError> {
+        let mut out = self.machine.observe_memory().await?;
+        let now = Instant::now();
+        let node = &summary.node;
+        if let Some(r) = &node.rlimit
+            && let (Some(max), Some(cur)) = (r.maxpid, r.curproc)
+        {
+            out.insert(
+                Signal::PidAvailable,
+                SignalObservation {
+                    available: max - cur,
+                    capacity: max,
+                    time: now,
+                },
+            );
+        }
+        fs_signals(
+            node.fs.as_ref(),
+            Signal::NodeFsAvailable,
+            Signal::NodeFsInodesFree,
+            now,
+            &mut out,
+        );
+        let runtime = node.runtime.as_ref();
+        fs_signals(
+            runtime
+                .and_then(|r| r.image_fs.as_ref())
+                .or(node.fs.as_ref()),
+            Signal::ImageFsAvailable,
+            Signal::ImageFsInodesFree,
+            now,
+            &mut out,
+        );
+        fs_signals(
+            runtime.and_then(|r| r.container_fs.as_ref()),
+            Signal::ContainerFsAvailable,
+            Signal::ContainerFsInodesFree,
+            now,
+            &mut out,
+        );
+        Ok(out)
     }
 }

@@ -117,6 +117,12 @@ pub trait StatsProvider: Send + Sync + 'static {
     /// on them are then ignored.
     async fn observe(&self) -> Result<Observations, EvictionError>;
 
+    /// Observe with figures taken now, not cached ones: after node-level reclaim, to judge
+    /// whether it was enough. The default is [`observe`](Self::observe).
+    async fn observe_fresh(&self) -> Result<Observations, EvictionError> {
+        self.observe().await
+    }
+
     /// Observe only the memory signals. Called every fast-poll period, so it must be cheap.
     /// The default filters [`observe`](Self::observe).
     async fn observe_memory(&self) -> Result<Observations, EvictionError> {

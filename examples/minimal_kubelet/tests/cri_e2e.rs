@@ -38,6 +38,12 @@ struct Env {
 
 impl Env {
     fn start(test: &str) -> Option<Self> {
+        Self::start_with(test, &[])
+    }
+
+    /// [`start`](Self::start) with environment variables for `containerd-test-env.sh start`
+    /// (`CONTAINERD_ROOT_TMPFS`).
+    fn start_with(test: &str, script_env: &[(&str, &str)]) -> Option<Self> {
         let required = std::env::var("KUBELET_SDK_REQUIRE_ROOT").is_ok_and(|v| v == "1");
         let skip = |why: String| -> Option<Self> {
             assert!(!required, "{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1)");
@@ -56,6 +62,7 @@ impl Env {
             .arg(script())
             .arg("start")
             .arg(dir.join("containerd"))
+            .envs(script_env.iter().copied())
             .output()
             .unwrap();
         let env = Self {
@@ -139,7 +146,12 @@ impl Env {
             .args(["--port", &self.api_port.to_string()])
             .arg("--cert-dir")
             .arg(self.dir.join("pki"))
-            .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+            .args(
+                (!self.extra_args.iter().any(|a| a == "--eviction-hard"))
+                    .then_some(["--eviction-hard", common::LOW_EVICTION_HARD])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(&self.extra_args)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
@@ -1212,4 +1224,146 @@ fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
         env.pods().filter(|p| p.is_empty()).map(|_| ())
     });
     env.stop_agent();
+}
+
+/// Imports an image `name` of one layer of `mib` MiB of random data into the environment's
+/// containerd.
+fn import_filler_image(env: &Env, name: &str, mib: usize) {
+    let work = env.dir.join(format!("filler-{mib}"));
+    std::fs::create_dir_all(work.join("rootfs")).unwrap();
+    let mut data = vec![0u8; mib << 20];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15 ^ mib as u64;
+    for chunk in data.chunks_mut(8) {
+        // xorshift: incompressible enough that the layer keeps its size.
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes()[..chunk.len()]);
+    }
+    std::fs::write(work.join("rootfs/blob"), data).unwrap();
+    let ok = |c: &mut Command| {
+        let o = c.output().unwrap();
+        assert!(
+            o.status.success(),
+            "{c:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ok(Command::new("tar")
+        .arg("-C")
+        .arg(work.join("rootfs"))
+        .arg("-cf")
+        .arg(work.join("layer.tar"))
+        .arg("."));
+    ok(Command::new("bash")
+        .arg(script())
+        .arg("build-image")
+        .arg(work.join("image.tar"))
+        .arg(name)
+        .arg(work.join("layer.tar"))
+        .arg(r#"{"Env":["PATH=/bin"],"Cmd":["/bin/sh"]}"#));
+    ok(Command::new("ctr")
+        .arg("-a")
+        .arg(env.var("CONTAINERD_SOCKET"))
+        .args(["-n", "k8s.io", "images", "import"])
+        .arg(work.join("image.tar")));
+    let _ = std::fs::remove_dir_all(&work);
+}
+
+fn runtime_images(env: &Env) -> Vec<String> {
+    let out = Command::new("ctr")
+        .arg("-a")
+        .arg(env.var("CONTAINERD_SOCKET"))
+        .args(["-n", "k8s.io", "images", "ls", "-q"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn disk_pressure_on_a_small_image_filesystem_is_relieved_by_image_gc_with_no_pod_evicted() {
+    let test =
+        "disk_pressure_on_a_small_image_filesystem_is_relieved_by_image_gc_with_no_pod_evicted";
+    // containerd's root (images, snapshots) on a 256 MiB tmpfs: the image filesystem.
+    let Some(mut env) = Env::start_with(test, &[("CONTAINERD_ROOT_TMPFS", "256M")]) else {
+        return;
+    };
+    let imagefs = env.dir.join("containerd/root");
+    let available_mib = || {
+        let stat = nix::sys::statvfs::statvfs(&imagefs).unwrap();
+        (stat.blocks_available() as u64 * stat.fragment_size() as u64) >> 20
+    };
+    // Pressure below 30 MiB less than is free before the fillers (72 MiB at least) arrive:
+    // met with them, relieved once they are gone.
+    let before = available_mib();
+    let threshold = format!(
+        "memory.available<1Mi,nodefs.available<1%,imagefs.available<{}Mi",
+        before - 30
+    );
+    env.extra_args = [
+        "--eviction-hard",
+        &threshold,
+        "--eviction-pressure-transition-period",
+        "1s",
+        // The fillers are first seen just before the pressure: the minimum age would protect
+        // them.
+        "--minimum-image-ttl-duration",
+        "0s",
+        // Static pods are critical: without this nothing could be evicted anyway.
+        "--evict-static-pods",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    write_manifest(
+        &env.manifests(),
+        "steady",
+        &format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: steady}}\nspec:\n  hostNetwork: true\n  terminationGracePeriodSeconds: 1\n  containers:\n  - name: app\n    image: {}\n    imagePullPolicy: Never\n    command: [/bin/sh, -c, 'sleep 3600']\n",
+            env.var("BUSYBOX_IMAGE")
+        ),
+    );
+    env.start_agent();
+    let pod = wait_until("the pod running", || env.pod("steady").filter(running));
+    let ids = container_ids(&pod);
+    let fillers: Vec<String> = (1..=3)
+        .map(|n| format!("localhost/kubelet-sdk/filler:{n}"))
+        .collect();
+    for f in &fillers {
+        import_filler_image(&env, f, 24);
+    }
+    assert!(available_mib() < before - 60, "the fillers take room");
+    wait_until("the fillers removed by reclaim", || {
+        let images = runtime_images(&env);
+        fillers.iter().all(|f| !images.contains(f)).then_some(())
+    });
+    let images = runtime_images(&env);
+    assert!(
+        images.contains(&env.var("BUSYBOX_IMAGE").to_string()),
+        "in use: {images:?}"
+    );
+    assert!(
+        images.contains(&env.var("PAUSE_IMAGE").to_string()),
+        "the sandbox image: {images:?}"
+    );
+    let log = std::fs::read_to_string(env.dir.join("agent.log")).unwrap();
+    assert!(log.contains("reclaim: removed unused images"), "{log}");
+    wait_until("the reclaim judged enough", || {
+        std::fs::read_to_string(env.dir.join("agent.log"))
+            .ok()
+            .filter(|l| l.contains("node-level reclaim resolved the pressure"))
+    });
+    // Two more eviction rounds (10 s each): the pod is never evicted.
+    std::thread::sleep(Duration::from_secs(21));
+    let pod = env.pod("steady").expect("the pod");
+    assert!(running(&pod), "{pod:#}");
+    assert_eq!(container_ids(&pod), ids, "the same container");
+    let log = std::fs::read_to_string(env.dir.join("agent.log")).unwrap();
+    assert!(
+        !log.contains("evicting pod") && !log.contains("Evicted"),
+        "{log}"
+    );
 }
