@@ -186,17 +186,15 @@ fn the_engine_depends_on_no_subsystem_crate() {
 }
 
 #[test]
-fn the_stats_crate_depends_on_the_seam_crate_alone() {
+fn the_stats_and_gc_crates_depend_on_the_seam_crate_alone() {
     let meta = metadata();
     let g = graph(&meta);
-    let deps = closure(&g, "kubelet-stats");
     let workspace: BTreeSet<String> = members(&meta).into_iter().map(|(n, _)| n).collect();
-    let own: Vec<_> = deps.intersection(&workspace).cloned().collect();
-    assert_eq!(
-        own,
-        ["kubelet-api"],
-        "kubelet-stats' workspace dependencies"
-    );
+    for krate in ["kubelet-stats", "kubelet-gc"] {
+        let deps = closure(&g, krate);
+        let own: Vec<_> = deps.intersection(&workspace).cloned().collect();
+        assert_eq!(own, ["kubelet-api"], "{krate}'s workspace dependencies");
+    }
 }
 
 #[test]
