@@ -672,7 +672,7 @@ impl FilesystemUsage {
 }
 
 /// The filesystems the runtime keeps images and containers on (CRI `ImageFsInfoResponse`); see
-/// [`ContainerRuntime::image_fs_info`].
+/// [`ImageService::image_fs_info`](crate::ImageService::image_fs_info).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ImageFsInfo {

@@ -273,7 +273,7 @@ async fn image_gc_on_containerd_removes_unused_images_least_recently_used_first(
     policy.low_threshold_percent = 0;
     // containerd 1.6 does not pin its sandbox image: the agent's configuration does.
     policy.pinned_images = vec![env.pause.clone()];
-    let gc = kubelet_gc::ImageGc::new(policy);
+    let gc = kubelet_gc::images::ImageGc::new(policy);
     // The second extra image is used by a container that is then removed: of the unused
     // images, it is the most recently used.
     let sandbox = common::sandbox_config("u-extra", &env);
@@ -296,7 +296,7 @@ async fn image_gc_on_containerd_removes_unused_images_least_recently_used_first(
     let out = gc
         .collect(
             rt.as_ref(),
-            Some(kubelet_gc::FsUsage {
+            Some(kubelet_gc::images::FsUsage {
                 capacity: wanted,
                 available: 0,
             }),

@@ -17,9 +17,11 @@ use kubelet_api::{
     StatusReader, StatusWriter, SyncLoopStalled,
 };
 use kubelet_core::testing::{FakeOp, FakeRuntime};
+use kubelet_gc::containers::ContainerGc;
+use kubelet_gc::images::{FsUsage, ImageGc, Reason};
+use kubelet_gc::logs::LogRotator;
 use kubelet_gc::{
-    ContainerGc, ContainerGcPolicy, FsUsage, GcConfig, GcError, GcPlugin, ImageGc, ImageGcPolicy,
-    LogRotationPolicy, LogRotator, Reason,
+    ContainerGcPolicy, GcConfig, GcError, GcPlugin, ImageGcPolicy, LogRotationPolicy,
 };
 
 /// The agent as the collectors see it: the pods it knows and whether sources are ready.
