@@ -15,7 +15,9 @@
 #
 # `start` prints KEY=VALUE lines (also written to ENVDIR/env): REGISTRY (host:port),
 # REGISTRY_USER, REGISTRY_PASSWORD, REGISTRY_CA, PRIVATE_IMAGE (busybox, needs the credentials),
-# EXTRA_IMAGES (space-separated, each a distinct image of a few MiB, for garbage collection).
+# EXTRA_IMAGES (space-separated, each a distinct image of a few MiB, for garbage collection),
+# and with REGISTRY_BIG_IMAGE_MIB=N in the environment BIG_IMAGE (an image of N MiB, for pull
+# benchmarks).
 # The images come from scripts/containerd-test-env.sh's busybox archive (`images`).
 set -euo pipefail
 
@@ -145,6 +147,12 @@ EOF
         "${push[@]}" "oci-archive:$env/images/extra$n.tar" "docker://$host/private/extra:v$n" >/dev/null
         extras+=("$host/private/extra:v$n")
     done
+    local big=""
+    if [ -n "${REGISTRY_BIG_IMAGE_MIB:-}" ]; then
+        extra_image "$env/images/big.tar" "$host/private/big:v1" "$REGISTRY_BIG_IMAGE_MIB"
+        "${push[@]}" "oci-archive:$env/images/big.tar" "docker://$host/private/big:v1" >/dev/null
+        big="$host/private/big:v1"
+    fi
     rm -rf "$env/images"
     mkdir -p "$certsd/$host"
     cat >"$certsd/$host/hosts.toml" <<EOF
@@ -161,6 +169,7 @@ EOF
         echo "REGISTRY_CA=$env/ca.crt"
         echo "PRIVATE_IMAGE=$host/private/busybox:v1"
         echo "EXTRA_IMAGES=${extras[*]}"
+        [ -z "$big" ] || echo "BIG_IMAGE=$big"
     } | tee "$env/env"
 }
 
