@@ -343,14 +343,17 @@ impl NodeConditionReader {
             let r = p.node_resources();
             out.capacity.extend(r.capacity);
             out.allocatable.extend(r.allocatable);
+            if r.images.is_some() {
+                out.images = r.images;
+            }
         }
         out
     }
 }
 
 /// Node resources a plugin contributes to the node status (`status.capacity`,
-/// `status.allocatable`), by resource name (`cpu`, `memory`, `ephemeral-storage`, …). What no
-/// plugin reports, the node status writer fills in itself.
+/// `status.allocatable`, by resource name: `cpu`, `memory`, `ephemeral-storage`, …; and
+/// `status.images`). What no plugin reports, the node status writer fills in itself.
 #[derive(Debug, Clone, Default, PartialEq)]
 #[non_exhaustive]
 pub struct NodeResources {
@@ -358,6 +361,9 @@ pub struct NodeResources {
     pub capacity: std::collections::BTreeMap<String, Quantity>,
     /// `status.allocatable` entries.
     pub allocatable: std::collections::BTreeMap<String, Quantity>,
+    /// `status.images`: the node's images, largest first (the kubelet reports at most 50,
+    /// `nodeStatusMaxImages`); `None`: this plugin does not report them.
+    pub images: Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>,
 }
 
 /// Where a plugin's loop is.

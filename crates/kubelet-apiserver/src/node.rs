@@ -355,6 +355,7 @@ pub fn node_status(
             }),
         }),
         conditions: Some(conditions),
+        images: obs.resources.images.clone(),
         ..Default::default()
     }
 }
@@ -464,6 +465,22 @@ mod tests {
         assert_eq!(cap["pods"].0, "110", "what no plugin reports stays");
         let alloc = s.allocatable.as_ref().expect("allocatable");
         assert_eq!(alloc["example.com/dongle"].0, "1");
+        assert_eq!(
+            s.images, None,
+            "no plugin reports images: the field stays out"
+        );
+        obs.resources.images = Some(vec![k8s_openapi::api::core::v1::ContainerImage {
+            names: Some(vec!["registry.example/app:1".into()]),
+            size_bytes: Some(42),
+        }]);
+        let s = node_status(
+            &facts(),
+            &ApiServerConfig::default(),
+            &obs,
+            None,
+            Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.images.as_ref().map(Vec::len), Some(1));
     }
 
     fn ready(s: &NodeStatus) -> NodeCondition {

@@ -14,6 +14,7 @@
 
 use std::collections::{HashMap, HashSet};
 
+use k8s_openapi::api::core::v1::ContainerImage;
 use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::{ContainerFilter, Image, ImageSpec};
 use parking_lot::Mutex;
@@ -119,6 +120,35 @@ pub fn plan_free(
         out.push(c);
     }
     out
+}
+
+/// How many images the node status lists (the kubelet's `nodeStatusMaxImages`).
+pub const NODE_STATUS_MAX_IMAGES: usize = 50;
+
+/// How many names of one image the node status lists (`maxNamesPerImageInNodeStatus`).
+pub const MAX_NAMES_PER_IMAGE: usize = 5;
+
+/// `status.images` of the node from the runtime's images, as the kubelet writes it: largest
+/// first, at most `max` (0: all), each with its digest references then its tags (at most
+/// [`MAX_NAMES_PER_IMAGE`]); images without a name are left out.
+pub fn node_images(mut images: Vec<Image>, max: usize) -> Vec<ContainerImage> {
+    images.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.id.cmp(&b.id)));
+    let out = images.into_iter().filter_map(|i| {
+        let names: Vec<String> = i
+            .repo_digests
+            .into_iter()
+            .chain(i.repo_tags)
+            .take(MAX_NAMES_PER_IMAGE)
+            .collect();
+        (!names.is_empty()).then(|| ContainerImage {
+            names: Some(names),
+            size_bytes: i64::try_from(i.size).ok(),
+        })
+    });
+    match max {
+        0 => out.collect(),
+        n => out.take(n).collect(),
+    }
 }
 
 impl ImageGc {
@@ -320,6 +350,34 @@ mod tests {
             last_used: used.map(|s| base + Duration::from_secs(s)),
             first_detected: base + Duration::from_secs(detected),
         }
+    }
+
+    #[test]
+    fn the_node_lists_its_largest_images_digests_first_with_at_most_five_names() {
+        let mut big = Image::new(
+            "sha256:b",
+            (0..6).map(|i| format!("r/big:{i}")).collect(),
+            300,
+        );
+        big.repo_digests = vec!["r/big@sha256:b".into()];
+        let list = vec![
+            Image::new("sha256:a", vec!["r/small:1".into()], 100),
+            big,
+            Image::new("sha256:c", vec![], 999),
+            Image::new("sha256:d", vec!["r/mid:1".into()], 200),
+        ];
+        let out = node_images(list.clone(), 2);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[0].size_bytes, Some(300));
+        let names = out[0].names.as_ref().unwrap();
+        assert_eq!(names.len(), MAX_NAMES_PER_IMAGE);
+        assert_eq!(names[0], "r/big@sha256:b");
+        assert_eq!(out[1].names.as_deref(), Some(&["r/mid:1".to_string()][..]));
+        assert_eq!(
+            node_images(list, 0).len(),
+            3,
+            "the unnamed image is left out"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use kubelet_api::stats::StatsService;
 use kubelet_api::{
     AgentHandle, AgentPlugin, ContainerRuntime, EventRecorder, InvolvedObject, NodeReclaimer,
-    PluginContext, ServiceConflict, Services,
+    NodeResources, PluginContext, ServiceConflict, Services,
 };
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -19,6 +19,9 @@ use crate::containers::ContainerGc;
 use crate::error::GcError;
 use crate::images::{FsUsage, ImageGc, ImageGcOutcome, Reason};
 use crate::logs::LogRotator;
+
+/// How often the node status's image list is refreshed (the kubelet's image cache period).
+const IMAGE_LIST_PERIOD: std::time::Duration = std::time::Duration::from_secs(30);
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
@@ -42,6 +45,8 @@ struct Shared {
     collected: Family<ReasonLabel, Counter>,
     /// Serializes image removal between the periodic run and eviction's reclaim.
     image_lock: tokio::sync::Mutex<()>,
+    /// `status.images` as last listed (every 30 s, as the kubelet's image cache).
+    node_images: parking_lot::RwLock<Option<Vec<k8s_openapi::api::core::v1::ContainerImage>>>,
 }
 
 impl Shared {
@@ -67,6 +72,24 @@ impl Shared {
             capacity: fs.capacity_bytes?,
             available: fs.available_bytes?,
         })
+    }
+
+    /// List the runtime's images for the node status; a runtime without images reports none.
+    async fn refresh_node_images(&self, running: &Running) {
+        let Some(images) = running.runtime.images() else {
+            return;
+        };
+        match images.list_images().await {
+            Ok(list) => {
+                *self.node_images.write() = Some(crate::images::node_images(
+                    list,
+                    crate::images::NODE_STATUS_MAX_IMAGES,
+                ));
+            }
+            Err(e) => {
+                tracing::warn!(error = %kubelet_api::chain(&e), "listing images for the node status failed");
+            }
+        }
     }
 
     async fn collect_images(&self, running: &Running) -> Result<ImageGcOutcome, GcError> {
@@ -110,6 +133,7 @@ impl GcPlugin {
                 running: OnceLock::new(),
                 collected: Family::default(),
                 image_lock: tokio::sync::Mutex::new(()),
+                node_images: parking_lot::RwLock::new(None),
             }),
         })
     }
@@ -199,6 +223,12 @@ impl AgentPlugin for GcPlugin {
         services.provide::<dyn NodeReclaimer>(self.name(), self.reclaimer())
     }
 
+    fn node_resources(&self) -> NodeResources {
+        let mut r = NodeResources::default();
+        r.images = self.shared.node_images.read().clone();
+        r
+    }
+
     fn register_metrics(&self, registry: &mut Registry) {
         registry.register(
             "kubelet_image_garbage_collected",
@@ -240,6 +270,7 @@ impl AgentPlugin for GcPlugin {
         let mut image_tick = interval(shared.config.images.period);
         let mut container_tick = interval(shared.config.containers.period);
         let mut log_tick = interval(shared.config.logs.monitor_interval);
+        let mut image_list_tick = interval(IMAGE_LIST_PERIOD);
         let (mut image_failures, mut container_failures) = (
             FailureReport {
                 failed_before: false,
@@ -269,6 +300,7 @@ impl AgentPlugin for GcPlugin {
                         .await;
                     container_failures.report(&recorder, &node, "ContainerGCFailed", r.map(|_| ()).map_err(|e| e.to_string()));
                 }
+                _ = image_list_tick.tick() => shared.refresh_node_images(running).await,
                 _ = log_tick.tick() => {
                     if let Err(e) = shared.logs.rotate_all(running.runtime.as_ref()).await {
                         tracing::warn!(error = %e, "container log rotation failed");

@@ -449,3 +449,55 @@ async fn the_plugin_checks_its_configuration_and_reclaims_only_while_running() {
     let err = plugin.reclaimer().delete_unused_images().await.unwrap_err();
     assert_eq!(err.kind(), kubelet_api::ErrorKind::Unavailable);
 }
+
+#[tokio::test]
+async fn the_running_plugin_reports_the_nodes_images_and_reclaims() {
+    use kubelet_api::AgentPlugin;
+    let tmp = tempfile::tempdir().unwrap();
+    let fake = Arc::new(FakeRuntime::new());
+    fake.set_images_present_by_default(false);
+    fake.add_image("registry.example/big:1", 300, false);
+    fake.add_image("registry.example/small:1", 100, false);
+    let plugin = Arc::new(GcPlugin::new(GcConfig::new()).unwrap());
+    assert_eq!(
+        plugin.node_resources().images,
+        None,
+        "nothing listed before it runs"
+    );
+    let runtime: Arc<dyn ContainerRuntime> = fake.clone();
+    let ctx = kubelet_api::PluginContext::new(
+        "node-1",
+        dirs(tmp.path()),
+        runtime,
+        kubelet_api::EventRecorder::channel(16).0,
+        Agent::new(&[], true),
+        kubelet_api::NodeConditionReader::default(),
+        Arc::default(),
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
+        async move { plugin.run(ctx, shutdown).await }
+    });
+    let images = loop {
+        if let Some(images) = plugin.node_resources().images {
+            break images;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let names: Vec<&str> = images
+        .iter()
+        .map(|i| i.names.as_ref().unwrap()[0].as_str())
+        .collect();
+    assert_eq!(
+        names,
+        ["registry.example/big:1", "registry.example/small:1"]
+    );
+    assert_eq!(images[0].size_bytes, Some(300));
+    // While it runs, reclaim works (the images are younger than the minimum age: kept).
+    plugin.reclaimer().delete_unused_containers().await.unwrap();
+    plugin.reclaimer().delete_unused_images().await.unwrap();
+    assert_eq!(images(&fake).await.len(), 2);
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
