@@ -529,6 +529,9 @@ async fn deleting_a_pod_delivers_sigterm_within_the_grace_period_and_removes_it(
         async move { f.exists().then_some(()) }
     })
     .await;
+    let pod_dir = env.dir.join("kubelet/pods/graceful");
+    let log_dir = env.dir.join("logs/default_pod-graceful_graceful");
+    assert!(pod_dir.exists() && log_dir.exists(), "the pod's directories");
 
     let started = tokio::time::Instant::now();
     tx.send(vec![keep]).unwrap();
@@ -558,6 +561,12 @@ async fn deleting_a_pod_delivers_sigterm_within_the_grace_period_and_removes_it(
     eventually(LONG, "the removal reported to the sink", || {
         let removed = agent.sink.removed();
         async move { removed.contains(&"graceful".to_string()).then_some(()) }
+    })
+    .await;
+    // Its pod directory and log directory went with it.
+    eventually(LONG, "the pod and log directories removed", || {
+        let gone = !pod_dir.exists() && !log_dir.exists();
+        async move { gone.then_some(()) }
     })
     .await;
     // The other pod is untouched.
