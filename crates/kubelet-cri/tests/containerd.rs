@@ -531,7 +531,10 @@ async fn deleting_a_pod_delivers_sigterm_within_the_grace_period_and_removes_it(
     .await;
     let pod_dir = env.dir.join("kubelet/pods/graceful");
     let log_dir = env.dir.join("logs/default_pod-graceful_graceful");
-    assert!(pod_dir.exists() && log_dir.exists(), "the pod's directories");
+    assert!(
+        pod_dir.exists() && log_dir.exists(),
+        "the pod's directories"
+    );
 
     let started = tokio::time::Instant::now();
     tx.send(vec![keep]).unwrap();

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::{Agent, ContainerdEnv, RegistryEnv, WITHIN, container, pod, running, start_pod};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{LocalObjectReference, Pod, PodStatus, Secret};
+use k8s_openapi::api::core::v1::{LocalObjectReference, Pod, PodStatus, Secret, ServiceAccount};
 use kubelet_api::runtime::{AuthConfig, ImageSpec, PodSandboxConfig};
 use kubelet_api::{ContainerRuntime, StaticObjects};
 use tokio::sync::watch;
@@ -142,6 +142,15 @@ async fn pods_pull_with_their_image_pull_secrets_and_a_wrong_password_backs_off(
         c.image_pull_policy = Some("IfNotPresent".into());
         with_pull_secret(pod(uid, true, vec![c]), secret)
     };
+    let mut sa = ServiceAccount {
+        image_pull_secrets: Some(vec![LocalObjectReference {
+            name: "registry".into(),
+        }]),
+        ..Default::default()
+    };
+    sa.metadata.name = Some("builder".into());
+    sa.metadata.namespace = Some("default".into());
+    objects.put_service_account(sa);
     let (tx, rx) = watch::channel(vec![app("u-good", "registry"), app("u-bad", "wrong")]);
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
     let agent = Agent::start_with_objects(&env, runtime, rx, Arc::new(objects));
@@ -156,7 +165,14 @@ async fn pods_pull_with_their_image_pull_secrets_and_a_wrong_password_backs_off(
     let always_bad = with_pull_secret(pod("u-always-bad", true, vec![c]), "wrong");
     // A second pod with the image present and `IfNotPresent` does not pull.
     let again = app("u-again", "registry");
-    tx.send_replace(vec![app("u-good", "registry"), always_bad, again]);
+    // A pod that names no secret pulls with its service account's (`Always`: a real pull).
+    let mut c = container("app", &registry.private_image, "sleep 3600");
+    c.image_pull_policy = Some("Always".into());
+    let mut by_sa = pod("u-sa", true, vec![c]);
+    if let Some(spec) = by_sa.spec.as_mut() {
+        spec.service_account_name = Some("builder".into());
+    }
+    tx.send_replace(vec![app("u-good", "registry"), always_bad, again, by_sa]);
     agent
         .wait_for("u-always-bad", WITHIN, "ErrImagePull", |s| {
             waiting_reason(s).as_deref() == Some("ErrImagePull")
@@ -173,6 +189,14 @@ async fn pods_pull_with_their_image_pull_secrets_and_a_wrong_password_backs_off(
     agent
         .wait_for("u-again", WITHIN, "running without a pull", running)
         .await;
+    agent
+        .wait_for(
+            "u-sa",
+            WITHIN,
+            "running with the service account's secret",
+            running,
+        )
+        .await;
     let events = agent.sink.events();
     let pulling = |uid: &str| {
         events
@@ -181,6 +205,11 @@ async fn pods_pull_with_their_image_pull_secrets_and_a_wrong_password_backs_off(
             .count()
     };
     assert_eq!(pulling("u-again"), 0, "IfNotPresent with the image present");
+    assert_eq!(
+        pulling("u-sa"),
+        1,
+        "Always pulls, with the service account's secret"
+    );
     assert!(pulling("u-good") == 1, "{events:#?}");
     let text = format!("{events:?} {:?}", agent.status("u-always-bad"));
     assert!(!text.contains("wr0ng-password") && !text.contains(&registry.password));
