@@ -479,13 +479,13 @@ async fn the_running_plugin_reports_the_nodes_images_and_reclaims() {
         let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
         async move { plugin.run(ctx, shutdown).await }
     });
-    let images = loop {
+    let listed = loop {
         if let Some(images) = plugin.node_resources().images {
             break images;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    let names: Vec<&str> = images
+    let names: Vec<&str> = listed
         .iter()
         .map(|i| i.names.as_ref().unwrap()[0].as_str())
         .collect();
@@ -493,7 +493,7 @@ async fn the_running_plugin_reports_the_nodes_images_and_reclaims() {
         names,
         ["registry.example/big:1", "registry.example/small:1"]
     );
-    assert_eq!(images[0].size_bytes, Some(300));
+    assert_eq!(listed[0].size_bytes, Some(300));
     // While it runs, reclaim works (the images are younger than the minimum age: kept).
     plugin.reclaimer().delete_unused_containers().await.unwrap();
     plugin.reclaimer().delete_unused_images().await.unwrap();
