@@ -800,6 +800,9 @@ impl ContainerRuntime for FakeRuntime {
                 config.image
             )));
         }
+        if st.pulls_images {
+            st.images.insert(config.image.clone(), true);
+        }
         let id = st.next_id("fake-container");
         let created_at = st.now();
         let status = {
@@ -1023,9 +1026,14 @@ impl ImageService for FakeRuntime {
 
     async fn image_status(&self, image: &ImageSpec) -> Result<Option<Image>> {
         self.enter(FakeOp::ImageStatus, &image.image, &[]).await?;
-        let st = self.state.lock();
+        let mut st = self.state.lock();
         let name = st.image_name(&image.image);
-        Ok(st.image_present(&name).then(|| st.image_entry(&name)))
+        let present = st.image_present(&name);
+        if present {
+            // An image present by default is listed from the first time it is asked about.
+            st.images.insert(name.clone(), true);
+        }
+        Ok(present.then(|| st.image_entry(&name)))
     }
 
     async fn pull_image(
@@ -1477,7 +1485,11 @@ mod tests {
                 .any(|i| i.repo_tags == ["reg.io/pause"] && i.pinned && i.size == 1 << 20),
             "{listed:?}"
         );
-        rt.remove_image(&ImageSpec::new(listed[0].id.clone()))
+        let big = listed
+            .iter()
+            .find(|i| i.repo_tags == ["reg.io/big"])
+            .expect("listed");
+        rt.remove_image(&ImageSpec::new(big.id.clone()))
             .await
             .expect("remove");
         assert_eq!(

@@ -175,8 +175,36 @@ async fn the_matching_credentials_are_tried_most_specific_first_until_one_pulls(
     agent.stop().await;
 }
 
+/// Everything the agent logs, at every level, while the guard lives (this thread's tasks: the
+/// test runtime has one thread).
+fn capture_logs() -> (
+    Arc<parking_lot::Mutex<Vec<u8>>>,
+    tracing::subscriber::DefaultGuard,
+) {
+    #[derive(Clone)]
+    struct Buf(Arc<parking_lot::Mutex<Vec<u8>>>);
+    impl std::io::Write for Buf {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let buf = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let writer = Buf(buf.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (buf, tracing::subscriber::set_default(subscriber))
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_wrong_password_ends_in_image_pull_backoff_and_no_credential_is_reported() {
+    let (logs, _guard) = capture_logs();
     let objects = StaticObjects::new();
     objects.put_secret(pull_secret("bad", &auths("alice", "wr0ng-pw")));
     let agent = Agent::start(objects, vec![pod("u1", &["bad"], None)]);
@@ -192,7 +220,12 @@ async fn a_wrong_password_ends_in_image_pull_backoff_and_no_credential_is_report
         .await;
     let events = format!("{:?}", agent.sink.events());
     let statuses = format!("{:?}", agent.sink.latest("u1"));
-    for text in [&events, &statuses] {
+    let log = String::from_utf8_lossy(&logs.lock()).into_owned();
+    assert!(
+        log.contains("pull with one matching credential failed"),
+        "{log}"
+    );
+    for text in [&events, &statuses, &log] {
         assert!(
             !text.contains("wr0ng-pw") && !text.contains("s3cr3t-pw"),
             "{text}"
