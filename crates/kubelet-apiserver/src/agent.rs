@@ -173,7 +173,7 @@ impl ApiServer {
     /// Register the node (when `register_node`), keep its status and its Lease current, and
     /// manage mirror pods, until `shutdown` is cancelled. API errors are logged and retried with
     /// backoff; this future never fails.
-    pub async fn run(&self, inputs: NodeStatusInputs, shutdown: CancellationToken) {
+    pub(crate) async fn run(&self, inputs: NodeStatusInputs, shutdown: CancellationToken) {
         // Services are watched from the start: pods wait for their first list.
         let services = self
             .shared

@@ -53,9 +53,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Without the engine's plugin driver, hand [`ApiServer::pod_source`] and
-//! [`ApiServer::status_sink`] to your agent and run [`ApiServer::run`] with
-//! [`NodeStatusInputs`] yourself.
+//! The integration runs as this plugin only: its loop needs the agent's handle, recorder and
+//! the other plugins' node conditions and resources, which the plugin context brings.
 #![forbid(unsafe_code)]
 
 mod agent;

@@ -22,7 +22,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::{ContainerFilter, ContainerState, labels};
-use kubelet_apiserver::{ApiServer, ApiServerConfig, NodeStatusInputs};
+use kubelet_apiserver::{ApiServer, ApiServerConfig};
 use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_podconfig::FileSource;
@@ -155,27 +155,21 @@ impl Agent {
             dir.path().join("root"),
             dir.path().join("logs"),
         ));
-        let api = api.with_recorder(builder.recorder());
         let api_handle = api.clone();
         let (pleg, pleg_events) =
             GenericPleg::new(dyn_runtime.clone(), GenericPlegConfig::default());
+        // The API-server integration as a plugin, as an agent runs it: pod source, status
+        // sink, object provider, and its loop (node registration, status, lease, mirror pods)
+        // with the agent's recorder and every plugin's node conditions.
         let kubelet = builder
             .runtime(dyn_runtime.clone())
             .pleg(Arc::new(pleg), pleg_events)
             .pod_source(Arc::new(FileSource::new(&manifests, node.clone())))
-            .pod_source(api.pod_source())
-            .status_sink(api.status_sink())
+            .plugin(Arc::new(api))
             .build()
             .expect("agent");
-        let inputs = NodeStatusInputs::new(dyn_runtime).kubelet(Arc::new(kubelet.handle()));
         let shutdown = CancellationToken::new();
-        let tasks = vec![
-            tokio::spawn(kubelet.run(shutdown.clone())),
-            tokio::spawn({
-                let shutdown = shutdown.clone();
-                async move { api.run(inputs, shutdown).await }
-            }),
-        ];
+        let tasks = vec![tokio::spawn(kubelet.run(shutdown.clone()))];
         Self {
             runtime,
             shutdown,

@@ -31,8 +31,7 @@ use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kubelet_api::{ContainerRuntime, ErrorKind, ObjectProvider};
 use kubelet_apiserver::{
-    ApiObjects, ApiServer, ApiServerConfig, ChangeDetection, NodeStatusInputs,
-    client_from_kubeconfig,
+    ApiObjects, ApiServer, ApiServerConfig, ChangeDetection, client_from_kubeconfig,
 };
 use kubelet_core::testing::RecordingSink;
 use kubelet_core::{KubeletBuilder, KubeletConfig};
@@ -209,8 +208,13 @@ async fn run() {
     let created = pods.create(&pp, &pod(&root)).await.expect("create Pod");
     let uid = created.metadata.uid.clone().expect("uid");
 
-    // The default strategy: Watch.
-    let objects = ApiObjects::new(node.clone());
+    // The default strategy: Watch. The plugin's own provider serves the agent.
+    let api = ApiServer::new(
+        node.clone(),
+        NODE,
+        ApiServerConfig::default().root_dir(&root),
+    );
+    let objects: ApiObjects = api.objects();
     assert_eq!(objects.strategy(), ChangeDetection::Watch);
     // The Node authorizer: the node may read only what its pods reference.
     let forbidden = objects
@@ -236,25 +240,17 @@ async fn run() {
     // Only the watch can bring a change within the test's waits.
     config.sync_frequency = Duration::from_secs(600);
     let builder = KubeletBuilder::new(NODE).config(config);
-    let api = ApiServer::new(node, NODE, ApiServerConfig::default().root_dir(&root))
-        .with_recorder(builder.recorder());
+    // The API-server integration as a plugin: pod source, status sink, object provider and its
+    // loop (node registration and status), as an agent runs it.
     let kubelet = builder
         .runtime(dyn_runtime.clone())
         .pleg(pleg, pleg_events)
-        .pod_source(api.pod_source())
-        .status_sink(api.status_sink())
         .status_sink(sink.clone())
-        .object_provider(Arc::new(objects.clone()))
+        .plugin(Arc::new(api))
         .build()
         .expect("build");
-    objects.sync_pods_through(Arc::new(kubelet.handle()));
-    let inputs = NodeStatusInputs::new(dyn_runtime.clone()).kubelet(Arc::new(kubelet.handle()));
     let shutdown = CancellationToken::new();
     let agent = tokio::spawn(kubelet.run(shutdown.clone()));
-    let node_loop = tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move { api.run(inputs, shutdown).await }
-    });
 
     let running = sink
         .wait_for(
@@ -449,6 +445,5 @@ async fn run() {
     );
     shutdown.cancel();
     let _ = agent.await;
-    let _ = node_loop.await;
     drop(env);
 }
