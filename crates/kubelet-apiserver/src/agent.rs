@@ -45,9 +45,10 @@ pub(crate) struct Shared {
 
 /// One node's connection to the API server. Cheap to clone.
 ///
-/// Hand [`ApiServer::pod_source`] and [`ApiServer::status_sink`] to the
-/// [`KubeletBuilder`](kubelet_core::KubeletBuilder), then run [`ApiServer::run`] next to the
-/// agent: it registers the Node, keeps its status and Lease current, and manages mirror pods.
+/// Add it to the [`KubeletBuilder`](kubelet_core::KubeletBuilder) as a plugin
+/// (`.plugin(Arc::new(api))`): it brings the `api` pod source ([`ApiServer::pod_source`]), the
+/// status sink ([`ApiServer::status_sink`]) and the object provider, and its loop registers the
+/// Node, keeps its status and Lease current, and manages mirror pods.
 #[derive(Clone)]
 pub struct ApiServer {
     pub(crate) shared: Arc<Shared>,
@@ -433,5 +434,5 @@ impl ApiServer {
     }
 }
 
-/// How long [`ApiServer::run`] waits at most between attempts after errors.
+/// How long the plugin's loop waits at most between attempts after errors.
 pub const MAX_RETRY: Duration = lease::MAX_BACKOFF;
