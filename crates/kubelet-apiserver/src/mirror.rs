@@ -3,7 +3,7 @@
 //!
 //! The status sink records every static pod and its latest status here; the pod source records
 //! the mirror pods it sees in the API (and hides them from the agent, so deleting a mirror pod
-//! never stops its static pod). The mirror pod loop of [`crate::ApiServer::run`] then creates missing mirror pods (with
+//! never stops its static pod). The mirror pod loop of the API-server plugin (`crate::ApiServer`) then creates missing mirror pods (with
 //! `kubernetes.io/config.mirror` = the static pod's hash and the Node as controller owner),
 //! replaces stale or deleted ones, deletes those whose static pod is gone, and patches each
 //! mirror pod's status with its static pod's status.

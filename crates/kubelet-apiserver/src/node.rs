@@ -3,7 +3,7 @@
 //! [`NodeStatusInputs`] gathers what the status is made of (the runtime, the PLEG's health,
 //! extra condition sources such as node-pressure eviction); [`node_status`] computes the status
 //! as a pure function of those observations, the machine and the previous status; the loop in
-//! [`crate::ApiServer::run`] posts it every `nodeStatusUpdateFrequency` when it changed and at
+//! the API-server plugin (`crate::ApiServer`) posts it every `nodeStatusUpdateFrequency` when it changed and at
 //! least every `nodeStatusReportFrequency`.
 
 use std::collections::BTreeMap;
