@@ -120,8 +120,10 @@ pub struct ContainerGc {
     container_log_dir: Option<PathBuf>,
 }
 
+/// Made by this agent: the engine's rule (its orphan cleanup uses the same label). A pod UID
+/// label alone is not enough: another kubelet sharing the runtime sets it too.
 fn managed(labels_: &kubelet_api::runtime::Labels) -> bool {
-    labels_.contains_key(labels::MANAGED_BY) || labels_.contains_key(labels::POD_UID)
+    labels_.contains_key(labels::MANAGED_BY)
 }
 
 fn pod_uid(labels_: &kubelet_api::runtime::Labels) -> Option<&str> {

@@ -161,6 +161,23 @@ async fn dead_containers_beyond_the_newest_go_with_their_logs_and_running_ones_s
         }
         v
     };
+    // Dead containers another kubelet made in the same runtime (no managed-by label) stay.
+    let mut foreign_sb = sandbox("foreign", 0, &d.pod_log_dir);
+    foreign_sb.labels.remove(labels::MANAGED_BY);
+    let foreign_sid = rt.run_pod_sandbox(&foreign_sb).await.unwrap();
+    let mut foreign = Vec::new();
+    for attempt in 0..2 {
+        let mut c = container("foreign", "app", attempt, "busybox");
+        c.labels.remove(labels::MANAGED_BY);
+        let id = rt
+            .create_container(&foreign_sid, &c, &foreign_sb)
+            .await
+            .unwrap();
+        rt.start_container(&id).await.unwrap();
+        rt.exit_container(&id, 1).unwrap();
+        foreign.push(id);
+    }
+    rt.stop_pod_sandbox(&foreign_sid).await.unwrap();
     let gc = ContainerGc::new(no_grace(), d, None);
     let agent = Agent::new(&["p1", "p1-side"], true);
     let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
