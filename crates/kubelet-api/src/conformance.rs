@@ -141,7 +141,7 @@ fn call<T>(what: &str, r: Result<T, Error>) -> Result<T, String> {
 pub async fn run_conformance(runtime: &dyn ContainerRuntime, config: &ConformanceConfig) -> Report {
     let suite = Suite { runtime, config };
     let mut report = Report::default();
-    let checks: [(&'static str, bool); 10] = [
+    let checks: [(&'static str, bool); 11] = [
         ("version_names_the_runtime", true),
         ("image_is_present_or_pulled", true),
         ("sandbox_echoes_metadata_labels_and_annotations", true),
@@ -158,6 +158,7 @@ pub async fn run_conformance(runtime: &dyn ContainerRuntime, config: &Conformanc
         ),
         ("unknown_ids_are_not_found_and_removal_is_idempotent", true),
         ("stopping_and_removing_a_sandbox_takes_its_containers", true),
+        ("update_container_resources_applies_or_is_unimplemented", true),
     ];
     for (name, enabled) in checks {
         if !enabled {
@@ -195,6 +196,7 @@ impl Suite<'_> {
             "logs_are_written_in_the_cri_format_at_log_path" => self.logs(name).await,
             "unknown_ids_are_not_found_and_removal_is_idempotent" => self.not_found(name).await,
             "stopping_and_removing_a_sandbox_takes_its_containers" => self.teardown(name).await,
+            "update_container_resources_applies_or_is_unimplemented" => self.update(name).await,
             other => fail(format!("unknown check {other}")),
         }
     }
@@ -533,6 +535,31 @@ impl Suite<'_> {
             "stop_container on an exited container",
             self.runtime
                 .stop_container(&id, Duration::from_secs(2))
+                .await,
+        )
+    }
+
+    async fn update(&self, check: &str) -> CheckResult {
+        let sandbox = self.new_sandbox(check).await?;
+        let id = self.start(&sandbox, "resized", "sleep 600").await?;
+        self.wait_state(&id, ContainerState::Running).await?;
+        let mut r = crate::runtime::LinuxResources::default();
+        r.cpu_shares = 512;
+        r.cpu_period = 100_000;
+        r.cpu_quota = 50_000;
+        r.memory_limit_in_bytes = 256 << 20;
+        match self.runtime.update_container_resources(&id, &r).await {
+            Ok(()) => {}
+            // Optional: a runtime without it says so.
+            Err(e) if e.kind() == crate::ErrorKind::Unimplemented => return Ok(()),
+            Err(e) => return fail(format!("update_container_resources: {e}")),
+        }
+        // The container keeps running under its new resources.
+        self.wait_state(&id, ContainerState::Running).await?;
+        not_found(
+            "update_container_resources of an unknown container",
+            self.runtime
+                .update_container_resources("no-such-container", &r)
                 .await,
         )
     }

@@ -139,6 +139,19 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// Change the resources of a running container (CRI `UpdateContainerResources`): its CPU
+    /// shares, quota and period, memory limit and cpuset, as in `resources` (the CPU manager
+    /// moves containers between CPU sets with it). Optional: the default reports
+    /// [`ErrorKind::Unimplemented`](crate::ErrorKind).
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: &crate::runtime::LinuxResources,
+    ) -> Result<()> {
+        let _ = (container_id, resources);
+        Err(crate::Error::unsupported("update_container_resources"))
+    }
+
     /// Reopen the log file of a running container (CRI `ReopenContainerLog`): the runtime
     /// closes the file it writes the container's output to and opens `log_path` anew, so that a
     /// log rotator can rename the full file away. Optional: the default reports

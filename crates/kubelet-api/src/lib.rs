@@ -47,6 +47,8 @@
 pub mod conformance;
 pub mod objects;
 pub mod pod;
+pub mod quantity;
+pub mod resources;
 pub mod runtime;
 pub mod stats;
 

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret, Service, ServiceAccount};
+use k8s_openapi::api::node::v1::RuntimeClass;
 use parking_lot::RwLock;
 
 use crate::error::Result;
@@ -76,6 +77,13 @@ pub trait ObjectProvider: Send + Sync + 'static {
     /// the start of an API pod with `CreateContainerConfigError`, retried; static pods start
     /// without the variables.
     fn services(&self) -> Result<Option<Vec<std::sync::Arc<Service>>>> {
+        Ok(None)
+    }
+    /// RuntimeClass `name` (cluster-scoped), whose `handler` a pod with that
+    /// `runtimeClassName` runs with (`Ok(None)`: it does not exist; the pod's sandbox is then
+    /// not created, as the kubelet's `runtimeClass "x" not found`). The default knows none.
+    async fn runtime_class(&self, name: &str) -> Result<Option<RuntimeClass>> {
+        let _ = name;
         Ok(None)
     }
 }
@@ -186,6 +194,7 @@ struct Store {
     config_maps: BTreeMap<(String, String), ConfigMap>,
     secrets: BTreeMap<(String, String), Secret>,
     service_accounts: BTreeMap<(String, String), ServiceAccount>,
+    runtime_classes: BTreeMap<String, RuntimeClass>,
 }
 
 fn key_of(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> (String, String) {
@@ -221,6 +230,12 @@ impl StaticObjects {
             .write()
             .service_accounts
             .insert(key_of(&sa.metadata), sa);
+    }
+
+    /// Add or replace a RuntimeClass.
+    pub fn put_runtime_class(&self, rc: RuntimeClass) {
+        let name = rc.metadata.name.clone().unwrap_or_default();
+        self.inner.write().runtime_classes.insert(name, rc);
     }
 
     /// Remove a ConfigMap.
@@ -267,6 +282,10 @@ impl ObjectProvider for StaticObjects {
             .service_accounts
             .get(&(namespace.to_string(), name.to_string()))
             .cloned())
+    }
+
+    async fn runtime_class(&self, name: &str) -> Result<Option<RuntimeClass>> {
+        Ok(self.inner.read().runtime_classes.get(name).cloned())
     }
 }
 

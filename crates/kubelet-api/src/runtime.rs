@@ -140,8 +140,13 @@ pub struct PodSandboxConfig {
     pub annotations: Labels,
     /// True when the pod uses the host's network namespace.
     pub host_network: bool,
-    /// Parent cgroup for the pod's containers, if the agent manages pod cgroups.
+    /// Parent cgroup for the pod's containers, if the agent manages pod cgroups (the pod
+    /// cgroup of a [`PodResourceManager`](crate::resources::PodResourceManager)); empty: the
+    /// runtime decides.
     pub cgroup_parent: String,
+    /// The runtime handler of the pod's RuntimeClass (CRI `runtime_handler`); empty for the
+    /// runtime's default.
+    pub runtime_handler: String,
     /// True when any container of the pod runs privileged: CRI runtimes refuse privileged
     /// containers in a sandbox that is not privileged itself.
     pub privileged: bool,
@@ -263,6 +268,14 @@ pub struct LinuxResources {
     pub cpu_shares: i64,
     /// Memory limit in bytes, 0 for unlimited.
     pub memory_limit_in_bytes: i64,
+    /// The CPUs the container may run on (Linux list format, `0-2,5`); empty for no
+    /// restriction (the CPU manager's exclusive or shared set).
+    pub cpuset_cpus: String,
+    /// The memory nodes the container may use (list format); empty for no restriction.
+    pub cpuset_mems: String,
+    /// The `oom_score_adj` of the container's processes (the kubelet's OOM score policy);
+    /// `None` leaves the runtime's default.
+    pub oom_score_adj: Option<i64>,
 }
 
 /// Security settings the runtime applies (CRI `LinuxContainerSecurityContext`), the pod's and

@@ -425,41 +425,12 @@ pub fn make_environment(
 }
 
 fn linux_resources(c: &Container) -> Result<Option<LinuxResources>, ContainerConfigError> {
-    let Some(r) = &c.resources else {
-        return Ok(None);
-    };
-    let bad = |source| ContainerConfigError::BadQuantity {
-        container: c.name.clone(),
-        source,
-    };
-    let get = |m: Option<
-        &std::collections::BTreeMap<
-            String,
-            k8s_openapi::apimachinery::pkg::api::resource::Quantity,
-        >,
-    >,
-               k: &str| m.and_then(|m| m.get(k)).map(|q| q.0.clone());
-    let limits = r.limits.as_ref();
-    let requests = r.requests.as_ref();
-    let mut out = LinuxResources::default();
-    // Requests default to limits, as the API server defaults them.
-    let cpu_request = get(requests, "cpu").or_else(|| get(limits, "cpu"));
-    if let Some(q) = cpu_request {
-        let milli = quantity::parse_milli(&q).map_err(bad)?;
-        out.cpu_shares = (milli * 1024 / 1000).max(2);
-    }
-    if let Some(q) = get(limits, "cpu") {
-        let milli = quantity::parse_milli(&q).map_err(bad)?;
-        out.cpu_period = 100_000;
-        out.cpu_quota = (milli * 100_000 / 1000).max(1000);
-    }
-    if let Some(q) = get(limits, "memory") {
-        out.memory_limit_in_bytes = quantity::parse_bytes(&q).map_err(bad)?;
-    }
-    if out == LinuxResources::default() {
-        return Ok(None);
-    }
-    Ok(Some(out))
+    kubelet_api::resources::container_resources(c).map_err(|source| {
+        ContainerConfigError::BadQuantity {
+            container: c.name.clone(),
+            source,
+        }
+    })
 }
 
 /// Labels every sandbox of `pod` carries.

@@ -253,7 +253,7 @@ impl Kubelet {
             conditions,
             metrics,
         )
-        .with_services(services);
+        .with_services(services.clone());
         let plugin_token = CancellationToken::new();
         let mut plugin_tasks = JoinSet::new();
         for (index, plugin) in plugins.iter().enumerate() {
@@ -282,6 +282,7 @@ impl Kubelet {
                 started_at,
             )
             .with_object_provider(object_provider)
+            .with_resources(services.get::<dyn kubelet_api::resources::PodResourceManager>())
             .with_pleg(pleg.clone())
             .with_start_metrics(start_metrics),
         );

@@ -265,6 +265,17 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
         let fut = self.inner.list_container_stats();
         self.interceptor.intercept(c, fut).await
     }
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: &kubelet_api::runtime::LinuxResources,
+    ) -> Result<()> {
+        let c = Call::new("update_container_resources");
+        let fut = self
+            .inner
+            .update_container_resources(container_id, resources);
+        self.interceptor.intercept(c, fut).await
+    }
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
         let c = Call::new("reopen_container_log");
         let fut = self.inner.reopen_container_log(container_id);

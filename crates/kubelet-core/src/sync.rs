@@ -105,6 +105,18 @@ pub(crate) struct Engine {
     start_metrics: PodStartMetrics,
     /// Admits image pulls (`serializeImagePulls`, `registryPullQPS`).
     pull_gate: crate::image_pull::PullGate,
+    /// The node resource manager's pod cgroups and container resources, if a plugin provides one.
+    resources: Option<Arc<dyn kubelet_api::resources::PodResourceManager>>,
+    /// Where each pod's sandbox goes: its cgroup parent and runtime handler, settled before
+    /// the sandbox is created.
+    placement: Mutex<HashMap<String, Placement>>,
+}
+
+/// A pod's cgroup parent and runtime handler.
+#[derive(Debug, Clone, Default)]
+struct Placement {
+    cgroup_parent: String,
+    runtime_handler: String,
 }
 
 /// `User-Agent` of `httpGet` lifecycle hooks: `kube-lifecycle/<major>.<minor>` of the Kubernetes
@@ -163,6 +175,8 @@ impl Engine {
             mounted: Mutex::new(HashMap::new()),
             start_metrics: PodStartMetrics::new(),
             pull_gate: crate::image_pull::PullGate::new(config.pull_limits),
+            resources: None,
+            placement: Mutex::default(),
             config,
         }
     }
@@ -182,6 +196,71 @@ impl Engine {
     pub(crate) fn with_object_provider(mut self, p: Option<Arc<dyn ObjectProvider>>) -> Self {
         self.objects = p;
         self
+    }
+
+    /// The node resource manager (the `PodResourceManager` service).
+    pub(crate) fn with_resources(
+        mut self,
+        r: Option<Arc<dyn kubelet_api::resources::PodResourceManager>>,
+    ) -> Self {
+        self.resources = r;
+        self
+    }
+
+    /// Settle where pod `p`'s sandbox goes (the kubelet's `EnsureExists` of the pod cgroup and
+    /// the RuntimeClass lookup), before anything of the pod is created. An error was reported
+    /// as an event.
+    async fn place_pod(&self, p: &Pod) -> Result<(), ()> {
+        let mut placement = Placement::default();
+        if let Some(rm) = &self.resources {
+            match rm.prepare_pod(p) {
+                Ok(parent) => placement.cgroup_parent = parent,
+                Err(e) => {
+                    self.recorder.warning(
+                        InvolvedObject::pod(p),
+                        "FailedCreatePodContainer",
+                        format!("unable to ensure pod container exists: {e}"),
+                    );
+                    return Err(());
+                }
+            }
+        }
+        if let Some(class) = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.runtime_class_name.as_deref())
+            .filter(|c| !c.is_empty())
+        {
+            let found = match &self.objects {
+                Some(o) => o.runtime_class(class).await,
+                None => Ok(None),
+            };
+            match found {
+                Ok(Some(rc)) => placement.runtime_handler = rc.handler,
+                Ok(None) => {
+                    self.recorder.warning(
+                        InvolvedObject::pod(p),
+                        "FailedCreatePodSandBox",
+                        format!("Failed to create pod sandbox: runtimeClass {class:?} not found"),
+                    );
+                    return Err(());
+                }
+                Err(e) => {
+                    self.recorder.warning(
+                        InvolvedObject::pod(p),
+                        "FailedCreatePodSandBox",
+                        format!(
+                            "Failed to create pod sandbox: failed to lookup RuntimeClass {class}: {e}"
+                        ),
+                    );
+                    return Err(());
+                }
+            }
+        }
+        self.placement
+            .lock()
+            .insert(pod::uid(p).to_string(), placement);
+        Ok(())
     }
 
     /// The PLEG asked to inspect a pod again after a sync that changed it.
@@ -413,6 +492,9 @@ impl Engine {
         if let Some(objects) = &self.objects {
             objects.register_pod(p);
         }
+        if self.place_pod(p).await.is_err() {
+            return SyncOutcome::Requeue(ERROR_BACKOFF);
+        }
         if let Err(e) = tokio::fs::create_dir_all(self.pod_dir(p).join("volumes")).await {
             self.recorder.warning(
                 InvolvedObject::pod(p),
@@ -604,7 +686,10 @@ impl Engine {
             v.labels = container::sandbox_labels(p);
             v.annotations = p.metadata.annotations.clone().unwrap_or_default();
             v.host_network = host_network;
-            v.cgroup_parent = String::new();
+            if let Some(placed) = self.placement.lock().get(pod::uid(p)) {
+                v.cgroup_parent = placed.cgroup_parent.clone();
+                v.runtime_handler = placed.runtime_handler.clone();
+            }
             v.privileged = pod::has_privileged_container(p);
             v
         };
@@ -855,6 +940,9 @@ impl Engine {
             Ok(mut cfg) => {
                 if let Some(m) = self.hosts_mount(p, c, pod_ips).await {
                     cfg.mounts.push(m);
+                }
+                if let Some(rm) = &self.resources {
+                    cfg.resources = rm.container_resources(p, c, cfg.resources.take());
                 }
                 cfg
             }
@@ -1611,6 +1699,7 @@ impl Engine {
         }
         // Orphans carry name, namespace and UID from the runtime's labels, which is all the
         // directory layout needs. Their memory-backed volumes are still mounted: unmount first.
+        self.placement.lock().remove(&uid);
         let pod_dir = self.pod_dir(p);
         let volumes_dir = pod_dir.join("volumes");
         let _ = tokio::task::spawn_blocking(move || crate::volume::unmount_all_below(&volumes_dir))

@@ -43,6 +43,7 @@ use crate::error::{Error, ErrorKind, Result};
 use kubelet_api::Event;
 use kubelet_api::StatusSink;
 use kubelet_api::runtime::{
+    LinuxResources,
     AuthConfig, Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStats,
     ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
     PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels,
@@ -99,6 +100,8 @@ pub enum FakeOp {
     RemoveImage,
     /// [`ContainerRuntime::reopen_container_log`].
     ReopenContainerLog,
+    /// [`ContainerRuntime::update_container_resources`].
+    UpdateContainerResources,
 }
 
 impl FakeOp {
@@ -126,6 +129,7 @@ impl FakeOp {
             FakeOp::ListImages => "list_images",
             FakeOp::RemoveImage => "remove_image",
             FakeOp::ReopenContainerLog => "reopen_container_log",
+            FakeOp::UpdateContainerResources => "update_container_resources",
         }
     }
 }
@@ -579,6 +583,17 @@ impl FakeRuntime {
             .collect()
     }
 
+    /// The configuration the newest sandbox of pod `pod_uid` was created with.
+    pub fn sandbox_config(&self, pod_uid: &str) -> Option<PodSandboxConfig> {
+        self.state
+            .lock()
+            .sandboxes
+            .values()
+            .filter(|s| s.config.metadata.uid == pod_uid)
+            .max_by_key(|s| s.status.created_at)
+            .map(|s| s.config.clone())
+    }
+
     /// ID of the newest container named `name` of pod `pod_uid`, if any.
     pub fn find_container(&self, pod_uid: &str, name: &str) -> Option<String> {
         let mut st = self.state.lock();
@@ -991,6 +1006,23 @@ impl ContainerRuntime for FakeRuntime {
         });
         stats.timestamp = ts;
         Ok(stats)
+    }
+
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: &LinuxResources,
+    ) -> Result<()> {
+        let keys = self.keys_for_id(container_id);
+        self.enter(FakeOp::UpdateContainerResources, container_id, &keys)
+            .await?;
+        let mut st = self.state.lock();
+        let c = st
+            .containers
+            .get_mut(container_id)
+            .ok_or_else(|| Error::not_found(format!("container {container_id:?} not found")))?;
+        c.status.resources = Some(resources.clone());
+        Ok(())
     }
 
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {

@@ -223,12 +223,15 @@ pub(crate) fn mount_in(m: &core::Mount) -> cri::Mount {
     }
 }
 
-fn resources_in(r: &core::LinuxResources) -> cri::LinuxContainerResources {
+pub(crate) fn resources_in(r: &core::LinuxResources) -> cri::LinuxContainerResources {
     cri::LinuxContainerResources {
         cpu_period: r.cpu_period,
         cpu_quota: r.cpu_quota,
         cpu_shares: r.cpu_shares,
         memory_limit_in_bytes: r.memory_limit_in_bytes,
+        oom_score_adj: r.oom_score_adj.unwrap_or(0),
+        cpuset_cpus: r.cpuset_cpus.clone(),
+        cpuset_mems: r.cpuset_mems.clone(),
         ..Default::default()
     }
 }
@@ -240,6 +243,9 @@ pub(crate) fn container_status_out(s: cri::ContainerStatus) -> core::ContainerSt
         v.cpu_quota = l.cpu_quota;
         v.cpu_shares = l.cpu_shares;
         v.memory_limit_in_bytes = l.memory_limit_in_bytes;
+        v.cpuset_cpus = l.cpuset_cpus;
+        v.cpuset_mems = l.cpuset_mems;
+        v.oom_score_adj = Some(l.oom_score_adj);
         v
     });
     {

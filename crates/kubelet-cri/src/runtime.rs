@@ -768,7 +768,12 @@ impl ContainerRuntime for CriRuntime {
         let mut c = self.runtime.clone();
         let req = cri::RunPodSandboxRequest {
             config: Some(convert::sandbox_config_in(config)),
-            runtime_handler: self.config.runtime_handler.clone(),
+            // The pod's RuntimeClass handler, else the one this runtime was configured with.
+            runtime_handler: if config.runtime_handler.is_empty() {
+                self.config.runtime_handler.clone()
+            } else {
+                config.runtime_handler.clone()
+            },
         };
         let resp = self
             .unary(
@@ -1106,6 +1111,27 @@ impl ContainerRuntime for CriRuntime {
     /// [`crate::events`].
     async fn container_events(&self) -> Result<core::ContainerEventStream> {
         Ok(self.events.subscribe().await?)
+    }
+
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: &core::LinuxResources,
+    ) -> Result<()> {
+        let mut c = self.runtime.clone();
+        let req = cri::UpdateContainerResourcesRequest {
+            container_id: container_id.to_string(),
+            linux: Some(convert::resources_in(resources)),
+            ..Default::default()
+        };
+        self.unary(
+            "UpdateContainerResources",
+            self.timeout(),
+            move |r| async move { c.update_container_resources(r).await },
+            req,
+        )
+        .await?;
+        Ok(())
     }
 
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {

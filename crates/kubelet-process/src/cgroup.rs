@@ -10,7 +10,7 @@ use crate::error::ProcessError;
 use crate::record::ResourcesRecord;
 
 /// v1 controllers the runtime uses.
-const V1_CONTROLLERS: [&str; 4] = ["memory", "cpu", "cpuacct", "pids"];
+const V1_CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "cpuset"];
 /// Key of the unified hierarchy in [`CgroupPaths::dirs`].
 const UNIFIED: &str = "unified";
 
@@ -69,15 +69,25 @@ impl CgroupDriver {
 
     /// Paths of the cgroup of container `cid` in sandbox `sid` (nothing is created).
     pub(crate) fn container_paths(&self, parent: &str, sid: &str, cid: &str) -> CgroupPaths {
-        let rel = Path::new(parent).join(sid).join(cid);
+        self.paths(&Path::new(parent).join(sid).join(cid))
+    }
+
+    /// Paths of the cgroup of container `cid` directly under the pod cgroup `pod_cgroup` the
+    /// agent made (`PodSandboxConfig::cgroup_parent`, relative to the hierarchy roots).
+    pub(crate) fn container_paths_in(&self, pod_cgroup: &str, cid: &str) -> CgroupPaths {
+        let pod = pod_cgroup.trim_start_matches('/');
+        self.paths(&Path::new(pod).join(cid))
+    }
+
+    fn paths(&self, rel: &Path) -> CgroupPaths {
         match self {
             CgroupDriver::V1(m) => CgroupPaths {
                 unified: false,
-                dirs: m.iter().map(|(c, mp)| (c.clone(), mp.join(&rel))).collect(),
+                dirs: m.iter().map(|(c, mp)| (c.clone(), mp.join(rel))).collect(),
             },
             CgroupDriver::V2(mp) => CgroupPaths {
                 unified: true,
-                dirs: BTreeMap::from([(UNIFIED.to_string(), mp.join(&rel))]),
+                dirs: BTreeMap::from([(UNIFIED.to_string(), mp.join(rel))]),
             },
         }
     }
@@ -94,43 +104,33 @@ impl CgroupDriver {
         dirs
     }
 
-    /// Create the container's cgroup (and its parents), enabling v2 controllers on the way.
+    /// Create the container's cgroup (and its parents): v2 controllers enabled on the way, v1
+    /// cpuset levels initialised from their parents (the shared writer of `kubelet-stats`).
     pub(crate) fn create(&self, paths: &CgroupPaths) -> Result<(), ProcessError> {
-        if let CgroupDriver::V2(root) = self {
-            if let Some(leaf) = paths.dirs.get(UNIFIED) {
-                let mut dir = root.clone();
-                let rel = leaf.strip_prefix(root).unwrap_or(leaf);
-                for comp in rel.components() {
-                    enable_v2_controllers(&dir);
-                    dir.push(comp);
-                    create_dir(&dir)?;
-                }
-            }
-            return Ok(());
-        }
-        for dir in paths.unique_dirs() {
-            create_dir(&dir)?;
+        let (version, roots): (_, Vec<(&str, &Path)>) = match self {
+            CgroupDriver::V1(m) => (
+                kubelet_stats::CgroupVersion::V1,
+                m.iter().map(|(c, mp)| (c.as_str(), mp.as_path())).collect(),
+            ),
+            CgroupDriver::V2(mp) => (kubelet_stats::CgroupVersion::V2, vec![(UNIFIED, mp.as_path())]),
+        };
+        for (controller, root) in roots {
+            let Some(leaf) = paths.dirs.get(controller) else {
+                continue;
+            };
+            let rel = leaf.strip_prefix(root).unwrap_or(leaf);
+            kubelet_stats::cgroup::create_cgroup(version, controller, root, rel, true)
+                .map_err(cgroup_error)?;
         }
         Ok(())
     }
 }
 
-fn create_dir(dir: &Path) -> Result<(), ProcessError> {
-    std::fs::create_dir_all(dir).map_err(|source| ProcessError::Cgroup {
-        op: "creating",
-        path: dir.to_path_buf(),
-        source,
-    })
-}
-
-/// Enable memory, cpu and pids for the children of `dir` (best effort: a controller the
-/// parent lacks is skipped).
-fn enable_v2_controllers(dir: &Path) {
-    let file = dir.join("cgroup.subtree_control");
-    for c in ["+memory", "+cpu", "+pids"] {
-        if let Err(e) = std::fs::write(&file, c) {
-            tracing::debug!(path = %file.display(), controller = c, error = %kubelet_api::chain(&e), "cannot enable cgroup controller");
-        }
+fn cgroup_error(e: kubelet_stats::cgroup::CgroupWriteError) -> ProcessError {
+    ProcessError::Cgroup {
+        op: e.op,
+        path: e.path,
+        source: e.source,
     }
 }
 
@@ -187,65 +187,21 @@ impl CgroupPaths {
         Ok(())
     }
 
-    /// Apply memory and CPU settings.
+    /// Apply memory, CPU and cpuset settings (the shared writer of `kubelet-stats`).
     pub(crate) fn apply(&self, r: &ResourcesRecord) -> Result<(), ProcessError> {
-        let write = |controller: &str, file: &str, value: String| -> Result<(), ProcessError> {
-            let Some(dir) = self.dir(controller) else {
-                return Ok(());
-            };
-            let path = dir.join(file);
-            std::fs::write(&path, &value).map_err(|source| ProcessError::Cgroup {
-                op: "writing",
-                path,
-                source,
-            })
-        };
-        let exists = |controller: &str, file: &str| {
-            self.dir(controller).is_some_and(|d| d.join(file).exists())
-        };
-        if self.unified {
-            if r.memory_limit_in_bytes > 0 {
-                write("memory", "memory.max", r.memory_limit_in_bytes.to_string())?;
-                if exists("memory", "memory.swap.max") {
-                    write("memory", "memory.swap.max", "0".to_string())?;
-                }
-            }
-            if r.cpu_shares > 0 && exists("cpu", "cpu.weight") {
-                write(
-                    "cpu",
-                    "cpu.weight",
-                    shares_to_weight(r.cpu_shares).to_string(),
-                )?;
-            }
-            if (r.cpu_quota > 0 || r.cpu_period > 0) && exists("cpu", "cpu.max") {
-                write("cpu", "cpu.max", cpu_max(r.cpu_quota, r.cpu_period))?;
-            }
-        } else {
-            if r.memory_limit_in_bytes > 0 {
-                write(
-                    "memory",
-                    "memory.limit_in_bytes",
-                    r.memory_limit_in_bytes.to_string(),
-                )?;
-                if exists("memory", "memory.memsw.limit_in_bytes") {
-                    write(
-                        "memory",
-                        "memory.memsw.limit_in_bytes",
-                        r.memory_limit_in_bytes.to_string(),
-                    )?;
-                }
-            }
-            if r.cpu_shares > 0 {
-                write("cpu", "cpu.shares", r.cpu_shares.max(2).to_string())?;
-            }
-            if r.cpu_period > 0 {
-                write("cpu", "cpu.cfs_period_us", r.cpu_period.to_string())?;
-            }
-            if r.cpu_quota > 0 {
-                write("cpu", "cpu.cfs_quota_us", r.cpu_quota.to_string())?;
-            }
-        }
-        Ok(())
+        let mut v = kubelet_stats::cgroup::CgroupValues::default();
+        v.cpu_shares = (r.cpu_shares > 0).then_some(r.cpu_shares.unsigned_abs());
+        v.cpu_period = (r.cpu_period > 0).then_some(r.cpu_period);
+        v.cpu_quota = (r.cpu_quota > 0 || r.cpu_period > 0).then_some(r.cpu_quota);
+        v.memory_limit = (r.memory_limit_in_bytes > 0).then_some(r.memory_limit_in_bytes);
+        v.cpuset_cpus = (!r.cpuset_cpus.is_empty()).then(|| r.cpuset_cpus.clone());
+        v.cpuset_mems = (!r.cpuset_mems.is_empty()).then(|| r.cpuset_mems.clone());
+        kubelet_stats::cgroup::write_values(
+            self.version(),
+            |c| self.dir(c).map(Path::to_path_buf),
+            &v,
+        )
+        .map_err(cgroup_error)
     }
 
     fn version(&self) -> kubelet_stats::CgroupVersion {
@@ -368,22 +324,6 @@ pub(crate) fn remove_tree_once(dir: &Path) -> Result<usize, ProcessError> {
     Ok(killed)
 }
 
-/// cgroup v1 `cpu.shares` → v2 `cpu.weight` (the conversion runc and the kubelet use).
-pub(crate) fn shares_to_weight(shares: i64) -> u64 {
-    let shares = shares.clamp(2, 262_144) as u64;
-    1 + ((shares - 2) * 9999) / 262_142
-}
-
-/// v2 `cpu.max` content for a CFS quota and period (0 = unset).
-pub(crate) fn cpu_max(quota: i64, period: i64) -> String {
-    let period = if period > 0 { period } else { 100_000 };
-    if quota > 0 {
-        format!("{quota} {period}")
-    } else {
-        format!("max {period}")
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -487,6 +427,7 @@ mod tests {
             cpu_quota: 50_000,
             cpu_shares: 512,
             memory_limit_in_bytes: 33_554_432,
+            ..Default::default()
         })
         .expect("apply");
         let dir = &p.dirs[UNIFIED];
@@ -494,7 +435,10 @@ mod tests {
         assert_eq!(rd("memory.max"), "33554432");
         assert_eq!(rd("memory.swap.max"), "0");
         assert_eq!(rd("cpu.max"), "50000 100000");
-        assert_eq!(rd("cpu.weight"), shares_to_weight(512).to_string());
+        assert_eq!(
+            rd("cpu.weight"),
+            kubelet_stats::cgroup::shares_to_weight(512).to_string()
+        );
         let s = p.stats();
         assert_eq!(s.sample.memory_usage, Some(10_485_760));
         assert_eq!(s.sample.working_set(), Some(10_485_760 - 3_000_000));
@@ -511,6 +455,9 @@ mod tests {
             .iter()
             .map(|c| (c.to_string(), root.path().join(c)))
             .collect();
+        for mount in map.values() {
+            std::fs::create_dir_all(mount).expect("mount point");
+        }
         let d = CgroupDriver::V1(map);
         let p = d.container_paths("kubelet-sdk", "s", "c");
         d.create(&p).expect("create");
@@ -534,11 +481,19 @@ mod tests {
         std::fs::write(mem.join("memory.failcnt"), "7\n").expect("write");
         std::fs::write(p.dirs["cpuacct"].join("cpuacct.usage"), "123456789\n").expect("write");
         std::fs::write(p.dirs["pids"].join("cgroup.procs"), "42\n").expect("write");
+        // The kernel offers these files; the writer leaves absent ones alone.
+        std::fs::write(mem.join("memory.limit_in_bytes"), "9223372036854771712\n").expect("write");
+        for f in ["cpu.shares", "cpu.cfs_quota_us", "cpu.cfs_period_us"] {
+            std::fs::write(p.dirs["cpu"].join(f), "0\n").expect("write");
+        }
+        std::fs::write(p.dirs["cpuset"].join("cpuset.cpus"), "0-1\n").expect("write");
         p.apply(&ResourcesRecord {
             cpu_period: 100_000,
             cpu_quota: 20_000,
             cpu_shares: 204,
             memory_limit_in_bytes: 33_554_432,
+            cpuset_cpus: "1".into(),
+            ..Default::default()
         })
         .expect("apply");
         let rd = |c: &str, f: &str| std::fs::read_to_string(p.dirs[c].join(f)).expect("read");
@@ -547,6 +502,7 @@ mod tests {
         assert_eq!(rd("cpu", "cpu.shares"), "204");
         assert_eq!(rd("cpu", "cpu.cfs_quota_us"), "20000");
         assert_eq!(rd("cpu", "cpu.cfs_period_us"), "100000");
+        assert_eq!(rd("cpuset", "cpuset.cpus"), "1");
         let s = p.stats();
         assert_eq!(s.sample.memory_usage, Some(8_192_000));
         assert_eq!(s.sample.working_set(), Some(8_000_000));
@@ -554,15 +510,6 @@ mod tests {
         assert_eq!(s.process_count, Some(1));
         assert_eq!(p.oom_kills(), Some(2));
         assert_eq!(p.memory_failcnt(), Some(7));
-    }
-
-    #[test]
-    fn cpu_conversions_match_runc() {
-        assert_eq!(shares_to_weight(2), 1);
-        assert_eq!(shares_to_weight(1024), 39);
-        assert_eq!(shares_to_weight(262_144), 10_000);
-        assert_eq!(cpu_max(0, 0), "max 100000");
-        assert_eq!(cpu_max(25_000, 50_000), "25000 50000");
     }
 
     #[test]

@@ -36,6 +36,10 @@ pub(crate) struct SandboxRecord {
     pub(crate) annotations: BTreeMap<String, String>,
     pub(crate) log_directory: PathBuf,
     pub(crate) ip: String,
+    /// The pod cgroup the agent made (`PodSandboxConfig::cgroup_parent`); empty: the
+    /// runtime's own `<cgroup_parent>/<sandbox id>`.
+    #[serde(default)]
+    pub(crate) cgroup_parent: String,
 }
 
 /// Resources as applied (mirror of `LinuxResources`).
@@ -45,6 +49,40 @@ pub(crate) struct ResourcesRecord {
     pub(crate) cpu_quota: i64,
     pub(crate) cpu_shares: i64,
     pub(crate) memory_limit_in_bytes: i64,
+    #[serde(default)]
+    pub(crate) cpuset_cpus: String,
+    #[serde(default)]
+    pub(crate) cpuset_mems: String,
+    #[serde(default)]
+    pub(crate) oom_score_adj: Option<i64>,
+}
+
+impl ResourcesRecord {
+    /// What the engine asked for.
+    pub(crate) fn from_api(r: &kubelet_api::runtime::LinuxResources) -> Self {
+        Self {
+            cpu_period: r.cpu_period,
+            cpu_quota: r.cpu_quota,
+            cpu_shares: r.cpu_shares,
+            memory_limit_in_bytes: r.memory_limit_in_bytes,
+            cpuset_cpus: r.cpuset_cpus.clone(),
+            cpuset_mems: r.cpuset_mems.clone(),
+            oom_score_adj: r.oom_score_adj,
+        }
+    }
+
+    /// As the runtime reports it.
+    pub(crate) fn to_api(&self) -> kubelet_api::runtime::LinuxResources {
+        let mut v = kubelet_api::runtime::LinuxResources::default();
+        v.cpu_period = self.cpu_period;
+        v.cpu_quota = self.cpu_quota;
+        v.cpu_shares = self.cpu_shares;
+        v.memory_limit_in_bytes = self.memory_limit_in_bytes;
+        v.cpuset_cpus = self.cpuset_cpus.clone();
+        v.cpuset_mems = self.cpuset_mems.clone();
+        v.oom_score_adj = self.oom_score_adj;
+        v
+    }
 }
 
 /// A mount as requested (mirror of `Mount`).

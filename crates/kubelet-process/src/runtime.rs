@@ -645,18 +645,18 @@ impl ProcessRuntime {
         } else {
             log_base.join(&config.log_path)
         };
-        let resources = config.resources.as_ref().map(|r| ResourcesRecord {
-            cpu_period: r.cpu_period,
-            cpu_quota: r.cpu_quota,
-            cpu_shares: r.cpu_shares,
-            memory_limit_in_bytes: r.memory_limit_in_bytes,
-        });
+        let resources = config.resources.as_ref().map(ResourcesRecord::from_api);
         let limited = resources
             .as_ref()
             .is_some_and(|r| r.memory_limit_in_bytes > 0 || r.cpu_quota > 0);
         let cgroup = match &self.cgroups {
             Some(driver) => {
-                let paths = driver.container_paths(&self.config.cgroup_parent, sandbox_id, &id);
+                // Under the pod cgroup the agent made, else the runtime's own per-sandbox one.
+                let paths = if sandbox.cgroup_parent.is_empty() {
+                    driver.container_paths(&self.config.cgroup_parent, sandbox_id, &id)
+                } else {
+                    driver.container_paths_in(&sandbox.cgroup_parent, &id)
+                };
                 let applied = driver.create(&paths).and_then(|()| match &resources {
                     Some(r) => paths.apply(r),
                     None => Ok(()),
@@ -1266,16 +1266,26 @@ impl ProcessRuntime {
                 })
                 .collect();
             vv.log_path = rec.log_path.clone();
-            vv.resources = rec.resources.as_ref().map(|r| {
-                let mut v = LinuxResources::default();
-                v.cpu_period = r.cpu_period;
-                v.cpu_quota = r.cpu_quota;
-                v.cpu_shares = r.cpu_shares;
-                v.memory_limit_in_bytes = r.memory_limit_in_bytes;
-                v
-            });
+            vv.resources = rec.resources.as_ref().map(ResourcesRecord::to_api);
             vv
         })
+    }
+
+    /// Rewrite a container's cgroup with `resources` and record them.
+    fn update_resources(&self, id: &str, resources: &LinuxResources) -> Result<(), ProcessError> {
+        let rec = self.container(id)?;
+        let wanted = ResourcesRecord::from_api(resources);
+        if let Some(cg) = &rec.cgroup {
+            // Only what the caller sets: zero fields leave the cgroup as it is.
+            cg.apply(&wanted)?;
+        }
+        let mut updated = rec.as_ref().clone();
+        updated.resources = Some(wanted);
+        write_json(&self.container_dir(id).join(CONFIG_FILE), &updated)?;
+        self.containers
+            .lock()
+            .insert(id.to_string(), Arc::new(updated));
+        Ok(())
     }
 
     fn run_sandbox(&self, config: &PodSandboxConfig) -> Result<String, ProcessError> {
@@ -1297,6 +1307,7 @@ impl ProcessRuntime {
             annotations: config.annotations.clone(),
             log_directory: config.log_directory.clone(),
             ip: self.host_ip.clone(),
+            cgroup_parent: config.cgroup_parent.clone(),
         };
         if let Err(e) = write_json(&dir.join(SANDBOX_FILE), &rec) {
             let _ = std::fs::remove_dir_all(&dir);
@@ -1356,7 +1367,12 @@ impl ProcessRuntime {
         for c in members {
             self.remove(&c.id).await?;
         }
-        if let Some(driver) = &self.cgroups {
+        // A pod cgroup the agent made is the agent's to remove, once this returns.
+        let own_cgroup = match self.sandbox(id) {
+            Ok(sb) => sb.cgroup_parent.is_empty(),
+            Err(_) => true,
+        };
+        if let Some(driver) = self.cgroups.as_ref().filter(|_| own_cgroup) {
             // Also the cgroups of containers the runtime has no record of any more, and any
             // process still in them: nothing of the pod stays behind.
             let dirs = driver.sandbox_dirs(&self.config.cgroup_parent, id);
@@ -1763,6 +1779,14 @@ impl ContainerRuntime for ProcessRuntime {
     /// Tell the container's shim to open its log file anew (over the `reopen-log` FIFO in
     /// the container's state directory), then wait until the file exists again (at most 2 s).
     /// Containers have no images: [`images`](ContainerRuntime::images) stays `None`.
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: &LinuxResources,
+    ) -> kubelet_api::Result<()> {
+        Ok(self.update_resources(container_id, resources)?)
+    }
+
     async fn reopen_container_log(&self, container_id: &str) -> kubelet_api::Result<()> {
         Ok(self.reopen_log(container_id).await?)
     }

@@ -197,6 +197,18 @@ fn set_credentials(cmd: &mut Command, rec: &ContainerRecord) {
     }
 }
 
+/// Give the shim (and so the container process it forks) the container's `oom_score_adj`. A
+/// value below the current one needs `CAP_SYS_RESOURCE`; without it the current value stays
+/// (as containerd's `restrict_oom_score_adj`), and the container runs anyway.
+fn set_oom_score_adj(adj: i64) {
+    let adj = adj.clamp(-1000, 1000);
+    if let Err(e) = std::fs::write("/proc/self/oom_score_adj", adj.to_string()) {
+        log(format_args!(
+            "oom_score_adj {adj} not set ({e}); the inherited value stays"
+        ));
+    }
+}
+
 fn run_container(dir: &Path) -> ExitCode {
     // Leave the agent's session and process group: Ctrl-C or a terminal hang-up aimed at the
     // agent must not reach its containers.
@@ -212,6 +224,9 @@ fn run_container(dir: &Path) -> ExitCode {
         && let Err(e) = cg.join(std::process::id())
     {
         return record_start_error(dir, e.to_string());
+    }
+    if let Some(adj) = rec.resources.as_ref().and_then(|r| r.oom_score_adj) {
+        set_oom_score_adj(adj);
     }
     let Some((program, args)) = rec.argv.split_first() else {
         return record_start_error(dir, "no command".to_string());

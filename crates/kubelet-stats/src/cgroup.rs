@@ -261,6 +261,222 @@ pub fn parse_keyed(text: &str) -> BTreeMap<String, u64> {
         .collect()
 }
 
+// ----- writing -----
+
+/// A cgroup file could not be created, written or removed.
+#[derive(Debug, thiserror::Error)]
+#[error("{op} cgroup file {path}")]
+pub struct CgroupWriteError {
+    /// What was being done (`creating`, `writing`, `removing`).
+    pub op: &'static str,
+    /// The directory or file.
+    pub path: PathBuf,
+    /// The system error.
+    #[source]
+    pub source: std::io::Error,
+}
+
+impl CgroupWriteError {
+    fn new(op: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Self {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// cgroup v1 `cpu.shares` → v2 `cpu.weight` (the linear conversion the kubelet uses for its
+/// pod and QoS cgroups, and runc before 1.3): 2 → 1, 1024 → 39, 262144 → 10000.
+pub fn shares_to_weight(shares: u64) -> u64 {
+    let shares = shares.clamp(2, 262_144);
+    1 + ((shares - 2) * 9999) / 262_142
+}
+
+/// v2 `cpu.max` content for a CFS quota and period in µs (quota 0: `max`; period 0: 100 ms).
+pub fn cpu_max(quota: i64, period: i64) -> String {
+    let period = if period > 0 { period } else { 100_000 };
+    if quota > 0 {
+        format!("{quota} {period}")
+    } else {
+        format!("max {period}")
+    }
+}
+
+/// The values the SDK writes into a cgroup; `None` leaves a file as it is.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CgroupValues {
+    /// v1 `cpu.shares` (v2: `cpu.weight` by [`shares_to_weight`]).
+    pub cpu_shares: Option<u64>,
+    /// CFS quota in µs; `Some(-1)` (v1) or `Some(0)` sets "no quota".
+    pub cpu_quota: Option<i64>,
+    /// CFS period in µs.
+    pub cpu_period: Option<i64>,
+    /// Memory limit in bytes (v1 `memory.limit_in_bytes`, v2 `memory.max`); `Some(-1)`: none.
+    pub memory_limit: Option<i64>,
+    /// `pids.max`; `Some(-1)`: `max`.
+    pub pids_limit: Option<i64>,
+    /// `cpuset.cpus` (list format).
+    pub cpuset_cpus: Option<String>,
+    /// `cpuset.mems` (list format).
+    pub cpuset_mems: Option<String>,
+}
+
+/// Write `values` into the cgroup whose directory for each controller `dir` names (on v2 the
+/// same for all). A file the kernel does not offer (a controller not enabled for this cgroup,
+/// no swap accounting) is skipped; a value the kernel refuses is an error.
+pub fn write_values(
+    version: CgroupVersion,
+    dir: impl Fn(&str) -> Option<PathBuf>,
+    values: &CgroupValues,
+) -> Result<(), CgroupWriteError> {
+    let write = |controller: &str, file: &str, value: &str| -> Result<(), CgroupWriteError> {
+        let Some(d) = dir(controller) else {
+            return Ok(());
+        };
+        let path = d.join(file);
+        if !path.exists() {
+            tracing::debug!(path = %path.display(), "cgroup file absent, not written");
+            return Ok(());
+        }
+        std::fs::write(&path, value).map_err(|e| CgroupWriteError::new("writing", &path, e))
+    };
+    let v = values;
+    match version {
+        CgroupVersion::V2 => {
+            if let Some(s) = v.cpu_shares {
+                write("cpu", "cpu.weight", &shares_to_weight(s).to_string())?;
+            }
+            if v.cpu_quota.is_some() || v.cpu_period.is_some() {
+                let quota = v.cpu_quota.unwrap_or(0);
+                write("cpu", "cpu.max", &cpu_max(quota, v.cpu_period.unwrap_or(0)))?;
+            }
+            if let Some(m) = v.memory_limit {
+                let text = if m > 0 { m.to_string() } else { "max".into() };
+                write("memory", "memory.max", &text)?;
+                if m > 0 {
+                    write("memory", "memory.swap.max", "0")?;
+                }
+            }
+            if let Some(p) = v.pids_limit {
+                let text = if p > 0 { p.to_string() } else { "max".into() };
+                write("pids", "pids.max", &text)?;
+            }
+        }
+        CgroupVersion::V1 => {
+            if let Some(s) = v.cpu_shares {
+                write("cpu", "cpu.shares", &s.max(2).to_string())?;
+            }
+            if let Some(p) = v.cpu_period.filter(|p| *p > 0) {
+                write("cpu", "cpu.cfs_period_us", &p.to_string())?;
+            }
+            if let Some(q) = v.cpu_quota {
+                let q = if q > 0 { q } else { -1 };
+                write("cpu", "cpu.cfs_quota_us", &q.to_string())?;
+            }
+            if let Some(m) = v.memory_limit {
+                let text = if m > 0 { m.to_string() } else { "-1".into() };
+                // The swap limit may not go below the memory limit: raise it first when
+                // raising, lower it after when lowering.
+                let swap = |t: &str| write("memory", "memory.memsw.limit_in_bytes", t);
+                if swap(&text).is_err() {
+                    write("memory", "memory.limit_in_bytes", &text)?;
+                    swap(&text)?;
+                } else {
+                    write("memory", "memory.limit_in_bytes", &text)?;
+                }
+            }
+            if let Some(p) = v.pids_limit {
+                let text = if p > 0 { p.to_string() } else { "max".into() };
+                write("pids", "pids.max", &text)?;
+            }
+        }
+    }
+    if let Some(c) = &v.cpuset_cpus {
+        write("cpuset", "cpuset.cpus", c)?;
+    }
+    if let Some(m) = &v.cpuset_mems {
+        write("cpuset", "cpuset.mems", m)?;
+    }
+    Ok(())
+}
+
+/// Create the cgroup `rel` (relative to the hierarchy root `root`) and every missing cgroup
+/// above it. On v2 the `cpu`, `memory`, `pids` (and `cpuset` when `cpuset` is true)
+/// controllers are enabled for the children of each level on the way down (best effort: a
+/// controller the parent lacks is skipped). On a v1 `cpuset` hierarchy each new level copies
+/// its parent's `cpuset.cpus` and `cpuset.mems`, without which no process could join it.
+pub fn create_cgroup(
+    version: CgroupVersion,
+    controller: &str,
+    root: &Path,
+    rel: &Path,
+    cpuset: bool,
+) -> Result<(), CgroupWriteError> {
+    let rel = rel.strip_prefix("/").unwrap_or(rel);
+    let mut dir = root.to_path_buf();
+    for comp in rel.components() {
+        let parent = dir.clone();
+        if version == CgroupVersion::V2 {
+            enable_v2_controllers(&parent, cpuset);
+        }
+        dir.push(comp);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {
+                if version == CgroupVersion::V1 && controller == "cpuset" {
+                    for f in ["cpuset.cpus", "cpuset.mems"] {
+                        let inherited = std::fs::read_to_string(parent.join(f)).unwrap_or_default();
+                        let own = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                        if own.trim().is_empty() && !inherited.trim().is_empty() {
+                            std::fs::write(dir.join(f), inherited.trim())
+                                .map_err(|e| CgroupWriteError::new("writing", &dir.join(f), e))?;
+                        }
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(CgroupWriteError::new("creating", &dir, e)),
+        }
+    }
+    Ok(())
+}
+
+fn enable_v2_controllers(dir: &Path, cpuset: bool) {
+    let file = dir.join("cgroup.subtree_control");
+    let current = std::fs::read_to_string(&file).unwrap_or_default();
+    let wanted: &[&str] = if cpuset {
+        &["cpu", "memory", "pids", "cpuset"]
+    } else {
+        &["cpu", "memory", "pids"]
+    };
+    for c in wanted {
+        if current.split_whitespace().any(|w| w == *c) {
+            continue;
+        }
+        if let Err(e) = std::fs::write(&file, format!("+{c}")) {
+            tracing::debug!(path = %file.display(), controller = c, error = %e, "cannot enable cgroup controller");
+        }
+    }
+}
+
+/// Remove the cgroup directory `dir` (it must hold no process and no child cgroup); a missing
+/// one is fine.
+pub fn remove_cgroup(dir: &Path) -> Result<(), CgroupWriteError> {
+    match std::fs::remove_dir(dir) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(CgroupWriteError::new("removing", dir, e)),
+    }
+}
+
+/// The processes in cgroup directory `dir` (`cgroup.procs`); empty when it is gone.
+pub fn cgroup_pids(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 pub(crate) mod fixtures {
@@ -436,5 +652,55 @@ mod tests {
         std::fs::write(dir.path().join("pod/c/memory.current"), "lots\n").unwrap();
         let s = setup.sample(Path::new("pod/c")).unwrap();
         assert_eq!((s.memory_usage, s.working_set()), (None, None));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod writer_tests {
+    use super::*;
+
+    #[test]
+    fn cpu_conversions_match_the_kubelet() {
+        assert_eq!(shares_to_weight(2), 1);
+        assert_eq!(shares_to_weight(1024), 39);
+        assert_eq!(shares_to_weight(262_144), 10_000);
+        assert_eq!(cpu_max(0, 0), "max 100000");
+        assert_eq!(cpu_max(25_000, 50_000), "25000 50000");
+    }
+
+    #[test]
+    fn v2_values_and_v1_cpuset_levels_inherit_their_parent() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::write(r.join("cgroup.subtree_control"), "").unwrap();
+        create_cgroup(CgroupVersion::V2, "unified", r, Path::new("/a/b"), false).unwrap();
+        let leaf = r.join("a/b");
+        for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
+            std::fs::write(leaf.join(f), "").unwrap();
+        }
+        let mut v = CgroupValues::default();
+        v.cpu_shares = Some(1024);
+        v.cpu_quota = Some(50_000);
+        v.cpu_period = Some(100_000);
+        v.memory_limit = Some(64 << 20);
+        v.pids_limit = Some(-1);
+        write_values(CgroupVersion::V2, |_| Some(leaf.clone()), &v).unwrap();
+        let rd = |f: &str| std::fs::read_to_string(leaf.join(f)).unwrap();
+        assert_eq!(rd("cpu.weight"), "39");
+        assert_eq!(rd("cpu.max"), "50000 100000");
+        assert_eq!(rd("memory.max"), (64u64 << 20).to_string());
+        assert_eq!(rd("pids.max"), "max");
+        // memory.swap.max is absent: skipped, not an error.
+        assert!(!leaf.join("memory.swap.max").exists());
+
+        let v1 = tempfile::tempdir().unwrap();
+        std::fs::write(v1.path().join("cpuset.cpus"), "0-3\n").unwrap();
+        std::fs::write(v1.path().join("cpuset.mems"), "0\n").unwrap();
+        create_cgroup(CgroupVersion::V1, "cpuset", v1.path(), Path::new("k/p"), false).unwrap();
+        let got = std::fs::read_to_string(v1.path().join("k/p/cpuset.cpus")).unwrap();
+        assert_eq!(got, "0-3");
+        remove_cgroup(&v1.path().join("nothing-here")).unwrap();
+        assert!(cgroup_pids(&v1.path().join("nothing-here")).is_empty());
     }
 }

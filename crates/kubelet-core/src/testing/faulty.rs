@@ -189,6 +189,15 @@ impl ContainerRuntime for FaultyRuntime {
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
         self.inner.reopen_container_log(container_id).await
     }
+    async fn update_container_resources(
+        &self,
+        container_id: &str,
+        resources: &kubelet_api::runtime::LinuxResources,
+    ) -> Result<()> {
+        self.inner
+            .update_container_resources(container_id, resources)
+            .await
+    }
     async fn container_events(&self) -> Result<ContainerEventStream> {
         if *self.broken.borrow() {
             return Err(Error::unavailable("event stream broken by the test"));
