@@ -158,7 +158,10 @@ pub async fn run_conformance(runtime: &dyn ContainerRuntime, config: &Conformanc
         ),
         ("unknown_ids_are_not_found_and_removal_is_idempotent", true),
         ("stopping_and_removing_a_sandbox_takes_its_containers", true),
-        ("update_container_resources_applies_or_is_unimplemented", true),
+        (
+            "update_container_resources_applies_or_is_unimplemented",
+            true,
+        ),
     ];
     for (name, enabled) in checks {
         if !enabled {

@@ -43,11 +43,10 @@ use crate::error::{Error, ErrorKind, Result};
 use kubelet_api::Event;
 use kubelet_api::StatusSink;
 use kubelet_api::runtime::{
-    LinuxResources,
     AuthConfig, Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStats,
-    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, PodSandbox, PodSandboxConfig,
-    PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState, labels,
-    labels_match,
+    ContainerStatus, ExecResult, Image, ImageFsInfo, ImageSpec, LinuxResources, PodSandbox,
+    PodSandboxConfig, PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, SandboxState,
+    labels, labels_match,
 };
 use kubelet_api::{ContainerRuntime, ImageService};
 

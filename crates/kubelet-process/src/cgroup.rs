@@ -112,7 +112,10 @@ impl CgroupDriver {
                 kubelet_stats::CgroupVersion::V1,
                 m.iter().map(|(c, mp)| (c.as_str(), mp.as_path())).collect(),
             ),
-            CgroupDriver::V2(mp) => (kubelet_stats::CgroupVersion::V2, vec![(UNIFIED, mp.as_path())]),
+            CgroupDriver::V2(mp) => (
+                kubelet_stats::CgroupVersion::V2,
+                vec![(UNIFIED, mp.as_path())],
+            ),
         };
         for (controller, root) in roots {
             let Some(leaf) = paths.dirs.get(controller) else {
@@ -372,8 +375,8 @@ mod tests {
     fn v2_is_used_only_when_it_offers_memory() {
         let root = tempfile::tempdir().expect("tempdir");
         let mounts = CgroupMounts {
-            v1: vec![],
             v2: vec![root.path().to_path_buf()],
+            ..Default::default()
         };
         std::fs::write(root.path().join("cgroup.controllers"), "").expect("write");
         assert_eq!(CgroupDriver::from_mounts(&mounts), None);

@@ -40,6 +40,9 @@ pub struct CgroupMounts {
     pub v1: Vec<(PathBuf, Vec<String>)>,
     /// v2 mount points.
     pub v2: Vec<PathBuf>,
+    /// Every v1 mount point, whatever its controllers (`devices`, `freezer`, `name=systemd`,
+    /// …): where a container runtime may have made cgroups a pod's teardown must remove.
+    pub all_v1: Vec<PathBuf>,
 }
 
 /// The cgroup mounts listed in a `/proc/<pid>/mountinfo` text.
@@ -58,6 +61,7 @@ pub fn parse_mountinfo(text: &str) -> CgroupMounts {
         match fstype {
             "cgroup2" => out.v2.push(mount_point),
             "cgroup" => {
+                out.all_v1.push(mount_point.clone());
                 let opts = post.nth(1).unwrap_or_default();
                 let controllers: Vec<String> = opts
                     .split(',')
@@ -697,7 +701,14 @@ mod writer_tests {
         let v1 = tempfile::tempdir().unwrap();
         std::fs::write(v1.path().join("cpuset.cpus"), "0-3\n").unwrap();
         std::fs::write(v1.path().join("cpuset.mems"), "0\n").unwrap();
-        create_cgroup(CgroupVersion::V1, "cpuset", v1.path(), Path::new("k/p"), false).unwrap();
+        create_cgroup(
+            CgroupVersion::V1,
+            "cpuset",
+            v1.path(),
+            Path::new("k/p"),
+            false,
+        )
+        .unwrap();
         let got = std::fs::read_to_string(v1.path().join("k/p/cpuset.cpus")).unwrap();
         assert_eq!(got, "0-3");
         remove_cgroup(&v1.path().join("nothing-here")).unwrap();
