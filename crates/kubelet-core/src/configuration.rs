@@ -195,14 +195,41 @@ pub struct KubeletConfiguration {
     pub resolv_conf: String,
     /// `maxPods` (110): reported as the node's `pods` capacity.
     pub max_pods: i32,
-    /// `cgroupsPerQOS`: whether the agent builds the kubelet's QoS cgroup hierarchy
-    /// (`kubepods`, `burstable`, `besteffort`) with a cgroup per pod. The SDK does not build it
-    /// yet, so this is `false` (deliberate difference: the kubelet's default is `true`), and
-    /// `/configz` says so, so that tools checking the hierarchy do not expect it.
+    /// `cgroupsPerQOS` (true): whether the agent builds the kubelet's QoS cgroup hierarchy
+    /// (`kubepods`, `burstable`, `besteffort`) with a cgroup per pod (`kubelet-cm`).
     #[serde(rename = "cgroupsPerQOS")]
     pub cgroups_per_qos: bool,
-    /// `cgroupDriver` (`cgroupfs`): how cgroups are managed; the SDK writes cgroupfs only.
+    /// `cgroupDriver` (`cgroupfs`): `cgroupfs` or `systemd` naming of the cgroups; it must
+    /// match the container runtime's.
     pub cgroup_driver: String,
+    /// `cgroupRoot` (empty: `/`): the cgroup `kubepods` is made under.
+    pub cgroup_root: String,
+    /// `kubeReserved`: resources set aside for the agent and the runtime (`cpu`, `memory`,
+    /// `ephemeral-storage`, `pid`), subtracted from node allocatable.
+    pub kube_reserved: BTreeMap<String, String>,
+    /// `systemReserved`: resources set aside for the operating system.
+    pub system_reserved: BTreeMap<String, String>,
+    /// `enforceNodeAllocatable` (`[pods]`): `pods` sets the `kubepods` cgroup's limits to
+    /// capacity minus the reservations.
+    pub enforce_node_allocatable: Vec<String>,
+    /// `podPidsLimit` (-1: unlimited): `pids.max` of every pod cgroup.
+    pub pod_pids_limit: i64,
+    /// `cpuCFSQuota` (true): CPU limits are enforced as CFS quotas.
+    #[serde(rename = "cpuCFSQuota")]
+    pub cpu_cfs_quota: bool,
+    /// `cpuManagerPolicy` (`none`): `none` or `static`.
+    pub cpu_manager_policy: String,
+    /// `cpuManagerReconcilePeriod` (10 s).
+    pub cpu_manager_reconcile_period: GoDuration,
+    /// `reservedSystemCPUs` (empty): CPUs (list format) kept for the system; replaces the CPU
+    /// part of `kubeReserved` and `systemReserved`.
+    #[serde(rename = "reservedSystemCPUs")]
+    pub reserved_system_cpus: String,
+    /// `failSwapOn` (true): refuse to start when swap is on.
+    pub fail_swap_on: bool,
+    /// `kubeletCgroups` (empty: the agent's own cgroup): the cgroup the stats summary reports
+    /// as the `kubelet` system container.
+    pub kubelet_cgroups: String,
     /// `configMapAndSecretChangeDetectionStrategy` (`Watch`): `Watch`, `Cache` or `Get`, how
     /// the API-server integration learns of ConfigMap and Secret changes.
     pub config_map_and_secret_change_detection_strategy: String,
@@ -382,8 +409,19 @@ impl Default for KubeletConfiguration {
             cluster_domain: String::new(),
             resolv_conf: "/etc/resolv.conf".to_string(),
             max_pods: 110,
-            cgroups_per_qos: false,
+            cgroups_per_qos: true,
             cgroup_driver: "cgroupfs".into(),
+            cgroup_root: String::new(),
+            kube_reserved: BTreeMap::new(),
+            system_reserved: BTreeMap::new(),
+            enforce_node_allocatable: vec!["pods".to_string()],
+            pod_pids_limit: -1,
+            cpu_cfs_quota: true,
+            cpu_manager_policy: "none".to_string(),
+            cpu_manager_reconcile_period: GoDuration::from_secs(10),
+            reserved_system_cpus: String::new(),
+            fail_swap_on: true,
+            kubelet_cgroups: String::new(),
             config_map_and_secret_change_detection_strategy: "Watch".to_string(),
             eviction_hard: None,
             eviction_soft: BTreeMap::new(),

@@ -483,8 +483,7 @@ async fn requests_are_authenticated_and_authorized_as_the_kubelet_does() {
     assert_eq!(r.code, 200);
     let v: serde_json::Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(v["kubeletconfig"]["kind"], "KubeletConfiguration");
-    // The QoS hierarchy is not built: configz says so instead of leaving the field out.
-    assert_eq!(v["kubeletconfig"]["cgroupsPerQOS"], false);
+    assert_eq!(v["kubeletconfig"]["cgroupsPerQOS"], true);
     assert_eq!(v["kubeletconfig"]["cgroupDriver"], "cgroupfs");
     let r = http(agent.read_only, "/containerLogs/default/p1/app").await;
     assert_eq!(

@@ -57,6 +57,10 @@ pub struct StatsConfig {
     pub cgroup: Option<CgroupSetup>,
     /// The kernel log the OOM watcher reads (`/dev/kmsg`); `None` turns the watcher off.
     pub kmsg: Option<PathBuf>,
+    /// More system containers of the summary, by name and cgroup: `pods` (the `kubepods`
+    /// cgroup), `runtime` (`--runtime-cgroups`), `misc`; a `kubelet` entry
+    /// (`--kubelet-cgroups`) replaces the agent's own cgroup.
+    pub system_containers: Vec<(String, PathBuf)>,
 }
 
 impl Default for StatsConfig {
@@ -68,11 +72,18 @@ impl Default for StatsConfig {
             sys_root: PathBuf::from("/sys"),
             cgroup: CgroupSetup::detect(),
             kmsg: Some(crate::oom::default_kmsg()),
+            system_containers: Vec::new(),
         }
     }
 }
 
 impl StatsConfig {
+    /// Report cgroup `cgroup` as system container `name` (`pods`, `runtime`, `kubelet`).
+    pub fn system_container(mut self, name: impl Into<String>, cgroup: impl Into<PathBuf>) -> Self {
+        self.system_containers.push((name.into(), cgroup.into()));
+        self
+    }
+
     /// Sample every `interval`.
     pub fn housekeeping_interval(mut self, interval: Duration) -> Self {
         self.housekeeping_interval = interval;
@@ -290,13 +301,28 @@ impl Collector {
             });
         n.runtime = Some(rt);
         n.rlimit = Some(self.rlimit(now));
-        let own = (self.config.cgroup.as_ref())
-            .zip(self.own_cgroup.as_ref())
-            .and_then(|(setup, own)| setup.sample(own));
-        if let Some(s) = own {
-            let mut c = ContainerStats::new("kubelet");
+        let own = self
+            .config
+            .system_containers
+            .iter()
+            .any(|(name, _)| name == "kubelet");
+        let mut systems: Vec<(String, PathBuf)> = Vec::new();
+        if !own && let Some(c) = &self.own_cgroup {
+            systems.push(("kubelet".into(), c.clone()));
+        }
+        systems.extend(self.config.system_containers.iter().cloned());
+        for (name, cgroup) in systems {
+            let Some(s) = self
+                .config
+                .cgroup
+                .as_ref()
+                .and_then(|setup| setup.sample(&cgroup))
+            else {
+                continue;
+            };
+            let mut c = ContainerStats::new(&name);
             c.start_time = self.boot_time;
-            c.cpu = self.cpu("kubelet", s.cpu_usage_ns, now, seen);
+            c.cpu = self.cpu(&name, s.cpu_usage_ns, now, seen);
             c.memory = Some(memory_stats(now, &s));
             n.system_containers.push(c);
         }

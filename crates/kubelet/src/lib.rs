@@ -85,6 +85,9 @@ pub use kubelet_api as seams;
 /// The API-server integration crate.
 #[cfg(feature = "apiserver")]
 pub use kubelet_apiserver as apiserver;
+/// The container manager crate (QoS and pod cgroups, allocatable, resource admission).
+#[cfg(feature = "cm")]
+pub use kubelet_cm as cm;
 /// The engine crate.
 pub use kubelet_core as core;
 /// The CRI runtime crate.
@@ -178,6 +181,10 @@ pub enum AgentError {
     #[cfg(feature = "gc")]
     #[error("garbage collection settings")]
     Gc(#[from] kubelet_gc::GcError),
+    /// Invalid node resource settings, or swap is on with `failSwapOn`.
+    #[cfg(feature = "cm")]
+    #[error("node resource management")]
+    Cm(#[from] kubelet_cm::CmError),
     /// The API server connection could not be made from the kubeconfig.
     #[cfg(feature = "apiserver")]
     #[error("kubeconfig")]
@@ -217,6 +224,8 @@ pub struct AgentBuilder {
     default_gc: bool,
     #[cfg(feature = "gc")]
     container_gc: kubelet_gc::ContainerGcPolicy,
+    default_cm: bool,
+    runtime_cgroups: Option<PathBuf>,
     evict_static_pods: bool,
     static_pod_url_ca_file: Option<PathBuf>,
     #[cfg(feature = "process")]
@@ -263,6 +272,8 @@ impl AgentBuilder {
             default_gc: true,
             #[cfg(feature = "gc")]
             container_gc: kubelet_gc::ContainerGcPolicy::default(),
+            default_cm: true,
+            runtime_cgroups: None,
             evict_static_pods: false,
             static_pod_url_ca_file: None,
             #[cfg(feature = "process")]
@@ -382,6 +393,20 @@ impl AgentBuilder {
         self
     }
 
+    /// No container manager: no QoS or pod cgroups, allocatable equals capacity, and pods are
+    /// admitted whatever they request.
+    pub fn without_container_manager(mut self) -> Self {
+        self.default_cm = false;
+        self
+    }
+
+    /// `--runtime-cgroups`: the container runtime's cgroup, reported as the `runtime` system
+    /// container of the stats summary.
+    pub fn runtime_cgroups(mut self, cgroup: impl Into<PathBuf>) -> Self {
+        self.runtime_cgroups = Some(cgroup.into());
+        self
+    }
+
     /// Container garbage collection's policy (`--maximum-dead-containers-per-container`,
     /// `--maximum-dead-containers`, `--minimum-container-ttl-duration`); the kubelet's
     /// defaults unless set.
@@ -495,6 +520,8 @@ impl AgentBuilder {
             default_gc,
             #[cfg(feature = "gc")]
             container_gc,
+            default_cm,
+            runtime_cgroups,
             evict_static_pods,
             static_pod_url_ca_file,
             #[cfg(feature = "process")]
@@ -584,7 +611,27 @@ impl AgentBuilder {
             builder = with_eviction(builder, &c, evict_static_pods)?;
         }
         if default_stats {
-            builder = with_stats(builder, &c, housekeeping_interval);
+            let mut systems = Vec::new();
+            // The `pods` system container: the kubepods cgroup the container manager makes.
+            #[cfg(feature = "cm")]
+            if default_cm
+                && c.cgroups_per_qos
+                && let Ok(driver) = kubelet_cm::CgroupDriver::parse(&c.cgroup_driver)
+            {
+                let root = if c.cgroup_root.is_empty() {
+                    "/"
+                } else {
+                    c.cgroup_root.as_str()
+                };
+                let kubepods = kubelet_cm::cgroups::root_name(root)
+                    .child("kubepods")
+                    .to_path(driver);
+                systems.push(("pods".to_string(), PathBuf::from(kubepods)));
+            }
+            if let Some(r) = &runtime_cgroups {
+                systems.push(("runtime".to_string(), r.clone()));
+            }
+            builder = with_stats(builder, &c, housekeeping_interval, systems);
         }
         if default_gc {
             #[cfg(feature = "gc")]
@@ -592,6 +639,25 @@ impl AgentBuilder {
                 let mut config = gc_config(&c, pod_infra_container_image.as_deref())?;
                 config.containers = container_gc;
                 builder = builder.plugin(Arc::new(kubelet_gc::GcPlugin::new(config)?));
+            }
+        }
+        if default_cm {
+            #[cfg(feature = "cm")]
+            {
+                if c.fail_swap_on {
+                    kubelet_cm::check_swap(std::path::Path::new("/proc"))?;
+                }
+                #[allow(unused_mut)]
+                let mut labels = std::collections::BTreeMap::new();
+                #[cfg(feature = "apiserver")]
+                if let Some((_, Some(api))) = &cluster {
+                    labels.extend(api.node_labels.clone());
+                }
+                let config = cm_config(&c, &root_dir, labels)?;
+                builder = builder.plugin(Arc::new(kubelet_cm::ContainerManager::new(
+                    node_name.clone(),
+                    config,
+                )?));
             }
         }
         if !c.static_pod_path.is_empty() {
@@ -701,10 +767,17 @@ fn with_stats(
     builder: KubeletBuilder,
     c: &KubeletConfiguration,
     housekeeping_interval: std::time::Duration,
+    system_containers: Vec<(String, PathBuf)>,
 ) -> KubeletBuilder {
-    let config = kubelet_stats::StatsConfig::default()
+    let mut config = kubelet_stats::StatsConfig::default()
         .housekeeping_interval(housekeeping_interval)
         .volume_stats_agg_period(c.volume_stats_agg_period.as_duration());
+    for (name, cgroup) in system_containers {
+        config = config.system_container(name, cgroup);
+    }
+    if !c.kubelet_cgroups.is_empty() {
+        config = config.system_container("kubelet", &c.kubelet_cgroups);
+    }
     builder.plugin(Arc::new(kubelet_stats::StatsPlugin::new(config)))
 }
 
@@ -750,11 +823,61 @@ pub fn gc_config(
     Ok(config)
 }
 
+/// The container manager's settings from the kubelet's configuration (`cgroupsPerQOS`,
+/// `cgroupDriver`, `cgroupRoot`, reservations, `enforceNodeAllocatable`, `maxPods`,
+/// `podPidsLimit`, the CPU manager), with the effective hard eviction thresholds that node
+/// allocatable subtracts.
+#[cfg(feature = "cm")]
+pub fn cm_config(
+    c: &KubeletConfiguration,
+    root_dir: &std::path::Path,
+    node_labels: std::collections::BTreeMap<String, String>,
+) -> Result<kubelet_cm::CmConfig, AgentError> {
+    let mut config = kubelet_cm::CmConfig::default();
+    config.root_dir = root_dir.to_path_buf();
+    config.cgroups_per_qos = c.cgroups_per_qos;
+    config.cgroup_driver = kubelet_cm::CgroupDriver::parse(&c.cgroup_driver)?;
+    config.cgroup_root = if c.cgroup_root.is_empty() {
+        "/".into()
+    } else {
+        c.cgroup_root.clone()
+    };
+    config.kube_reserved = c.kube_reserved.clone();
+    config.system_reserved = c.system_reserved.clone();
+    config.enforce_node_allocatable = c.enforce_node_allocatable.clone();
+    config.max_pods = i64::from(c.max_pods);
+    config.pod_pids_limit = c.pod_pids_limit;
+    config.cpu_cfs_quota = c.cpu_cfs_quota;
+    config.cpu_manager_policy = kubelet_cm::CpuManagerPolicy::parse(&c.cpu_manager_policy)?;
+    config.cpu_manager_reconcile_period = c.cpu_manager_reconcile_period.as_duration();
+    config.reserved_system_cpus = c.reserved_system_cpus.clone();
+    config.node_labels = node_labels;
+    // The kubelet's default hard thresholds (`memory.available<100Mi`, `nodefs.available<10%`)
+    // unless the configuration names its own.
+    let defaults = || {
+        std::collections::BTreeMap::from([
+            ("memory.available".to_string(), "100Mi".to_string()),
+            ("nodefs.available".to_string(), "10%".to_string()),
+        ])
+    };
+    config.eviction_hard = match &c.eviction_hard {
+        None => defaults(),
+        Some(m) if c.merge_default_eviction_settings => {
+            let mut d = defaults();
+            d.extend(m.clone());
+            d
+        }
+        Some(m) => m.clone(),
+    };
+    Ok(config)
+}
+
 #[cfg(not(feature = "stats"))]
 fn with_stats(
     builder: KubeletBuilder,
     _: &KubeletConfiguration,
     _: std::time::Duration,
+    _: Vec<(String, PathBuf)>,
 ) -> KubeletBuilder {
     builder
 }

@@ -29,6 +29,8 @@ mod cluster;
 mod eviction;
 mod images;
 mod memory;
+#[cfg(feature = "cm")]
+mod resources;
 mod server;
 
 /// Flags, named like the kubelet's.
@@ -132,6 +134,10 @@ struct Flags {
     /// Image pulls, garbage collection and log rotation.
     #[command(flatten)]
     images: images::ImageFlags,
+    /// QoS cgroups, reservations, admission and the CPU manager.
+    #[cfg(feature = "cm")]
+    #[command(flatten)]
+    resources: resources::ResourceFlags,
     /// Beyond the kubelet: count probe errors (an exec the runtime rejects, a probe port that
     /// names no container port) as probe failures. The kubelet discards them, so a liveness
     /// probe that keeps erroring never restarts anything.
@@ -213,6 +219,8 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
     #[cfg(feature = "eviction")]
     eviction::configure(&flags.eviction, &mut c)?;
     images::configure(&flags.images, &mut c);
+    #[cfg(feature = "cm")]
+    resources::configure(&flags.resources, &mut c);
     c.feature_gates = flags.feature_gates.clone();
     #[cfg(feature = "apiserver")]
     cluster::configure(&flags.cluster, &mut c);
@@ -310,6 +318,10 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     #[cfg(feature = "gc")]
     {
         agent = agent.container_gc_policy(images::container_gc_policy(&flags.images));
+    }
+    #[cfg(feature = "cm")]
+    if let Some(cgroup) = &flags.resources.runtime_cgroups {
+        agent = agent.runtime_cgroups(cgroup);
     }
     if let Some(image) = &flags.pod_infra_container_image {
         agent = agent.pod_infra_container_image(image);
