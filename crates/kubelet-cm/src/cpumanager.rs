@@ -464,6 +464,11 @@ impl StaticPolicy {
         true
     }
 
+    /// The pods holding exclusive CPUs.
+    pub fn assigned_pods(&self) -> Vec<String> {
+        self.state.lock().entries.keys().cloned().collect()
+    }
+
     /// Release the CPUs of every pod not in `active` (`removeStaleState`); returns their UIDs.
     pub fn remove_stale(&self, active: &BTreeSet<String>) -> Vec<String> {
         let stale: Vec<String> = self

@@ -64,6 +64,8 @@ struct Inner {
     pods: Mutex<HashMap<String, (QosClass, i64)>>,
     /// The cpuset last given to each running container (CPU manager reconcile).
     applied: Mutex<HashMap<String, String>>,
+    /// Pods holding CPUs that the last reconcile did not find active.
+    missing: Mutex<BTreeSet<String>>,
     failed_oom_check: AtomicBool,
 }
 
@@ -170,6 +172,7 @@ impl ContainerManager {
             cpu_warning,
             pods: Mutex::default(),
             applied: Mutex::default(),
+            missing: Mutex::default(),
             failed_oom_check: AtomicBool::new(false),
             config,
         };
@@ -355,7 +358,19 @@ impl Inner {
             .map(|p| kubelet_api::pod::uid(&p.pod).to_string())
             .collect();
         if handle.sources_ready() {
-            for uid in policy.remove_stale(&active) {
+            // A pod just admitted may not have a status yet: its CPUs are released only when
+            // it is missing from two reconciles in a row.
+            let mut keep = active.clone();
+            let mut missing = self.missing.lock();
+            let now_missing: BTreeSet<String> = policy
+                .assigned_pods()
+                .into_iter()
+                .filter(|u| !active.contains(u))
+                .collect();
+            keep.extend(now_missing.difference(&missing).cloned());
+            *missing = now_missing;
+            drop(missing);
+            for uid in policy.remove_stale(&keep) {
                 tracing::info!(podUID = %uid, "CPU manager released the CPUs of a finished pod");
             }
         }

@@ -148,8 +148,9 @@ async fn memory_above_allocatable_and_a_taken_host_port_are_rejected_while_other
     // Allocatable memory = MemTotal − 1 GiB reserved − 100 Mi hard threshold.
     config.system_reserved = [("memory".to_string(), "1Gi".to_string())].into();
     config.eviction_hard = [("memory.available".to_string(), "100Mi".to_string())].into();
-    let total = kubelet_stats::read_machine(std::path::Path::new("/proc"), std::path::Path::new("/sys"))
-        .memory_capacity;
+    let total =
+        kubelet_stats::read_machine(std::path::Path::new("/proc"), std::path::Path::new("/sys"))
+            .memory_capacity;
     let too_much = format!("{}", total - (1 << 30) - (100 << 20) + 1);
     let pods = vec![
         pod(0, Some("64Mi"), Some(18080)),

@@ -1279,8 +1279,31 @@ impl ProcessRuntime {
             // Only what the caller sets: zero fields leave the cgroup as it is.
             cg.apply(&wanted)?;
         }
+        // The record keeps what was not changed (as CRI runtimes merge an update).
+        let mut merged = rec.resources.clone().unwrap_or_default();
+        let set = |old: &mut i64, new: i64| {
+            if new != 0 {
+                *old = new;
+            }
+        };
+        set(&mut merged.cpu_period, wanted.cpu_period);
+        set(&mut merged.cpu_quota, wanted.cpu_quota);
+        set(&mut merged.cpu_shares, wanted.cpu_shares);
+        set(
+            &mut merged.memory_limit_in_bytes,
+            wanted.memory_limit_in_bytes,
+        );
+        if !wanted.cpuset_cpus.is_empty() {
+            merged.cpuset_cpus = wanted.cpuset_cpus;
+        }
+        if !wanted.cpuset_mems.is_empty() {
+            merged.cpuset_mems = wanted.cpuset_mems;
+        }
+        if wanted.oom_score_adj.is_some() {
+            merged.oom_score_adj = wanted.oom_score_adj;
+        }
         let mut updated = rec.as_ref().clone();
-        updated.resources = Some(wanted);
+        updated.resources = Some(merged);
         write_json(&self.container_dir(id).join(CONFIG_FILE), &updated)?;
         self.containers
             .lock()
