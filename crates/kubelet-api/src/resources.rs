@@ -289,6 +289,12 @@ pub trait PodResourceManager: Send + Sync + 'static {
         container: &Container,
         from_spec: Option<LinuxResources>,
     ) -> Option<LinuxResources>;
+
+    /// Pod `pod` is gone: its containers and sandboxes are removed (the engine's cleanup of a
+    /// deleted pod). A manager removes the pod's cgroup here. The default does nothing.
+    fn pod_removed(&self, pod: &Pod) {
+        let _ = pod;
+    }
 }
 
 fn _assert_manager_dyn(_: &dyn PodResourceManager) {}

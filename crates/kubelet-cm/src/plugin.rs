@@ -27,6 +27,8 @@ use crate::{CmConfig, CmError, CpuManagerPolicy};
 
 /// How often pod cgroups of finished pods are looked for (the kubelet's housekeeping).
 const HOUSEKEEPING: Duration = Duration::from_secs(2);
+/// A pod cgroup asked for this recently is never taken for an orphan.
+const FRESH_POD: Duration = Duration::from_secs(30);
 /// How often the QoS tiers are rewritten (`periodicQOSCgroupUpdateInterval`).
 const QOS_UPDATE: Duration = Duration::from_secs(60);
 
@@ -62,6 +64,8 @@ struct Inner {
     cpu_warning: Option<String>,
     /// The pods whose cgroup this agent made: their class and CPU request.
     pods: Mutex<HashMap<String, (QosClass, i64)>>,
+    /// When each pod's cgroup was last asked for (every sync of a live pod asks).
+    prepared_at: Mutex<HashMap<String, std::time::Instant>>,
     /// The cpuset last given to each running container (CPU manager reconcile).
     applied: Mutex<HashMap<String, String>>,
     /// Pods holding CPUs that the last reconcile did not find active.
@@ -171,6 +175,7 @@ impl ContainerManager {
             cpu,
             cpu_warning,
             pods: Mutex::default(),
+            prepared_at: Mutex::default(),
             applied: Mutex::default(),
             missing: Mutex::default(),
             failed_oom_check: AtomicBool::new(false),
@@ -294,6 +299,15 @@ impl Inner {
                 Some(false) => continue,
                 // Not known yet: it may still arrive from a source.
                 None if !ready => continue,
+                // Prepared a moment ago: its first status may not be published yet.
+                None if self
+                    .prepared_at
+                    .lock()
+                    .get(&uid)
+                    .is_some_and(|t| t.elapsed() < FRESH_POD) =>
+                {
+                    continue;
+                }
                 _ => {}
             }
             if self.pod_still_runs(ctx, &uid).await {
@@ -307,6 +321,7 @@ impl Inner {
                     }
                     tracing::debug!(podUID = %uid, cgroup = %name.to_path(h.driver()), "pod cgroup removed");
                     self.pods.lock().remove(&uid);
+                    self.prepared_at.lock().remove(&uid);
                     self.admit.forget(&uid);
                     self.update_qos_tiers();
                 }
@@ -432,6 +447,10 @@ impl PodResourceManager for ContainerManager {
         let qos = cgroups::pod_qos(pod);
         let uid = cgroups::uid(pod);
         let name = h.pod(qos, uid);
+        inner
+            .prepared_at
+            .lock()
+            .insert(uid.to_string(), std::time::Instant::now());
         let known = inner.pods.lock().contains_key(uid);
         if !known || !h.exists(&name) {
             let values = cgroups::pod_values(
@@ -482,6 +501,29 @@ impl PodResourceManager for ContainerManager {
                 .to_string();
         }
         Some(r)
+    }
+
+    fn pod_removed(&self, pod: &Pod) {
+        let inner = &self.inner;
+        let uid = cgroups::uid(pod);
+        inner.prepared_at.lock().remove(uid);
+        let Some(h) = &inner.hierarchy else { return };
+        let qos = inner
+            .pods
+            .lock()
+            .get(uid)
+            .map_or_else(|| cgroups::pod_qos(pod), |(q, _)| *q);
+        match h.destroy(&h.pod(qos, uid)) {
+            Ok(_) => {
+                inner.pods.lock().remove(uid);
+                inner.admit.forget(uid);
+                inner.update_qos_tiers();
+            }
+            // Busy: the housekeeping pass retries.
+            Err(e) => {
+                tracing::debug!(podUID = %uid, error = %kubelet_api::chain(&e), "pod cgroup not removed yet")
+            }
+        }
     }
 }
 

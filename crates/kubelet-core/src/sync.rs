@@ -1699,7 +1699,11 @@ impl Engine {
         }
         // Orphans carry name, namespace and UID from the runtime's labels, which is all the
         // directory layout needs. Their memory-backed volumes are still mounted: unmount first.
-        self.placement.lock().remove(&uid);
+        if self.placement.lock().remove(&uid).is_some()
+            && let Some(rm) = &self.resources
+        {
+            rm.pod_removed(p);
+        }
         let pod_dir = self.pod_dir(p);
         let volumes_dir = pod_dir.join("volumes");
         let _ = tokio::task::spawn_blocking(move || crate::volume::unmount_all_below(&volumes_dir))
