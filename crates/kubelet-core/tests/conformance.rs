@@ -26,6 +26,6 @@ async fn the_fake_runtime_passes_the_conformance_suite_without_exec_and_logs() {
             .iter()
             .filter(|(_, o)| *o == Outcome::Passed)
             .count(),
-        8
+        9
     );
 }

@@ -1120,6 +1120,13 @@ async fn as_root_removing_a_sandbox_removes_cgroups_and_processes_it_has_no_reco
     for d in &dirs {
         let s = d.parent().expect("sandbox cgroup").join("strayed");
         std::fs::create_dir_all(&s).expect("stray cgroup");
+        // A v1 cpuset cgroup takes processes once it has CPUs and memory nodes.
+        for f in ["cpuset.cpus", "cpuset.mems"] {
+            if s.join(f).exists() {
+                let parent = std::fs::read_to_string(d.join(f)).expect("parent cpuset");
+                std::fs::write(s.join(f), parent.trim()).expect("cpuset");
+            }
+        }
         std::fs::write(s.join("cgroup.procs"), stray.id().to_string()).expect("join");
         stray_dirs.push(s);
     }
