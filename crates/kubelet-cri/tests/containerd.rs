@@ -890,3 +890,136 @@ async fn security_context_tmpfs_and_termination_messages_reach_the_container() {
     assert!(mem.contains("drwxrwxrwx"), "{mem}");
     agent.stop().await;
 }
+
+/// The container manager on containerd: each pod's sandbox and containers land in its pod
+/// cgroup under its QoS tier (containerd's runc, cgroupfs driver), the pod cgroup has the
+/// kubelet's values, containers their own limits, and a deleted pod's cgroup is removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qos_pods_land_in_their_pod_cgroups_on_containerd() {
+    let Some(env) = ContainerdEnv::start("qos_pods_land_in_their_pod_cgroups_on_containerd") else {
+        return;
+    };
+    let root = format!("kubelet-cri-cm-test-{}", std::process::id());
+    let mut config = kubelet_cm::CmConfig::default();
+    config.root_dir = env.dir.join("cm");
+    config.cgroup_root = format!("/{root}");
+    let cm = kubelet_cm::ContainerManager::new("node-1", config).unwrap();
+    let Some(h) = cm.hierarchy().cloned() else {
+        panic!("no pod cgroups: {:?}", cm.cgroups_disabled_reason());
+    };
+    let resources = |req: &[(&str, &str)], lim: &[(&str, &str)]| {
+        let map = |kv: &[(&str, &str)]| {
+            (!kv.is_empty()).then(|| {
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                    .collect()
+            })
+        };
+        Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: map(req),
+            limits: map(lim),
+            ..Default::default()
+        })
+    };
+    let mut g = container("app", &env.busybox, "exec sleep 1000");
+    g.resources = resources(&[], &[("cpu", "500m"), ("memory", "64Mi")]);
+    let mut b = container("app", &env.busybox, "exec sleep 1000");
+    b.resources = resources(&[("cpu", "100m")], &[("memory", "96Mi")]);
+    let e = container("app", &env.busybox, "exec sleep 1000");
+    let pods = vec![
+        pod("cm-guaranteed", true, vec![g]),
+        pod("cm-burstable", false, vec![b]),
+        pod("cm-besteffort", true, vec![e]),
+    ];
+    let (tx, rx) = watch::channel(pods);
+    let agent = Agent::start_with_plugin(&env, env.runtime().await, rx, Arc::new(cm));
+    let mut ids = Vec::new();
+    for (uid, qos) in [
+        (
+            "cm-guaranteed",
+            kubelet_api::resources::QosClass::Guaranteed,
+        ),
+        ("cm-burstable", kubelet_api::resources::QosClass::Burstable),
+        (
+            "cm-besteffort",
+            kubelet_api::resources::QosClass::BestEffort,
+        ),
+    ] {
+        let st = agent.wait_for(uid, LONG, "Running", running).await;
+        let id = container_ids(&st)[0].1.clone();
+        let id = id.rsplit("://").next().unwrap().to_string();
+        ids.push((uid, qos, id));
+    }
+    let read = |d: std::path::PathBuf, f: &str| {
+        std::fs::read_to_string(d.join(f))
+            .unwrap_or_else(|e| panic!("{}: {e}", d.join(f).display()))
+            .trim()
+            .to_string()
+    };
+    let pod_dir = |c: &str, uid: &str, q| h.dir(c, &h.pod(q, uid)).unwrap();
+    for (uid, qos, id) in &ids {
+        // runc made the container's cgroup inside the pod cgroup.
+        let c = pod_dir("memory", uid, *qos).join(id);
+        assert!(c.is_dir(), "{uid}: no {}", c.display());
+    }
+    let (g_uid, g_q, g_id) = &ids[0];
+    assert_eq!(read(pod_dir("cpu", g_uid, *g_q), "cpu.shares"), "512");
+    assert_eq!(
+        read(pod_dir("cpu", g_uid, *g_q), "cpu.cfs_quota_us"),
+        "50000"
+    );
+    assert_eq!(
+        read(pod_dir("memory", g_uid, *g_q), "memory.limit_in_bytes"),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(
+        read(
+            pod_dir("memory", g_uid, *g_q).join(g_id),
+            "memory.limit_in_bytes"
+        ),
+        (64u64 << 20).to_string()
+    );
+    let (b_uid, b_q, b_id) = &ids[1];
+    assert_eq!(read(pod_dir("cpu", b_uid, *b_q), "cpu.shares"), "102");
+    assert_eq!(
+        read(pod_dir("cpu", b_uid, *b_q).join(b_id), "cpu.shares"),
+        "102"
+    );
+    let (e_uid, e_q, _) = &ids[2];
+    assert_eq!(read(pod_dir("cpu", e_uid, *e_q), "cpu.shares"), "2");
+
+    // Deleted: the pod cgroups go, in every hierarchy runc used.
+    tx.send(vec![]).unwrap();
+    eventually(LONG, "pod cgroups removed", || async {
+        ids.iter()
+            .all(|(uid, q, _)| {
+                !pod_dir("memory", uid, *q).exists() && !pod_dir("cpu", uid, *q).exists()
+            })
+            .then_some(())
+    })
+    .await;
+    agent.stop().await;
+    // The test's cgroup root.
+    for mp in [
+        "memory",
+        "cpu",
+        "cpuacct",
+        "pids",
+        "cpuset",
+        "devices",
+        "freezer",
+        "blkio",
+        "hugetlb",
+        "net_cls",
+        "net_prio",
+        "perf_event",
+        "systemd",
+        "rdma",
+        "misc",
+    ] {
+        let top = std::path::Path::new("/sys/fs/cgroup").join(mp).join(&root);
+        for sub in ["kubepods/burstable", "kubepods/besteffort", "kubepods", ""] {
+            let _ = std::fs::remove_dir(top.join(sub));
+        }
+    }
+}

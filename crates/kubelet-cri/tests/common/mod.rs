@@ -263,6 +263,26 @@ impl Agent {
         )
     }
 
+    /// Starts an agent on `runtime` with `plugin` registered.
+    #[allow(dead_code)]
+    pub fn start_with_plugin(
+        env: &ContainerdEnv,
+        runtime: Arc<dyn ContainerRuntime>,
+        pods: watch::Receiver<Vec<Pod>>,
+        plugin: Arc<dyn kubelet_api::AgentPlugin>,
+    ) -> Self {
+        let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+        Self::build_with(
+            env,
+            runtime,
+            pods,
+            Arc::new(pleg),
+            pleg_events,
+            None,
+            Some(plugin),
+        )
+    }
+
     /// Starts an agent with the given PLEG.
     pub fn start_with_pleg(
         env: &ContainerdEnv,
@@ -282,6 +302,18 @@ impl Agent {
         pleg_events: kubelet_api::PlegEvents,
         objects: Option<Arc<dyn kubelet_api::ObjectProvider>>,
     ) -> Self {
+        Self::build_with(env, runtime, pods, pleg, pleg_events, objects, None)
+    }
+
+    fn build_with(
+        env: &ContainerdEnv,
+        runtime: Arc<dyn ContainerRuntime>,
+        pods: watch::Receiver<Vec<Pod>>,
+        pleg: Arc<dyn PodLifecycleEventGenerator>,
+        pleg_events: kubelet_api::PlegEvents,
+        objects: Option<Arc<dyn kubelet_api::ObjectProvider>>,
+        plugin: Option<Arc<dyn kubelet_api::AgentPlugin>>,
+    ) -> Self {
         let sink = Arc::new(RecordingSink::new());
         let mut config = KubeletConfig::with_dirs(env.dir.join("kubelet"), env.dir.join("logs"));
         config.node_ip = Some(NODE_IP.to_string());
@@ -293,6 +325,9 @@ impl Agent {
             .status_sink(sink.clone());
         if let Some(objects) = objects {
             builder = builder.object_provider(objects);
+        }
+        if let Some(plugin) = plugin {
+            builder = builder.plugin(plugin);
         }
         let kubelet = builder.build().expect("build the agent");
         let shutdown = CancellationToken::new();
