@@ -132,7 +132,8 @@ const V1_CREATED: [&str; 4] = ["memory", "cpu", "cpuacct", "pids"];
 #[derive(Debug, Clone)]
 pub struct Hierarchy {
     setup: CgroupSetup,
-    /// Every v1 mount (a pod's teardown removes its cgroup from each).
+    /// Every v1 mount, and on a hybrid machine the unified one (a pod's teardown removes its
+    /// cgroup from each).
     all_v1: Vec<PathBuf>,
     driver: CgroupDriver,
     kubepods: CgroupName,
@@ -160,7 +161,12 @@ impl Hierarchy {
         let text = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
         let mounts = cg::parse_mountinfo(&text);
         let setup = CgroupSetup::from_mounts(&mounts)?;
-        Some(Self::new(setup, mounts.all_v1, driver, cgroup_root))
+        // On a hybrid machine runc also makes each container's cgroup in the unified tree.
+        let mut all = mounts.all_v1;
+        if setup.version() == CgroupVersion::V1 {
+            all.extend(mounts.v2);
+        }
+        Some(Self::new(setup, all, driver, cgroup_root))
     }
 
     /// v1 or v2.

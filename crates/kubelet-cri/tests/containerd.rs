@@ -1016,6 +1016,7 @@ async fn qos_pods_land_in_their_pod_cgroups_on_containerd() {
         "systemd",
         "rdma",
         "misc",
+        "unified",
     ] {
         let top = std::path::Path::new("/sys/fs/cgroup").join(mp).join(&root);
         for sub in ["kubepods/burstable", "kubepods/besteffort", "kubepods", ""] {
