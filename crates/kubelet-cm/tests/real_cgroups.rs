@@ -198,7 +198,12 @@ impl Agent {
         let mut f = ContainerFilter::default();
         f.label_selector.insert(labels::POD_UID.into(), uid.into());
         let list = self.runtime.list_containers(&f).await.unwrap();
-        assert_eq!(list.len(), 1, "{list:?}");
+        if list.len() != 1 {
+            for c in &list {
+                eprintln!("{:?}", self.runtime.container_status(&c.id).await);
+            }
+            panic!("{list:?}");
+        }
         list[0].id.clone()
     }
 
@@ -312,11 +317,15 @@ async fn run() {
         assert!(dir("memory", q, p).join(&id).is_dir(), "{q:?}");
     }
     let e_id = agent.container_id(&uid(&best_effort)).await;
-    let pid = read(&dir("memory", e.0, e.1).join(&e_id), "cgroup.procs")
-        .lines()
-        .last()
-        .unwrap()
-        .to_string();
+    let procs = read(&dir("memory", e.0, e.1).join(&e_id), "cgroup.procs");
+    let Some(pid) = procs.lines().last().map(str::to_string) else {
+        panic!(
+            "no process in {}; status {:?}; events {:#?}",
+            dir("memory", e.0, e.1).join(&e_id).display(),
+            agent.runtime.container_status(&e_id).await,
+            agent.sink.events()
+        );
+    };
     assert_eq!(
         read(Path::new(&format!("/proc/{pid}")), "oom_score_adj"),
         "1000"
