@@ -144,6 +144,8 @@ struct State {
     refs: HashMap<Key, usize>,
     /// Where to ask for pod syncs when a watched object changes.
     kubelet: Option<std::sync::Arc<dyn AgentHandle>>,
+    /// RuntimeClasses read lately (by name), with when: a pod's every sync looks its class up.
+    runtime_classes: HashMap<String, (Option<k8s_openapi::api::node::v1::RuntimeClass>, Instant)>,
 }
 
 fn keys<'a>(namespace: &'a str, r: &'a ReferencedObjects) -> impl Iterator<Item = Key> + 'a {
@@ -337,6 +339,9 @@ impl std::fmt::Debug for ApiObjects {
             .finish_non_exhaustive()
     }
 }
+
+/// How long a RuntimeClass read is reused (the kubelet watches them; a class changes rarely).
+const RUNTIME_CLASS_TTL: Duration = Duration::from_secs(60);
 
 impl ApiObjects {
     /// A provider using `client` (the node's credentials), with the `Watch` strategy.
@@ -551,6 +556,29 @@ impl ObjectProvider for ApiObjects {
             .await
             .map_err(|e| api_error("secret", namespace, name, e))?;
         self.store(key, Cached::Secret(got.clone()));
+        Ok(got)
+    }
+
+    async fn runtime_class(
+        &self,
+        name: &str,
+    ) -> kubelet_api::Result<Option<k8s_openapi::api::node::v1::RuntimeClass>> {
+        if let Some((rc, at)) = self.state.lock().runtime_classes.get(name)
+            && at.elapsed() < RUNTIME_CLASS_TTL
+        {
+            return Ok(rc.clone());
+        }
+        let api: Api<k8s_openapi::api::node::v1::RuntimeClass> = Api::all(self.client.clone());
+        let got = api
+            .get_opt(name)
+            .await
+            .map_err(|e| api_error("runtimeclass", "", name, e))?;
+        let mut st = self.state.lock();
+        if st.runtime_classes.len() > 256 {
+            st.runtime_classes.clear();
+        }
+        st.runtime_classes
+            .insert(name.to_string(), (got.clone(), Instant::now()));
         Ok(got)
     }
 

@@ -156,6 +156,15 @@ impl Agent {
             dir.path().join("logs"),
         ));
         let api_handle = api.clone();
+        // The container manager, with reservations: node allocatable through the API.
+        let mut cm_config = kubelet_cm::CmConfig::default();
+        cm_config.root_dir = dir.path().join("root");
+        cm_config.cgroups_per_qos = false;
+        cm_config.kube_reserved = BTreeMap::from([("cpu".to_string(), "100m".to_string())]);
+        cm_config.system_reserved = BTreeMap::from([("memory".to_string(), "512Mi".to_string())]);
+        cm_config.eviction_hard =
+            BTreeMap::from([("memory.available".to_string(), "100Mi".to_string())]);
+        let cm = kubelet_cm::ContainerManager::new(node.clone(), cm_config).expect("cm");
         let (pleg, pleg_events) =
             GenericPleg::new(dyn_runtime.clone(), GenericPlegConfig::default());
         // The API-server integration as a plugin, as an agent runs it: pod source, status
@@ -166,6 +175,7 @@ impl Agent {
             .pleg(Arc::new(pleg), pleg_events)
             .pod_source(Arc::new(FileSource::new(&manifests, node.clone())))
             .plugin(Arc::new(api))
+            .plugin(Arc::new(cm))
             .build()
             .expect("agent");
         let shutdown = CancellationToken::new();
@@ -325,7 +335,17 @@ async fn agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_p
             && cap.contains_key("memory")
             && cap.contains_key("ephemeral-storage")
     );
-    assert!(st.allocatable.as_ref().unwrap().contains_key("memory"));
+    // Allocatable: capacity − kubeReserved − systemReserved − the hard eviction threshold.
+    let alloc = st.allocatable.as_ref().unwrap();
+    let bytes = |q: &str| kubelet_api::quantity::parse_bytes(q).unwrap();
+    let milli = |q: &str| kubelet_api::quantity::parse_milli(q).unwrap();
+    assert_eq!(
+        bytes(&alloc["memory"].0),
+        bytes(&cap["memory"].0) - (512 << 20) - (100 << 20),
+        "{alloc:?} {cap:?}"
+    );
+    assert_eq!(milli(&alloc["cpu"].0), milli(&cap["cpu"].0) - 100);
+    assert_eq!(alloc["pods"].0, "110");
     let info = st.node_info.as_ref().unwrap();
     assert_eq!(info.kubelet_version, kubelet_apiserver::KUBELET_VERSION);
     assert!(
@@ -391,6 +411,39 @@ async fn agent_joins_the_cluster_with_node_credentials_and_runs_api_and_static_p
     .await;
     assert!(running.status.as_ref().unwrap().start_time.is_some());
     assert_eq!(agent.running(&uid).await.len(), 1);
+
+    // RuntimeClass: a pod of a known class runs; the class's handler is what the object
+    // provider reads from the API (an unknown class cannot be created through the API: its
+    // admission plugin refuses; the engine's handling of one is tested with a static store).
+    let classes: Api<k8s_openapi::api::node::v1::RuntimeClass> = Api::all(admin.clone());
+    let rc: k8s_openapi::api::node::v1::RuntimeClass = serde_json::from_value(serde_json::json!({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": "sdk-default"}, "handler": "default"
+    }))
+    .unwrap();
+    classes.create(&PostParams::default(), &rc).await.unwrap();
+    let mut p = pod("classy", &node, LONG_RUNNING, "Always");
+    p.spec.as_mut().unwrap().runtime_class_name = Some("sdk-default".into());
+    pods.create(&PostParams::default(), &p).await.unwrap();
+    eventually("classy Running", Duration::from_secs(30), || async {
+        let p = pods.get("classy").await.ok()?;
+        (phase(&p) == "Running").then_some(())
+    })
+    .await;
+    {
+        use kubelet_api::AgentPlugin;
+        let provider = agent.api.object_provider().unwrap();
+        let got = provider
+            .runtime_class("sdk-default")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(got.handler, "default");
+        assert!(provider.runtime_class("missing").await.unwrap().is_none());
+    }
+    pods.delete("classy", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
 
     // A static pod gets a mirror pod owned by the Node, with the static pod's status.
     write_manifest(&agent.manifests, "static");
