@@ -27,6 +27,8 @@ use crate::{CmConfig, CmError, CpuManagerPolicy};
 
 /// How often pod cgroups of finished pods are looked for (the kubelet's housekeeping).
 const HOUSEKEEPING: Duration = Duration::from_secs(2);
+/// Where the agent notes the pod cgroups it made.
+const OWNED_DIR: &str = "pod-cgroups";
 /// A pod cgroup asked for this recently is never taken for an orphan.
 const FRESH_POD: Duration = Duration::from_secs(30);
 /// How often the QoS tiers are rewritten (`periodicQOSCgroupUpdateInterval`).
@@ -66,6 +68,9 @@ struct Inner {
     pods: Mutex<HashMap<String, (QosClass, i64)>>,
     /// When each pod's cgroup was last asked for (every sync of a live pod asks).
     prepared_at: Mutex<HashMap<String, std::time::Instant>>,
+    /// `<root-dir>/pod-cgroups`: one file per pod cgroup this agent made, so that after a
+    /// restart it removes its own leftovers and never another agent's pod cgroups.
+    owned: std::path::PathBuf,
     /// The cpuset last given to each running container (CPU manager reconcile).
     applied: Mutex<HashMap<String, String>>,
     /// Pods holding CPUs that the last reconcile did not find active.
@@ -176,6 +181,7 @@ impl ContainerManager {
             cpu_warning,
             pods: Mutex::default(),
             prepared_at: Mutex::default(),
+            owned: config.root_dir.join(OWNED_DIR),
             applied: Mutex::default(),
             missing: Mutex::default(),
             failed_oom_check: AtomicBool::new(false),
@@ -251,6 +257,25 @@ impl Inner {
         Ok(enforce)
     }
 
+    /// Note that pod `uid`'s cgroup is this agent's.
+    fn own_pod(&self, uid: &str) {
+        let note = || -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.owned)?;
+            std::fs::write(self.owned.join(uid), b"")
+        };
+        if let Err(e) = note() {
+            tracing::warn!(podUID = %uid, error = %e, "cannot note the pod cgroup as this agent's: it is not cleaned up after a restart");
+        }
+    }
+
+    /// Pod `uid`'s cgroup is gone.
+    fn forget_pod(&self, uid: &str) {
+        self.pods.lock().remove(uid);
+        self.prepared_at.lock().remove(uid);
+        self.admit.forget(uid);
+        let _ = std::fs::remove_file(self.owned.join(uid));
+    }
+
     /// Rewrite the Burstable tier's CPU shares from the Burstable pods' requests.
     fn update_qos_tiers(&self) {
         let Some(h) = &self.hierarchy else { return };
@@ -295,6 +320,10 @@ impl Inner {
             .collect();
         let ready = handle.sources_ready();
         for (uid, qos) in h.list_pods() {
+            // Only this agent's: another agent sharing the hierarchy keeps its pods.
+            if !self.owned.join(&uid).exists() {
+                continue;
+            }
             match statuses.get(&uid) {
                 Some(false) => continue,
                 // Not known yet: it may still arrive from a source.
@@ -320,9 +349,7 @@ impl Inner {
                         tracing::warn!(podUID = %uid, killed, "killed processes left in the pod's cgroup");
                     }
                     tracing::debug!(podUID = %uid, cgroup = %name.to_path(h.driver()), "pod cgroup removed");
-                    self.pods.lock().remove(&uid);
-                    self.prepared_at.lock().remove(&uid);
-                    self.admit.forget(&uid);
+                    self.forget_pod(&uid);
                     self.update_qos_tiers();
                 }
                 // Busy: processes the kernel has not freed yet; the next pass retries.
@@ -460,6 +487,7 @@ impl PodResourceManager for ContainerManager {
                 inner.config.pod_pids_limit,
             )
             .map_err(|e| kubelet_api::Error::invalid_argument(e.to_string()))?;
+            inner.own_pod(uid);
             h.ensure(&name, &values)
                 .map_err(|e| kubelet_api::Error::internal(kubelet_api::chain(&e).to_string()))?;
             let cpu = resources::pod_requests(pod)
@@ -508,6 +536,9 @@ impl PodResourceManager for ContainerManager {
         let uid = cgroups::uid(pod);
         inner.prepared_at.lock().remove(uid);
         let Some(h) = &inner.hierarchy else { return };
+        if !inner.owned.join(uid).exists() {
+            return;
+        }
         let qos = inner
             .pods
             .lock()
@@ -515,8 +546,7 @@ impl PodResourceManager for ContainerManager {
             .map_or_else(|| cgroups::pod_qos(pod), |(q, _)| *q);
         match h.destroy(&h.pod(qos, uid)) {
             Ok(_) => {
-                inner.pods.lock().remove(uid);
-                inner.admit.forget(uid);
+                inner.forget_pod(uid);
                 inner.update_qos_tiers();
             }
             // Busy: the housekeeping pass retries.

@@ -331,6 +331,10 @@ async fn run() {
         "1000"
     );
 
+    // A pod cgroup of another agent sharing the hierarchy.
+    let foreign = h.pod(QosClass::BestEffort, "another-agents-pod");
+    h.ensure(&foreign, &Default::default()).unwrap();
+
     // Deleted pods: their cgroups go once their containers are gone.
     tx.send(Some(vec![])).unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -346,6 +350,10 @@ async fn run() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    // Housekeeping passes never take another agent's pod cgroup.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(h.exists(&foreign), "another agent's pod cgroup was removed");
+    h.destroy(&foreign).unwrap();
     agent.stop().await;
 
     // Part 2: the static CPU manager with CPU 0 reserved.

@@ -427,20 +427,21 @@ pub fn create_cgroup(
         }
         dir.push(comp);
         match std::fs::create_dir(&dir) {
-            Ok(()) => {
-                if version == CgroupVersion::V1 && controller == "cpuset" {
-                    for f in ["cpuset.cpus", "cpuset.mems"] {
-                        let inherited = std::fs::read_to_string(parent.join(f)).unwrap_or_default();
-                        let own = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
-                        if own.trim().is_empty() && !inherited.trim().is_empty() {
-                            std::fs::write(dir.join(f), inherited.trim())
-                                .map_err(|e| CgroupWriteError::new("writing", &dir.join(f), e))?;
-                        }
-                    }
-                }
-            }
+            Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(CgroupWriteError::new("creating", &dir, e)),
+        }
+        // Also when the level already exists: a concurrent creator may not have filled it
+        // in yet.
+        if version == CgroupVersion::V1 && controller == "cpuset" {
+            for f in ["cpuset.cpus", "cpuset.mems"] {
+                let inherited = std::fs::read_to_string(parent.join(f)).unwrap_or_default();
+                let own = std::fs::read_to_string(dir.join(f)).unwrap_or_default();
+                if own.trim().is_empty() && !inherited.trim().is_empty() {
+                    std::fs::write(dir.join(f), inherited.trim())
+                        .map_err(|e| CgroupWriteError::new("writing", &dir.join(f), e))?;
+                }
+            }
         }
     }
     Ok(())
