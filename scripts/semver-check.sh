@@ -24,7 +24,7 @@ if ! cargo semver-checks --version >/dev/null 2>&1; then
 fi
 
 libs=(${SEMVER_CRATES:-kubelet-api kubelet-net kubelet-core kubelet-podconfig kubelet-pleg kubelet-process kubelet-probe kubelet-cri
-    kubelet-eviction kubelet-stats kubelet-gc kubelet-apiserver kubelet-server kubelet})
+    kubelet-eviction kubelet-stats kubelet-gc kubelet-cm kubelet-apiserver kubelet-server kubelet})
 
 # The rustdoc JSON of both sides is made here rather than by cargo-semver-checks: it builds a
 # crate as the dependency of a placeholder, which cannot pick k8s-openapi's version feature for

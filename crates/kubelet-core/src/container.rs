@@ -9,9 +9,9 @@ use std::path::PathBuf;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use crate::env_objects::EnvObjects;
-use crate::quantity;
 use kubelet_api::Lookup;
 use kubelet_api::pod;
+use kubelet_api::quantity;
 use kubelet_api::runtime::{
     ContainerConfig, ContainerMetadata, EnvVar, Labels, LinuxResources, Mount, SecurityContext,
     SecurityProfile, labels,

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
-use crate::quantity;
 use kubelet_api::pod;
+use kubelet_api::quantity;
 
 /// Why a Downward API value cannot be given (the kubelet's messages).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

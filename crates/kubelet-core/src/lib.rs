@@ -90,8 +90,6 @@ pub mod dns;
 pub mod duration;
 pub mod layer;
 pub mod merge;
-/// Resource quantities (`100m`, `64Mi`): [`kubelet_api::quantity`].
-pub use kubelet_api::quantity;
 pub mod services;
 pub mod status_gen;
 #[cfg(feature = "testing")]

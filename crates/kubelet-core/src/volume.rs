@@ -66,7 +66,7 @@ impl EmptyDirPlugin {
             .empty_dir
             .as_ref()
             .and_then(|e| e.size_limit.as_ref())
-            .and_then(|q| crate::quantity::parse_bytes(&q.0).ok());
+            .and_then(|q| kubelet_api::quantity::parse_bytes(&q.0).ok());
         if size > 0 {
             lower(&mut size, size_limit);
         } else {
@@ -84,7 +84,7 @@ fn pod_memory_limit(pod: &Pod) -> Option<i64> {
             .as_ref()
             .and_then(|r| r.limits.as_ref())
             .and_then(|l| l.get("memory"))
-            .and_then(|q| crate::quantity::parse_bytes(&q.0).ok())
+            .and_then(|q| kubelet_api::quantity::parse_bytes(&q.0).ok())
             .filter(|v| *v > 0)
     })
 }

@@ -23,9 +23,7 @@ pub fn admit(
         return AdmitResult::admit();
     }
     if conditions.len() == 1 && conditions.contains(&NodeCondition::MemoryPressure) {
-        if kubelet_core::status_gen::qos_class(pod)
-            != kubelet_core::status_gen::QosClass::BestEffort
-        {
+        if kubelet_api::resources::qos_class(pod) != kubelet_api::resources::QosClass::BestEffort {
             return AdmitResult::admit();
         }
         let tolerations = pod

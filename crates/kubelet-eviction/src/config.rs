@@ -369,7 +369,7 @@ fn parse_percentage(num: &str) -> Result<f64, String> {
 
 /// Parse a quantity into an integer (rounded up) and remember its format.
 fn parse_quantity(s: &str) -> Result<(i64, QuantityFormat), String> {
-    let nanos = kubelet_core::quantity::parse_nanos(s)
+    let nanos = kubelet_api::quantity::parse_nanos(s)
         .ok_or_else(|| format!("quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$': {s:?}"))?;
     let v = if nanos >= 0 {
         (nanos + 999_999_999) / 1_000_000_000

@@ -197,7 +197,7 @@ fn container_request(c: &Container, resource: &str) -> i64 {
         .as_ref()
         .and_then(|r| r.requests.as_ref())
         .and_then(|m| m.get(resource))
-        .and_then(|q| kubelet_core::quantity::parse_bytes(&q.0).ok())
+        .and_then(|q| kubelet_api::quantity::parse_bytes(&q.0).ok())
         .unwrap_or(0)
 }
 
@@ -212,14 +212,14 @@ pub fn pod_request(pod: &Pod, resource: &str) -> i64 {
         .overhead
         .as_ref()
         .and_then(|m| m.get(resource))
-        .and_then(|q| kubelet_core::quantity::parse_bytes(&q.0).ok())
+        .and_then(|q| kubelet_api::quantity::parse_bytes(&q.0).ok())
         .unwrap_or(0);
     if let Some(v) = spec
         .resources
         .as_ref()
         .and_then(|r| r.requests.as_ref())
         .and_then(|m| m.get(resource))
-        .and_then(|q| kubelet_core::quantity::parse_bytes(&q.0).ok())
+        .and_then(|q| kubelet_api::quantity::parse_bytes(&q.0).ok())
     {
         return v + overhead;
     }
@@ -333,7 +333,7 @@ pub fn eviction_message(
             .map(|q| q.0.clone());
         let req = req_raw
             .as_deref()
-            .and_then(|s| kubelet_core::quantity::parse_bytes(s).ok())
+            .and_then(|s| kubelet_api::quantity::parse_bytes(s).ok())
             .unwrap_or(0);
         if used > req {
             let req_fmt = match &req_raw {
@@ -376,7 +376,7 @@ fn quantity_string(q: &str) -> String {
     let binary = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
         .iter()
         .any(|x| q.ends_with(x));
-    match kubelet_core::quantity::parse_bytes(q) {
+    match kubelet_api::quantity::parse_bytes(q) {
         Ok(v) if binary => format_quantity(v, QuantityFormat::BinarySi),
         Ok(v) => format_quantity(v, QuantityFormat::DecimalSi),
         Err(_) => q.to_string(),
@@ -385,7 +385,7 @@ fn quantity_string(q: &str) -> String {
 
 fn container_limit(c: &Container, resource: &str) -> Option<(i64, String)> {
     let q = c.resources.as_ref()?.limits.as_ref()?.get(resource)?;
-    let v = kubelet_core::quantity::parse_bytes(&q.0).ok()?;
+    let v = kubelet_api::quantity::parse_bytes(&q.0).ok()?;
     Some((v, q.0.clone()))
 }
 
@@ -415,7 +415,7 @@ pub fn local_storage_violation(pod: &Pod, usage: &PodUsage) -> Option<LocalStora
         let Some(limit) = v.empty_dir.as_ref().and_then(|e| e.size_limit.as_ref()) else {
             continue;
         };
-        let Ok(limit_bytes) = kubelet_core::quantity::parse_bytes(&limit.0) else {
+        let Ok(limit_bytes) = kubelet_api::quantity::parse_bytes(&limit.0) else {
             continue;
         };
         if let Some(&used) = usage.volumes.get(&v.name)

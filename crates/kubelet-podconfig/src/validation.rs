@@ -630,7 +630,7 @@ fn validate_resources(c: &Container, path: &str, errs: &mut Vec<String>) {
         let mut out = Vec::new();
         for (name, q) in map.iter().flatten() {
             let field = format!("{path}.resources.{kind}[{name}]");
-            match kubelet_core::quantity::parse_nanos(&q.0) {
+            match kubelet_api::quantity::parse_nanos(&q.0) {
                 None => errs.push(invalid(
                     &field,
                     &q.0,

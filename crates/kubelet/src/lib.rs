@@ -807,7 +807,7 @@ pub fn gc_config(
     config.images.min_age = c.image_minimum_gc_age.as_duration();
     config.images.max_age = c.image_maximum_gc_age.as_duration();
     config.images.pinned_images = sandbox_image.map(str::to_string).into_iter().collect();
-    let size = kubelet_core::quantity::parse_bytes(&c.container_log_max_size).map_err(|e| {
+    let size = kubelet_api::quantity::parse_bytes(&c.container_log_max_size).map_err(|e| {
         AgentError::Gc(kubelet_gc::GcError::InvalidConfig(format!(
             "containerLogMaxSize {:?}: {e}",
             c.container_log_max_size

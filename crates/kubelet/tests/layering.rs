@@ -198,6 +198,20 @@ fn the_stats_and_gc_crates_depend_on_the_seam_crate_alone() {
 }
 
 #[test]
+fn the_container_manager_depends_on_the_seam_and_stats_crates_alone() {
+    let meta = metadata();
+    let g = graph(&meta);
+    let workspace: BTreeSet<String> = members(&meta).into_iter().map(|(n, _)| n).collect();
+    let deps = closure(&g, "kubelet-cm");
+    let own: Vec<_> = deps.intersection(&workspace).cloned().collect();
+    assert_eq!(
+        own,
+        ["kubelet-api", "kubelet-stats"],
+        "kubelet-cm's workspace dependencies"
+    );
+}
+
+#[test]
 fn the_network_crate_depends_on_no_workspace_crate() {
     let meta = metadata();
     let g = graph(&meta);

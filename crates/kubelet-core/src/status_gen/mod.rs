@@ -48,18 +48,17 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use kubelet_api::pod::{self as podutil, PodConditionType, RestartPolicy};
+use kubelet_api::resources::qos_class;
 use kubelet_api::runtime::{self, PodRuntimeStatus, labels};
 use kubelet_api::{ProbeResult, ProbeType};
 
 mod conditions;
 mod containers;
 mod phase;
-mod qos;
 
 pub use conditions::*;
 pub use containers::*;
 pub use phase::*;
-pub use qos::*;
 
 /// Everything a pod status is generated from. See [`generate_pod_status`].
 pub struct StatusInput<'a> {

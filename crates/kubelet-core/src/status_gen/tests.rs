@@ -3,6 +3,7 @@
 use super::*;
 use k8s_openapi::api::core::v1::{PodReadinessGate, PodSpec, ResourceRequirements};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kubelet_api::resources::QosClass;
 use std::collections::BTreeMap;
 
 fn ts(secs: i64) -> Timestamp {
@@ -978,7 +979,7 @@ fn qos_class_follows_requests_and_limits() {
 
 #[test]
 fn quantities_parse_exactly() {
-    let q = |s: &str| crate::quantity::parse_nanos(&Quantity(s.into()).0);
+    let q = |s: &str| kubelet_api::quantity::parse_nanos(&Quantity(s.into()).0);
     assert_eq!(q("1"), Some(1_000_000_000));
     assert_eq!(q("500m"), Some(500_000_000));
     assert_eq!(q("0.5"), q("500m"));
