@@ -405,4 +405,57 @@ mod tests {
         );
         assert!(CgroupDriver::parse("cgroupsfs").is_err());
     }
+
+    #[test]
+    fn a_v2_pod_cgroup_gets_weight_max_and_memory_and_its_parents_the_controllers() {
+        let root = tempfile::tempdir().unwrap();
+        let r = root.path();
+        std::fs::write(r.join("cgroup.subtree_control"), "").unwrap();
+        let h = Hierarchy::new(
+            CgroupSetup::V2 {
+                root: r.to_path_buf(),
+            },
+            vec![],
+            CgroupDriver::Cgroupfs,
+            "/",
+        );
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"uid": "u1"},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "limits": {"cpu": "500m", "memory": "64Mi"}}}]}
+        }))
+        .unwrap();
+        let qos = pod_qos(&pod);
+        assert_eq!(qos, QosClass::Guaranteed);
+        let name = h.pod(qos, "u1");
+        // The kernel makes the interface files with the directory; a tempdir needs them first.
+        let dir = r.join("kubepods/podu1");
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in [
+            "cpu.weight",
+            "cpu.max",
+            "memory.max",
+            "memory.swap.max",
+            "pids.max",
+        ] {
+            std::fs::write(dir.join(f), "").unwrap();
+        }
+        let values = pod_values(&pod, qos, true, 100).unwrap();
+        h.ensure(&name, &values).unwrap();
+        let rd = |f: &str| std::fs::read_to_string(dir.join(f)).unwrap();
+        // 500m: shares 512 → weight 1 + 510 × 9999 / 262142 = 20.
+        assert_eq!(rd("cpu.weight"), "20");
+        assert_eq!(rd("cpu.max"), "50000 100000");
+        assert_eq!(rd("memory.max"), (64u64 << 20).to_string());
+        assert_eq!(rd("memory.swap.max"), "0");
+        assert_eq!(rd("pids.max"), "100");
+        // Controllers were enabled on the way down (the last write stays in a plain file).
+        let control = std::fs::read_to_string(r.join("kubepods/cgroup.subtree_control")).unwrap();
+        assert!(control.starts_with('+'), "{control:?}");
+        assert_eq!(
+            h.list_pods(),
+            vec![("u1".to_string(), QosClass::Guaranteed)]
+        );
+        assert!(h.exists(&name));
+    }
 }

@@ -29,5 +29,5 @@ fn the_custom_runtime_example_passes_the_conformance_suite() {
         "custom_runtime failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("10 passed, 0 failed"), "{stdout}");
+    assert!(stdout.contains("11 passed, 0 failed"), "{stdout}");
 }
