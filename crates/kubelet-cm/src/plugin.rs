@@ -268,6 +268,12 @@ impl Inner {
         }
     }
 
+    /// Whether pod `uid`'s cgroup is this agent's: made by this process, or noted by an
+    /// earlier one (the note may be gone with the root directory; the memory is not).
+    fn is_owned(&self, uid: &str) -> bool {
+        self.pods.lock().contains_key(uid) || self.owned.join(uid).exists()
+    }
+
     /// Pod `uid`'s cgroup is gone.
     fn forget_pod(&self, uid: &str) {
         self.pods.lock().remove(uid);
@@ -321,7 +327,7 @@ impl Inner {
         let ready = handle.sources_ready();
         for (uid, qos) in h.list_pods() {
             // Only this agent's: another agent sharing the hierarchy keeps its pods.
-            if !self.owned.join(&uid).exists() {
+            if !self.is_owned(&uid) {
                 continue;
             }
             match statuses.get(&uid) {
@@ -536,7 +542,7 @@ impl PodResourceManager for ContainerManager {
         let uid = cgroups::uid(pod);
         inner.prepared_at.lock().remove(uid);
         let Some(h) = &inner.hierarchy else { return };
-        if !inner.owned.join(uid).exists() {
+        if !inner.is_owned(uid) {
             return;
         }
         let qos = inner
