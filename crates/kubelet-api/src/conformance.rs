@@ -546,11 +546,13 @@ impl Suite<'_> {
         let sandbox = self.new_sandbox(check).await?;
         let id = self.start(&sandbox, "resized", "sleep 600").await?;
         self.wait_state(&id, ContainerState::Running).await?;
-        let mut r = crate::runtime::LinuxResources::default();
-        r.cpu_shares = 512;
-        r.cpu_period = 100_000;
-        r.cpu_quota = 50_000;
-        r.memory_limit_in_bytes = 256 << 20;
+        let r = crate::runtime::LinuxResources {
+            cpu_shares: 512,
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            memory_limit_in_bytes: 256 << 20,
+            ..Default::default()
+        };
         match self.runtime.update_container_resources(&id, &r).await {
             Ok(()) => {}
             // Optional: a runtime without it says so.

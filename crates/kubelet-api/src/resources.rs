@@ -1,5 +1,5 @@
 //! The pod resources seam and the resource arithmetic the kubelet applies to a pod: its QoS
-//! class ([`qos_class`]), its total requests and limits ([`pod_requests`], [`pod_limits`]), and
+//! class ([`qos_class`]), its total requests and limits ([`pod_requests`], [`pod_limit`]), and
 //! a container's Linux resources ([`container_resources`]).
 //!
 //! A node resource manager (the `kubelet-cm` crate) provides a [`PodResourceManager`] as a

@@ -129,10 +129,9 @@ mod tests {
             500
         );
         let mut critical = p.clone();
-        critical
-            .spec
-            .as_mut()
-            .map(|s| s.priority = Some(2_000_001_000));
+        if let Some(s) = critical.spec.as_mut() {
+            s.priority = Some(2_000_001_000);
+        }
         assert_eq!(
             container_oom_score_adj(&critical, QosClass::Burstable, &side, gib),
             -997

@@ -369,12 +369,16 @@ impl Inner {
     async fn pod_still_runs(&self, ctx: &PluginContext, uid: &str) -> bool {
         let rt = ctx.runtime();
         let selector = BTreeMap::from([(labels::POD_UID.to_string(), uid.to_string())]);
-        let mut cf = ContainerFilter::default();
-        cf.state = Some(ContainerState::Running);
-        cf.label_selector = selector.clone();
-        let mut sf = SandboxFilter::default();
-        sf.state = Some(SandboxState::Ready);
-        sf.label_selector = selector;
+        let cf = ContainerFilter {
+            state: Some(ContainerState::Running),
+            label_selector: selector.clone(),
+            ..Default::default()
+        };
+        let sf = SandboxFilter {
+            state: Some(SandboxState::Ready),
+            label_selector: selector,
+            ..Default::default()
+        };
         match (
             rt.list_containers(&cf).await,
             rt.list_pod_sandboxes(&sf).await,
@@ -422,11 +426,11 @@ impl Inner {
                 tracing::info!(podUID = %uid, "CPU manager released the CPUs of a finished pod");
             }
         }
-        let mut filter = ContainerFilter::default();
-        filter.state = Some(ContainerState::Running);
-        filter
-            .label_selector
-            .insert(labels::MANAGED_BY.into(), "true".into());
+        let filter = ContainerFilter {
+            state: Some(ContainerState::Running),
+            label_selector: BTreeMap::from([(labels::MANAGED_BY.into(), "true".into())]),
+            ..Default::default()
+        };
         let rt = ctx.runtime();
         let Ok(running) = rt.list_containers(&filter).await else {
             return;

@@ -684,12 +684,14 @@ mod writer_tests {
         for f in ["cpu.weight", "cpu.max", "memory.max", "pids.max"] {
             std::fs::write(leaf.join(f), "").unwrap();
         }
-        let mut v = CgroupValues::default();
-        v.cpu_shares = Some(1024);
-        v.cpu_quota = Some(50_000);
-        v.cpu_period = Some(100_000);
-        v.memory_limit = Some(64 << 20);
-        v.pids_limit = Some(-1);
+        let v = CgroupValues {
+            cpu_shares: Some(1024),
+            cpu_quota: Some(50_000),
+            cpu_period: Some(100_000),
+            memory_limit: Some(64 << 20),
+            pids_limit: Some(-1),
+            ..Default::default()
+        };
         write_values(CgroupVersion::V2, |_| Some(leaf.clone()), &v).unwrap();
         let rd = |f: &str| std::fs::read_to_string(leaf.join(f)).unwrap();
         assert_eq!(rd("cpu.weight"), "39");
