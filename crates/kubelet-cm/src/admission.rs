@@ -342,26 +342,17 @@ mod tests {
         assert_eq!(r.reason, "OutOfmemory");
         let r = h.admit(&pod("d", "", ""), &[a.clone(), pod("x", "", "")]);
         assert_eq!(r.reason, "OutOfpods");
-        let mut dongle = pod("e", "", "");
-        dongle.spec.as_mut().unwrap().containers[0]
-            .resources
-            .as_mut()
-            .unwrap()
-            .requests
-            .as_mut()
-            .unwrap()
-            .insert("example.com/dongle".into(), Quantity("2".into()));
+        let requesting = |uid: &str, name: &str, n: &str| {
+            let mut p = pod(uid, "", "");
+            let c = &mut p.spec.as_mut().unwrap().containers[0];
+            let req = c.resources.as_mut().unwrap().requests.as_mut().unwrap();
+            req.insert(name.into(), Quantity(n.into()));
+            p
+        };
+        let dongle = requesting("e", "example.com/dongle", "2");
         assert_eq!(h.admit(&dongle, &[]).reason, "OutOfexample.com/dongle");
         // Not advertised by the node: not checked.
-        let mut other = pod("f", "", "");
-        other.spec.as_mut().unwrap().containers[0]
-            .resources
-            .as_mut()
-            .unwrap()
-            .requests
-            .as_mut()
-            .unwrap()
-            .insert("example.com/cluster".into(), Quantity("5".into()));
+        let other = requesting("f", "example.com/cluster", "5");
         assert!(h.admit(&other, &[]).admit);
     }
 

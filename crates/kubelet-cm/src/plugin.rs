@@ -118,6 +118,11 @@ impl ContainerManager {
         let system = allocatable::parse_reserved("systemReserved", &config.system_reserved)?;
         let reserved_cpus = CpuSet::parse(&config.reserved_system_cpus)
             .map_err(|e| CmError::Config(format!("reservedSystemCPUs: {e}")))?;
+        if config.cpu_manager_reconcile_period.is_zero() {
+            return Err(CmError::Config(
+                "cpuManagerReconcilePeriod must be positive".into(),
+            ));
+        }
         for v in &config.enforce_node_allocatable {
             if !matches!(
                 v.as_str(),

@@ -273,3 +273,48 @@ async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() 
         .unwrap();
     assert!(Arc::ptr_eq(&after, &fresh));
 }
+
+#[tokio::test]
+async fn configured_system_containers_are_reported_from_their_cgroups() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("cgroup");
+    let pods = root.join("kubepods");
+    std::fs::create_dir_all(&pods).unwrap();
+    for (f, c) in [
+        ("memory.current", "10485760\n"),
+        ("memory.stat", "anon 6000000\ninactive_file 2485760\n"),
+        ("cpu.stat", "usage_usec 1500\n"),
+    ] {
+        std::fs::write(pods.join(f), c).unwrap();
+    }
+    let dirs = AgentDirs {
+        root_dir: dir.path().join("root"),
+        pod_log_dir: dir.path().join("logs"),
+    };
+    std::fs::create_dir_all(&dirs.root_dir).unwrap();
+    #[allow(clippy::field_reassign_with_default)]
+    let config = {
+        let mut c = StatsConfig::default()
+            .kmsg(None)
+            .system_container("pods", "/kubepods")
+            .system_container("runtime", "/no-such-cgroup");
+        c.cgroup = Some(kubelet_stats::CgroupSetup::V2 { root: root.clone() });
+        c
+    };
+    let mut c = Collector::new("n", dirs, config);
+    let s = c.collect(None).await;
+    let names: Vec<&str> = s
+        .node
+        .system_containers
+        .iter()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert!(names.contains(&"pods"), "{names:?}");
+    // A cgroup that does not exist is left out, not reported empty.
+    assert!(!names.contains(&"runtime"), "{names:?}");
+    let p = s.node.system_containers.iter().find(|c| c.name == "pods").unwrap();
+    assert_eq!(
+        p.memory.as_ref().unwrap().working_set_bytes,
+        Some(10_485_760 - 2_485_760)
+    );
+}

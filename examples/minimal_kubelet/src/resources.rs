@@ -46,7 +46,7 @@ pub(crate) struct ResourceFlags {
     pub(crate) cpu_manager_policy: String,
     /// How often the CPU manager moves containers to their CPU sets
     /// (`cpuManagerReconcilePeriod`).
-    #[arg(long = "cpu-manager-reconcile-period", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long = "cpu-manager-reconcile-period", default_value = "10s", value_parser = crate::parse_duration)]
     pub(crate) cpu_manager_reconcile_period: Duration,
     /// CPUs kept for the system, list format (`reservedSystemCPUs`).
     #[arg(long = "reserved-cpus", default_value = "")]
@@ -61,13 +61,6 @@ pub(crate) struct ResourceFlags {
     /// The container runtime's cgroup, reported as the `runtime` system container.
     #[arg(long = "runtime-cgroups")]
     pub(crate) runtime_cgroups: Option<String>,
-}
-
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    match kubelet::core::duration::parse_go(s).map_err(|e| e.to_string())? {
-        (false, d) => Ok(d),
-        (true, _) => Err(format!("duration {s:?} must not be negative")),
-    }
 }
 
 /// `a=1,b=2` as the kubelet's map flags.
