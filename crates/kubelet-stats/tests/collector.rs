@@ -312,7 +312,12 @@ async fn configured_system_containers_are_reported_from_their_cgroups() {
     assert!(names.contains(&"pods"), "{names:?}");
     // A cgroup that does not exist is left out, not reported empty.
     assert!(!names.contains(&"runtime"), "{names:?}");
-    let p = s.node.system_containers.iter().find(|c| c.name == "pods").unwrap();
+    let p = s
+        .node
+        .system_containers
+        .iter()
+        .find(|c| c.name == "pods")
+        .unwrap();
     assert_eq!(
         p.memory.as_ref().unwrap().working_set_bytes,
         Some(10_485_760 - 2_485_760)
