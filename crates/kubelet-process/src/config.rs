@@ -87,9 +87,10 @@ pub struct ProcessRuntimeConfig {
     /// Where sandbox and container records live. Default: `/var/lib/kubelet-sdk/process` as
     /// root, else `$XDG_RUNTIME_DIR/kubelet-sdk/process` or `/tmp/kubelet-sdk-<uid>/process`.
     pub root_dir: PathBuf,
-    /// Name of the cgroup under each hierarchy's root that holds `<sandbox>/<container>` cgroups.
-    /// Default `kubelet-sdk`. (`PodSandboxConfig::cgroup_parent` is not used: the runtime places
-    /// every pod under this parent.)
+    /// Name of the cgroup under each hierarchy's root that holds `<sandbox>/<container>` cgroups
+    /// of sandboxes created without a `PodSandboxConfig::cgroup_parent`. Default `kubelet-sdk`.
+    /// A sandbox with one (the agent's pod cgroup, from a node resource manager) gets its
+    /// containers at `<cgroup_parent>/<container>` instead.
     pub cgroup_parent: String,
     /// How to start the per-container shim. Default [`ShimCommand::Auto`].
     pub shim: ShimCommand,

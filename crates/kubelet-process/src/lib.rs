@@ -25,9 +25,13 @@
 //! - **Mounts** cannot be applied without a mount namespace: a container with mounts gets a
 //!   Warning event `MountsNotSupported` naming them, and runs on the host filesystem.
 //! - **Resources.** As root, with a cgroup hierarchy (v1 or v2, detected from
-//!   `/proc/self/mountinfo`), every container gets its own cgroup
-//!   `<hierarchy>/<cgroup_parent>/<sandbox id>/<container id>` with the memory limit and CPU
-//!   shares/quota applied, and `container_stats` reads usage from it. Without root or cgroups the
+//!   `/proc/self/mountinfo`), every container gets its own cgroup with the memory limit, CPU
+//!   shares/quota and cpuset applied: `<hierarchy>/<pod cgroup>/<container id>` when the
+//!   sandbox was given a cgroup parent (the agent's pod cgroup), else
+//!   `<hierarchy>/<cgroup_parent>/<sandbox id>/<container id>`; `container_stats` reads usage
+//!   from it, `update_container_resources` rewrites it, and the shim sets the container's
+//!   `oom_score_adj` (a lower value needs `CAP_SYS_RESOURCE`; without it the inherited one
+//!   stays). Without root or cgroups the
 //!   container runs unlimited and a Warning event `ResourceLimitsNotEnforced` says so.
 //!
 //! # Events
