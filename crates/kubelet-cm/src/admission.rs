@@ -105,16 +105,24 @@ impl PodAdmitHandler for ResourceAdmitHandler {
             }
         }
         if requested.values().any(|v| *v > 0) {
+            // Summed under one lock from the cached requests, without copying them.
             let mut used: BTreeMap<&str, i64> = BTreeMap::new();
+            let mut cache = self.requests.lock();
             for p in active_pods {
-                if let Ok(r) = self.requests_of(p) {
-                    for (k, v) in r {
-                        if let Some((name, _)) = facts.allocatable.get_key_value(&k) {
-                            *used.entry(name.as_str()).or_insert(0) += v;
-                        }
+                let uid = podutil::uid(p);
+                if !cache.contains_key(uid) {
+                    let Ok(r) = resources::pod_requests(p) else {
+                        continue;
+                    };
+                    cache.insert(uid.to_string(), r);
+                }
+                for (k, v) in cache.get(uid).into_iter().flatten() {
+                    if let Some((name, _)) = facts.allocatable.get_key_value(k) {
+                        *used.entry(name.as_str()).or_insert(0) += v;
                     }
                 }
             }
+            drop(cache);
             let order = ["cpu", "memory", "ephemeral-storage"];
             let mut names: Vec<&String> = requested.keys().collect();
             names.sort_by_key(|n| order.iter().position(|o| o == n).unwrap_or(order.len()));

@@ -262,7 +262,7 @@ impl Hierarchy {
         let _ = self.update(name, &minimum);
         let mut killed = 0;
         for dir in self.all_dirs(name) {
-            killed += remove_tree(&dir)?;
+            killed += cg::remove_tree_once(&dir)?;
         }
         Ok(killed)
     }
@@ -309,39 +309,6 @@ impl Hierarchy {
             }
         }
     }
-}
-
-/// Remove `dir` and the cgroups below it: processes killed, children first.
-fn remove_tree(dir: &Path) -> Result<usize, CmError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(e) => {
-            return Err(CmError::Cgroup(cg::CgroupWriteError {
-                op: "listing",
-                path: dir.to_path_buf(),
-                source: e,
-            }));
-        }
-    };
-    let mut killed = 0;
-    for e in entries.flatten() {
-        if e.file_type().is_ok_and(|t| t.is_dir()) {
-            killed += remove_tree(&e.path())?;
-        }
-    }
-    for pid in cg::cgroup_pids(dir) {
-        if nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
-            nix::sys::signal::Signal::SIGKILL,
-        )
-        .is_ok()
-        {
-            killed += 1;
-        }
-    }
-    cg::remove_cgroup(dir)?;
-    Ok(killed)
 }
 
 /// The QoS class of `pod`, from its status when set (it is immutable), else computed.

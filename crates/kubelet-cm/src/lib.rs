@@ -19,7 +19,27 @@
 //!   containers with integer CPU requests, from a checkpoint that survives restarts.
 //!
 //! The engine reaches it through the [`PodResourceManager`](kubelet_api::resources::PodResourceManager)
-//! service. Critical-pod preemption (a static pod evicting others to fit) is not done: a
+//! service. The facade (`kubelet::AgentBuilder`) registers it by default from the
+//! `KubeletConfiguration`; with the engine's builder it is one plugin:
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use kubelet_cm::{CmConfig, ContainerManager};
+//!
+//! # fn build() -> Result<(), Box<dyn std::error::Error>> {
+//! let mut config = CmConfig::default();
+//! config.root_dir = "/var/lib/my-agent".into();
+//! config.kube_reserved = [("memory".to_string(), "256Mi".to_string())].into();
+//! let cm = ContainerManager::new("node-1", config)?;
+//! let agent = kubelet_core::KubeletBuilder::new("node-1")
+//!     // .runtime(…).pleg(…).pod_source(…)
+//!     .plugin(Arc::new(cm))
+//!     .build()?;
+//! # drop(agent);
+//! # Ok(())
+//! # }
+//! ```
+//! Critical-pod preemption (a static pod evicting others to fit) is not done: a
 //! static pod that does not fit is rejected like any other. Memory and topology managers are
 //! not implemented.
 #![forbid(unsafe_code)]

@@ -282,49 +282,9 @@ pub(crate) fn remove_dirs(dirs: &[PathBuf]) -> Result<(), ProcessError> {
     Ok(())
 }
 
-/// One pass at removing the cgroup `dir` and every cgroup below it: child cgroups first, the
-/// processes still in each killed (SIGKILL), then `rmdir`. A cgroup whose processes have not
-/// been freed by the kernel yet fails with `EBUSY`: call again a moment later. Returns how
-/// many processes were signalled.
+/// One pass at removing the cgroup `dir` and every cgroup below it (the shared writer's).
 pub(crate) fn remove_tree_once(dir: &Path) -> Result<usize, ProcessError> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
-        Err(source) => {
-            return Err(ProcessError::Cgroup {
-                op: "listing",
-                path: dir.to_path_buf(),
-                source,
-            });
-        }
-    };
-    let mut killed = 0;
-    let mut first_err = None;
-    for entry in entries.flatten() {
-        if entry.file_type().is_ok_and(|t| t.is_dir()) {
-            match remove_tree_once(&entry.path()) {
-                Ok(n) => killed += n,
-                Err(e) => first_err = first_err.or(Some(e)),
-            }
-        }
-    }
-    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-        for pid in text.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-            if nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            )
-            .is_ok()
-            {
-                killed += 1;
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
-    remove_dirs(&[dir.to_path_buf()])?;
-    Ok(killed)
+    kubelet_stats::cgroup::remove_tree_once(dir).map_err(cgroup_error)
 }
 
 #[cfg(test)]

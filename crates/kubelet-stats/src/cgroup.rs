@@ -475,6 +475,43 @@ pub fn remove_cgroup(dir: &Path) -> Result<(), CgroupWriteError> {
     }
 }
 
+/// One pass at removing the cgroup `dir` and every cgroup below it: child cgroups first, the
+/// processes still in each killed (SIGKILL), then `rmdir`. A cgroup whose processes the kernel
+/// has not freed yet fails with `EBUSY`: call again a moment later. Returns how many processes
+/// were signalled; a missing `dir` is fine.
+pub fn remove_tree_once(dir: &Path) -> Result<usize, CgroupWriteError> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(CgroupWriteError::new("listing", dir, e)),
+    };
+    let mut killed = 0;
+    let mut first_err = None;
+    for entry in entries.flatten() {
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            match remove_tree_once(&entry.path()) {
+                Ok(n) => killed += n,
+                Err(e) => first_err = first_err.or(Some(e)),
+            }
+        }
+    }
+    for pid in cgroup_pids(dir) {
+        if nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .is_ok()
+        {
+            killed += 1;
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    remove_cgroup(dir)?;
+    Ok(killed)
+}
+
 /// The processes in cgroup directory `dir` (`cgroup.procs`); empty when it is gone.
 pub fn cgroup_pids(dir: &Path) -> Vec<i32> {
     std::fs::read_to_string(dir.join("cgroup.procs"))

@@ -852,13 +852,20 @@ pub fn cm_config(
     config.cpu_manager_reconcile_period = c.cpu_manager_reconcile_period.as_duration();
     config.reserved_system_cpus = c.reserved_system_cpus.clone();
     config.node_labels = node_labels;
-    // The kubelet's default hard thresholds (`memory.available<100Mi`, `nodefs.available<10%`)
-    // unless the configuration names its own.
-    let defaults = || {
-        std::collections::BTreeMap::from([
-            ("memory.available".to_string(), "100Mi".to_string()),
-            ("nodefs.available".to_string(), "10%".to_string()),
-        ])
+    // The kubelet's default hard thresholds unless the configuration names its own; an agent
+    // without eviction evicts nothing, so it keeps no headroom for it either.
+    let defaults = || -> std::collections::BTreeMap<String, String> {
+        #[cfg(feature = "eviction")]
+        {
+            kubelet_eviction::config::DEFAULT_EVICTION_HARD
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        }
+        #[cfg(not(feature = "eviction"))]
+        {
+            std::collections::BTreeMap::new()
+        }
     };
     config.eviction_hard = match &c.eviction_hard {
         None => defaults(),
