@@ -137,6 +137,11 @@ pub struct KubeletConfiguration {
     pub healthz_bind_address: String,
     /// `registerNode` (true): create the Node object when it does not exist.
     pub register_node: bool,
+    /// `registerWithTaints`: taints the Node is created with (`key`, `value`, `effect`).
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
+    /// `rotateCertificates` (false; kubeadm sets true): renew the client certificate with a
+    /// `CertificateSigningRequest` before it expires, and bootstrap it when there is none.
+    pub rotate_certificates: bool,
     /// `nodeStatusUpdateFrequency` (10 s).
     pub node_status_update_frequency: GoDuration,
     /// `nodeStatusReportFrequency` (5 m).
@@ -159,8 +164,10 @@ pub struct KubeletConfiguration {
     pub registry_burst: u32,
     /// `imageGCHighThresholdPercent` (85): image filesystem usage at which image garbage
     /// collection starts; 100 switches it off.
+    #[serde(rename = "imageGCHighThresholdPercent")]
     pub image_gc_high_threshold_percent: i32,
     /// `imageGCLowThresholdPercent` (80): the usage image garbage collection frees down to.
+    #[serde(rename = "imageGCLowThresholdPercent")]
     pub image_gc_low_threshold_percent: i32,
     /// `imageMinimumGCAge` (2 m): an image is not removed before it has been known this long.
     #[serde(rename = "imageMinimumGCAge")]
@@ -387,6 +394,8 @@ impl Default for KubeletConfiguration {
             healthz_port: 10248,
             healthz_bind_address: "127.0.0.1".to_string(),
             register_node: true,
+            register_with_taints: Vec::new(),
+            rotate_certificates: false,
             node_status_update_frequency: GoDuration::from_secs(10),
             node_status_report_frequency: GoDuration::from_secs(300),
             runtime_request_timeout: GoDuration::from_secs(120),
@@ -451,6 +460,94 @@ impl KubeletConfiguration {
             .get(name)
             .copied()
             .unwrap_or_else(|| DEFAULT_ON_FEATURE_GATES.contains(&name))
+    }
+
+    /// Give the kubelet's default to every field it treats as unset when zero (its
+    /// `SetDefaults_KubeletConfiguration`): a duration of `0s`, a number `0` or an empty string
+    /// in a non-pointer field of the kubelet's type. Files written by kubeadm are full of these
+    /// (`syncFrequency: 0s`). Fields where zero is a value (`readOnlyPort`, `healthzPort`,
+    /// `registryPullQPS`, `imageMaximumGCAge`, `resolvConf: ""`) are left alone.
+    ///
+    /// `nodeStatusReportFrequency` follows the kubelet's rule: unset, it equals
+    /// `nodeStatusUpdateFrequency` when that one is set, else 5 minutes. A value that came
+    /// from [`Default`] cannot be told from one that was given, so the caller says which of the
+    /// two frequencies its input had (`update_given`, `report_given`).
+    pub fn default_unset_fields(&mut self, update_given: bool, report_given: bool) {
+        let d = Self::default();
+        fn dur(v: &mut GoDuration, default: GoDuration) {
+            if v.0.is_zero() {
+                *v = default;
+            }
+        }
+        fn text(v: &mut String, default: &str) {
+            if v.is_empty() {
+                *v = default.to_string();
+            }
+        }
+        let update_unset = !update_given || self.node_status_update_frequency.0.is_zero();
+        let report_unset = !report_given || self.node_status_report_frequency.0.is_zero();
+        if update_unset {
+            self.node_status_update_frequency = d.node_status_update_frequency;
+            if report_unset {
+                self.node_status_report_frequency = d.node_status_report_frequency;
+            }
+        } else if report_unset {
+            self.node_status_report_frequency = self.node_status_update_frequency;
+        }
+        dur(&mut self.sync_frequency, d.sync_frequency);
+        dur(&mut self.file_check_frequency, d.file_check_frequency);
+        dur(&mut self.http_check_frequency, d.http_check_frequency);
+        text(&mut self.address, &d.address);
+        if self.port == 0 {
+            self.port = d.port;
+        }
+        text(&mut self.healthz_bind_address, &d.healthz_bind_address);
+        dur(&mut self.runtime_request_timeout, d.runtime_request_timeout);
+        dur(&mut self.volume_stats_agg_period, d.volume_stats_agg_period);
+        if self.registry_burst == 0 {
+            self.registry_burst = d.registry_burst;
+        }
+        dur(&mut self.image_minimum_gc_age, d.image_minimum_gc_age);
+        text(&mut self.container_log_max_size, &d.container_log_max_size);
+        dur(
+            &mut self.container_log_monitor_interval,
+            d.container_log_monitor_interval,
+        );
+        dur(
+            &mut self.streaming_connection_idle_timeout,
+            d.streaming_connection_idle_timeout,
+        );
+        text(&mut self.pod_logs_dir, &d.pod_logs_dir);
+        if self.max_pods == 0 {
+            self.max_pods = d.max_pods;
+        }
+        text(&mut self.cgroup_driver, &d.cgroup_driver);
+        text(&mut self.cpu_manager_policy, &d.cpu_manager_policy);
+        dur(
+            &mut self.cpu_manager_reconcile_period,
+            d.cpu_manager_reconcile_period,
+        );
+        text(
+            &mut self.config_map_and_secret_change_detection_strategy,
+            &d.config_map_and_secret_change_detection_strategy,
+        );
+        dur(
+            &mut self.eviction_pressure_transition_period,
+            d.eviction_pressure_transition_period,
+        );
+        dur(
+            &mut self.authentication.webhook.cache_ttl,
+            d.authentication.webhook.cache_ttl,
+        );
+        text(&mut self.authorization.mode, &d.authorization.mode);
+        dur(
+            &mut self.authorization.webhook.cache_authorized_ttl,
+            d.authorization.webhook.cache_authorized_ttl,
+        );
+        dur(
+            &mut self.authorization.webhook.cache_unauthorized_ttl,
+            d.authorization.webhook.cache_unauthorized_ttl,
+        );
     }
 
     /// The gates set that the SDK does not know (worth a warning: they change nothing).

@@ -66,6 +66,8 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+pub mod config_file;
+
 pub use async_trait::async_trait;
 pub use jiff::Timestamp;
 pub use kubelet_api::{

@@ -45,11 +45,23 @@ fn parse_strategy(s: &str) -> Result<String, String> {
 }
 
 /// The flags that are fields of the kubelet's configuration.
-pub(crate) fn configure(flags: &ClusterFlags, c: &mut KubeletConfiguration) {
-    c.register_node = flags.register_node;
-    c.node_status_update_frequency = flags.node_status_update_frequency.into();
-    c.node_status_report_frequency = flags.node_status_report_frequency.into();
-    c.config_map_and_secret_change_detection_strategy = flags.change_detection.clone();
+pub(crate) fn configure(
+    flags: &ClusterFlags,
+    given: &crate::Given<'_>,
+    c: &mut KubeletConfiguration,
+) {
+    if given.has("register_node") {
+        c.register_node = flags.register_node;
+    }
+    if given.has("node_status_update_frequency") {
+        c.node_status_update_frequency = flags.node_status_update_frequency.into();
+    }
+    if given.has("node_status_report_frequency") {
+        c.node_status_report_frequency = flags.node_status_report_frequency.into();
+    }
+    if given.has("change_detection") {
+        c.config_map_and_secret_change_detection_strategy = flags.change_detection.clone();
+    }
 }
 
 /// The kubeconfig and API server settings from the flags, or `None` without `--kubeconfig`.

@@ -33,29 +33,41 @@ pub(crate) struct EvictionFlags {
 }
 
 /// The flags that are fields of the kubelet's configuration.
-pub(crate) fn configure(flags: &EvictionFlags, c: &mut KubeletConfiguration) -> anyhow::Result<()> {
-    c.eviction_hard = flags
-        .eviction_hard
-        .as_deref()
-        .map(|f| parse_threshold_flag("--eviction-hard", f))
-        .transpose()?;
-    c.eviction_soft = parse_threshold_flag("--eviction-soft", &flags.eviction_soft)?;
-    c.eviction_soft_grace_period = parse_map_flag(
-        "--eviction-soft-grace-period",
-        &flags.eviction_soft_grace_period,
-    )?;
-    c.eviction_minimum_reclaim = parse_map_flag(
-        "--eviction-minimum-reclaim",
-        &flags.eviction_minimum_reclaim,
-    )?;
-    let (negative, transition) =
-        kubelet::core::duration::parse_go(&flags.eviction_pressure_transition_period)
-            .context("--eviction-pressure-transition-period")?;
-    if negative {
-        anyhow::bail!("--eviction-pressure-transition-period must not be negative");
+pub(crate) fn configure(
+    flags: &EvictionFlags,
+    given: &crate::Given<'_>,
+    c: &mut KubeletConfiguration,
+) -> anyhow::Result<()> {
+    if let Some(f) = flags.eviction_hard.as_deref() {
+        c.eviction_hard = Some(parse_threshold_flag("--eviction-hard", f)?);
     }
-    c.eviction_pressure_transition_period = transition.into();
-    c.eviction_max_pod_grace_period = i32::try_from(flags.eviction_max_pod_grace_period)
-        .context("--eviction-max-pod-grace-period")?;
+    if given.has("eviction_soft") {
+        c.eviction_soft = parse_threshold_flag("--eviction-soft", &flags.eviction_soft)?;
+    }
+    if given.has("eviction_soft_grace_period") {
+        c.eviction_soft_grace_period = parse_map_flag(
+            "--eviction-soft-grace-period",
+            &flags.eviction_soft_grace_period,
+        )?;
+    }
+    if given.has("eviction_minimum_reclaim") {
+        c.eviction_minimum_reclaim = parse_map_flag(
+            "--eviction-minimum-reclaim",
+            &flags.eviction_minimum_reclaim,
+        )?;
+    }
+    if given.has("eviction_pressure_transition_period") {
+        let (negative, transition) =
+            kubelet::core::duration::parse_go(&flags.eviction_pressure_transition_period)
+                .context("--eviction-pressure-transition-period")?;
+        if negative {
+            anyhow::bail!("--eviction-pressure-transition-period must not be negative");
+        }
+        c.eviction_pressure_transition_period = transition.into();
+    }
+    if given.has("eviction_max_pod_grace_period") {
+        c.eviction_max_pod_grace_period = i32::try_from(flags.eviction_max_pod_grace_period)
+            .context("--eviction-max-pod-grace-period")?;
+    }
     Ok(())
 }

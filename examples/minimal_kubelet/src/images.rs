@@ -67,18 +67,44 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The flags that are fields of the kubelet's configuration.
-pub(crate) fn configure(flags: &ImageFlags, c: &mut KubeletConfiguration) {
-    c.serialize_image_pulls = flags.serialize_image_pulls;
-    c.max_parallel_image_pulls = flags.max_parallel_image_pulls;
-    c.registry_pull_qps = flags.registry_qps;
-    c.registry_burst = flags.registry_burst;
-    c.image_gc_high_threshold_percent = flags.image_gc_high_threshold;
-    c.image_gc_low_threshold_percent = flags.image_gc_low_threshold;
-    c.image_minimum_gc_age = flags.minimum_image_ttl_duration.into();
-    c.image_maximum_gc_age = flags.image_maximum_gc_age.into();
-    c.container_log_max_size = flags.container_log_max_size.clone();
-    c.container_log_max_files = flags.container_log_max_files;
-    c.container_log_monitor_interval = flags.container_log_monitor_interval.into();
+pub(crate) fn configure(
+    flags: &ImageFlags,
+    given: &crate::Given<'_>,
+    c: &mut KubeletConfiguration,
+) {
+    if given.has("serialize_image_pulls") {
+        c.serialize_image_pulls = flags.serialize_image_pulls;
+    }
+    if given.has("max_parallel_image_pulls") {
+        c.max_parallel_image_pulls = flags.max_parallel_image_pulls;
+    }
+    if given.has("registry_qps") {
+        c.registry_pull_qps = flags.registry_qps;
+    }
+    if given.has("registry_burst") {
+        c.registry_burst = flags.registry_burst;
+    }
+    if given.has("image_gc_high_threshold") {
+        c.image_gc_high_threshold_percent = flags.image_gc_high_threshold;
+    }
+    if given.has("image_gc_low_threshold") {
+        c.image_gc_low_threshold_percent = flags.image_gc_low_threshold;
+    }
+    if given.has("minimum_image_ttl_duration") {
+        c.image_minimum_gc_age = flags.minimum_image_ttl_duration.into();
+    }
+    if given.has("image_maximum_gc_age") {
+        c.image_maximum_gc_age = flags.image_maximum_gc_age.into();
+    }
+    if given.has("container_log_max_size") {
+        c.container_log_max_size = flags.container_log_max_size.clone();
+    }
+    if given.has("container_log_max_files") {
+        c.container_log_max_files = flags.container_log_max_files;
+    }
+    if given.has("container_log_monitor_interval") {
+        c.container_log_monitor_interval = flags.container_log_monitor_interval.into();
+    }
 }
 
 /// Container garbage collection's policy (flags only, as the kubelet's).

@@ -18,7 +18,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::Parser;
 use kubelet::KubeletConfiguration;
 use kubelet::podconfig::{PushSource, PushSourceConfig};
 use tokio_util::sync::CancellationToken;
@@ -34,9 +33,14 @@ mod resources;
 mod server;
 
 /// Flags, named like the kubelet's.
-#[derive(Debug, Parser)]
+#[derive(Debug, clap::Parser)]
 #[command(name = "minimal_kubelet", version, about)]
 struct Flags {
+    /// The kubelet's configuration file (`KubeletConfiguration`, YAML or JSON). Flags given
+    /// on the command line override its fields; fields this agent does not know are listed in
+    /// one warning and ignored.
+    #[arg(long = "config")]
+    config: Option<PathBuf>,
     /// Directory (or file) of static pod manifests.
     #[arg(long = "pod-manifest-path")]
     pod_manifest_path: Option<PathBuf>,
@@ -175,15 +179,56 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
     }
 }
 
-/// The kubelet's configuration from the flags: the one place flags map into it.
-fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
-    let mut c = KubeletConfiguration::default();
+/// Which flags were given on the command line. With `--config`, only those override the
+/// file (the kubelet re-applies the command line over its file); without one, every flag
+/// (given or defaulted) makes the configuration.
+pub(crate) struct Given<'a> {
+    matches: &'a clap::ArgMatches,
+    all: bool,
+}
+
+impl Given<'_> {
+    /// Whether the flag whose argument id (the field's name) is `id` sets its field.
+    pub(crate) fn has(&self, id: &str) -> bool {
+        self.all || self.matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+    }
+}
+
+/// The kubelet's configuration: `--config`'s file (or the defaults), then the flags: the one
+/// place flags map into it.
+fn configuration(
+    flags: &Flags,
+    matches: &clap::ArgMatches,
+) -> anyhow::Result<KubeletConfiguration> {
+    let mut c = match &flags.config {
+        Some(path) => {
+            let loaded = kubelet::config_file::load(path)?;
+            if !loaded.unknown_fields.is_empty() {
+                tracing::warn!(
+                    file = %loaded.path.display(),
+                    fields = %loaded.unknown_fields.join(", "),
+                    "the configuration file has fields this agent does not know or support; they are ignored"
+                );
+            }
+            loaded.configuration
+        }
+        None => KubeletConfiguration::default(),
+    };
+    let given = Given {
+        matches,
+        all: flags.config.is_none(),
+    };
     if let Some(path) = &flags.pod_manifest_path {
         c.static_pod_path = path.to_string_lossy().into_owned();
     }
-    c.file_check_frequency = flags.file_check_frequency.into();
+    if given.has("file_check_frequency") {
+        c.file_check_frequency = flags.file_check_frequency.into();
+    }
     if let Some(url) = &flags.manifest_url {
         c.static_pod_url = url.clone();
+    }
+    if !flags.manifest_url_header.is_empty() {
+        c.static_pod_url_header.clear();
     }
     for (name, value) in &flags.manifest_url_header {
         c.static_pod_url_header
@@ -191,40 +236,61 @@ fn configuration(flags: &Flags) -> anyhow::Result<KubeletConfiguration> {
             .or_default()
             .push(value.clone());
     }
-    c.http_check_frequency = flags.http_check_frequency.into();
+    if given.has("http_check_frequency") {
+        c.http_check_frequency = flags.http_check_frequency.into();
+    }
     if let Some(dir) = &flags.pod_log_dir {
         c.pod_logs_dir = dir.to_string_lossy().into_owned();
     }
     if let Some(endpoint) = &flags.container_runtime_endpoint {
         c.container_runtime_endpoint = endpoint.clone();
     }
-    c.runtime_request_timeout = flags.runtime_request_timeout.into();
-    c.volume_stats_agg_period = flags.volume_stats_agg_period.into();
-    c.cluster_dns = flags
-        .cluster_dns
-        .iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
+    if given.has("runtime_request_timeout") {
+        c.runtime_request_timeout = flags.runtime_request_timeout.into();
+    }
+    if given.has("volume_stats_agg_period") {
+        c.volume_stats_agg_period = flags.volume_stats_agg_period.into();
+    }
+    if given.has("cluster_dns") {
+        c.cluster_dns = flags
+            .cluster_dns
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+    }
     for ip in &c.cluster_dns {
         ip.parse::<std::net::IpAddr>()
-            .map_err(|_| anyhow::anyhow!("--cluster-dns: {ip:?} is not an IP address"))?;
+            .map_err(|_| anyhow::anyhow!("clusterDNS: {ip:?} is not an IP address"))?;
     }
-    c.cluster_domain = flags.cluster_domain.clone();
-    c.resolv_conf = flags.resolv_conf.clone();
-    c.read_only_port = flags.read_only_port;
-    c.address = flags.address.clone();
-    c.healthz_port = flags.healthz_port;
-    c.healthz_bind_address = flags.healthz_bind_address.clone();
+    if given.has("cluster_domain") {
+        c.cluster_domain = flags.cluster_domain.clone();
+    }
+    if given.has("resolv_conf") {
+        c.resolv_conf = flags.resolv_conf.clone();
+    }
+    if given.has("read_only_port") {
+        c.read_only_port = flags.read_only_port;
+    }
+    if given.has("address") {
+        c.address = flags.address.clone();
+    }
+    if given.has("healthz_port") {
+        c.healthz_port = flags.healthz_port;
+    }
+    if given.has("healthz_bind_address") {
+        c.healthz_bind_address = flags.healthz_bind_address.clone();
+    }
     #[cfg(feature = "eviction")]
-    eviction::configure(&flags.eviction, &mut c)?;
-    images::configure(&flags.images, &mut c);
+    eviction::configure(&flags.eviction, &given, &mut c)?;
+    images::configure(&flags.images, &given, &mut c);
     #[cfg(feature = "cm")]
-    resources::configure(&flags.resources, &mut c);
-    c.feature_gates = flags.feature_gates.clone();
+    resources::configure(&flags.resources, &given, &mut c);
+    // Gates merge key by key with the file's, as the kubelet's do.
+    c.feature_gates.extend(flags.feature_gates.clone());
     #[cfg(feature = "apiserver")]
-    cluster::configure(&flags.cluster, &mut c);
-    server::configure(&flags.server, &mut c);
+    cluster::configure(&flags.cluster, &given, &mut c);
+    server::configure(&flags.server, &given, &mut c);
     Ok(c)
 }
 
@@ -267,7 +333,11 @@ fn main() -> ExitCode {
     if let Some(code) = kubelet::process::shim::maybe_run_shim() {
         return code;
     }
-    let flags = Flags::parse();
+    let matches = <Flags as clap::CommandFactory>::command().get_matches();
+    let flags = match <Flags as clap::FromArgMatches>::from_arg_matches(&matches) {
+        Ok(flags) => flags,
+        Err(e) => e.exit(),
+    };
     init_logging(flags.verbosity, &flags.log_format);
     memory::limit_malloc_arenas();
     raise_open_files_limit();
@@ -284,7 +354,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match rt.block_on(run(flags)) {
+    match rt.block_on(run(flags, matches)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");
@@ -294,10 +364,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(flags: Flags) -> anyhow::Result<()> {
+async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
     tokio::spawn(memory::release_freed_memory());
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
-    let configuration = configuration(&flags)?;
+    let configuration = configuration(&flags, &matches)?;
     #[cfg(feature = "apiserver")]
     let cluster = cluster::api_server_config(&flags.cluster, &configuration, &flags.root_dir)?;
     let summary = startup_summary(&flags, &configuration);

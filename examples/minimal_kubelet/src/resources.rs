@@ -76,21 +76,53 @@ fn parse_map(s: &str) -> Result<BTreeMap<String, String>, String> {
 }
 
 /// The flags that are fields of the kubelet's configuration.
-pub(crate) fn configure(flags: &ResourceFlags, c: &mut KubeletConfiguration) {
-    c.cgroups_per_qos = flags.cgroups_per_qos;
-    c.cgroup_driver = flags.cgroup_driver.clone();
-    c.cgroup_root = flags.cgroup_root.clone();
-    c.kube_reserved = flags.kube_reserved.clone();
-    c.system_reserved = flags.system_reserved.clone();
-    c.enforce_node_allocatable = flags.enforce_node_allocatable.clone();
-    c.max_pods = flags.max_pods;
-    c.pod_pids_limit = flags.pod_pids_limit;
-    c.cpu_cfs_quota = flags.cpu_cfs_quota;
-    c.cpu_manager_policy = flags.cpu_manager_policy.clone();
-    c.cpu_manager_reconcile_period = flags.cpu_manager_reconcile_period.into();
-    c.reserved_system_cpus = flags.reserved_cpus.clone();
-    c.fail_swap_on = flags.fail_swap_on;
-    c.kubelet_cgroups = flags.kubelet_cgroups.clone();
+pub(crate) fn configure(
+    flags: &ResourceFlags,
+    given: &crate::Given<'_>,
+    c: &mut KubeletConfiguration,
+) {
+    if given.has("cgroups_per_qos") {
+        c.cgroups_per_qos = flags.cgroups_per_qos;
+    }
+    if given.has("cgroup_driver") {
+        c.cgroup_driver = flags.cgroup_driver.clone();
+    }
+    if given.has("cgroup_root") {
+        c.cgroup_root = flags.cgroup_root.clone();
+    }
+    if given.has("kube_reserved") {
+        c.kube_reserved = flags.kube_reserved.clone();
+    }
+    if given.has("system_reserved") {
+        c.system_reserved = flags.system_reserved.clone();
+    }
+    if given.has("enforce_node_allocatable") {
+        c.enforce_node_allocatable = flags.enforce_node_allocatable.clone();
+    }
+    if given.has("max_pods") {
+        c.max_pods = flags.max_pods;
+    }
+    if given.has("pod_pids_limit") {
+        c.pod_pids_limit = flags.pod_pids_limit;
+    }
+    if given.has("cpu_cfs_quota") {
+        c.cpu_cfs_quota = flags.cpu_cfs_quota;
+    }
+    if given.has("cpu_manager_policy") {
+        c.cpu_manager_policy = flags.cpu_manager_policy.clone();
+    }
+    if given.has("cpu_manager_reconcile_period") {
+        c.cpu_manager_reconcile_period = flags.cpu_manager_reconcile_period.into();
+    }
+    if given.has("reserved_cpus") {
+        c.reserved_system_cpus = flags.reserved_cpus.clone();
+    }
+    if given.has("fail_swap_on") {
+        c.fail_swap_on = flags.fail_swap_on;
+    }
+    if given.has("kubelet_cgroups") {
+        c.kubelet_cgroups = flags.kubelet_cgroups.clone();
+    }
 }
 
 #[cfg(test)]

@@ -63,31 +63,55 @@ pub(crate) struct ServerFlags {
 }
 
 /// The flags that are fields of the kubelet's configuration.
-pub(crate) fn configure(flags: &ServerFlags, c: &mut KubeletConfiguration) {
-    c.port = flags.port;
+pub(crate) fn configure(
+    flags: &ServerFlags,
+    given: &crate::Given<'_>,
+    c: &mut KubeletConfiguration,
+) {
+    if given.has("port") {
+        c.port = flags.port;
+    }
     if let Some(ca) = &flags.client_ca_file {
         c.authentication.x509.client_ca_file = ca.to_string_lossy().into_owned();
     }
-    c.authentication.webhook.enabled = flags.authentication_token_webhook;
-    c.authentication.webhook.cache_ttl = flags.authentication_token_webhook_cache_ttl.into();
-    c.authentication.anonymous.enabled = flags.anonymous_auth;
-    c.authorization.mode = flags.authorization_mode.clone();
-    c.authorization.webhook.cache_authorized_ttl =
-        flags.authorization_webhook_cache_authorized_ttl.into();
-    c.authorization.webhook.cache_unauthorized_ttl =
-        flags.authorization_webhook_cache_unauthorized_ttl.into();
+    if given.has("authentication_token_webhook") {
+        c.authentication.webhook.enabled = flags.authentication_token_webhook;
+    }
+    if given.has("authentication_token_webhook_cache_ttl") {
+        c.authentication.webhook.cache_ttl = flags.authentication_token_webhook_cache_ttl.into();
+    }
+    if given.has("anonymous_auth") {
+        c.authentication.anonymous.enabled = flags.anonymous_auth;
+    }
+    if given.has("authorization_mode") {
+        c.authorization.mode = flags.authorization_mode.clone();
+    }
+    if given.has("authorization_webhook_cache_authorized_ttl") {
+        c.authorization.webhook.cache_authorized_ttl =
+            flags.authorization_webhook_cache_authorized_ttl.into();
+    }
+    if given.has("authorization_webhook_cache_unauthorized_ttl") {
+        c.authorization.webhook.cache_unauthorized_ttl =
+            flags.authorization_webhook_cache_unauthorized_ttl.into();
+    }
     if let Some(f) = &flags.tls_cert_file {
         c.tls_cert_file = f.to_string_lossy().into_owned();
     }
     if let Some(f) = &flags.tls_private_key_file {
         c.tls_private_key_file = f.to_string_lossy().into_owned();
     }
-    c.tls_min_version = flags.tls_min_version.clone();
-    c.tls_cipher_suites = flags
-        .tls_cipher_suites
-        .iter()
-        .map(|s| s.trim().to_string())
-        .filter(|s| !s.is_empty())
-        .collect();
-    c.enable_debugging_handlers = flags.enable_debugging_handlers;
+    if given.has("tls_min_version") {
+        c.tls_min_version = flags.tls_min_version.clone();
+    }
+    if given.has("tls_cipher_suites") {
+        c.tls_cipher_suites = flags
+            .tls_cipher_suites
+            .iter()
+            .map(|s| s.trim().to_string())
+            .filter(|s| !s.is_empty())
+            .collect();
+    }
+    if given.has("enable_debugging_handlers") {
+        c.enable_debugging_handlers = flags.enable_debugging_handlers;
+    }
 }

@@ -2513,3 +2513,156 @@ fn a_chatty_containers_logs_rotate_at_10_mib_keeping_five_files_and_a_follower_l
     env.remove_manifest("chatty.json");
     env.wait_pod_gone(&name);
 }
+
+/// A kubeadm-written `config.yaml` (1.31–1.33 layout) with this test's changes: anonymous
+/// requests allowed so `/configz` can be read without credentials, a relative `resolvConf`.
+const KUBEADM_CONFIG: &str = "\
+apiVersion: kubelet.config.k8s.io/v1beta1
+authentication:
+  anonymous:
+    enabled: true
+  webhook:
+    cacheTTL: 0s
+    enabled: false
+authorization:
+  mode: AlwaysAllow
+  webhook:
+    cacheAuthorizedTTL: 0s
+    cacheUnauthorizedTTL: 0s
+cgroupDriver: systemd
+clusterDNS:
+- 10.96.0.10
+clusterDomain: cluster.local
+containerRuntimeEndpoint: \"\"
+cpuManagerReconcilePeriod: 0s
+crashLoopBackOff: {}
+evictionPressureTransitionPeriod: 0s
+fileCheckFrequency: 0s
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+httpCheckFrequency: 0s
+imageMaximumGCAge: 0s
+imageMinimumGCAge: 0s
+kind: KubeletConfiguration
+logging:
+  flushFrequency: 0
+  options:
+    json:
+      infoBufferSize: \"0\"
+    text:
+      infoBufferSize: \"0\"
+  verbosity: 0
+memorySwap: {}
+nodeStatusReportFrequency: 0s
+nodeStatusUpdateFrequency: 0s
+resolvConf: resolv.conf
+rotateCertificates: true
+runtimeRequestTimeout: 0s
+shutdownGracePeriod: 0s
+shutdownGracePeriodCriticalPods: 0s
+staticPodPath: /etc/kubernetes/manifests
+streamingConnectionIdleTimeout: 0s
+syncFrequency: 0s
+volumeStatsAggPeriod: 0s
+";
+
+/// `--config` with a kubeadm-style file and flags on top: the effective configuration that
+/// `/configz` shows is the golden one (`tests/fixtures/configz-kubeadm.json`, `$DIR` standing for
+/// the test's directory): the file's values, the kubelet's defaults for its zero values, paths
+/// relative to the file, every flag given on the command line over the file (the harness's
+/// `--pod-manifest-path`, `--healthz-port`, `--file-check-frequency`, `--eviction-hard`…, and
+/// `--cgroup-driver`, `--sync-frequency`-less flags left to the file), and one warning listing
+/// the fields this agent does not support. `UPDATE_GOLDEN=1` rewrites the golden file.
+#[test]
+fn a_kubeadm_config_file_with_flags_on_top_gives_the_golden_configz() {
+    let mut env = Env::new("configfile");
+    env.api_port = free_port();
+    let base = env._dir.path().to_path_buf();
+    let config = base.join("etc").join("config.yaml");
+    std::fs::create_dir_all(config.parent().expect("parent")).expect("mkdir");
+    std::fs::write(&config, KUBEADM_CONFIG).expect("write config");
+    std::fs::write(base.join("etc/resolv.conf"), "nameserver 127.0.0.1\n").expect("resolv");
+    env.extra_args = vec![
+        "--config".into(),
+        config.to_string_lossy().into_owned(),
+        "--cgroup-driver".into(),
+        "cgroupfs".into(),
+        "--feature-gates".into(),
+        "EventedPLEG=false".into(),
+        "--fail-swap-on=false".into(),
+    ];
+    env.start();
+    let o = Command::new("curl")
+        .args(["-sk"])
+        .arg(format!("https://127.0.0.1:{}/configz", env.api_port))
+        .output()
+        .expect("curl");
+    let body = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut got: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    // The ports are the harness's free ones: given as flags, checked here.
+    let c = &mut got["kubeletconfig"];
+    assert_eq!(c["port"], env.api_port, "{body}");
+    assert_eq!(c["readOnlyPort"], env.port, "{body}");
+    c["port"] = json!("$PORT");
+    c["readOnlyPort"] = json!("$READ_ONLY_PORT");
+    let dir = base.to_string_lossy().into_owned();
+    let rendered = serde_json::to_string_pretty(&got)
+        .expect("render")
+        .replace(&dir, "$DIR");
+    let golden = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/configz-kubeadm.json");
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&golden, format!("{rendered}\n")).expect("write golden");
+    }
+    let want = std::fs::read_to_string(&golden).expect("golden file");
+    assert_eq!(
+        rendered.trim(),
+        want.trim(),
+        "/configz differs from {}",
+        golden.display()
+    );
+    let warnings = env.stderr_lines_with("does not know or support");
+    assert_eq!(warnings.len(), 1, "{}", env.stderr());
+    assert!(
+        warnings[0].contains("crashLoopBackOff, logging, memorySwap"),
+        "{}",
+        warnings[0]
+    );
+}
+
+/// A file the agent cannot use stops it at start with a message naming the file and the field.
+#[test]
+fn a_bad_config_file_stops_the_agent_naming_the_field() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases = [
+        (
+            "apiVersion: kubelet.config.k8s.io/v1alpha1\nkind: KubeletConfiguration\n",
+            "want kubelet.config.k8s.io/v1beta1/KubeletConfiguration",
+        ),
+        (
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nsyncFrequency: -1s\n",
+            "syncFrequency: duration \"-1s\" must not be negative",
+        ),
+        (
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nport: many\n",
+            "port: invalid type",
+        ),
+        ("", "was empty"),
+    ];
+    for (i, (text, want)) in cases.into_iter().enumerate() {
+        let path = dir.path().join(format!("c{i}.yaml"));
+        std::fs::write(&path, text).expect("write");
+        let o = Command::new(BIN)
+            .arg("--config")
+            .arg(&path)
+            .args(["--root-dir", &dir.path().join("root").to_string_lossy()])
+            .env("NO_COLOR", "1")
+            .output()
+            .expect("run");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{text}: {stderr}");
+        assert!(
+            stderr.contains(want) && stderr.contains(&format!("c{i}.yaml")),
+            "{text}: want {want:?} in\n{stderr}"
+        );
+    }
+}
