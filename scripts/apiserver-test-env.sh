@@ -39,6 +39,11 @@
 # TokenRequest token, `kube-root-ca.crt` and the namespace); a kube-controller-manager runs the
 # `serviceaccount` controller (the `default` ServiceAccount of every namespace) and the
 # `root-ca-cert-publisher` (the `kube-root-ca.crt` ConfigMap of every namespace).
+# KUBELET_SDK_BOOTSTRAP=1 (start; implies the above) makes the environment a kubeadm cluster a
+# node joins with a bootstrap token: bootstrap-token authentication, the controller-manager's
+# CSR approver, signer (the CA of CA_FILE; certificates valid for KUBELET_SDK_SIGNING_DURATION,
+# default 8760h) and cleaners, kubeadm's bindings, and BOOTSTRAP_KUBECONFIG / BOOTSTRAP_TOKEN
+# in the settings.
 set -euo pipefail
 
 KUBE_VERSION="1.20.2"
@@ -391,6 +396,10 @@ write_env() {
         echo "CA_FILE=$env/pki/ca.crt"
         echo "ADMIN_TOKEN=$(cut -d, -f1 "$env/tokens.csv")"
         echo "AUDIT_LOG=$env/audit.log"
+        if [ -f "$env/bootstrap.kubeconfig" ]; then
+            echo "BOOTSTRAP_KUBECONFIG=$env/bootstrap.kubeconfig"
+            echo "BOOTSTRAP_TOKEN=$(cat "$env/bootstrap-token")"
+        fi
     } >"$env/env.tmp"
     mv -f "$env/env.tmp" "$env/env"
 }
@@ -443,11 +452,19 @@ EOF
     kubeconfig "$env/node.kubeconfig" "$url" "$pki" node
 
     local admission_and_gates="--disable-admission-plugins=ServiceAccount"
-    if [ "${KUBELET_SDK_SERVICE_ACCOUNTS:-0}" = 1 ]; then
+    local bootstrap=${KUBELET_SDK_BOOTSTRAP:-0} controllers=serviceaccount,root-ca-cert-publisher
+    if [ "$bootstrap" = 1 ]; then
+        controllers="$controllers,csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner"
+        echo "$(openssl rand -hex 3).$(openssl rand -hex 8)" >"$env/bootstrap-token"
+    fi
+    if [ "${KUBELET_SDK_SERVICE_ACCOUNTS:-0}" = 1 ] || [ "$bootstrap" = 1 ]; then
         admission_and_gates="--feature-gates=BoundServiceAccountTokenVolume=true"
         cat >"$env/controller-manager.args" <<EOF
 --kubeconfig=$env/admin.kubeconfig
---controllers=serviceaccount,root-ca-cert-publisher
+--controllers=$controllers
+--cluster-signing-cert-file=$pki/ca.crt
+--cluster-signing-key-file=$pki/ca.key
+--cluster-signing-duration=${KUBELET_SDK_SIGNING_DURATION:-8760h}
 --root-ca-file=$pki/ca.crt
 --service-account-private-key-file=$pki/sa.key
 --feature-gates=BoundServiceAccountTokenVolume=true
@@ -480,6 +497,7 @@ $admission_and_gates
 --service-account-signing-key-file=$pki/sa.key
 --api-audiences=https://kubernetes.default.svc
 --allow-privileged=true
+--enable-bootstrap-token-auth=$([ "$bootstrap" = 1 ] && echo true || echo false)
 --kubelet-client-certificate=$pki/kubelet-client.crt
 --kubelet-client-key=$pki/kubelet-client.key
 --kubelet-preferred-address-types=InternalIP,Hostname
@@ -500,8 +518,64 @@ EOF
     launch_etcd "$env"
     launch_apiserver "$env"
     [ -f "$env/controller-manager.args" ] && launch_controller_manager "$env"
+    [ "$bootstrap" = 1 ] && bootstrap_objects "$env"
     write_env "$env"
     cat "$env/env"
+}
+
+# What kubeadm creates for a node joining with a bootstrap token: the token's Secret (group
+# system:bootstrappers:kubeadm:default-node-token), the bindings that let the group create
+# CertificateSigningRequests and have them approved (nodeclient), the binding that lets nodes
+# have their renewals approved (selfnodeclient), and a bootstrap kubeconfig with the token.
+bootstrap_objects() {
+    local env=$1 url pki="$env/pki" token id secret
+    url=$(sed -n 's/^APISERVER_URL=//p' "$env/ports")
+    token=$(cat "$env/bootstrap-token")
+    id=${token%%.*}
+    secret=${token#*.}
+    post() {
+        curl -sf --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
+            -H 'Content-Type: application/json' -X POST "$url$1" -d "$2" >/dev/null ||
+            die "creating $1 failed"
+    }
+    local group=system:bootstrappers:kubeadm:default-node-token
+    post /api/v1/namespaces/kube-system/secrets "{\"apiVersion\":\"v1\",\"kind\":\"Secret\",
+        \"metadata\":{\"name\":\"bootstrap-token-$id\",\"namespace\":\"kube-system\"},
+        \"type\":\"bootstrap.kubernetes.io/token\",
+        \"stringData\":{\"token-id\":\"$id\",\"token-secret\":\"$secret\",
+        \"usage-bootstrap-authentication\":\"true\",\"usage-bootstrap-signing\":\"true\",
+        \"auth-extra-groups\":\"$group\",\"description\":\"kubelet-sdk test bootstrap token\"}}"
+    binding() {
+        post /apis/rbac.authorization.k8s.io/v1/clusterrolebindings "{\"apiVersion\":\"rbac.authorization.k8s.io/v1\",
+            \"kind\":\"ClusterRoleBinding\",\"metadata\":{\"name\":\"$1\"},
+            \"roleRef\":{\"apiGroup\":\"rbac.authorization.k8s.io\",\"kind\":\"ClusterRole\",\"name\":\"$2\"},
+            \"subjects\":[{\"apiGroup\":\"rbac.authorization.k8s.io\",\"kind\":\"Group\",\"name\":\"$3\"}]}"
+    }
+    binding kubeadm:kubelet-bootstrap system:node-bootstrapper "$group"
+    binding kubeadm:node-autoapprove-bootstrap \
+        system:certificates.k8s.io:certificatesigningrequests:nodeclient "$group"
+    binding kubeadm:node-autoapprove-certificate-rotation \
+        system:certificates.k8s.io:certificatesigningrequests:selfnodeclient system:nodes
+    cat >"$env/bootstrap.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: kubelet-sdk-test
+  cluster:
+    server: $url
+    certificate-authority: $pki/ca.crt
+users:
+- name: tls-bootstrap-token-user
+  user:
+    token: $token
+contexts:
+- name: tls-bootstrap-token-user@kubelet-sdk-test
+  context:
+    cluster: kubelet-sdk-test
+    user: tls-bootstrap-token-user
+current-context: tls-bootstrap-token-user@kubelet-sdk-test
+EOF
+    chmod 600 "$env/bootstrap.kubeconfig"
 }
 
 # Starts the controller-manager of ENVDIR and waits until the `default` namespace has its

@@ -41,6 +41,8 @@ pub(crate) struct Shared {
     pub(crate) services: crate::services::ServiceCache,
     /// The ConfigMap/Secret provider handed to the agent (its watches ask the agent for syncs).
     pub(crate) objects: crate::objects::ApiObjects,
+    /// The client certificate's rotation, when on.
+    pub(crate) certificates: RwLock<Option<Arc<crate::certificate::ClientCertificates>>>,
 }
 
 /// One node's connection to the API server. Cheap to clone.
@@ -93,6 +95,7 @@ impl ApiServer {
                 recorder: RwLock::new(None),
                 mirrors: MirrorPods::default(),
                 unknown_status_fields: RwLock::new(std::collections::HashSet::new()),
+                certificates: RwLock::new(None),
                 services: services.clone(),
                 objects: crate::objects::ApiObjects::new(client.clone())
                     .with_strategy(config.change_detection)
@@ -115,6 +118,18 @@ impl ApiServer {
             node_name,
             config,
         ))
+    }
+
+    /// Keep the client certificate fresh with `certificates` (from
+    /// [`certificate::connect`](crate::certificate::connect), the manager of the client this
+    /// integration was made with): its loop runs with the integration's, its metrics are the
+    /// plugin's.
+    pub fn with_client_certificates(
+        self,
+        certificates: Arc<crate::certificate::ClientCertificates>,
+    ) -> Self {
+        *self.shared.certificates.write() = Some(certificates);
+        self
     }
 
     /// Record node events (`NodeReady`, `NodeNotReady`) with the agent's recorder (see
@@ -180,6 +195,12 @@ impl ApiServer {
             .shared
             .services
             .run(self.shared.client.clone(), shutdown.clone());
+        let certificates = self.shared.certificates.read().clone();
+        let rotation = async {
+            if let Some(c) = certificates {
+                c.run(shutdown.clone()).await;
+            }
+        };
         let node = async {
             let Some(node) = self.register_until_done(&shutdown).await else {
                 return;
@@ -190,7 +211,7 @@ impl ApiServer {
                 self.extra_loops(&shutdown),
             );
         };
-        tokio::join!(services, node);
+        tokio::join!(services, node, rotation);
     }
 
     fn nodes(&self) -> Api<Node> {

@@ -14,6 +14,8 @@ pub struct ApiServerConfig {
     pub register_node: bool,
     /// `--node-labels`: extra labels set when the node registers.
     pub node_labels: BTreeMap<String, String>,
+    /// `registerWithTaints` (`--register-with-taints`): taints the Node is created with.
+    pub register_with_taints: Vec<k8s_openapi::api::core::v1::Taint>,
     /// `nodeStatusUpdateFrequency` (10 s): how often the node status is computed, and posted if
     /// it changed.
     pub node_status_update_frequency: Duration,
@@ -61,6 +63,7 @@ impl Default for ApiServerConfig {
         Self {
             register_node: true,
             node_labels: BTreeMap::new(),
+            register_with_taints: Vec::new(),
             node_status_update_frequency: Duration::from_secs(10),
             node_status_report_frequency: Duration::from_secs(300),
             node_lease_duration_seconds: 40,
@@ -117,6 +120,40 @@ impl ApiServerConfig {
         self.kubelet_port = Some(port);
         self
     }
+}
+
+/// Parse `--register-with-taints` (`key=value:Effect,key:Effect`), as the kubelet does: the
+/// effect is `NoSchedule`, `PreferNoSchedule` or `NoExecute`; the value may be omitted.
+pub fn parse_taints(s: &str) -> Result<Vec<k8s_openapi::api::core::v1::Taint>, ApiServerError> {
+    let mut taints = Vec::new();
+    for spec in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let bad = |reason: &str| ApiServerError::InvalidTaint {
+            taint: spec.to_string(),
+            reason: reason.to_string(),
+        };
+        let (kv, effect) = spec
+            .rsplit_once(':')
+            .ok_or_else(|| bad("want key[=value]:Effect"))?;
+        if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+            return Err(bad(
+                "the effect must be NoSchedule, PreferNoSchedule or NoExecute",
+            ));
+        }
+        let (key, value) = match kv.split_once('=') {
+            Some((k, v)) => (k, Some(v.to_string())),
+            None => (kv, None),
+        };
+        if key.is_empty() {
+            return Err(bad("the key is empty"));
+        }
+        taints.push(k8s_openapi::api::core::v1::Taint {
+            key: key.to_string(),
+            value,
+            effect: effect.to_string(),
+            time_added: None,
+        });
+    }
+    Ok(taints)
 }
 
 /// Parse `--node-labels` (`key=value,key2=value2`), checking keys and values as the API does.
@@ -199,5 +236,24 @@ mod tests {
         assert!(parse_node_labels("a=-bad").is_err());
         assert!(parse_node_labels("=v").is_err());
         assert!(parse_node_labels("").expect("empty is fine").is_empty());
+    }
+
+    #[test]
+    fn taints_parse_as_the_kubelets_flag() {
+        let t = parse_taints("dedicated=edge:NoSchedule, gpu:NoExecute").expect("valid");
+        assert_eq!(t.len(), 2);
+        assert_eq!(
+            (
+                t[0].key.as_str(),
+                t[0].value.as_deref(),
+                t[0].effect.as_str()
+            ),
+            ("dedicated", Some("edge"), "NoSchedule")
+        );
+        assert_eq!((t[1].key.as_str(), t[1].value.as_deref()), ("gpu", None));
+        assert!(parse_taints("a=b").is_err());
+        assert!(parse_taints("a=b:Sometimes").is_err());
+        assert!(parse_taints(":NoSchedule").is_err());
+        assert!(parse_taints("").expect("empty").is_empty());
     }
 }

@@ -25,6 +25,9 @@ pub enum ApiServerError {
         #[source]
         source: kube::config::KubeconfigError,
     },
+    /// The node's client certificate could not be bootstrapped, read or stored.
+    #[error("the node's client certificate")]
+    Certificate(#[source] Box<crate::certificate::CertificateError>),
     /// The HTTP client could not be built from the configuration (TLS material, proxy).
     #[error("creating the API client")]
     CreateClient(#[source] kube::Error),
@@ -38,6 +41,14 @@ pub enum ApiServerError {
     InvalidNodeLabel {
         /// The entry as given.
         label: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A `--register-with-taints` entry is not `key[=value]:Effect`.
+    #[error("invalid taint {taint:?}: {reason}")]
+    InvalidTaint {
+        /// The entry as given.
+        taint: String,
         /// What is wrong with it.
         reason: String,
     },

@@ -58,6 +58,7 @@
 #![forbid(unsafe_code)]
 
 mod agent;
+pub mod certificate;
 pub mod config;
 pub mod error;
 pub mod events;
@@ -74,7 +75,7 @@ pub mod sink;
 pub mod source;
 
 pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
-pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels};
+pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels, parse_taints};
 pub use error::ApiServerError;
 pub use node::NodeStatusInputs;
 pub use objects::{ApiObjects, ChangeDetection};

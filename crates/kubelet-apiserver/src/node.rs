@@ -238,6 +238,12 @@ pub fn initial_node(node_name: &str, config: &ApiServerConfig) -> Node {
             )])),
             ..Default::default()
         },
+        spec: (!config.register_with_taints.is_empty()).then(|| {
+            k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(config.register_with_taints.clone()),
+                ..Default::default()
+            }
+        }),
         ..Default::default()
     }
 }

@@ -34,6 +34,12 @@ impl AgentPlugin for ApiServer {
         Some(Arc::new(self.objects()))
     }
 
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        if let Some(c) = self.shared.certificates.read().as_ref() {
+            c.register_metrics(registry);
+        }
+    }
+
     async fn run(
         &self,
         ctx: PluginContext,
@@ -63,6 +69,7 @@ impl ApiServerConfig {
                 c.node_status_report_frequency.as_duration(),
             );
         config.max_pods = i64::from(c.max_pods);
+        config.register_with_taints = c.register_with_taints.clone();
         // Checked by `ChangeDetection::from_str` where the configuration is loaded; an unknown
         // value keeps the default here.
         if let Ok(strategy) = c.config_map_and_secret_change_detection_strategy.parse() {

@@ -226,6 +226,20 @@ impl ReloadingIdentity {
         }))
     }
 
+    /// Read the files again now (a pair just written), whatever the last look; on an error
+    /// the previous pair stays (and the error is logged).
+    pub fn reload_now(&self) {
+        let mut state = self.state.lock();
+        state.checked = Instant::now();
+        state.stamps = (stamp(&self.cert), stamp(&self.key));
+        match load_pair(&self.cert, &self.key, &self.provider) {
+            Ok(pair) => state.current = pair,
+            Err(e) => {
+                tracing::warn!(error = %e, "the certificate files cannot be loaded; using the previous pair");
+            }
+        }
+    }
+
     /// The certificate file.
     pub fn cert_path(&self) -> &Path {
         &self.cert

@@ -161,6 +161,16 @@ pub struct ApiServerEnv {
     ca_file: PathBuf,
     admin_token: String,
     audit_log: PathBuf,
+    bootstrap_kubeconfig: Option<PathBuf>,
+}
+
+/// What kind of cluster [`ApiServerEnv`] starts.
+#[derive(Debug, Clone, Copy)]
+enum Kind<'a> {
+    Plain,
+    ServiceAccounts,
+    /// Bootstrap tokens and the CSR controllers, certificates valid for the duration given.
+    Bootstrap(&'a str),
 }
 
 impl ApiServerEnv {
@@ -173,7 +183,7 @@ impl ApiServerEnv {
 
     /// Starts one with node credentials (`system:node:<node>`) for `node`.
     pub fn start_for_node(test: &str, node: &str) -> Option<Self> {
-        Self::start_env(test, node, false)
+        Self::start_env(test, node, Kind::Plain)
     }
 
     /// Starts one that treats service accounts as a Kubernetes ≥ 1.21 cluster does: the gate
@@ -182,10 +192,20 @@ impl ApiServerEnv {
     /// and a kube-controller-manager making each namespace's `default` ServiceAccount and
     /// `kube-root-ca.crt` ConfigMap (`KUBELET_SDK_SERVICE_ACCOUNTS=1` of the script).
     pub fn start_with_service_accounts(test: &str, node: &str) -> Option<Self> {
-        Self::start_env(test, node, true)
+        Self::start_env(test, node, Kind::ServiceAccounts)
     }
 
-    fn start_env(test: &str, node: &str, service_accounts: bool) -> Option<Self> {
+    /// Starts one a node joins as with kubeadm: what
+    /// [`start_with_service_accounts`](Self::start_with_service_accounts) starts, plus
+    /// bootstrap-token authentication, kubeadm's bootstrap bindings, and the controller-manager's
+    /// CSR approver and signer issuing certificates valid for `signing_duration` (a Go
+    /// duration such as `90s`); [`bootstrap_kubeconfig`](Self::bootstrap_kubeconfig) holds the
+    /// token (`KUBELET_SDK_BOOTSTRAP=1` of the script).
+    pub fn start_with_bootstrap(test: &str, node: &str, signing_duration: &str) -> Option<Self> {
+        Self::start_env(test, node, Kind::Bootstrap(signing_duration))
+    }
+
+    fn start_env(test: &str, node: &str, kind: Kind<'_>) -> Option<Self> {
         let skip = |why: String| -> Option<Self> {
             if required() {
                 panic!("{test}: {why} (KUBELET_SDK_REQUIRE_ROOT=1 makes this a failure)");
@@ -208,7 +228,26 @@ impl ApiServerEnv {
             .env("KUBELET_SDK_ENV_OWNER_PID", std::process::id().to_string())
             .env(
                 "KUBELET_SDK_SERVICE_ACCOUNTS",
-                if service_accounts { "1" } else { "0" },
+                if matches!(kind, Kind::Plain) {
+                    "0"
+                } else {
+                    "1"
+                },
+            )
+            .env(
+                "KUBELET_SDK_BOOTSTRAP",
+                if matches!(kind, Kind::Bootstrap(_)) {
+                    "1"
+                } else {
+                    "0"
+                },
+            )
+            .env(
+                "KUBELET_SDK_SIGNING_DURATION",
+                match kind {
+                    Kind::Bootstrap(d) => d,
+                    _ => "8760h",
+                },
             )
             .output();
         let out = match out {
@@ -237,6 +276,7 @@ impl ApiServerEnv {
             ca_file: PathBuf::from(get("CA_FILE")),
             admin_token: get("ADMIN_TOKEN"),
             audit_log: PathBuf::from(get("AUDIT_LOG")),
+            bootstrap_kubeconfig: vars.get("BOOTSTRAP_KUBECONFIG").map(PathBuf::from),
             dir,
         })
     }
@@ -299,6 +339,12 @@ impl ApiServerEnv {
     /// A bearer token for `admin` in `system:masters`.
     pub fn admin_token(&self) -> &str {
         &self.admin_token
+    }
+
+    /// The kubeconfig with the bootstrap token (environments from
+    /// [`start_with_bootstrap`](Self::start_with_bootstrap)).
+    pub fn bootstrap_kubeconfig(&self) -> Option<&Path> {
+        self.bootstrap_kubeconfig.as_deref()
     }
 
     /// The API server's audit log (one JSON event per line, level Metadata, every request).

@@ -237,6 +237,8 @@ pub struct AgentBuilder {
     /// The kubeconfig, and API-server settings when given explicitly (else derived from the
     /// configuration at build, whatever order the builder's methods were called in).
     cluster: Option<(PathBuf, Option<kubelet_apiserver::ApiServerConfig>)>,
+    #[cfg(feature = "apiserver")]
+    bootstrap_kubeconfig: Option<PathBuf>,
     default_server: bool,
     cert_dir: Option<PathBuf>,
     node_ip: Option<std::net::IpAddr>,
@@ -283,6 +285,8 @@ impl AgentBuilder {
             pod_infra_container_image: None,
             #[cfg(feature = "apiserver")]
             cluster: None,
+            #[cfg(feature = "apiserver")]
+            bootstrap_kubeconfig: None,
             default_server: true,
             cert_dir: None,
             node_ip: None,
@@ -478,6 +482,18 @@ impl AgentBuilder {
         self
     }
 
+    /// `--bootstrap-kubeconfig`: when the kubeconfig of [`kubeconfig`](Self::kubeconfig) or
+    /// [`cluster`](Self::cluster) has no valid client certificate (missing, expired, for
+    /// another node), the agent requests one with these credentials (a bootstrap token) at
+    /// build, stores it in the certificate directory ([`cert_dir`](Self::cert_dir)) and writes
+    /// the kubeconfig ([`kubelet_apiserver::certificate`]). With `rotateCertificates` in the
+    /// configuration it is renewed before it expires.
+    #[cfg(feature = "apiserver")]
+    pub fn bootstrap_kubeconfig(mut self, path: impl Into<PathBuf>) -> Self {
+        self.bootstrap_kubeconfig = Some(path.into());
+        self
+    }
+
     /// Add a pod source.
     pub fn pod_source(mut self, source: Arc<dyn PodSource>) -> Self {
         self.inner = self.inner.pod_source(source);
@@ -531,6 +547,8 @@ impl AgentBuilder {
             pod_infra_container_image,
             #[cfg(feature = "apiserver")]
             cluster,
+            #[cfg(feature = "apiserver")]
+            bootstrap_kubeconfig,
             default_server,
             cert_dir,
             node_ip,
@@ -708,12 +726,24 @@ impl AgentBuilder {
                     .as_deref()
                     .and_then(|ip| ip.parse::<std::net::IpAddr>().ok()),
             );
-            let api = kubelet_apiserver::ApiServer::from_kubeconfig(
+            let mut certificates = kubelet_apiserver::certificate::ClientCertificateConfig::new(
                 &path,
+                cert_dir.clone().unwrap_or_else(|| root_dir.join("pki")),
+            )
+            .rotate(c.rotate_certificates);
+            if let Some(bootstrap) = &bootstrap_kubeconfig {
+                certificates = certificates.bootstrap_kubeconfig(bootstrap);
+            }
+            let (client, rotation) =
+                kubelet_apiserver::certificate::connect(&node_name, &certificates).await?;
+            let mut api = kubelet_apiserver::ApiServer::new(
+                client,
                 node_name.clone(),
                 config.root_dir(&root_dir),
-            )
-            .await?;
+            );
+            if let Some(rotation) = rotation {
+                api = api.with_client_certificates(rotation);
+            }
             reviews = Some(api.client());
             builder = builder.plugin(Arc::new(api));
         }

@@ -15,6 +15,17 @@ pub(crate) struct ClusterFlags {
     /// certificate). Unset: standalone, pods come only from the other sources.
     #[arg(long = "kubeconfig")]
     pub(crate) kubeconfig: Option<PathBuf>,
+    /// Kubeconfig with a bootstrap token: when --kubeconfig has no valid client certificate,
+    /// one is requested with it (a CertificateSigningRequest), stored in --cert-dir and
+    /// --kubeconfig is written to use it.
+    #[arg(long = "bootstrap-kubeconfig")]
+    pub(crate) bootstrap_kubeconfig: Option<PathBuf>,
+    /// Renew the client certificate before it expires (`rotateCertificates`).
+    #[arg(long = "rotate-certificates", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    rotate_certificates: bool,
+    /// Taints the Node is created with, `key=value:Effect,key2:Effect`.
+    #[arg(long = "register-with-taints", default_value = "")]
+    register_with_taints: String,
     /// Create the Node object when it does not exist.
     #[arg(long = "register-node", default_value_t = true, action = clap::ArgAction::Set)]
     register_node: bool,
@@ -49,7 +60,14 @@ pub(crate) fn configure(
     flags: &ClusterFlags,
     given: &crate::Given<'_>,
     c: &mut KubeletConfiguration,
-) {
+) -> anyhow::Result<()> {
+    if given.has("rotate_certificates") {
+        c.rotate_certificates = flags.rotate_certificates;
+    }
+    if given.has("register_with_taints") {
+        c.register_with_taints = kubelet::apiserver::parse_taints(&flags.register_with_taints)
+            .context("--register-with-taints")?;
+    }
     if given.has("register_node") {
         c.register_node = flags.register_node;
     }
@@ -62,6 +80,7 @@ pub(crate) fn configure(
     if given.has("change_detection") {
         c.config_map_and_secret_change_detection_strategy = flags.change_detection.clone();
     }
+    Ok(())
 }
 
 /// The kubeconfig and API server settings from the flags, or `None` without `--kubeconfig`.
@@ -71,6 +90,9 @@ pub(crate) fn api_server_config(
     root_dir: &Path,
 ) -> anyhow::Result<Option<(PathBuf, ApiServerConfig)>> {
     let Some(path) = &flags.kubeconfig else {
+        if flags.bootstrap_kubeconfig.is_some() {
+            anyhow::bail!("--bootstrap-kubeconfig needs --kubeconfig (the file it writes)");
+        }
         return Ok(None);
     };
     let mut config = ApiServerConfig::from_configuration(configuration)

@@ -83,8 +83,8 @@ struct Flags {
     /// Default `/var/log/pods`.
     #[arg(long = "pod-log-dir")]
     pod_log_dir: Option<PathBuf>,
-    /// Node name; defaults to the hostname.
-    #[arg(long = "node-name")]
+    /// Node name; defaults to the hostname. `--hostname-override` is the kubelet's name for it.
+    #[arg(long = "node-name", alias = "hostname-override")]
     node_name: Option<String>,
     /// Container runtime endpoint. Unset: the built-in process runtime; `unix:///…`: a CRI v1
     /// runtime such as containerd (`unix:///run/containerd/containerd.sock`).
@@ -289,7 +289,7 @@ fn configuration(
     // Gates merge key by key with the file's, as the kubelet's do.
     c.feature_gates.extend(flags.feature_gates.clone());
     #[cfg(feature = "apiserver")]
-    cluster::configure(&flags.cluster, &given, &mut c);
+    cluster::configure(&flags.cluster, &given, &mut c)?;
     server::configure(&flags.server, &given, &mut c);
     Ok(c)
 }
@@ -402,6 +402,10 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
     #[cfg(feature = "apiserver")]
     if let Some(config) = cluster {
         agent = agent.cluster(&config.0, config.1);
+    }
+    #[cfg(feature = "apiserver")]
+    if let Some(path) = &flags.cluster.bootstrap_kubeconfig {
+        agent = agent.bootstrap_kubeconfig(path);
     }
     #[cfg(feature = "apiserver")]
     if let Some(ip) = flags.cluster.node_ip {

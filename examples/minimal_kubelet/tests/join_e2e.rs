@@ -1,0 +1,384 @@
+//! Joining like a kubeadm node, against a real kube-apiserver and kube-controller-manager 1.20
+//! (`kubelet-testenv`'s bootstrap environment: bootstrap tokens, kubeadm's bindings, the CSR
+//! approver and signer issuing certificates valid for 90 seconds (6m30s minus the signer's 5-minute back-dating)): `minimal_kubelet` with only a bootstrap
+//! kubeconfig gets its client certificate, writes its kubeconfig, registers Ready with its
+//! `--register-with-taints`, runs an ordinary pod (projected service-account token) that calls
+//! the API server with its token, rotates its certificate at least twice while the Lease and
+//! the pod's status keep being written, and after a restart reuses the certificate it has.
+//! Skips without the environment (fails under `KUBELET_SDK_REQUIRE_ROOT=1`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use kubelet::apiserver::kube::api::{ListParams, PostParams};
+use kubelet::apiserver::kube::{self, Api, Client};
+use kubelet::k8s_openapi::api::certificates::v1::CertificateSigningRequest;
+use kubelet::k8s_openapi::api::coordination::v1::Lease;
+use kubelet::k8s_openapi::api::core::v1::{Node, Pod};
+use kubelet::k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kubelet_testenv::ApiServerEnv;
+
+mod common;
+
+const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
+
+struct Agent {
+    child: Child,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start the agent on `dir` (root, logs, pki and kubeconfig under it) with only the bootstrap
+/// kubeconfig as credentials.
+fn start(env: &ApiServerEnv, dir: &Path, log: &str) -> Agent {
+    let stderr = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(log))
+        .unwrap();
+    let child = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubelet.conf"))
+        .arg("--bootstrap-kubeconfig")
+        .arg(env.bootstrap_kubeconfig().expect("a bootstrap environment"))
+        .arg("--cert-dir")
+        .arg(dir.join("pki"))
+        .arg("--rotate-certificates")
+        .args(["--register-with-taints", "example.com/edge=true:NoSchedule"])
+        .args(["--hostname-override", env.node_name()])
+        .args(["--node-ip", "127.0.0.1"])
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.join("logs"))
+        .args(["--healthz-port", "0", "--port", "0"])
+        .args(["--node-status-update-frequency", "2s"])
+        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .expect("start minimal_kubelet");
+    Agent { child }
+}
+
+async fn admin_client(env: &ApiServerEnv) -> Client {
+    let kc = kube::config::Kubeconfig::read_from(env.admin_kubeconfig()).unwrap();
+    let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    Client::try_from(cfg).unwrap()
+}
+
+async fn eventually<T, F, Fut>(what: &str, timeout: Duration, log: &Path, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}; agent log:\n{}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The dated client pairs in the certificate directory.
+fn stored_pairs(pki: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(pki)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    let n = p.file_name().unwrap().to_string_lossy().into_owned();
+                    n.starts_with("kubelet-client-2") && n.ends_with(".pem")
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_runs_pods() {
+    let test = "a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_runs_pods";
+    let Some(env) = ApiServerEnv::start_with_bootstrap(test, "mk-join", "6m30s") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let log = dir.join("agent.log");
+    let pki = dir.join("pki");
+    let token = format!("mk-join-{}", std::process::id());
+    let agent = start(&env, dir, "agent.log");
+
+    let admin = admin_client(&env).await;
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), "kube-node-lease");
+    let csrs: Api<CertificateSigningRequest> = Api::all(admin.clone());
+
+    // Bootstrap: a CSR by the bootstrap token's user, approved and signed; the pair and the
+    // kubeconfig written; the node registered Ready with its taint.
+    let n = eventually("node Ready", Duration::from_secs(60), &log, || async {
+        let n = nodes.get_opt(&node).await.ok().flatten()?;
+        let ready = n
+            .status
+            .as_ref()?
+            .conditions
+            .as_ref()?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        ready.then_some(n)
+    })
+    .await;
+    let taints = n.spec.unwrap().taints.unwrap();
+    assert!(
+        taints
+            .iter()
+            .any(|t| t.key == "example.com/edge" && t.effect == "NoSchedule"),
+        "{taints:?}"
+    );
+    let first = csrs.list(&ListParams::default()).await.unwrap().items;
+    assert!(
+        first.iter().any(|c| c
+            .spec
+            .username
+            .as_deref()
+            .is_some_and(|u| u.starts_with("system:bootstrap:"))
+            && c.spec.signer_name == "kubernetes.io/kube-apiserver-client-kubelet"),
+        "no bootstrap CSR: {first:?}"
+    );
+    let kubeconfig = std::fs::read_to_string(dir.join("kubelet.conf")).unwrap();
+    assert!(
+        kubeconfig.contains("kubelet-client-current.pem"),
+        "{kubeconfig}"
+    );
+    assert!(std::fs::read_link(pki.join("kubelet-client-current.pem")).is_ok());
+
+    // An ordinary pod whose container calls the API server with its service-account token
+    // (the process runtime's containers see the pod's volume at its host path).
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": { "name": "pod-reader", "namespace": "default" },
+        "rules": [{ "apiGroups": [""], "resources": ["pods"], "verbs": ["get"] }],
+    }))
+    .unwrap();
+    Api::<Role>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    let rb: RoleBinding = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": { "name": "default-pod-reader", "namespace": "default" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-reader" },
+        "subjects": [{ "kind": "ServiceAccount", "name": "default", "namespace": "default" }],
+    }))
+    .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), "default")
+        .create(&PostParams::default(), &rb)
+        .await
+        .unwrap();
+    let script = format!(
+        "trap 'exit 0' TERM; while true; do d=$(echo {root}/pods/$POD_UID/volumes/kubernetes.io~projected/kube-api-access-*); \
+         echo code=$(curl -s -o /dev/null -w '%{{http_code}}' --cacert $d/ca.crt -H \"Authorization: Bearer $(cat $d/token)\" {url}/api/v1/namespaces/default/pods/caller); sleep 1; done",
+        root = dir.join("root").display(),
+        url = env.url(),
+    );
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": { "name": "caller" },
+        "spec": {
+            "nodeName": node, "terminationGracePeriodSeconds": 3,
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "command": ["/bin/sh", "-c", script, &token],
+                "env": [{ "name": "POD_UID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.uid" } } }],
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let logs = dir.join("logs");
+    let pod_log = || {
+        let mut text = String::new();
+        for e in std::fs::read_dir(&logs).into_iter().flatten().flatten() {
+            for f in walk(&e.path()) {
+                text.push_str(&std::fs::read_to_string(f).unwrap_or_default());
+            }
+        }
+        text
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !pod_log().contains("code=200") {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the pod's call did not answer 200; its log:\n{}",
+            pod_log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+
+    // Rotation: two more pairs (the certificates are renewed at 70–90 % of a 6m30s lifetime that
+    // starts 5 minutes back-dated), each with a CSR by the node itself; the Lease and the pod
+    // status keep being written through them.
+    eventually("two rotations", Duration::from_secs(150), &log, || async {
+        (stored_pairs(&pki).len() >= 3).then_some(())
+    })
+    .await;
+    let by_node = csrs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|c| c.spec.username.as_deref() == Some(&format!("system:node:{node}")))
+        .count();
+    assert!(by_node >= 2, "renewals are requested by the node itself");
+    let renew = |l: Lease| l.spec.and_then(|s| s.renew_time).map(|t| t.0);
+    let before = renew(leases.get(&node).await.unwrap());
+    eventually(
+        "the Lease renewed after the rotations",
+        Duration::from_secs(30),
+        &log,
+        || async {
+            let now = renew(leases.get(&node).await.ok()?);
+            (now > before).then_some(())
+        },
+    )
+    .await;
+    let agent_log = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        agent_log.contains("certificate rotation detected"),
+        "{agent_log}"
+    );
+    let uid = pods.get("caller").await.unwrap().metadata.uid.unwrap();
+    let pid_of = || common::container_pids(&token);
+    let pids = pid_of();
+    assert!(!pids.is_empty());
+
+    // Restart: the stored certificate is reused (no bootstrap), the pod keeps its process.
+    drop(agent);
+    let _agent = start(&env, dir, "agent2.log");
+    let log2 = dir.join("agent2.log");
+    eventually(
+        "the restarted agent's node status",
+        Duration::from_secs(60),
+        &log2,
+        || async {
+            std::fs::read_to_string(&log2)
+                .ok()?
+                .contains("no bootstrap necessary")
+                .then_some(())
+        },
+    )
+    .await;
+    eventually(
+        "the pod Running after the restart",
+        Duration::from_secs(60),
+        &log2,
+        || async {
+            let p = pods.get("caller").await.ok()?;
+            (p.metadata.uid.as_deref() == Some(uid.as_str())
+                && p.status?.phase.as_deref() == Some("Running"))
+            .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(pid_of(), pids, "the container was not restarted");
+    common::kill_token_processes(std::slice::from_ref(&token));
+}
+
+/// Every file under `dir`.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// A bootstrap token the API server rejects: the agent logs why and retries with backoff (no
+/// busy loop), writes no kubeconfig, and never registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_bootstrap_token_is_retried_with_backoff_and_logged() {
+    let test = "a_rejected_bootstrap_token_is_retried_with_backoff_and_logged";
+    let Some(env) = ApiServerEnv::start_with_bootstrap(test, "mk-badtoken", "1h") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let bad = dir.join("bad-bootstrap.conf");
+    let text = std::fs::read_to_string(env.bootstrap_kubeconfig().unwrap()).unwrap();
+    let token_line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("token:"))
+        .unwrap();
+    std::fs::write(
+        &bad,
+        text.replace(token_line, "    token: abcdef.0123456789abcdef"),
+    )
+    .unwrap();
+    let log = dir.join("agent.log");
+    let child = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubelet.conf"))
+        .arg("--bootstrap-kubeconfig")
+        .arg(&bad)
+        .arg("--cert-dir")
+        .arg(dir.join("pki"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .args([
+            "--healthz-port",
+            "0",
+            "--port",
+            "0",
+            "--node-name",
+            env.node_name(),
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Agent { child };
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let text = std::fs::read_to_string(&log).unwrap();
+    let failures = text
+        .matches("failed to get a client certificate with the bootstrap credentials")
+        .count();
+    // 2 s, 4 s, 8 s apart: three or four attempts in 12 s, not hundreds.
+    assert!((2..=5).contains(&failures), "{failures} attempts:\n{text}");
+    assert!(
+        text.contains("Unauthorized") || text.contains("401"),
+        "{text}"
+    );
+    assert!(!dir.join("kubelet.conf").exists());
+    let nodes: Api<Node> = Api::all(admin_client(&env).await);
+    assert!(nodes.get_opt(env.node_name()).await.unwrap().is_none());
+}
