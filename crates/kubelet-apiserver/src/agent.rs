@@ -366,17 +366,39 @@ impl ApiServer {
                     Err(e) => {
                         tracing::warn!(node = %name, "error updating node status, will retry: {}", kubelet_api::chain(&e));
                         if e.status_code() == Some(404) && config.register_node {
-                            // The Node was deleted: register again (and keep the new UID).
-                            if let Err(e) = self.register().await {
-                                tracing::warn!(node = %name, "re-registering node: {}", kubelet_api::chain(&e));
-                            }
+                            self.register_again(&mut last).await;
                         }
+                    }
+                }
+            } else if config.register_node {
+                // Nothing to post: make sure the Node still exists (the kubelet reads it on
+                // every tick too), so that a deleted Node is registered again within one
+                // period instead of at the next forced report.
+                match self.nodes().get_metadata_opt(name).await {
+                    Ok(None) => self.register_again(&mut last).await,
+                    Ok(Some(_)) => {}
+                    Err(e) => {
+                        tracing::debug!(node = %name, "reading the node: {}", kubelet_api::chain(&e));
                     }
                 }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep(config.node_status_update_frequency) => {}
+            }
+        }
+    }
+
+    /// The Node was deleted while the agent runs: create it again, with the same labels and
+    /// taints (and keep its new UID); its whole status is posted on the next tick. The
+    /// kubelet needs a restart for this.
+    async fn register_again(&self, last: &mut Option<NodeStatus>) {
+        let name = &self.shared.node_name;
+        tracing::warn!(node = %name, "the Node object is gone: registering the node again");
+        match self.register().await {
+            Ok(_) => *last = None,
+            Err(e) => {
+                tracing::warn!(node = %name, "re-registering node: {}", kubelet_api::chain(&e));
             }
         }
     }

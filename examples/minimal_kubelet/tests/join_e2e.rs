@@ -4,7 +4,8 @@
 //! kubeconfig gets its client certificate, writes its kubeconfig, registers Ready with its
 //! `--register-with-taints`, runs an ordinary pod (projected service-account token) that calls
 //! the API server with its token, rotates its certificate at least twice while the Lease and
-//! the pod's status keep being written, and after a restart reuses the certificate it has.
+//! the pod's status keep being written, registers again when its Node is deleted, and after a
+//! restart reuses the certificate it has.
 //! Skips without the environment (fails under `KUBELET_SDK_REQUIRE_ROOT=1`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -273,6 +274,38 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
     let pid_of = || common::container_pids(&token);
     let pids = pid_of();
     assert!(!pids.is_empty());
+
+    // The Node deleted while the agent runs: registered again within 20 s with its taint, the
+    // pod untouched.
+    let old_uid = nodes.get(&node).await.unwrap().metadata.uid.unwrap();
+    nodes
+        .delete(&node, &kube::api::DeleteParams::default())
+        .await
+        .unwrap();
+    let again = eventually("the node registered again", Duration::from_secs(20), &log, || async {
+        let n = nodes.get_opt(&node).await.ok().flatten()?;
+        (n.metadata.uid.as_deref() != Some(old_uid.as_str())).then_some(n)
+    })
+    .await;
+    assert!(
+        again
+            .spec
+            .and_then(|s| s.taints)
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.key == "example.com/edge"),
+        "the taint is registered again"
+    );
+    eventually("the new Node Ready", Duration::from_secs(20), &log, || async {
+        let n = nodes.get_opt(&node).await.ok().flatten()?;
+        n.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+    assert_eq!(pid_of(), pids, "the container was not restarted");
 
     // Restart: the stored certificate is reused (no bootstrap), the pod keeps its process.
     drop(agent);
