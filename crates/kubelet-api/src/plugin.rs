@@ -125,6 +125,13 @@ pub trait AgentPlugin: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// Errors that make the node NotReady now (the kubelet's `ShutdownStatus`: "node is
+    /// shutting down"), joined into the `Ready` condition's message with the runtime's and the
+    /// PLEG's. Called whenever a node status is computed; must be cheap and must not block.
+    fn ready_errors(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// The node resources the plugin reports now (the stats plugin: the machine's `cpu`,
     /// `memory` and `ephemeral-storage` capacity). Read with the conditions whenever a node
     /// status is computed; must be cheap and must not block. A resource several plugins report
@@ -333,6 +340,11 @@ impl NodeConditionReader {
             .iter()
             .flat_map(|p| p.node_conditions())
             .collect()
+    }
+
+    /// The errors that make the node NotReady, of every plugin.
+    pub fn ready_errors(&self) -> Vec<String> {
+        self.plugins.iter().flat_map(|p| p.ready_errors()).collect()
     }
 
     /// The node resources every plugin reports now, merged in registration order (a later

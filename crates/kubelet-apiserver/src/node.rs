@@ -97,6 +97,7 @@ impl NodeStatusInputs {
                 .as_ref()
                 .map_or(PlegHealth::Healthy, |h| h.pleg_health()),
             extra: self.plugins.conditions(),
+            plugin_errors: self.plugins.ready_errors(),
             resources: self.plugins.resources(),
         }
     }
@@ -115,6 +116,8 @@ pub struct Observation {
     pub pleg: PlegHealth,
     /// Extra conditions (pressure).
     pub extra: Vec<NodeCondition>,
+    /// Errors the plugins report that make the node NotReady (node shutdown).
+    pub plugin_errors: Vec<String>,
     /// Node resources the plugins report; they replace the machine facts' values.
     pub resources: NodeResources,
 }
@@ -152,6 +155,7 @@ pub fn not_ready_errors(obs: &Observation) -> Vec<String> {
         }
         None => {}
     }
+    errs.extend(obs.plugin_errors.iter().cloned());
     errs
 }
 
@@ -442,6 +446,7 @@ mod tests {
             runtime_status: Some(RuntimeStatus::all_ready()),
             pleg: PlegHealth::Healthy,
             extra: vec![],
+            plugin_errors: vec![],
             resources: NodeResources::default(),
         }
     }

@@ -256,8 +256,39 @@ pub struct KubeletConfiguration {
     /// `mergeDefaultEvictionSettings` (false): keep the default hard thresholds not set in
     /// `evictionHard`.
     pub merge_default_eviction_settings: bool,
+    /// `shutdownGracePeriod` (0: graceful node shutdown off): how long a node shutdown may
+    /// take; pods are terminated within it, critical pods last.
+    pub shutdown_grace_period: GoDuration,
+    /// `shutdownGracePeriodCriticalPods` (0): the last part of
+    /// [`shutdown_grace_period`](Self::shutdown_grace_period), for critical pods (priority
+    /// ≥ 2000000000).
+    pub shutdown_grace_period_critical_pods: GoDuration,
+    /// `shutdownGracePeriodByPodPriority`: instead of the two above, a period per priority
+    /// band; a pod belongs to the band of the highest `priority` not above its own.
+    pub shutdown_grace_period_by_pod_priority: Vec<ShutdownGracePeriodByPodPriority>,
     /// `featureGates`: the SDK reads those in [`KNOWN_FEATURE_GATES`].
     pub feature_gates: BTreeMap<String, bool>,
+}
+
+/// One entry of `shutdownGracePeriodByPodPriority`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ShutdownGracePeriodByPodPriority {
+    /// The lowest priority of the band.
+    pub priority: i32,
+    /// How long the band's pods get, seconds.
+    pub shutdown_grace_period_seconds: i64,
+}
+
+impl ShutdownGracePeriodByPodPriority {
+    /// A band from `priority` up whose pods get `seconds`.
+    pub fn new(priority: i32, seconds: i64) -> Self {
+        Self {
+            priority,
+            shutdown_grace_period_seconds: seconds,
+        }
+    }
 }
 
 /// `authentication` of the kubelet's configuration.
@@ -439,6 +470,9 @@ impl Default for KubeletConfiguration {
             eviction_max_pod_grace_period: 0,
             eviction_minimum_reclaim: BTreeMap::new(),
             merge_default_eviction_settings: false,
+            shutdown_grace_period: GoDuration::default(),
+            shutdown_grace_period_critical_pods: GoDuration::default(),
+            shutdown_grace_period_by_pod_priority: Vec::new(),
             feature_gates: BTreeMap::new(),
         }
     }

@@ -110,6 +110,7 @@ mod handle;
 mod hosts;
 mod image_pull;
 mod kubelet;
+pub mod node_shutdown;
 mod object_volumes;
 mod plugin;
 mod pod_start;

@@ -15,8 +15,7 @@ use crate::config::{
 use crate::signal::{NodeCondition, Resource, Signal};
 use crate::stats::{Observations, PodUsage};
 
-/// `SystemCriticalPriority`: pods at or above it are critical.
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+use kubelet_api::pod::{SYSTEM_CRITICAL_PRIORITY, priority};
 
 /// Thresholds met by `observations` (`thresholdsMet`); with `enforce_min_reclaim` a threshold
 /// stays met until available exceeds threshold + minimum reclaim. Unobserved signals never meet.
@@ -165,11 +164,6 @@ pub fn is_critical(pod: &Pod, static_pods_are_critical: bool) -> bool {
         return true;
     }
     priority(pod) >= SYSTEM_CRITICAL_PRIORITY
-}
-
-/// `spec.priority`, 0 when unset.
-pub fn priority(pod: &Pod) -> i32 {
-    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
 }
 
 /// The grace period override for evicting `pod` because of `threshold`: 1 s for hard

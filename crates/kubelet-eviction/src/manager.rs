@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use k8s_openapi::api::core::v1::{Pod, PodCondition};
+use k8s_openapi::api::core::v1::Pod;
 use kubelet_api::{
     AgentHandle, EventRecorder, EventType, InvolvedObject, KillPodOptions, NodeReclaimer,
     PodAdmitHandler,
@@ -489,7 +489,7 @@ impl EvictionManager {
             grace_period_override: Some(grace),
             evict: true,
             reason: "Evicted".into(),
-            condition: Some(disruption_condition(&message)),
+            condition: Some(kubelet_api::pod::disruption_condition(&message)),
             message,
         };
         if let Err(e) = self.pods.kill_pod(pod, options).await {
@@ -686,18 +686,6 @@ fn far_from(thresholds: &[Threshold], obs: &Observations) -> bool {
             o.available - q > q.max(o.capacity / 10)
         })
     })
-}
-
-/// The `DisruptionTarget` condition the kubelet adds to evicted pods, carrying the eviction
-/// message.
-pub fn disruption_condition(message: &str) -> PodCondition {
-    PodCondition {
-        type_: kubelet_api::pod::PodConditionType::DisruptionTarget.into(),
-        status: "True".into(),
-        reason: Some("TerminationByKubelet".into()),
-        message: Some(message.to_string()),
-        ..Default::default()
-    }
 }
 
 /// A cloneable reader of the node's pressure conditions, for node status writers.

@@ -363,16 +363,7 @@ volumeStatsAggPeriod: 0s
         assert!(c.rotate_certificates);
         assert!(!c.authentication.anonymous.enabled);
         assert_eq!(c.container_runtime_endpoint, "");
-        assert_eq!(
-            unknown,
-            [
-                "crashLoopBackOff",
-                "logging",
-                "memorySwap",
-                "shutdownGracePeriod",
-                "shutdownGracePeriodCriticalPods"
-            ]
-        );
+        assert_eq!(unknown, ["crashLoopBackOff", "logging", "memorySwap"]);
     }
 
     #[test]

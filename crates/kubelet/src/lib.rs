@@ -158,6 +158,9 @@ pub enum AgentError {
     /// The configuration names no runtime this build can make.
     #[error("no container runtime: {0}")]
     Runtime(String),
+    /// The graceful node shutdown settings contradict each other.
+    #[error("graceful node shutdown: {0}")]
+    NodeShutdown(String),
     /// The process runtime could not start.
     #[cfg(feature = "process")]
     #[error("starting the process runtime")]
@@ -242,6 +245,7 @@ pub struct AgentBuilder {
     default_server: bool,
     cert_dir: Option<PathBuf>,
     node_ip: Option<std::net::IpAddr>,
+    node_shutdown: Option<kubelet_core::node_shutdown::NodeShutdown>,
 }
 
 impl std::fmt::Debug for AgentBuilder {
@@ -290,6 +294,7 @@ impl AgentBuilder {
             default_server: true,
             cert_dir: None,
             node_ip: None,
+            node_shutdown: None,
         }
     }
 
@@ -494,6 +499,16 @@ impl AgentBuilder {
         self
     }
 
+    /// Graceful node shutdown: `shutdown` (made with
+    /// [`NodeShutdown::from_configuration`](kubelet_core::node_shutdown::NodeShutdown::from_configuration)
+    /// from the same configuration) joins the agent as a plugin; keep a clone and call its
+    /// [`shut_down`](kubelet_core::node_shutdown::NodeShutdown::shut_down) when the machine is
+    /// going down, before stopping the agent. The SDK never watches signals or logind itself.
+    pub fn node_shutdown(mut self, shutdown: kubelet_core::node_shutdown::NodeShutdown) -> Self {
+        self.node_shutdown = Some(shutdown);
+        self
+    }
+
     /// Add a pod source.
     pub fn pod_source(mut self, source: Arc<dyn PodSource>) -> Self {
         self.inner = self.inner.pod_source(source);
@@ -552,7 +567,9 @@ impl AgentBuilder {
             default_server,
             cert_dir,
             node_ip,
+            node_shutdown,
         } = self;
+        kubelet_core::node_shutdown::validate(&c).map_err(AgentError::NodeShutdown)?;
         for unknown in c.unknown_feature_gates() {
             tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
         }
@@ -582,6 +599,9 @@ impl AgentBuilder {
         let mut engine_config = KubeletConfig::from_configuration(&c, &root_dir);
         engine_config.node_ip = node_ip.map(|ip| ip.to_string());
         let mut builder = inner.config(engine_config);
+        if let Some(shutdown) = node_shutdown {
+            builder = builder.plugin(Arc::new(shutdown));
+        }
 
         let (runtime, layered) = match runtime {
             Some(r) => (r, runtime_layers),

@@ -371,6 +371,8 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
     #[cfg(feature = "apiserver")]
     let cluster = cluster::api_server_config(&flags.cluster, &configuration, &flags.root_dir)?;
     let summary = startup_summary(&flags, &configuration);
+    let node_shutdown =
+        kubelet::core::node_shutdown::NodeShutdown::from_configuration(&configuration);
     #[allow(unused_mut)]
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
@@ -446,14 +448,29 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
             "no --pod-manifest-path, --manifest-url, --pod-push-address or --kubeconfig: this agent has no pod source and will run no pods"
         );
     }
+    if let Some(s) = &node_shutdown {
+        agent = agent.node_shutdown(s.clone());
+    }
     let kubelet = agent.build().await.context("assembling the agent")?;
 
     let shutdown = CancellationToken::new();
     {
         let shutdown = shutdown.clone();
         tokio::spawn(async move {
-            wait_for_signal().await;
-            tracing::info!("signal received: stopping the agent, pods keep running");
+            let signal = wait_for_signal().await;
+            match (&node_shutdown, signal) {
+                // The machine is going down (the kubelet learns it from logind; this agent
+                // from its service manager's SIGTERM): terminate the pods within the
+                // configured periods, then stop.
+                (Some(s), Signal::Term) => {
+                    tracing::info!(period = ?s.total_period(), "SIGTERM: graceful node shutdown");
+                    if let Err(e) = s.shut_down().await {
+                        tracing::warn!(error = %e, "graceful node shutdown");
+                    }
+                    tracing::info!("graceful node shutdown done: stopping the agent");
+                }
+                _ => tracing::info!("signal received: stopping the agent, pods keep running"),
+            }
             shutdown.cancel();
         });
     }
@@ -553,18 +570,26 @@ fn startup_summary(flags: &Flags, c: &KubeletConfiguration) -> Summary {
     }
 }
 
-async fn wait_for_signal() {
+/// The stop signal received.
+enum Signal {
+    /// Ctrl-C (SIGINT): stop the agent.
+    Interrupt,
+    /// SIGTERM: the service manager stops the agent (the machine may be going down).
+    Term,
+}
+
+async fn wait_for_signal() -> Signal {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(error = %kubelet::seams::chain(&e), "cannot watch SIGTERM; only Ctrl-C stops the agent");
             let _ = tokio::signal::ctrl_c().await;
-            return;
+            return Signal::Interrupt;
         }
     };
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => Signal::Interrupt,
+        _ = term.recv() => Signal::Term,
     }
 }

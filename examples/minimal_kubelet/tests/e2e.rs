@@ -2666,3 +2666,84 @@ fn a_bad_config_file_stops_the_agent_naming_the_field() {
         );
     }
 }
+
+/// Graceful node shutdown (`shutdownGracePeriod: 6s`, `shutdownGracePeriodCriticalPods: 3s`
+/// from `--config`): on SIGTERM the agent reports the node shutting down, terminates the
+/// ordinary pod first and the critical one (priority ≥ 2000000000) after it, each within its
+/// band, and only then exits.
+#[test]
+fn sigterm_shuts_the_node_down_terminating_low_priority_pods_before_critical_ones() {
+    let mut env = Env::new("shutdown");
+    let config = env._dir.path().join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 6s\nshutdownGracePeriodCriticalPods: 3s\n",
+    )
+    .expect("config");
+    env.extra_args = vec!["--config".into(), config.to_string_lossy().into_owned()];
+    env.start();
+    let work = env.work.clone();
+    for (name, priority) in [("low", 0), ("critical", 2_000_001_000)] {
+        let token = env.token(name);
+        let stamp = work.join(format!("{name}.term"));
+        let script = format!(
+            "trap 'date +%s%N > {}; exit 0' TERM; while true; do sleep 0.1; done",
+            stamp.display()
+        );
+        env.write_pod(
+            &format!("{name}.json"),
+            &pod(
+                name,
+                json!({
+                    "priority": priority,
+                    "terminationGracePeriodSeconds": 30,
+                    "containers": [{ "name": "main", "image": "busybox",
+                        "command": ["/bin/sh", "-c", script, token] }],
+                }),
+            ),
+        );
+    }
+    env.wait_running_ready(&static_name("low"));
+    env.wait_running_ready(&static_name("critical"));
+    let mut child = env.agent.take().expect("agent");
+    let started = Instant::now();
+    kill(
+        Pid::from_raw(i32::try_from(child.id()).expect("pid")),
+        Signal::SIGTERM,
+    )
+    .expect("SIGTERM");
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the agent did not exit"
+        );
+        std::thread::sleep(POLL);
+    };
+    assert!(status.success(), "{status}: {}", env.stderr());
+    let stamp = |name: &str| -> u128 {
+        std::fs::read_to_string(work.join(format!("{name}.term")))
+            .unwrap_or_else(|_| panic!("{name} got no SIGTERM; log:\n{}", env.stderr()))
+            .trim()
+            .parse()
+            .expect("a time")
+    };
+    assert!(
+        stamp("low") <= stamp("critical"),
+        "the ordinary pod is terminated before the critical one"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "within the 6 s period (and a margin)"
+    );
+    let log = env.stderr();
+    assert!(log.contains("SIGTERM: graceful node shutdown"), "{log}");
+    assert_eq!(
+        log.matches("terminating a priority band").count(),
+        2,
+        "{log}"
+    );
+    assert!(log.contains("terminated=2"), "{log}");
+}

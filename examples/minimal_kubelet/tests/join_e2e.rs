@@ -282,10 +282,15 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
         .delete(&node, &kube::api::DeleteParams::default())
         .await
         .unwrap();
-    let again = eventually("the node registered again", Duration::from_secs(20), &log, || async {
-        let n = nodes.get_opt(&node).await.ok().flatten()?;
-        (n.metadata.uid.as_deref() != Some(old_uid.as_str())).then_some(n)
-    })
+    let again = eventually(
+        "the node registered again",
+        Duration::from_secs(20),
+        &log,
+        || async {
+            let n = nodes.get_opt(&node).await.ok().flatten()?;
+            (n.metadata.uid.as_deref() != Some(old_uid.as_str())).then_some(n)
+        },
+    )
     .await;
     assert!(
         again
@@ -296,14 +301,19 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
             .any(|t| t.key == "example.com/edge"),
         "the taint is registered again"
     );
-    eventually("the new Node Ready", Duration::from_secs(20), &log, || async {
-        let n = nodes.get_opt(&node).await.ok().flatten()?;
-        n.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
-            .then_some(())
-    })
+    eventually(
+        "the new Node Ready",
+        Duration::from_secs(20),
+        &log,
+        || async {
+            let n = nodes.get_opt(&node).await.ok().flatten()?;
+            n.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+                .then_some(())
+        },
+    )
     .await;
     assert_eq!(pid_of(), pids, "the container was not restarted");
 
