@@ -318,6 +318,7 @@ impl PluginContext {
 #[derive(Clone, Default)]
 pub struct NodeConditionReader {
     plugins: Arc<[Arc<dyn AgentPlugin>]>,
+    changed: Arc<tokio::sync::Notify>,
 }
 
 impl std::fmt::Debug for NodeConditionReader {
@@ -331,7 +332,22 @@ impl std::fmt::Debug for NodeConditionReader {
 impl NodeConditionReader {
     /// A reader of `plugins`' conditions.
     pub fn new(plugins: Arc<[Arc<dyn AgentPlugin>]>) -> Self {
-        Self { plugins }
+        Self {
+            plugins,
+            changed: Arc::default(),
+        }
+    }
+
+    /// Tell the node status writer that a plugin's conditions or ready errors changed, so
+    /// that it posts the node status now instead of at its next period (node shutdown).
+    pub fn notify_changed(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Resolves at the next [`notify_changed`](Self::notify_changed) (or at once when one
+    /// came since the last wait): for the node status writer.
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 
     /// The conditions every plugin reports now.

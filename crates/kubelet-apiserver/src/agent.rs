@@ -383,9 +383,32 @@ impl ApiServer {
                 }
             }
             tokio::select! {
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    self.final_node_status(&inputs, &facts, last.as_ref()).await;
+                    return;
+                }
                 _ = tokio::time::sleep(config.node_status_update_frequency) => {}
+                // A plugin's conditions changed (node shutdown): post now.
+                _ = inputs.changed() => {}
             }
+        }
+    }
+
+    /// When the agent stops: post the node status once more if it changed since the last post
+    /// (a node shutting down says so before the agent goes).
+    async fn final_node_status(
+        &self,
+        inputs: &NodeStatusInputs,
+        facts: &NodeFacts,
+        last: Option<&NodeStatus>,
+    ) {
+        let obs = inputs.observe().await;
+        let status = node::node_status(facts, &self.shared.config, &obs, last, Timestamp::now());
+        if last.is_some_and(|l| !node::node_status_changed(l, &status)) {
+            return;
+        }
+        if let Err(e) = self.post_node_status(&status).await {
+            tracing::warn!(node = %self.shared.node_name, "posting the node status at stop: {}", kubelet_api::chain(&e));
         }
     }
 

@@ -84,6 +84,12 @@ impl NodeStatusInputs {
         self
     }
 
+    /// Resolves when a plugin says its conditions changed
+    /// ([`NodeConditionReader::notify_changed`]).
+    pub async fn changed(&self) {
+        self.plugins.changed().await;
+    }
+
     /// Observe everything the status needs now.
     pub async fn observe(&self) -> Observation {
         let version = self.runtime.version().await.ok();

@@ -345,9 +345,19 @@ impl Kubelet {
             );
         }
         plugin_tasks.shutdown().await;
+        // The status manager delivers the statuses it still has (bounded by its own flush
+        // period); the other tasks end at the cancellation.
+        let _ = tokio::time::timeout(TASK_STOP_GRACE, async {
+            while tasks.join_next().await.is_some() {}
+        })
+        .await;
         tasks.shutdown().await;
     }
 }
+
+/// How long the agent's own tasks (PLEG, sources, prober, status manager) get to end after
+/// the stop: the status manager's last deliveries.
+const TASK_STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// Whether any container of `pod` has a liveness, readiness or startup probe.
 fn has_probes(pod: &Pod) -> bool {

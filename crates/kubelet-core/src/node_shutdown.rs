@@ -24,8 +24,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use kubelet_api::{
-    AdmitResult, AgentHandle, AgentPlugin, KillPodOptions, NotRunning, PluginContext,
-    PodAdmitHandler,
+    AdmitResult, AgentHandle, AgentPlugin, KillPodOptions, NodeConditionReader, NotRunning,
+    PluginContext, PodAdmitHandler,
 };
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
@@ -142,7 +142,7 @@ pub struct NodeShutdown {
 struct Inner {
     bands: Vec<Band>,
     shutting_down: AtomicBool,
-    handle: Mutex<Option<Arc<dyn AgentHandle>>>,
+    handle: Mutex<Option<(Arc<dyn AgentHandle>, NodeConditionReader)>>,
 }
 
 impl std::fmt::Debug for NodeShutdown {
@@ -186,8 +186,10 @@ impl NodeShutdown {
     /// band by band. Returns when every band is done (at most [`total_period`](Self::total_period));
     /// [`NotRunning`] when the agent has not started this plugin (or stopped).
     pub async fn shut_down(&self) -> Result<ShutdownReport, NotRunning> {
-        let handle = self.inner.handle.lock().clone().ok_or(NotRunning)?;
+        let (handle, status) = self.inner.handle.lock().clone().ok_or(NotRunning)?;
         self.inner.shutting_down.store(true, Ordering::SeqCst);
+        // The node status says so now, not at its next period.
+        status.notify_changed();
         tracing::info!(bands = self.inner.bands.len(), total = ?self.total_period(), "shutdown manager: node shutting down, terminating pods");
         let bands = &self.inner.bands;
         let mut groups: Vec<Vec<Arc<Pod>>> = vec![Vec::new(); bands.len()];
@@ -275,7 +277,7 @@ impl AgentPlugin for NodeShutdown {
         ctx: PluginContext,
         shutdown: CancellationToken,
     ) -> kubelet_api::Result<()> {
-        *self.inner.handle.lock() = Some(ctx.handle());
+        *self.inner.handle.lock() = Some((ctx.handle(), ctx.node_conditions()));
         shutdown.cancelled().await;
         *self.inner.handle.lock() = None;
         Ok(())

@@ -558,40 +558,7 @@ impl StatusManager {
         let mut retry_failed = true;
         loop {
             for job in self.take_jobs(idx, retry_failed) {
-                let sink = Arc::clone(&sink);
-                in_flight.push(async move {
-                    match job {
-                        Job::Status {
-                            uid,
-                            pod,
-                            status,
-                            version,
-                        } => {
-                            let res = sink.update_pod_status(&pod, &status).await;
-                            if let Err(e) = &res {
-                                tracing::warn!(
-                                    pod = %podutil::full_name(&pod), podUID = %uid, sink = idx, version,
-                                    "status sink failed to update pod status, will retry: {e}"
-                                );
-                            }
-                            Outcome::Status {
-                                uid,
-                                version,
-                                ok: res.is_ok(),
-                            }
-                        }
-                        Job::Removed { uid, pod } => {
-                            let res = sink.pod_removed(&pod).await;
-                            if let Err(e) = &res {
-                                tracing::warn!(
-                                    pod = %podutil::full_name(&pod), podUID = %uid, sink = idx,
-                                    "status sink failed to handle pod removal, will retry: {e}"
-                                );
-                            }
-                            Outcome::Removed { uid, ok: res.is_ok() }
-                        }
-                    }
-                });
+                in_flight.push(run_job(Arc::clone(&sink), idx, job));
             }
             retry_failed = false;
             tokio::select! {
@@ -602,10 +569,67 @@ impl StatusManager {
                 }
                 res = changed.changed() => {
                     if res.is_err() {
-                        break;
+                        return;
                     }
                 }
                 _ = tick.tick() => retry_failed = true,
+            }
+        }
+        // Stopping: deliver what is known (the calls in flight and the statuses not sent yet:
+        // the pods a node shutdown has just terminated), for at most `STOP_FLUSH`.
+        let flush = async {
+            for job in self.take_jobs(idx, false) {
+                in_flight.push(run_job(Arc::clone(&sink), idx, job));
+            }
+            while let Some(outcome) = in_flight.next().await {
+                self.complete(idx, outcome);
+            }
+        };
+        if tokio::time::timeout(STOP_FLUSH, flush).await.is_err() {
+            tracing::warn!(
+                sink = idx,
+                "pod statuses not delivered when the agent stopped"
+            );
+        }
+    }
+}
+
+/// How long a stopping agent keeps delivering pod statuses.
+const STOP_FLUSH: Duration = Duration::from_secs(3);
+
+/// One call of a sink.
+async fn run_job(sink: Arc<dyn StatusSink>, idx: usize, job: Job) -> Outcome {
+    match job {
+        Job::Status {
+            uid,
+            pod,
+            status,
+            version,
+        } => {
+            let res = sink.update_pod_status(&pod, &status).await;
+            if let Err(e) = &res {
+                tracing::warn!(
+                    pod = %podutil::full_name(&pod), podUID = %uid, sink = idx, version,
+                    "status sink failed to update pod status, will retry: {e}"
+                );
+            }
+            Outcome::Status {
+                uid,
+                version,
+                ok: res.is_ok(),
+            }
+        }
+        Job::Removed { uid, pod } => {
+            let res = sink.pod_removed(&pod).await;
+            if let Err(e) = &res {
+                tracing::warn!(
+                    pod = %podutil::full_name(&pod), podUID = %uid, sink = idx,
+                    "status sink failed to handle pod removal, will retry: {e}"
+                );
+            }
+            Outcome::Removed {
+                uid,
+                ok: res.is_ok(),
             }
         }
     }

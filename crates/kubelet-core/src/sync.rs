@@ -1608,6 +1608,16 @@ impl Engine {
         if let Some(prober) = &self.prober {
             prober.stop_liveness_and_startup(pod::uid(p));
         }
+        if opts.evict && !orphan {
+            // Before any container stops: a container that exits 0 on SIGTERM must not make
+            // the pod Succeeded first (the kubelet applies the kill's status function to every
+            // status it generates while terminating).
+            self.status.set_terminal(
+                p,
+                Some((opts.reason.clone(), opts.message.clone())),
+                opts.condition.clone(),
+            );
+        }
         let Some(rt) = self.fresh_status(p).await else {
             return Err(ERROR_BACKOFF);
         };

@@ -4,8 +4,8 @@
 //! kubeconfig gets its client certificate, writes its kubeconfig, registers Ready with its
 //! `--register-with-taints`, runs an ordinary pod (projected service-account token) that calls
 //! the API server with its token, rotates its certificate at least twice while the Lease and
-//! the pod's status keep being written, registers again when its Node is deleted, and after a
-//! restart reuses the certificate it has.
+//! the pod's status keep being written, registers again when its Node is deleted, after a
+//! restart reuses the certificate it has, and bootstraps a new one when that file is truncated.
 //! Skips without the environment (fails under `KUBELET_SDK_REQUIRE_ROOT=1`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -346,6 +346,43 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
     )
     .await;
     assert_eq!(pid_of(), pids, "the container was not restarted");
+
+    // A truncated certificate file: the agent bootstraps a new one at its next start.
+    drop(_agent);
+    let current = std::fs::canonicalize(pki.join("kubelet-client-current.pem")).unwrap();
+    let pem = std::fs::read(&current).unwrap();
+    std::fs::write(&current, &pem[..pem.len() / 2]).unwrap();
+    let csrs_before = csrs.list(&ListParams::default()).await.unwrap().items.len();
+    let _agent = start(&env, dir, "agent3.log");
+    let log3 = dir.join("agent3.log");
+    eventually(
+        "a new bootstrap",
+        Duration::from_secs(60),
+        &log3,
+        || async {
+            let text = std::fs::read_to_string(&log3).ok()?;
+            (text.contains("no usable client certificate: bootstrapping one")
+                && text.contains("wrote the kubeconfig of the bootstrapped client certificate"))
+            .then_some(())
+        },
+    )
+    .await;
+    assert!(csrs.list(&ListParams::default()).await.unwrap().items.len() > csrs_before);
+    eventually(
+        "the node Ready again",
+        Duration::from_secs(30),
+        &log3,
+        || async {
+            let n = nodes.get_opt(&node).await.ok().flatten()?;
+            n.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+    assert_eq!(pid_of(), pids, "the container was not restarted");
     common::kill_token_processes(std::slice::from_ref(&token));
 }
 
@@ -424,4 +461,154 @@ async fn a_rejected_bootstrap_token_is_retried_with_backoff_and_logged() {
     assert!(!dir.join("kubelet.conf").exists());
     let nodes: Api<Node> = Api::all(admin_client(&env).await);
     assert!(nodes.get_opt(env.node_name()).await.unwrap().is_none());
+}
+
+/// Graceful node shutdown on a cluster node: on SIGTERM the Node turns NotReady saying it is
+/// shutting down, the ordinary pod and then the `system-node-critical` one end `Failed` with
+/// reason `Terminated` and the `DisruptionTarget` condition, and the agent exits within the
+/// configured period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_on_a_cluster_node_reports_the_shutdown_and_terminates_pods_by_priority() {
+    let test = "sigterm_on_a_cluster_node_reports_the_shutdown_and_terminates_pods_by_priority";
+    let Some(env) = ApiServerEnv::start_for_node(test, "mk-shutdown") else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let log = dir.join("agent.log");
+    std::fs::write(
+        dir.join("config.yaml"),
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nshutdownGracePeriod: 8s\nshutdownGracePeriodCriticalPods: 4s\nnodeStatusUpdateFrequency: 1s\n",
+    )
+    .unwrap();
+    let token = format!("mk-shutdown-{}", std::process::id());
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+        .args(["--node-name", &node])
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.join("logs"))
+        .args(["--healthz-port", "0", "--port", "0"])
+        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut agent = Agent { child };
+    let admin = admin_client(&env).await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let nodes: Api<Node> = Api::all(admin.clone());
+    for (name, class) in [
+        ("ordinary", None),
+        ("critical", Some("system-node-critical")),
+    ] {
+        let mut spec = serde_json::json!({
+            "nodeName": node, "terminationGracePeriodSeconds": 30,
+            "containers": [{
+                "name": "app", "image": "busybox",
+                "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.1; done", &token],
+            }],
+        });
+        if let Some(class) = class {
+            spec["priorityClassName"] = class.into();
+        }
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod", "metadata": { "name": name }, "spec": spec,
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    for name in ["ordinary", "critical"] {
+        eventually(
+            &format!("{name} Running"),
+            Duration::from_secs(60),
+            &log,
+            || async {
+                let p = pods.get(name).await.ok()?;
+                (p.status?.phase.as_deref() == Some("Running")).then_some(())
+            },
+        )
+        .await;
+    }
+    let started = std::time::Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(i32::try_from(agent.child.id()).unwrap()),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let not_ready = eventually(
+        "the node NotReady for the shutdown",
+        Duration::from_secs(10),
+        &log,
+        || async {
+            let n = nodes.get(&node).await.ok()?;
+            let ready = n
+                .status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "Ready")?;
+            (ready.status == "False").then_some(ready)
+        },
+    )
+    .await;
+    assert!(
+        not_ready
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("node is shutting down"),
+        "{not_ready:?}"
+    );
+    for name in ["ordinary", "critical"] {
+        let p = eventually(
+            &format!("{name} Failed"),
+            Duration::from_secs(15),
+            &log,
+            || async {
+                let p = pods.get(name).await.ok()?;
+                (p.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(p)
+            },
+        )
+        .await;
+        let status = p.status.unwrap();
+        assert_eq!(status.reason.as_deref(), Some("Terminated"), "{name}");
+        assert_eq!(
+            status.message.as_deref(),
+            Some("Pod was terminated in response to imminent node shutdown."),
+            "{name}"
+        );
+        assert!(
+            status
+                .conditions
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "DisruptionTarget"
+                    && c.reason.as_deref() == Some("TerminationByKubelet")),
+            "{name}"
+        );
+    }
+    let exited = loop {
+        if let Some(s) = agent.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the agent did not exit"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(exited.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(12),
+        "within the 8 s period and a margin"
+    );
+    assert!(
+        common::container_pids(&token).is_empty(),
+        "no container left"
+    );
 }
