@@ -42,7 +42,7 @@ pub(crate) struct Shared {
     /// The ConfigMap/Secret provider handed to the agent (its watches ask the agent for syncs).
     pub(crate) objects: crate::objects::ApiObjects,
     /// The client certificate's rotation, when on.
-    pub(crate) certificates: RwLock<Option<Arc<crate::certificate::ClientCertificates>>>,
+    pub(crate) certificates: RwLock<Vec<Arc<crate::certificate::CertificateManager>>>,
 }
 
 /// One node's connection to the API server. Cheap to clone.
@@ -95,7 +95,7 @@ impl ApiServer {
                 recorder: RwLock::new(None),
                 mirrors: MirrorPods::default(),
                 unknown_status_fields: RwLock::new(std::collections::HashSet::new()),
-                certificates: RwLock::new(None),
+                certificates: RwLock::new(Vec::new()),
                 services: services.clone(),
                 objects: crate::objects::ApiObjects::new(client.clone())
                     .with_strategy(config.change_detection)
@@ -120,15 +120,16 @@ impl ApiServer {
         ))
     }
 
-    /// Keep the client certificate fresh with `certificates` (from
+    /// Keep a certificate fresh with `manager`: the client certificate's (from
     /// [`certificate::connect`](crate::certificate::connect), the manager of the client this
-    /// integration was made with): its loop runs with the integration's, its metrics are the
-    /// plugin's.
-    pub fn with_client_certificates(
+    /// integration was made with) or the serving certificate's
+    /// ([`certificate::serving`](crate::certificate::serving)). Its loop runs with the
+    /// integration's, its metrics are the plugin's.
+    pub fn with_certificate_manager(
         self,
-        certificates: Arc<crate::certificate::ClientCertificates>,
+        manager: Arc<crate::certificate::CertificateManager>,
     ) -> Self {
-        *self.shared.certificates.write() = Some(certificates);
+        self.shared.certificates.write().push(manager);
         self
     }
 
@@ -196,11 +197,8 @@ impl ApiServer {
             .services
             .run(self.shared.client.clone(), shutdown.clone());
         let certificates = self.shared.certificates.read().clone();
-        let rotation = async {
-            if let Some(c) = certificates {
-                c.run(shutdown.clone()).await;
-            }
-        };
+        let rotation =
+            futures::future::join_all(certificates.iter().map(|c| c.run(shutdown.clone())));
         let node = async {
             let Some(node) = self.register_until_done(&shutdown).await else {
                 return;

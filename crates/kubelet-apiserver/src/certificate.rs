@@ -1,8 +1,9 @@
-//! The node's client certificate: TLS bootstrap and rotation (`rotateCertificates`), as the
-//! kubelet's certificate manager does them.
+//! The node's certificates: the client certificate's TLS bootstrap and rotation
+//! (`rotateCertificates`) and the kubelet API's serving certificate from the cluster
+//! (`serverTLSBootstrap`, [`serving`]), as the kubelet's certificate managers do them.
 //!
 //! [`connect`] returns the API client of a node and, with rotation on, the
-//! [`ClientCertificates`] manager whose [`run`](ClientCertificates::run) keeps the certificate
+//! [`CertificateManager`] whose [`run`](CertificateManager::run) keeps the certificate
 //! fresh:
 //!
 //! - **Bootstrap.** When `--kubeconfig` holds no valid client certificate (missing, unreadable,
@@ -24,7 +25,9 @@
 //!   times, then every 32 s).
 //!
 //! Metrics: `kubelet_certificate_manager_client_ttl_seconds` (seconds until the certificate
-//! expires) and `kubelet_certificate_manager_client_expiration_renew_errors` (failed renewals).
+//! expires) and `kubelet_certificate_manager_client_expiration_renew_errors` (failed renewals);
+//! for the serving certificate `kubelet_certificate_manager_server_ttl_seconds` and
+//! `kubelet_server_expiration_renew_errors`.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -55,6 +58,50 @@ pub const CLIENT_SIGNER: &str = "kubernetes.io/kube-apiserver-client-kubelet";
 pub const CLIENT_USAGES: [&str; 3] = ["digital signature", "key encipherment", "client auth"];
 /// The symlink to the current client pair in the certificate directory.
 pub const CLIENT_CURRENT: &str = "kubelet-client-current.pem";
+/// The signer of kubelet serving certificates (`serverTLSBootstrap`); never auto-approved.
+pub const SERVING_SIGNER: &str = "kubernetes.io/kubelet-serving";
+/// The usages requested for a serving certificate.
+pub const SERVING_USAGES: [&str; 3] = ["digital signature", "key encipherment", "server auth"];
+/// The symlink to the current serving pair in the certificate directory.
+pub const SERVING_CURRENT: &str = "kubelet-server-current.pem";
+
+/// What a certificate is for: the signer, usages and subject alternative names of its requests,
+/// and where its pairs are stored.
+#[derive(Debug, Clone)]
+struct Kind {
+    signer: &'static str,
+    usages: [&'static str; 3],
+    /// `kubelet-client` or `kubelet-server`.
+    prefix: &'static str,
+    dns_names: Vec<String>,
+    ips: Vec<std::net::IpAddr>,
+}
+
+impl Kind {
+    fn client() -> Self {
+        Self {
+            signer: CLIENT_SIGNER,
+            usages: CLIENT_USAGES,
+            prefix: "kubelet-client",
+            dns_names: Vec::new(),
+            ips: Vec::new(),
+        }
+    }
+
+    fn serving(dns_names: Vec<String>, ips: Vec<std::net::IpAddr>) -> Self {
+        Self {
+            signer: SERVING_SIGNER,
+            usages: SERVING_USAGES,
+            prefix: "kubelet-server",
+            dns_names,
+            ips,
+        }
+    }
+
+    fn is_serving(&self) -> bool {
+        self.signer == SERVING_SIGNER
+    }
+}
 
 /// How long one CSR is waited for before a new one is sent.
 const CSR_WAIT: Duration = Duration::from_secs(15 * 60);
@@ -158,6 +205,8 @@ struct CertFacts {
     not_before: SystemTime,
     not_after: SystemTime,
     common_name: String,
+    /// Issuer and subject are the same (a placeholder, not a certificate of the cluster).
+    self_issued: bool,
 }
 
 /// The first certificate of a PEM bundle, and whether the bundle also holds a private key.
@@ -195,6 +244,7 @@ fn cert_facts(der: &[u8]) -> Result<CertFacts, String> {
         not_before: time(cert.validity().not_before),
         not_after: time(cert.validity().not_after),
         common_name,
+        self_issued: cert.issuer() == cert.subject(),
     })
 }
 
@@ -269,11 +319,13 @@ fn kubeconfig_pair(path: &Path) -> Result<(Vec<u8>, Option<PathBuf>), String> {
 #[derive(Debug, Clone)]
 struct Store {
     dir: PathBuf,
+    /// `kubelet-client` or `kubelet-server`.
+    prefix: &'static str,
 }
 
 impl Store {
     fn current(&self) -> PathBuf {
-        self.dir.join(CLIENT_CURRENT)
+        self.dir.join(format!("{}-current.pem", self.prefix))
     }
 
     /// Write `pem` as a new dated file and point the current symlink at it (atomically).
@@ -286,10 +338,11 @@ impl Store {
         };
         std::fs::create_dir_all(&self.dir).map_err(w(&self.dir))?;
         let stamp = jiff::Zoned::now().strftime("%Y-%m-%d-%H-%M-%S").to_string();
-        let mut name = format!("kubelet-client-{stamp}.pem");
+        let prefix = self.prefix;
+        let mut name = format!("{prefix}-{stamp}.pem");
         let mut n = 1;
         while self.dir.join(&name).exists() {
-            name = format!("kubelet-client-{stamp}-{n}.pem");
+            name = format!("{prefix}-{stamp}-{n}.pem");
             n += 1;
         }
         let file = self.dir.join(&name);
@@ -301,7 +354,7 @@ impl Store {
             .map_err(w(&file))?;
         f.write_all(pem).map_err(w(&file))?;
         f.sync_all().map_err(w(&file))?;
-        let tmp = self.dir.join(format!(".{CLIENT_CURRENT}.tmp"));
+        let tmp = self.dir.join(format!(".{prefix}-current.pem.tmp"));
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(&name, &tmp).map_err(w(&tmp))?;
         std::fs::rename(&tmp, self.current()).map_err(w(&self.current()))?;
@@ -377,11 +430,21 @@ fn write_kubeconfig(path: &Path, bootstrap: &Path, current: &Path) -> Result<(),
     std::fs::rename(&tmp, path).map_err(w)
 }
 
-/// A new ECDSA P-256 key and a CSR for `node`, both PEM.
-fn key_and_request(node: &str) -> Result<(String, String), CertificateError> {
+/// A new ECDSA P-256 key and a CSR for `node` (with `kind`'s names), both PEM.
+fn key_and_request(node: &str, kind: &Kind) -> Result<(String, String), CertificateError> {
     let g = |e: rcgen::Error| CertificateError::Generate(e.to_string());
     let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(g)?;
     let mut params = rcgen::CertificateParams::default();
+    for name in &kind.dns_names {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::DnsName(name.clone().try_into().map_err(g)?));
+    }
+    for ip in &kind.ips {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(*ip));
+    }
     let mut dn = rcgen::DistinguishedName::new();
     dn.push(rcgen::DnType::OrganizationName, "system:nodes");
     dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
@@ -395,9 +458,10 @@ fn key_and_request(node: &str) -> Result<(String, String), CertificateError> {
 async fn request_certificate(
     client: &Client,
     node: &str,
+    kind: &Kind,
     wait: Duration,
 ) -> Result<Vec<u8>, CertificateError> {
-    let (key_pem, csr_pem) = key_and_request(node)?;
+    let (key_pem, csr_pem) = key_and_request(node, kind)?;
     let csr = CertificateSigningRequest {
         metadata: ObjectMeta {
             generate_name: Some("csr-".into()),
@@ -405,8 +469,8 @@ async fn request_certificate(
         },
         spec: CertificateSigningRequestSpec {
             request: ByteString(csr_pem.into_bytes()),
-            signer_name: CLIENT_SIGNER.into(),
-            usages: Some(CLIENT_USAGES.iter().map(|u| u.to_string()).collect()),
+            signer_name: kind.signer.into(),
+            usages: Some(kind.usages.iter().map(|u| u.to_string()).collect()),
             ..Default::default()
         },
         status: None,
@@ -417,7 +481,7 @@ async fn request_certificate(
         .await
         .map_err(CertificateError::Api)?;
     let name = created.metadata.name.unwrap_or_default();
-    tracing::info!(csr = %name, node, "waiting for the client certificate signing request to be approved and signed");
+    tracing::info!(csr = %name, node, signer = kind.signer, "waiting for the certificate signing request to be approved and signed");
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let csr = api.get(&name).await.map_err(CertificateError::Api)?;
@@ -447,7 +511,7 @@ async fn request_certificate(
             }
             pem.extend_from_slice(key_pem.as_bytes());
             check_pair(&pem, node).map_err(CertificateError::Invalid)?;
-            tracing::info!(csr = %name, node, "client certificate issued");
+            tracing::info!(csr = %name, node, signer = kind.signer, "certificate issued");
             return Ok(pem);
         }
         if tokio::time::Instant::now() >= deadline {
@@ -643,24 +707,101 @@ async fn rotating_client(
     Ok(Client::new(service, config.default_namespace))
 }
 
-/// The rotation manager of a node's client certificate (see the [module docs](self)).
-pub struct ClientCertificates {
+/// The rotation manager of one of the node's certificates (see the [module docs](self)): the
+/// client certificate ([`connect`]) or the kubelet API's serving certificate ([`serving`]).
+pub struct CertificateManager {
     node: String,
+    kind: Kind,
     store: Store,
-    identity: Arc<ReloadingIdentity>,
-    generations: Generations,
+    /// The client identity and its connections (the client certificate only).
+    client_identity: Option<(Arc<ReloadingIdentity>, Generations)>,
     client: Client,
     ttl_seconds: Gauge<i64, AtomicI64>,
     renew_errors: Counter,
 }
 
-impl std::fmt::Debug for ClientCertificates {
+impl std::fmt::Debug for CertificateManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClientCertificates")
+        f.debug_struct("CertificateManager")
             .field("node", &self.node)
+            .field("signer", &self.kind.signer)
             .field("store", &self.store.dir)
             .finish_non_exhaustive()
     }
+}
+
+/// The manager of the kubelet API's serving certificate (`serverTLSBootstrap`): its pairs are
+/// `<cert_dir>/kubelet-server-<timestamp>.pem` with the symlink `kubelet-server-current.pem`,
+/// which the kubelet API serves ([`CertificateManager::current_path`] as both `tlsCertFile` and
+/// `tlsPrivateKeyFile`; the server reads it again when it changes, established connections go
+/// on). Its requests (signer `kubernetes.io/kubelet-serving`, usages `digital signature`,
+/// `key encipherment`, `server auth`, the node's `dns_names` and `ips` as subject alternative
+/// names) are sent with `client`; no controller approves them (an administrator does, with
+/// `kubectl certificate approve`, or an approver of the cluster's). Until one is issued the
+/// server presents a self-signed placeholder made here, which [`run`](CertificateManager::run)
+/// replaces at once.
+pub fn serving(
+    node: &str,
+    client: Client,
+    cert_dir: &Path,
+    dns_names: Vec<String>,
+    ips: Vec<std::net::IpAddr>,
+) -> Result<Arc<CertificateManager>, ApiServerError> {
+    let kind = Kind::serving(dns_names, ips);
+    let store = Store {
+        dir: cert_dir.to_path_buf(),
+        prefix: kind.prefix,
+    };
+    let usable = std::fs::read(store.current())
+        .ok()
+        .is_some_and(|pem| check_pair(&pem, node).is_ok());
+    if !usable {
+        let placeholder = self_signed_placeholder(node, &kind)
+            .map_err(|e| ApiServerError::Certificate(Box::new(e)))?;
+        store
+            .put(&placeholder)
+            .map_err(|e| ApiServerError::Certificate(Box::new(e)))?;
+    }
+    let manager = CertificateManager {
+        node: node.to_string(),
+        kind,
+        store,
+        client_identity: None,
+        client,
+        ttl_seconds: Gauge::default(),
+        renew_errors: Counter::default(),
+    };
+    manager.update_ttl();
+    Ok(Arc::new(manager))
+}
+
+/// A self-signed pair for `node` with `kind`'s names, valid for a year: served until the
+/// cluster signs one.
+fn self_signed_placeholder(node: &str, kind: &Kind) -> Result<Vec<u8>, CertificateError> {
+    let g = |e: rcgen::Error| CertificateError::Generate(e.to_string());
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(g)?;
+    let mut params = rcgen::CertificateParams::default();
+    let mut dn = rcgen::DistinguishedName::new();
+    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
+    dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
+    params.distinguished_name = dn;
+    for name in &kind.dns_names {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::DnsName(name.clone().try_into().map_err(g)?));
+    }
+    for ip in &kind.ips {
+        params
+            .subject_alt_names
+            .push(rcgen::SanType::IpAddress(*ip));
+    }
+    let now = jiff::Timestamp::now().as_second();
+    params.not_before = time::OffsetDateTime::from_unix_timestamp(now - 60)
+        .map_err(|e| CertificateError::Generate(e.to_string()))?;
+    params.not_after = time::OffsetDateTime::from_unix_timestamp(now + 365 * 24 * 3600)
+        .map_err(|e| CertificateError::Generate(e.to_string()))?;
+    let cert = params.self_signed(&key).map_err(g)?;
+    Ok(format!("{}{}", cert.pem(), key.serialize_pem()).into_bytes())
 }
 
 /// The API client of node `node` per `config`: bootstrapped first when needed (waiting for the
@@ -670,7 +811,7 @@ impl std::fmt::Debug for ClientCertificates {
 pub async fn connect(
     node: &str,
     config: &ClientCertificateConfig,
-) -> Result<(Client, Option<Arc<ClientCertificates>>), ApiServerError> {
+) -> Result<(Client, Option<Arc<CertificateManager>>), ApiServerError> {
     if !config.rotate && config.bootstrap_kubeconfig.is_none() {
         return Ok((
             crate::client_from_kubeconfig(&config.kubeconfig).await?,
@@ -679,6 +820,7 @@ pub async fn connect(
     }
     let store = Store {
         dir: config.cert_dir.clone(),
+        prefix: Kind::client().prefix,
     };
     let cert_err = |e| ApiServerError::Certificate(Box::new(e));
     let usable = match kubeconfig_pair(&config.kubeconfig) {
@@ -717,7 +859,7 @@ pub async fn connect(
                 let client = crate::client_from_kubeconfig(bootstrap).await?;
                 let mut failures = 0u32;
                 let pem = loop {
-                    match request_certificate(&client, node, CSR_WAIT).await {
+                    match request_certificate(&client, node, &Kind::client(), CSR_WAIT).await {
                         Ok(pem) => break pem,
                         Err(e) => {
                             failures += 1;
@@ -744,11 +886,11 @@ pub async fn connect(
         .map_err(|e| cert_err(CertificateError::Invalid(e.to_string())))?;
     let generations = Generations::default();
     let client = rotating_client(&config.kubeconfig, identity.clone(), generations.clone()).await?;
-    let manager = ClientCertificates {
+    let manager = CertificateManager {
         node: node.to_string(),
+        kind: Kind::client(),
         store,
-        identity,
-        generations,
+        client_identity: Some((identity, generations)),
         client: client.clone(),
         ttl_seconds: Gauge::default(),
         renew_errors: Counter::default(),
@@ -757,7 +899,7 @@ pub async fn connect(
     Ok((client, Some(Arc::new(manager))))
 }
 
-impl ClientCertificates {
+impl CertificateManager {
     /// The current certificate's facts.
     fn facts(&self) -> Option<CertFacts> {
         let pem = std::fs::read(self.store.current()).ok()?;
@@ -772,34 +914,55 @@ impl ClientCertificates {
         self.ttl_seconds.set(ttl);
     }
 
-    /// Register the metrics in `registry`.
+    /// Register the metrics in `registry` (the kubelet's names: `…_client_…` or `…_server_…`).
     pub fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let (ttl, errors, what) = if self.kind.is_serving() {
+            (
+                "kubelet_certificate_manager_server_ttl_seconds",
+                "kubelet_server_expiration_renew_errors",
+                "serving",
+            )
+        } else {
+            (
+                "kubelet_certificate_manager_client_ttl_seconds",
+                "kubelet_certificate_manager_client_expiration_renew_errors",
+                "client",
+            )
+        };
         registry.register(
-            "kubelet_certificate_manager_client_ttl_seconds",
-            "Seconds until the kubelet's client certificate expires",
+            ttl,
+            format!("Seconds until the kubelet's {what} certificate expires"),
             self.ttl_seconds.clone(),
         );
         registry.register(
-            "kubelet_certificate_manager_client_expiration_renew_errors",
-            "Failed renewals of the kubelet's client certificate",
+            errors,
+            format!("Failed renewals of the kubelet's {what} certificate"),
             self.renew_errors.clone(),
         );
     }
 
-    /// The path of the current pair (`<cert-dir>/kubelet-client-current.pem`).
+    /// The path of the current pair (`<cert-dir>/kubelet-client-current.pem` or
+    /// `kubelet-server-current.pem`).
     pub fn current_path(&self) -> PathBuf {
         self.store.current()
     }
 
-    /// Renew the certificate now: a new key and CSR sent with the current certificate; on
-    /// success the new pair is current and every open connection is closed.
+    /// Renew the certificate now: a new key and CSR; on success the new pair is current (for
+    /// the client certificate: every open connection is closed).
     pub async fn rotate_now(&self) -> Result<(), CertificateError> {
-        let pem = request_certificate(&self.client, &self.node, CSR_WAIT).await?;
+        let pem = request_certificate(&self.client, &self.node, &self.kind, CSR_WAIT).await?;
         self.store.put(&pem)?;
-        self.identity.reload_now();
-        self.generations.next();
         self.update_ttl();
-        tracing::info!(node = %self.node, "certificate rotation detected, shutting down client connections to start using new credentials");
+        match &self.client_identity {
+            Some((identity, generations)) => {
+                identity.reload_now();
+                generations.next();
+                tracing::info!(node = %self.node, "certificate rotation detected, shutting down client connections to start using new credentials");
+            }
+            None => {
+                tracing::info!(node = %self.node, "serving certificate rotated; new connections get it");
+            }
+        }
         Ok(())
     }
 
@@ -812,6 +975,8 @@ impl ClientCertificates {
                 retry_delay(failures)
             } else {
                 match self.facts() {
+                    // The placeholder of a serving certificate: ask for a real one now.
+                    Some(facts) if facts.self_issued => Duration::ZERO,
                     Some(facts) => {
                         let deadline = rotation_deadline(&facts);
                         tracing::info!(
@@ -835,7 +1000,7 @@ impl ClientCertificates {
                 Err(e) => {
                     failures += 1;
                     self.renew_errors.inc();
-                    tracing::warn!(error = %kubelet_api::chain(&e), failures, "renewing the client certificate failed");
+                    tracing::warn!(error = %kubelet_api::chain(&e), failures, signer = self.kind.signer, "renewing the certificate failed");
                 }
             }
         }
@@ -896,6 +1061,7 @@ mod tests {
             not_before,
             not_after: not_before + Duration::from_secs(1000),
             common_name: String::new(),
+            self_issued: false,
         };
         for _ in 0..200 {
             let d = rotation_deadline(&facts)
@@ -916,6 +1082,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = Store {
             dir: dir.path().join("pki"),
+            prefix: "kubelet-client",
         };
         let a = store.put(&signed("n1", 3600)).unwrap();
         let b = store.put(&signed("n1", 7200)).unwrap();
@@ -950,7 +1117,7 @@ mod tests {
 
     #[test]
     fn requests_name_the_node_with_one_organisation() {
-        let (key, csr) = key_and_request("edge-1").unwrap();
+        let (key, csr) = key_and_request("edge-1", &Kind::client()).unwrap();
         assert!(key.contains("PRIVATE KEY"));
         assert!(csr.contains("CERTIFICATE REQUEST"));
     }

@@ -35,7 +35,7 @@ impl AgentPlugin for ApiServer {
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        if let Some(c) = self.shared.certificates.read().as_ref() {
+        for c in self.shared.certificates.read().iter() {
             c.register_metrics(registry);
         }
     }

@@ -142,6 +142,11 @@ pub struct KubeletConfiguration {
     /// `rotateCertificates` (false; kubeadm sets true): renew the client certificate with a
     /// `CertificateSigningRequest` before it expires, and bootstrap it when there is none.
     pub rotate_certificates: bool,
+    /// `serverTLSBootstrap` (false): request the kubelet API's serving certificate from the
+    /// cluster (signer `kubernetes.io/kubelet-serving`) and renew it, instead of
+    /// `tlsCertFile` or a self-signed pair.
+    #[serde(rename = "serverTLSBootstrap")]
+    pub server_tls_bootstrap: bool,
     /// `nodeStatusUpdateFrequency` (10 s).
     pub node_status_update_frequency: GoDuration,
     /// `nodeStatusReportFrequency` (5 m).
@@ -427,6 +432,7 @@ impl Default for KubeletConfiguration {
             register_node: true,
             register_with_taints: Vec::new(),
             rotate_certificates: false,
+            server_tls_bootstrap: false,
             node_status_update_frequency: GoDuration::from_secs(10),
             node_status_report_frequency: GoDuration::from_secs(300),
             runtime_request_timeout: GoDuration::from_secs(120),

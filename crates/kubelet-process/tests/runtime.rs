@@ -574,8 +574,20 @@ async fn mounts_and_unenforceable_limits_are_reported_as_warnings() {
     }
     reasons.sort();
     assert_eq!(reasons, ["MountsNotSupported", "ResourceLimitsNotEnforced"]);
-    let stats = rt.container_stats(&cid).await.expect("stats");
-    assert!(stats.memory_usage_bytes.is_some_and(|m| m > 0));
+    // The process joins its cgroup as it starts: its usage shows once it has run a little.
+    let mut usage = None;
+    for _ in 0..50 {
+        usage = rt
+            .container_stats(&cid)
+            .await
+            .expect("stats")
+            .memory_usage_bytes;
+        if usage.is_some_and(|m| m > 0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(usage.is_some_and(|m| m > 0), "memory usage {usage:?}");
     rt.stop_pod_sandbox(&sid).await.expect("stop");
     rt.remove_pod_sandbox(&sid).await.expect("remove");
 }

@@ -727,6 +727,10 @@ impl AgentBuilder {
         let mut reviews = None;
         #[allow(unused_mut)]
         let mut node_addresses: Vec<std::net::IpAddr> = Vec::new();
+        // `serverTLSBootstrap`: the pair the cluster signs, served by the kubelet API.
+        #[allow(unused_mut)]
+        let mut serving_pair: Option<PathBuf> = None;
+        let cert_dir = cert_dir.unwrap_or_else(|| root_dir.join("pki"));
         #[cfg(feature = "apiserver")]
         if let Some((path, config)) = cluster {
             // An unknown strategy is a startup error naming the accepted values.
@@ -746,11 +750,9 @@ impl AgentBuilder {
                     .as_deref()
                     .and_then(|ip| ip.parse::<std::net::IpAddr>().ok()),
             );
-            let mut certificates = kubelet_apiserver::certificate::ClientCertificateConfig::new(
-                &path,
-                cert_dir.clone().unwrap_or_else(|| root_dir.join("pki")),
-            )
-            .rotate(c.rotate_certificates);
+            let mut certificates =
+                kubelet_apiserver::certificate::ClientCertificateConfig::new(&path, &cert_dir)
+                    .rotate(c.rotate_certificates);
             if let Some(bootstrap) = &bootstrap_kubeconfig {
                 certificates = certificates.bootstrap_kubeconfig(bootstrap);
             }
@@ -762,14 +764,35 @@ impl AgentBuilder {
                 config.root_dir(&root_dir),
             );
             if let Some(rotation) = rotation {
-                api = api.with_client_certificates(rotation);
+                api = api.with_certificate_manager(rotation);
+            }
+            if c.server_tls_bootstrap && default_server {
+                let hostname = api
+                    .config()
+                    .hostname
+                    .clone()
+                    .unwrap_or_else(|| kubelet_apiserver::machine::hostname());
+                let serving = kubelet_apiserver::certificate::serving(
+                    &node_name,
+                    api.client(),
+                    &cert_dir,
+                    vec![hostname],
+                    node_addresses.clone(),
+                )?;
+                serving_pair = Some(serving.current_path());
+                api = api.with_certificate_manager(serving);
             }
             reviews = Some(api.client());
             builder = builder.plugin(Arc::new(api));
         }
         if default_server {
-            let cert_dir = cert_dir.unwrap_or_else(|| root_dir.join("pki"));
-            builder = with_server(builder, &c, cert_dir, node_addresses, reviews).await?;
+            let mut server_c = c.clone();
+            if let Some(pair) = serving_pair {
+                let pair = pair.to_string_lossy().into_owned();
+                server_c.tls_cert_file.clone_from(&pair);
+                server_c.tls_private_key_file = pair;
+            }
+            builder = with_server(builder, &server_c, cert_dir, node_addresses, reviews).await?;
         }
         Ok(builder.build()?)
     }

@@ -612,3 +612,275 @@ async fn sigterm_on_a_cluster_node_reports_the_shutdown_and_terminates_pods_by_p
         "no container left"
     );
 }
+
+/// `serverTLSBootstrap`: the kubelet API first serves a self-signed placeholder, asks the
+/// cluster for a serving certificate (signer `kubernetes.io/kubelet-serving`, the node's IP and
+/// hostname as SANs) which an administrator approves, then serves the signed one, and rotates it
+/// (approved again) while a followed log stream opened before the rotation goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_tls_bootstrap_serves_the_cluster_signed_certificate_and_rotates_it() {
+    let test = "server_tls_bootstrap_serves_the_cluster_signed_certificate_and_rotates_it";
+    let Some(env) = ApiServerEnv::start_with_bootstrap(test, "mk-serving", "6m30s") else {
+        return;
+    };
+    let Some(kubectl) = kubelet_testenv::debian_kubectl(test) else {
+        return;
+    };
+    let node = env.node_name().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let log = dir.join("agent.log");
+    let port = common::free_port();
+    std::fs::write(
+        dir.join("config.yaml"),
+        format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\nserverTLSBootstrap: true\nauthentication:\n  x509:\n    clientCAFile: {}\n",
+            env.ca_file().display()
+        ),
+    )
+    .unwrap();
+    let token = format!("mk-serving-{}", std::process::id());
+    let child = Command::new(BIN)
+        .arg("--config")
+        .arg(dir.join("config.yaml"))
+        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
+        .args([
+            "--node-name",
+            &node,
+            "--node-ip",
+            "127.0.0.1",
+            "--address",
+            "127.0.0.1",
+        ])
+        .args(["--port", &port.to_string(), "--healthz-port", "0"])
+        .arg("--cert-dir")
+        .arg(dir.join("pki"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .arg("--pod-log-dir")
+        .arg(dir.join("logs"))
+        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Agent { child };
+    // The certificate the server presents: serial, issuer, subject and SANs, from openssl.
+    let presented = || {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo | openssl s_client -connect 127.0.0.1:{port} 2>/dev/null | openssl x509 -noout -serial -issuer -subject -ext subjectAltName 2>/dev/null"
+            ))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let kc = |args: &[&str]| {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(env.admin_kubeconfig())
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The placeholder first, and a pending kubelet-serving CSR by the node.
+    let pending = eventually("a pending serving CSR", Duration::from_secs(60), &log, || async {
+        let out = kc(&["get", "csr", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.signerName} {.spec.username} {.status.conditions[*].type}{\"\\n\"}{end}"]);
+        out.lines()
+            .find(|l| l.contains("kubernetes.io/kubelet-serving") && l.split(' ').nth(3).is_some_and(str::is_empty))
+            .map(|l| l.split(' ').next().unwrap().to_string())
+    })
+    .await;
+    let placeholder = presented();
+    assert!(
+        placeholder.contains(&format!("system:node:{node}")),
+        "{placeholder}"
+    );
+    assert!(
+        !placeholder.contains("kubelet-sdk-test-ca"),
+        "a placeholder before approval: {placeholder}"
+    );
+    // An administrator approves; the server then presents the cluster-signed certificate.
+    let approve_all = || {
+        let out = kc(&[
+            "get",
+            "csr",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.signerName} {.status.conditions[*].type}{\"\\n\"}{end}",
+        ]);
+        for l in out.lines() {
+            let f: Vec<&str> = l.split(' ').collect();
+            if f.len() >= 2
+                && f[1] == "kubernetes.io/kubelet-serving"
+                && f.get(2).is_none_or(|c| c.is_empty())
+            {
+                kc(&["certificate", "approve", f[0]]);
+            }
+        }
+    };
+    kc(&["certificate", "approve", &pending]);
+    let signed = eventually(
+        "the signed serving certificate",
+        Duration::from_secs(30),
+        &log,
+        || async {
+            let p = presented();
+            p.contains("kubelet-sdk-test-ca").then_some(p)
+        },
+    )
+    .await;
+    assert!(signed.contains("IP Address:127.0.0.1"), "{signed}");
+
+    // A followed log stream across a rotation of the serving certificate.
+    let api: Api<Pod> = Api::namespaced(admin_client(&env).await, "default");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "ticker" },
+        "spec": { "nodeName": node, "terminationGracePeriodSeconds": 1, "containers": [{
+            "name": "app", "image": "busybox",
+            "command": ["/bin/sh", "-c", "trap 'exit 0' TERM; i=0; while true; do i=$((i+1)); echo tick-$i; sleep 0.5; done", &token],
+        }]},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pod).await.unwrap();
+    eventually("ticker Running", Duration::from_secs(30), &log, || async {
+        let p = api.get("ticker").await.ok()?;
+        (p.status?.phase.as_deref() == Some("Running")).then_some(())
+    })
+    .await;
+    let (cert, key) = env.admin_cert_and_key();
+    let follow_log = dir.join("follow.log");
+    let mut follow = Command::new("curl")
+        .args(["-sk", "--no-buffer", "--cert"])
+        .arg(&cert)
+        .arg("--key")
+        .arg(&key)
+        .arg(format!(
+            "https://127.0.0.1:{port}/containerLogs/default/ticker/app?follow=true"
+        ))
+        .stdout(std::fs::File::create(&follow_log).unwrap())
+        .spawn()
+        .unwrap();
+    let before = signed.clone();
+    let rotated = eventually(
+        "a rotated serving certificate",
+        Duration::from_secs(150),
+        &log,
+        || async {
+            approve_all();
+            let p = presented();
+            (p.contains("kubelet-sdk-test-ca") && p != before).then_some(p)
+        },
+    )
+    .await;
+    let _ = rotated;
+    let lines_at_rotation = std::fs::read_to_string(&follow_log)
+        .unwrap()
+        .lines()
+        .count();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let text = std::fs::read_to_string(&follow_log).unwrap();
+    assert!(
+        follow.try_wait().unwrap().is_none(),
+        "the stream is still open"
+    );
+    assert!(
+        text.lines().count() > lines_at_rotation && lines_at_rotation > 0,
+        "the stream opened before the rotation goes on: {lines_at_rotation} then {}",
+        text.lines().count()
+    );
+    let _ = follow.kill();
+    let _ = follow.wait();
+    common::kill_token_processes(std::slice::from_ref(&token));
+}
+
+/// A bootstrap request nobody approves stays pending (the agent waits, polling, no busy loop);
+/// one an administrator denies is logged with the reason and followed, after the backoff, by a
+/// new request; no kubeconfig is written meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denied_bootstrap_request_is_logged_and_requested_again_after_the_backoff() {
+    let test = "a_denied_bootstrap_request_is_logged_and_requested_again_after_the_backoff";
+    let Some(env) = ApiServerEnv::start_with_bootstrap(test, "mk-denied", "1h") else {
+        return;
+    };
+    let Some(kubectl) = kubelet_testenv::debian_kubectl(test) else {
+        return;
+    };
+    let kc = |args: &[&str]| {
+        let out = Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(env.admin_kubeconfig())
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Without kubeadm's auto-approval binding the request stays pending.
+    kc(&[
+        "delete",
+        "clusterrolebinding",
+        "kubeadm:node-autoapprove-bootstrap",
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    let log = dir.join("agent.log");
+    let child = Command::new(BIN)
+        .arg("--kubeconfig")
+        .arg(dir.join("kubelet.conf"))
+        .arg("--bootstrap-kubeconfig")
+        .arg(env.bootstrap_kubeconfig().unwrap())
+        .arg("--cert-dir")
+        .arg(dir.join("pki"))
+        .arg("--root-dir")
+        .arg(dir.join("root"))
+        .args([
+            "--healthz-port",
+            "0",
+            "--port",
+            "0",
+            "--node-name",
+            env.node_name(),
+        ])
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _agent = Agent { child };
+    let names = || {
+        kc(&[
+            "get",
+            "csr",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+        ])
+        .lines()
+        .map(str::to_string)
+        .collect::<Vec<_>>()
+    };
+    let first = eventually(
+        "a pending request",
+        Duration::from_secs(30),
+        &log,
+        || async { names().first().cloned() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(names(), [first.clone()], "one request while it is pending");
+    kc(&["certificate", "deny", &first]);
+    eventually(
+        "the denial in the log and a new request",
+        Duration::from_secs(20),
+        &log,
+        || async {
+            let text = std::fs::read_to_string(&log).ok()?;
+            (text.contains(&format!("certificate signing request {first} was Denied"))
+                && names().len() == 2)
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(!dir.join("kubelet.conf").exists());
+}
