@@ -276,6 +276,27 @@ pub fn has_privileged_container(pod: &Pod) -> bool {
     })
 }
 
+/// `SystemCriticalPriority`: pods at or above it are critical (eviction spares them, node
+/// shutdown terminates them last).
+pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// `spec.priority`, 0 when unset.
+pub fn priority(pod: &Pod) -> i32 {
+    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
+}
+
+/// The `DisruptionTarget` condition (reason `TerminationByKubelet`) the kubelet adds to pods it
+/// terminates itself (eviction, node shutdown), carrying `message`.
+pub fn disruption_condition(message: &str) -> PodCondition {
+    PodCondition {
+        type_: PodConditionType::DisruptionTarget.into(),
+        status: "True".into(),
+        reason: Some("TerminationByKubelet".into()),
+        message: Some(message.to_string()),
+        ..Default::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,26 +382,5 @@ mod tests {
         assert_eq!(container_hash(&a), container_hash(&b));
         b.image = Some("busybox:2".into());
         assert_ne!(container_hash(&a), container_hash(&b));
-    }
-}
-
-/// `SystemCriticalPriority`: pods at or above it are critical (eviction spares them, node
-/// shutdown terminates them last).
-pub const SYSTEM_CRITICAL_PRIORITY: i32 = 2_000_000_000;
-
-/// `spec.priority`, 0 when unset.
-pub fn priority(pod: &Pod) -> i32 {
-    pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0)
-}
-
-/// The `DisruptionTarget` condition (reason `TerminationByKubelet`) the kubelet adds to pods it
-/// terminates itself (eviction, node shutdown), carrying `message`.
-pub fn disruption_condition(message: &str) -> PodCondition {
-    PodCondition {
-        type_: PodConditionType::DisruptionTarget.into(),
-        status: "True".into(),
-        reason: Some("TerminationByKubelet".into()),
-        message: Some(message.to_string()),
-        ..Default::default()
     }
 }

@@ -771,7 +771,7 @@ impl AgentBuilder {
                     .config()
                     .hostname
                     .clone()
-                    .unwrap_or_else(|| kubelet_apiserver::machine::hostname());
+                    .unwrap_or_else(kubelet_apiserver::machine::hostname);
                 let serving = kubelet_apiserver::certificate::serving(
                     &node_name,
                     api.client(),

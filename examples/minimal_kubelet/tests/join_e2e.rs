@@ -868,7 +868,11 @@ async fn a_denied_bootstrap_request_is_logged_and_requested_again_after_the_back
     )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(names(), [first.clone()], "one request while it is pending");
+    assert_eq!(
+        names(),
+        std::slice::from_ref(&first),
+        "one request while it is pending"
+    );
     kc(&["certificate", "deny", &first]);
     eventually(
         "the denial in the log and a new request",
