@@ -29,6 +29,12 @@ struct Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "agent log:\n{}",
+                std::fs::read_to_string(self._dir.path().join("agent.log")).unwrap_or_default()
+            );
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
         // Containers outlive the agent by design: kill the ones this test started, found by the

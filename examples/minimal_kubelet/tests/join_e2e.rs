@@ -3,8 +3,8 @@
 //! approver and signer issuing certificates valid for 90 seconds (6m30s minus the signer's 5-minute back-dating)): `minimal_kubelet` with only a bootstrap
 //! kubeconfig gets its client certificate, writes its kubeconfig, registers Ready with its
 //! `--register-with-taints`, runs an ordinary pod (projected service-account token) that calls
-//! the API server with its token, rotates its certificate at least twice while the Lease and
-//! the pod's status keep being written, registers again when its Node is deleted, after a
+//! the API server with its token, rotates its certificate at least twice while the Lease, the
+//! pod's status and a `kubectl logs -f` of the pod keep going, registers again when its Node is deleted, after a
 //! restart reuses the certificate it has, and bootstraps a new one when that file is truncated.
 //! Skips without the environment (fails under `KUBELET_SDK_REQUIRE_ROOT=1`).
 
@@ -40,7 +40,7 @@ impl Drop for Agent {
 
 /// Start the agent on `dir` (root, logs, pki and kubeconfig under it) with only the bootstrap
 /// kubeconfig as credentials.
-fn start(env: &ApiServerEnv, dir: &Path, log: &str) -> Agent {
+fn start(env: &ApiServerEnv, dir: &Path, log: &str, port: u16) -> Agent {
     let stderr = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -61,7 +61,10 @@ fn start(env: &ApiServerEnv, dir: &Path, log: &str) -> Agent {
         .arg(dir.join("root"))
         .arg("--pod-log-dir")
         .arg(dir.join("logs"))
-        .args(["--healthz-port", "0", "--port", "0"])
+        .args(["--healthz-port", "0", "--port", &port.to_string()])
+        .args(["--address", "127.0.0.1"])
+        .arg("--client-ca-file")
+        .arg(env.ca_file())
         .args(["--node-status-update-frequency", "2s"])
         .args(["--eviction-hard", common::LOW_EVICTION_HARD])
         .env("NO_COLOR", "1")
@@ -128,7 +131,8 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
     let log = dir.join("agent.log");
     let pki = dir.join("pki");
     let token = format!("mk-join-{}", std::process::id());
-    let agent = start(&env, dir, "agent.log");
+    let port = common::free_port();
+    let agent = start(&env, dir, "agent.log", port);
 
     let admin = admin_client(&env).await;
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -237,13 +241,63 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
 
+    // `kubectl logs -f` through the API server and the node's kubelet API, open across the
+    // rotations below.
+    let kubectl = kubelet_testenv::debian_kubectl(test).expect("kubectl");
+    let kc = |args: &[&str]| {
+        Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(env.admin_kubeconfig())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    kc(&[
+        "create",
+        "clusterrolebinding",
+        "apiserver-kubelet-api",
+        "--clusterrole=system:kubelet-api-admin",
+        "--user=kube-apiserver-kubelet-client",
+    ]);
+    let follow_log = dir.join("follow.log");
+    let mut follow = Command::new(&kubectl)
+        .arg("--kubeconfig")
+        .arg(env.admin_kubeconfig())
+        .args(["logs", "-f", "caller"])
+        .stdout(std::fs::File::create(&follow_log).unwrap())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let followed = || {
+        std::fs::read_to_string(&follow_log)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    eventually(
+        "kubectl logs -f shows the pod's lines",
+        Duration::from_secs(30),
+        &log,
+        || async { (followed() > 0).then_some(()) },
+    )
+    .await;
+
     // Rotation: two more pairs (the certificates are renewed at 70–90 % of a 6m30s lifetime that
-    // starts 5 minutes back-dated), each with a CSR by the node itself; the Lease and the pod
-    // status keep being written through them.
+    // starts 5 minutes back-dated), each with a CSR by the node itself; the Lease, the pod
+    // status and the followed log keep going through them.
+    let pairs_at_follow = stored_pairs(&pki).len();
     eventually("two rotations", Duration::from_secs(150), &log, || async {
-        (stored_pairs(&pki).len() >= 3).then_some(())
+        (stored_pairs(&pki).len() >= (pairs_at_follow + 2).max(3)).then_some(())
     })
     .await;
+    let lines = followed();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        follow.try_wait().unwrap().is_none() && followed() > lines,
+        "kubectl logs -f goes on across the rotations"
+    );
+    let _ = follow.kill();
+    let _ = follow.wait();
     let by_node = csrs
         .list(&ListParams::default())
         .await
@@ -319,7 +373,7 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
 
     // Restart: the stored certificate is reused (no bootstrap), the pod keeps its process.
     drop(agent);
-    let _agent = start(&env, dir, "agent2.log");
+    let _agent = start(&env, dir, "agent2.log", port);
     let log2 = dir.join("agent2.log");
     eventually(
         "the restarted agent's node status",
@@ -353,7 +407,7 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
     let pem = std::fs::read(&current).unwrap();
     std::fs::write(&current, &pem[..pem.len() / 2]).unwrap();
     let csrs_before = csrs.list(&ListParams::default()).await.unwrap().items.len();
-    let _agent = start(&env, dir, "agent3.log");
+    let _agent = start(&env, dir, "agent3.log", port);
     let log3 = dir.join("agent3.log");
     eventually(
         "a new bootstrap",
