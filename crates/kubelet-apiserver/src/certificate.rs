@@ -430,15 +430,22 @@ fn write_kubeconfig(path: &Path, bootstrap: &Path, current: &Path) -> Result<(),
     std::fs::rename(&tmp, path).map_err(w)
 }
 
-/// A new ECDSA P-256 key and a CSR for `node` (with `kind`'s names), both PEM.
-fn key_and_request(node: &str, kind: &Kind) -> Result<(String, String), CertificateError> {
-    let g = |e: rcgen::Error| CertificateError::Generate(e.to_string());
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(g)?;
+fn generate_error(e: rcgen::Error) -> CertificateError {
+    CertificateError::Generate(e.to_string())
+}
+
+/// A new ECDSA P-256 key, and the subject (`O=system:nodes`, `CN=system:node:<node>`) and
+/// subject alternative names (`kind`'s) of a certificate for `node`.
+fn key_and_params(
+    node: &str,
+    kind: &Kind,
+) -> Result<(rcgen::KeyPair, rcgen::CertificateParams), CertificateError> {
+    let key =
+        rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(generate_error)?;
     let mut params = rcgen::CertificateParams::default();
     for name in &kind.dns_names {
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::DnsName(name.clone().try_into().map_err(g)?));
+        let name = name.clone().try_into().map_err(generate_error)?;
+        params.subject_alt_names.push(rcgen::SanType::DnsName(name));
     }
     for ip in &kind.ips {
         params
@@ -449,8 +456,14 @@ fn key_and_request(node: &str, kind: &Kind) -> Result<(String, String), Certific
     dn.push(rcgen::DnType::OrganizationName, "system:nodes");
     dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
     params.distinguished_name = dn;
-    let csr = params.serialize_request(&key).map_err(g)?;
-    Ok((key.serialize_pem(), csr.pem().map_err(g)?))
+    Ok((key, params))
+}
+
+/// A new ECDSA P-256 key and a CSR for `node` (with `kind`'s names), both PEM.
+fn key_and_request(node: &str, kind: &Kind) -> Result<(String, String), CertificateError> {
+    let (key, params) = key_and_params(node, kind)?;
+    let csr = params.serialize_request(&key).map_err(generate_error)?;
+    Ok((key.serialize_pem(), csr.pem().map_err(generate_error)?))
 }
 
 /// Send a CSR for `node` with `client` and wait for its certificate; returns the pair (PEM,
@@ -778,29 +791,13 @@ pub fn serving(
 /// A self-signed pair for `node` with `kind`'s names, valid for a year: served until the
 /// cluster signs one.
 fn self_signed_placeholder(node: &str, kind: &Kind) -> Result<Vec<u8>, CertificateError> {
-    let g = |e: rcgen::Error| CertificateError::Generate(e.to_string());
-    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(g)?;
-    let mut params = rcgen::CertificateParams::default();
-    let mut dn = rcgen::DistinguishedName::new();
-    dn.push(rcgen::DnType::OrganizationName, "system:nodes");
-    dn.push(rcgen::DnType::CommonName, format!("system:node:{node}"));
-    params.distinguished_name = dn;
-    for name in &kind.dns_names {
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::DnsName(name.clone().try_into().map_err(g)?));
-    }
-    for ip in &kind.ips {
-        params
-            .subject_alt_names
-            .push(rcgen::SanType::IpAddress(*ip));
-    }
+    let (key, mut params) = key_and_params(node, kind)?;
     let now = jiff::Timestamp::now().as_second();
     params.not_before = time::OffsetDateTime::from_unix_timestamp(now - 60)
         .map_err(|e| CertificateError::Generate(e.to_string()))?;
     params.not_after = time::OffsetDateTime::from_unix_timestamp(now + 365 * 24 * 3600)
         .map_err(|e| CertificateError::Generate(e.to_string()))?;
-    let cert = params.self_signed(&key).map_err(g)?;
+    let cert = params.self_signed(&key).map_err(generate_error)?;
     Ok(format!("{}{}", cert.pem(), key.serialize_pem()).into_bytes())
 }
 

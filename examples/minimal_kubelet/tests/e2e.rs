@@ -2514,57 +2514,37 @@ fn a_chatty_containers_logs_rotate_at_10_mib_keeping_five_files_and_a_follower_l
     env.wait_pod_gone(&name);
 }
 
-/// A kubeadm-written `config.yaml` (1.31–1.33 layout) with this test's changes: anonymous
-/// requests allowed so `/configz` can be read without credentials, a relative `resolvConf`.
-const KUBEADM_CONFIG: &str = "\
-apiVersion: kubelet.config.k8s.io/v1beta1
-authentication:
-  anonymous:
-    enabled: true
-  webhook:
-    cacheTTL: 0s
-    enabled: false
-authorization:
-  mode: AlwaysAllow
-  webhook:
-    cacheAuthorizedTTL: 0s
-    cacheUnauthorizedTTL: 0s
-cgroupDriver: systemd
-clusterDNS:
-- 10.96.0.10
-clusterDomain: cluster.local
-containerRuntimeEndpoint: \"\"
-cpuManagerReconcilePeriod: 0s
-crashLoopBackOff: {}
-evictionPressureTransitionPeriod: 0s
-fileCheckFrequency: 0s
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-httpCheckFrequency: 0s
-imageMaximumGCAge: 0s
-imageMinimumGCAge: 0s
-kind: KubeletConfiguration
-logging:
-  flushFrequency: 0
-  options:
-    json:
-      infoBufferSize: \"0\"
-    text:
-      infoBufferSize: \"0\"
-  verbosity: 0
-memorySwap: {}
-nodeStatusReportFrequency: 0s
-nodeStatusUpdateFrequency: 0s
-resolvConf: resolv.conf
-rotateCertificates: true
-runtimeRequestTimeout: 0s
-shutdownGracePeriod: 0s
-shutdownGracePeriodCriticalPods: 0s
-staticPodPath: /etc/kubernetes/manifests
-streamingConnectionIdleTimeout: 0s
-syncFrequency: 0s
-volumeStatsAggPeriod: 0s
-";
+/// The kubeadm-written `config.yaml` of the facade's tests (1.31–1.33 layout) with this test's
+/// changes: anonymous requests allowed so `/configz` can be read without credentials, a relative
+/// `resolvConf`.
+fn kubeadm_config() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../crates/kubelet/tests/fixtures/kubeadm-config.yaml");
+    let mut text = std::fs::read_to_string(path).expect("the kubeadm fixture");
+    for (from, to) in [
+        (
+            "  anonymous:\n    enabled: false",
+            "  anonymous:\n    enabled: true",
+        ),
+        (
+            "    cacheTTL: 0s\n    enabled: true",
+            "    cacheTTL: 0s\n    enabled: false",
+        ),
+        (
+            "  x509:\n    clientCAFile: /etc/kubernetes/pki/ca.crt\n",
+            "",
+        ),
+        ("  mode: Webhook", "  mode: AlwaysAllow"),
+        (
+            "resolvConf: /run/systemd/resolve/resolv.conf",
+            "resolvConf: resolv.conf",
+        ),
+    ] {
+        assert!(text.contains(from), "the fixture has {from:?}");
+        text = text.replace(from, to);
+    }
+    text
+}
 
 /// `--config` with a kubeadm-style file and flags on top: the effective configuration that
 /// `/configz` shows is the golden one (`tests/fixtures/configz-kubeadm.json`, `$DIR` standing for
@@ -2580,7 +2560,7 @@ fn a_kubeadm_config_file_with_flags_on_top_gives_the_golden_configz() {
     let base = env._dir.path().to_path_buf();
     let config = base.join("etc").join("config.yaml");
     std::fs::create_dir_all(config.parent().expect("parent")).expect("mkdir");
-    std::fs::write(&config, KUBEADM_CONFIG).expect("write config");
+    std::fs::write(&config, kubeadm_config()).expect("write config");
     std::fs::write(base.join("etc/resolv.conf"), "nameserver 127.0.0.1\n").expect("resolv");
     env.extra_args = vec![
         "--config".into(),

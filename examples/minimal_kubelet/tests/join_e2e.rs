@@ -10,6 +10,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::ffi::OsStr;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,40 +40,78 @@ impl Drop for Agent {
 }
 
 /// Start the agent on `dir` (root, logs, pki and kubeconfig under it) with only the bootstrap
-/// kubeconfig as credentials.
-fn start(env: &ApiServerEnv, dir: &Path, log: &str, port: u16) -> Agent {
+/// The OS string of `s`, for [`spawn`]'s arguments.
+fn o(s: &str) -> &OsStr {
+    OsStr::new(s)
+}
+
+/// Start the agent with `args` on `dir` (`root`, `logs` and `pki` under it; its stderr appended
+/// to `dir/<log>`), healthz off, with the tests' low eviction thresholds.
+fn spawn(dir: &Path, log: &str, args: &[&OsStr]) -> Agent {
     let stderr = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join(log))
         .unwrap();
     let child = Command::new(BIN)
-        .arg("--kubeconfig")
-        .arg(dir.join("kubelet.conf"))
-        .arg("--bootstrap-kubeconfig")
-        .arg(env.bootstrap_kubeconfig().expect("a bootstrap environment"))
-        .arg("--cert-dir")
-        .arg(dir.join("pki"))
-        .arg("--rotate-certificates")
-        .args(["--register-with-taints", "example.com/edge=true:NoSchedule"])
-        .args(["--hostname-override", env.node_name()])
-        .args(["--node-ip", "127.0.0.1"])
         .arg("--root-dir")
         .arg(dir.join("root"))
         .arg("--pod-log-dir")
         .arg(dir.join("logs"))
-        .args(["--healthz-port", "0", "--port", &port.to_string()])
-        .args(["--address", "127.0.0.1"])
-        .arg("--client-ca-file")
-        .arg(env.ca_file())
-        .args(["--node-status-update-frequency", "2s"])
+        .arg("--cert-dir")
+        .arg(dir.join("pki"))
+        .args(["--healthz-port", "0"])
         .args(["--eviction-hard", common::LOW_EVICTION_HARD])
+        .args(args)
         .env("NO_COLOR", "1")
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
         .expect("start minimal_kubelet");
     Agent { child }
+}
+
+/// Start the agent on `dir` with only the bootstrap kubeconfig as credentials, the kubelet API
+/// on `port`.
+fn start(env: &ApiServerEnv, dir: &Path, log: &str, port: u16) -> Agent {
+    spawn(
+        dir,
+        log,
+        &[
+            o("--kubeconfig"),
+            dir.join("kubelet.conf").as_os_str(),
+            o("--bootstrap-kubeconfig"),
+            env.bootstrap_kubeconfig()
+                .expect("a bootstrap environment")
+                .as_os_str(),
+            o("--rotate-certificates"),
+            o("--register-with-taints"),
+            o("example.com/edge=true:NoSchedule"),
+            o("--hostname-override"),
+            o(env.node_name()),
+            o("--node-ip"),
+            o("127.0.0.1"),
+            o("--port"),
+            o(&port.to_string()),
+            o("--address"),
+            o("127.0.0.1"),
+            o("--client-ca-file"),
+            env.ca_file().as_os_str(),
+            o("--node-status-update-frequency"),
+            o("2s"),
+        ],
+    )
+}
+
+/// `kubectl` with the environment's admin credentials; its standard output.
+fn kubectl_out(kubectl: &Path, env: &ApiServerEnv, args: &[&str]) -> String {
+    let out = Command::new(kubectl)
+        .arg("--kubeconfig")
+        .arg(env.admin_kubeconfig())
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 async fn admin_client(env: &ApiServerEnv) -> Client {
@@ -244,14 +283,7 @@ async fn a_node_with_only_a_bootstrap_token_joins_rotates_its_certificate_and_ru
     // `kubectl logs -f` through the API server and the node's kubelet API, open across the
     // rotations below.
     let kubectl = kubelet_testenv::debian_kubectl(test).expect("kubectl");
-    let kc = |args: &[&str]| {
-        Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(env.admin_kubeconfig())
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let kc = |args: &[&str]| kubectl_out(&kubectl, &env, args);
     kc(&[
         "create",
         "clusterrolebinding",
@@ -478,29 +510,20 @@ async fn a_rejected_bootstrap_token_is_retried_with_backoff_and_logged() {
     )
     .unwrap();
     let log = dir.join("agent.log");
-    let child = Command::new(BIN)
-        .arg("--kubeconfig")
-        .arg(dir.join("kubelet.conf"))
-        .arg("--bootstrap-kubeconfig")
-        .arg(&bad)
-        .arg("--cert-dir")
-        .arg(dir.join("pki"))
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .args([
-            "--healthz-port",
-            "0",
-            "--port",
-            "0",
-            "--node-name",
-            env.node_name(),
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _agent = Agent { child };
+    let _agent = spawn(
+        dir,
+        "agent.log",
+        &[
+            o("--kubeconfig"),
+            dir.join("kubelet.conf").as_os_str(),
+            o("--bootstrap-kubeconfig"),
+            bad.as_os_str(),
+            o("--port"),
+            o("0"),
+            o("--node-name"),
+            o(env.node_name()),
+        ],
+    );
     tokio::time::sleep(Duration::from_secs(12)).await;
     let text = std::fs::read_to_string(&log).unwrap();
     let failures = text
@@ -537,23 +560,20 @@ async fn sigterm_on_a_cluster_node_reports_the_shutdown_and_terminates_pods_by_p
     )
     .unwrap();
     let token = format!("mk-shutdown-{}", std::process::id());
-    let child = Command::new(BIN)
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
-        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
-        .args(["--node-name", &node])
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .arg("--pod-log-dir")
-        .arg(dir.join("logs"))
-        .args(["--healthz-port", "0", "--port", "0"])
-        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut agent = Agent { child };
+    let mut agent = spawn(
+        dir,
+        "agent.log",
+        &[
+            o("--config"),
+            dir.join("config.yaml").as_os_str(),
+            o("--kubeconfig"),
+            env.node_kubeconfig().as_os_str(),
+            o("--node-name"),
+            o(&node),
+            o("--port"),
+            o("0"),
+        ],
+    );
     let admin = admin_client(&env).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let nodes: Api<Node> = Api::all(admin.clone());
@@ -694,32 +714,25 @@ async fn server_tls_bootstrap_serves_the_cluster_signed_certificate_and_rotates_
     )
     .unwrap();
     let token = format!("mk-serving-{}", std::process::id());
-    let child = Command::new(BIN)
-        .arg("--config")
-        .arg(dir.join("config.yaml"))
-        .args(["--kubeconfig", env.node_kubeconfig().to_str().unwrap()])
-        .args([
-            "--node-name",
-            &node,
-            "--node-ip",
-            "127.0.0.1",
-            "--address",
-            "127.0.0.1",
-        ])
-        .args(["--port", &port.to_string(), "--healthz-port", "0"])
-        .arg("--cert-dir")
-        .arg(dir.join("pki"))
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .arg("--pod-log-dir")
-        .arg(dir.join("logs"))
-        .args(["--eviction-hard", common::LOW_EVICTION_HARD])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _agent = Agent { child };
+    let port_arg = port.to_string();
+    let _agent = spawn(
+        dir,
+        "agent.log",
+        &[
+            o("--config"),
+            dir.join("config.yaml").as_os_str(),
+            o("--kubeconfig"),
+            env.node_kubeconfig().as_os_str(),
+            o("--node-name"),
+            o(&node),
+            o("--node-ip"),
+            o("127.0.0.1"),
+            o("--address"),
+            o("127.0.0.1"),
+            o("--port"),
+            o(&port_arg),
+        ],
+    );
     // The certificate the server presents: serial, issuer, subject and SANs, from openssl.
     let presented = || {
         let out = Command::new("sh")
@@ -731,15 +744,7 @@ async fn server_tls_bootstrap_serves_the_cluster_signed_certificate_and_rotates_
             .unwrap();
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let kc = |args: &[&str]| {
-        let out = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(env.admin_kubeconfig())
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let kc = |args: &[&str]| kubectl_out(&kubectl, &env, args);
     // The placeholder first, and a pending kubelet-serving CSR by the node.
     let pending = eventually("a pending serving CSR", Duration::from_secs(60), &log, || async {
         let out = kc(&["get", "csr", "-o", "jsonpath={range .items[*]}{.metadata.name} {.spec.signerName} {.spec.username} {.status.conditions[*].type}{\"\\n\"}{end}"]);
@@ -862,15 +867,7 @@ async fn a_denied_bootstrap_request_is_logged_and_requested_again_after_the_back
     let Some(kubectl) = kubelet_testenv::debian_kubectl(test) else {
         return;
     };
-    let kc = |args: &[&str]| {
-        let out = Command::new(&kubectl)
-            .arg("--kubeconfig")
-            .arg(env.admin_kubeconfig())
-            .args(args)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let kc = |args: &[&str]| kubectl_out(&kubectl, &env, args);
     // Without kubeadm's auto-approval binding the request stays pending.
     kc(&[
         "delete",
@@ -880,29 +877,20 @@ async fn a_denied_bootstrap_request_is_logged_and_requested_again_after_the_back
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     let log = dir.join("agent.log");
-    let child = Command::new(BIN)
-        .arg("--kubeconfig")
-        .arg(dir.join("kubelet.conf"))
-        .arg("--bootstrap-kubeconfig")
-        .arg(env.bootstrap_kubeconfig().unwrap())
-        .arg("--cert-dir")
-        .arg(dir.join("pki"))
-        .arg("--root-dir")
-        .arg(dir.join("root"))
-        .args([
-            "--healthz-port",
-            "0",
-            "--port",
-            "0",
-            "--node-name",
-            env.node_name(),
-        ])
-        .env("NO_COLOR", "1")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let _agent = Agent { child };
+    let _agent = spawn(
+        dir,
+        "agent.log",
+        &[
+            o("--kubeconfig"),
+            dir.join("kubelet.conf").as_os_str(),
+            o("--bootstrap-kubeconfig"),
+            env.bootstrap_kubeconfig().unwrap().as_os_str(),
+            o("--port"),
+            o("0"),
+            o("--node-name"),
+            o(env.node_name()),
+        ],
+    );
     let names = || {
         kc(&[
             "get",
