@@ -227,7 +227,26 @@ impl NodeShutdown {
                 async move { handle.kill_pod(&uid, options).await }
             });
             tracing::info!(priority = band.priority, period = ?band.period, pods = pods.len(), "shutdown manager: terminating a priority band");
-            let all = futures::future::join_all(kills);
+            let uids: Vec<String> = pods
+                .iter()
+                .map(|p| kubelet_api::pod::uid(p).to_string())
+                .collect();
+            let statuses = handle.statuses();
+            let all = async {
+                futures::future::join_all(kills).await;
+                // The terminal statuses are generated (and so delivered before the agent
+                // stops) once every pod of the band shows a terminal phase.
+                while !uids.iter().all(|uid| {
+                    statuses.get(uid).is_none_or(|p| {
+                        matches!(
+                            p.status.phase.as_deref(),
+                            Some("Succeeded") | Some("Failed")
+                        )
+                    })
+                }) {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
             if tokio::time::timeout(band.period, all).await.is_err() {
                 report.bands_timed_out += 1;
                 tracing::warn!(priority = band.priority, period = ?band.period, "shutdown manager: the band's period elapsed with pods still terminating");
