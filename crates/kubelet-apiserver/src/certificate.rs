@@ -268,18 +268,21 @@ fn check_pair(pem: &[u8], node: &str) -> Result<CertFacts, String> {
     Ok(facts)
 }
 
+/// The context `current-context` names.
+fn current_context(kc: &kube::config::Kubeconfig) -> Option<&kube::config::Context> {
+    kc.current_context
+        .as_deref()
+        .and_then(|name| kc.contexts.iter().find(|c| c.name == name))
+        .and_then(|c| c.context.as_ref())
+}
+
 /// The client certificate and key the kubeconfig's current user has, as PEM: from files
 /// (relative to the kubeconfig) or embedded data.
 fn kubeconfig_pair(path: &Path) -> Result<(Vec<u8>, Option<PathBuf>), String> {
     use base64::Engine as _;
     use secrecy::ExposeSecret as _;
     let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
-    let context = kc
-        .current_context
-        .as_deref()
-        .and_then(|name| kc.contexts.iter().find(|c| c.name == name))
-        .and_then(|c| c.context.as_ref())
-        .ok_or("no current context")?;
+    let context = current_context(&kc).ok_or("no current context")?;
     let user = kc
         .auth_infos
         .iter()
@@ -371,11 +374,7 @@ fn write_kubeconfig(path: &Path, bootstrap: &Path, current: &Path) -> Result<(),
         reason: e,
     };
     let kc = kube::config::Kubeconfig::read_from(bootstrap).map_err(|e| invalid(e.to_string()))?;
-    let cluster_name = kc
-        .current_context
-        .as_deref()
-        .and_then(|name| kc.contexts.iter().find(|c| c.name == name))
-        .and_then(|c| c.context.as_ref())
+    let cluster_name = current_context(&kc)
         .map(|c| c.cluster.clone())
         .ok_or_else(|| invalid("no current context".into()))?;
     let cluster = kc
