@@ -43,6 +43,8 @@ pub(crate) struct Shared {
     pub(crate) objects: crate::objects::ApiObjects,
     /// The client certificate's rotation, when on.
     pub(crate) certificates: RwLock<Vec<Arc<crate::certificate::CertificateManager>>>,
+    /// The pod checkpoint (edge autonomy), when on.
+    pub(crate) checkpoint: Option<Arc<crate::checkpoint::Checkpoint>>,
 }
 
 /// One node's connection to the API server. Cheap to clone.
@@ -88,6 +90,15 @@ impl ApiServer {
     pub fn new(client: Client, node_name: impl Into<String>, config: ApiServerConfig) -> Self {
         let node_name = node_name.into();
         let services = crate::services::ServiceCache::default();
+        let checkpoint = config.checkpoint.clone().and_then(|c| {
+            match crate::checkpoint::Checkpoint::open(&config.root_dir, &node_name, c) {
+                Ok(c) => Some(Arc::new(c)),
+                Err(e) => {
+                    tracing::error!(node = %node_name, "no pod checkpoint: {e}");
+                    None
+                }
+            }
+        });
         Self {
             shared: Arc::new(Shared {
                 events: EventPoster::new(&node_name, config.event_qps, config.event_burst),
@@ -96,6 +107,7 @@ impl ApiServer {
                 mirrors: MirrorPods::default(),
                 unknown_status_fields: RwLock::new(std::collections::HashSet::new()),
                 certificates: RwLock::new(Vec::new()),
+                checkpoint,
                 services: services.clone(),
                 objects: crate::objects::ApiObjects::new(client.clone())
                     .with_strategy(config.change_detection)
@@ -180,6 +192,11 @@ impl ApiServer {
     /// The settings.
     pub fn config(&self) -> &ApiServerConfig {
         &self.shared.config
+    }
+
+    /// The pod checkpoint ([`ApiServerConfig::checkpoint`]), when on.
+    pub fn checkpoint(&self) -> Option<Arc<crate::checkpoint::Checkpoint>> {
+        self.shared.checkpoint.clone()
     }
 
     /// UID of the Node object once the node is registered.

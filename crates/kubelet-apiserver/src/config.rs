@@ -52,6 +52,10 @@ pub struct ApiServerConfig {
     /// `configMapAndSecretChangeDetectionStrategy` (`Watch`): how ConfigMap and Secret changes
     /// reach the pods (see [`ApiObjects`](crate::ApiObjects)).
     pub change_detection: crate::ChangeDetection,
+    /// The pod checkpoint under `root_dir` (edge autonomy: pods start again while the API
+    /// server is unreachable; see [`checkpoint`](crate::checkpoint)). `None` (the default of
+    /// this type): off. The `kubelet` facade turns it on with a kubeconfig.
+    pub checkpoint: Option<crate::checkpoint::CheckpointConfig>,
 }
 
 /// The `kubeletVersion` this SDK reports: the Kubernetes API level it implements, then the
@@ -79,6 +83,7 @@ impl Default for ApiServerConfig {
             event_qps: 5.0,
             event_burst: 10,
             change_detection: crate::ChangeDetection::Watch,
+            checkpoint: None,
         }
     }
 }
@@ -106,6 +111,12 @@ impl ApiServerConfig {
     /// Set the root directory (for the ephemeral-storage capacity).
     pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.root_dir = dir.into();
+        self
+    }
+
+    /// Keep a pod checkpoint with `config` (`None`: none).
+    pub fn checkpoint(mut self, config: Option<crate::checkpoint::CheckpointConfig>) -> Self {
+        self.checkpoint = config;
         self
     }
 

@@ -18,6 +18,9 @@
 //! * **ConfigMaps and Secrets** ([`objects`]): [`ApiObjects`], the agent's
 //!   [`ObjectProvider`](kubelet_api::ObjectProvider) for env references and `configMap` /
 //!   `secret` volumes (GETs with the node's credentials and a TTL cache);
+//! * **edge autonomy** ([`checkpoint`]): the pods and the objects they use kept under the root
+//!   directory, served when the agent starts while the API server is unreachable, replaced by
+//!   the live list (same UID, same containers) when it returns;
 //! * **the kubelet API's webhook authentication and authorization** ([`review`]):
 //!   `TokenReview` and `SubjectAccessReview` implementations of `kubelet-server`'s
 //!   [`TokenAuthenticator`](kubelet_server::TokenAuthenticator) and
@@ -59,6 +62,7 @@
 
 mod agent;
 pub mod certificate;
+pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod events;

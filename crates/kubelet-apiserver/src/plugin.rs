@@ -12,7 +12,8 @@ use crate::config::ApiServerConfig;
 use crate::node::NodeStatusInputs;
 
 /// [`ApiServer`] is the agent plugin `apiserver`: it adds the `api` pod source, the status sink
-/// and the ConfigMap/Secret provider ([`ApiObjects`](crate::ApiObjects)) at build, and its loop registers the Node,
+/// and the ConfigMap/Secret provider ([`ApiObjects`](crate::ApiObjects), kept in the pod
+/// checkpoint when [`ApiServerConfig::checkpoint`] is on) at build, and its loop registers the Node,
 /// keeps its status current (with every plugin's node conditions, e.g. eviction's pressure
 /// conditions) and its Lease renewed, and manages mirror pods. Node events go through the
 /// agent's recorder.
@@ -31,7 +32,13 @@ impl AgentPlugin for ApiServer {
     }
 
     fn object_provider(&self) -> Option<Arc<dyn ObjectProvider>> {
-        Some(Arc::new(self.objects()))
+        Some(match &self.shared.checkpoint {
+            Some(c) => Arc::new(crate::checkpoint::CheckpointedObjects::new(
+                self.objects(),
+                Arc::clone(c),
+            )),
+            None => Arc::new(self.objects()),
+        })
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
@@ -79,5 +86,21 @@ impl ApiServerConfig {
             config.kubelet_port = Some(i32::from(c.port));
         }
         config
+    }
+}
+
+impl crate::checkpoint::CheckpointConfig {
+    /// The checkpoint `podCheckpoint` of the SDK's `AgentConfiguration` asks for (`None` when
+    /// it is not `enabled`; `maxAge: 0s` is no limit).
+    pub fn from_configuration(
+        c: &kubelet_core::configuration::PodCheckpointConfiguration,
+    ) -> Option<Self> {
+        let max_age = c.max_age.as_duration();
+        c.enabled.then(|| {
+            Self::default()
+                .offline_start_wait(c.offline_start_wait.as_duration())
+                .max_age((!max_age.is_zero()).then_some(max_age))
+                .max_bytes(c.max_size_bytes)
+        })
     }
 }

@@ -24,7 +24,12 @@ use kubelet_api::sources;
 use kubelet_api::{PodSource, SourceSender};
 use tokio_util::sync::CancellationToken;
 
+use std::time::Duration;
+
+use kubelet_api::{EventRecorder, InvolvedObject};
+
 use crate::agent::Shared;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 
 /// The API server as a pod source (`api`).
 #[derive(Clone)]
@@ -102,9 +107,27 @@ impl PodSource for ApiPodSource {
         futures::pin_mut!(stream);
         let mut state = WatchState::default();
         let mut failing = false;
+        let checkpoint = self.shared.checkpoint.clone();
+        // With a checkpoint, the first list has this long before the checkpoint is served.
+        let mut offline_at = checkpoint
+            .as_ref()
+            .map(|c| tokio::time::Instant::now() + c.config().offline_start_wait);
+        let mut from_checkpoint = false;
         loop {
             let next = tokio::select! {
                 _ = shutdown.cancelled() => return,
+                _ = sleep_until(offline_at) => {
+                    offline_at = None;
+                    if let Some(c) = &checkpoint
+                        && !state.listed
+                    {
+                        match self.serve_checkpoint(c, &out).await {
+                            Ok(served) => from_checkpoint = served,
+                            Err(_) => return,
+                        }
+                    }
+                    continue;
+                }
                 next = stream.next() => next,
             };
             let Some(first) = next else {
@@ -136,15 +159,141 @@ impl PodSource for ApiPodSource {
             while let Some(Some(item)) = stream.next().now_or_never() {
                 handle(item, &mut failing);
             }
+            if state.listed {
+                offline_at = None;
+            }
             if changed {
                 let (pods, mirrors) = state.split();
                 self.shared.mirrors.set_api_mirrors(&mirrors);
                 tracing::debug!(node = %node, pods = pods.len(), mirrors = mirrors.len(), "api pods changed");
+                if from_checkpoint {
+                    from_checkpoint = false;
+                    tracing::info!(node = %node, pods = pods.len(), "the API server is back: its pods replace the checkpoint's (pods with the same UID keep their containers)");
+                }
+                let keep = checkpoint.as_ref().map(|_| pods.clone());
                 if out.snapshot(pods).await.is_err() {
                     return;
                 }
+                if let (Some(c), Some(pods)) = (&checkpoint, keep) {
+                    save(c, pods, out.recorder(), node).await;
+                }
+            } else if !failing
+                && state.listed
+                && let Some(c) = &checkpoint
+            {
+                let c = Arc::clone(c);
+                if let Ok(Err(e)) = tokio::task::spawn_blocking(move || c.confirm()).await {
+                    tracing::warn!(node = %node, "pod checkpoint: {e}");
+                }
             }
         }
+    }
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Write the API server's pods to the checkpoint; failures are logged and recorded on the Node
+/// (`FailedToCheckpointPods`), the previous checkpoint stays valid.
+async fn save(checkpoint: &Arc<Checkpoint>, pods: Vec<Pod>, recorder: &EventRecorder, node: &str) {
+    let c = Arc::clone(checkpoint);
+    let errors = match tokio::task::spawn_blocking(move || c.save_pods(&pods)).await {
+        Ok(errors) => errors,
+        Err(e) => {
+            tracing::warn!(node = %node, "pod checkpoint task failed: {e}");
+            return;
+        }
+    };
+    if let Some(first) = errors.first() {
+        tracing::warn!(node = %node, failures = errors.len(), "pod checkpoint not fully written: {first}");
+        recorder.warning(
+            InvolvedObject::node(node),
+            FAILED_TO_CHECKPOINT,
+            format!(
+                "pod checkpoint not fully written ({} failures): {first}",
+                errors.len()
+            ),
+        );
+    }
+}
+
+/// Event reason: the checkpoint could not be written.
+pub const FAILED_TO_CHECKPOINT: &str = "FailedToCheckpointPods";
+/// Event reason: the agent runs the checkpointed pods (the API server was unreachable at start).
+pub const STARTED_FROM_CHECKPOINT: &str = "StartedFromCheckpoint";
+/// Event reason: the checkpoint could not be used.
+pub const INVALID_CHECKPOINT: &str = "InvalidCheckpoint";
+/// Event reason: a checkpointed pod is older than the maximum age and is not started.
+pub const CHECKPOINT_EXPIRED: &str = "CheckpointExpired";
+
+impl ApiPodSource {
+    /// The API server's first list did not come in time: deliver the checkpointed pods.
+    /// `Ok(true)` when pods were served from it, `Ok(false)` when the checkpoint could not be
+    /// used (reported; the source then waits for the API server as without one), `Err` when
+    /// the agent is gone.
+    async fn serve_checkpoint(
+        &self,
+        checkpoint: &Arc<Checkpoint>,
+        out: &SourceSender,
+    ) -> Result<bool, kubelet_api::SourceClosed> {
+        let node = &self.shared.node_name;
+        let c = Arc::clone(checkpoint);
+        let loaded = match tokio::task::spawn_blocking(move || c.load_pods()).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(node = %node, "pod checkpoint task failed: {e}");
+                return Ok(false);
+            }
+        };
+        let wait = kubelet_core::duration::format_go(checkpoint.config().offline_start_wait);
+        let loaded = match loaded {
+            Ok(l) => l,
+            Err(CheckpointError::Missing { .. }) => {
+                tracing::info!(node = %node, "the API server has not answered within {wait} and there is no pod checkpoint: waiting for it");
+                return Ok(false);
+            }
+            Err(e) => {
+                tracing::error!(node = %node, "the API server has not answered within {wait}; the pod checkpoint cannot be used, waiting for the API server: {e}");
+                out.recorder().warning(
+                    InvolvedObject::node(node),
+                    INVALID_CHECKPOINT,
+                    format!("pod checkpoint not used: {e}"),
+                );
+                return Ok(false);
+            }
+        };
+        let now = jiff::Timestamp::now();
+        let max_age = checkpoint.config().max_age;
+        let mut pods = Vec::new();
+        for (pod, saved) in &loaded.pods {
+            let age = loaded.age(*saved, now);
+            if max_age.is_some_and(|max| age > max) {
+                let msg = format!(
+                    "not started from the pod checkpoint: the API server last confirmed it {} ago, more than the maximum age {}",
+                    kubelet_core::duration::format_go(Duration::from_secs(age.as_secs())),
+                    kubelet_core::duration::format_go(max_age.unwrap_or_default()),
+                );
+                tracing::warn!(node = %node, pod = %podutil::full_name(pod), "{msg}");
+                out.recorder()
+                    .warning(InvolvedObject::pod(pod), CHECKPOINT_EXPIRED, msg);
+                continue;
+            }
+            pods.push(pod.clone());
+        }
+        let msg = format!(
+            "the API server has not answered within {wait}: running {} pods from the pod checkpoint, which the API server last confirmed at {}",
+            pods.len(),
+            loaded.confirmed_at
+        );
+        tracing::warn!(node = %node, "{msg}");
+        out.recorder()
+            .warning(InvolvedObject::node(node), STARTED_FROM_CHECKPOINT, msg);
+        out.snapshot(pods).await?;
+        Ok(true)
     }
 }
 

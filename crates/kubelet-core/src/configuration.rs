@@ -75,6 +75,52 @@ impl<'de> Deserialize<'de> for GoDuration {
     }
 }
 
+/// `apiVersion` of the SDK's own configuration ([`AgentConfiguration`]).
+pub const AGENT_API_VERSION: &str = "agent.kubelet-sdk.io/v1alpha1";
+/// `kind` of the SDK's own configuration.
+pub const AGENT_KIND: &str = "AgentConfiguration";
+
+/// Settings the kubelet does not have, in the SDK's own group (`agent.kubelet-sdk.io/v1alpha1`,
+/// kind `AgentConfiguration`): a configuration file may carry it as a second YAML document
+/// after its `KubeletConfiguration`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct AgentConfiguration {
+    /// `podCheckpoint`: edge autonomy (pods start again from a local checkpoint while the API
+    /// server is unreachable).
+    pub pod_checkpoint: PodCheckpointConfiguration,
+}
+
+/// `podCheckpoint` of [`AgentConfiguration`]: the API server's pods and the objects they use,
+/// kept under the root directory (docs/autonomy.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+#[non_exhaustive]
+pub struct PodCheckpointConfiguration {
+    /// `enabled` (true): keep the checkpoint when the agent joins a cluster.
+    pub enabled: bool,
+    /// `offlineStartWait` (5s): how long a starting agent waits for the API server's first list
+    /// of pods before it runs the checkpointed ones.
+    pub offline_start_wait: GoDuration,
+    /// `maxAge` (168h): pods the API server last confirmed longer ago are not started from the
+    /// checkpoint; `0s`: no limit.
+    pub max_age: GoDuration,
+    /// `maxSizeBytes` (64 MiB): the most the checkpoint holds.
+    pub max_size_bytes: u64,
+}
+
+impl Default for PodCheckpointConfiguration {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            offline_start_wait: GoDuration::from_secs(5),
+            max_age: GoDuration::from_secs(7 * 24 * 3600),
+            max_size_bytes: 64 * 1024 * 1024,
+        }
+    }
+}
+
 /// The kubelet's configuration: the fields the SDK supports, named and defaulted as the
 /// kubelet's (`pkg/kubelet/apis/config/v1beta1/defaults.go`). See the [module docs](self).
 ///

@@ -35,7 +35,9 @@
 
 use std::path::{Path, PathBuf};
 
-use kubelet_core::configuration::{API_VERSION, KIND, KubeletConfiguration};
+use kubelet_core::configuration::{
+    AGENT_API_VERSION, AGENT_KIND, API_VERSION, AgentConfiguration, KIND, KubeletConfiguration,
+};
 use serde_json::{Map, Value};
 
 /// Why a configuration file cannot be used.
@@ -66,7 +68,7 @@ pub enum ConfigFileError {
         message: String,
     },
     /// `apiVersion` or `kind` is not `kubelet.config.k8s.io/v1beta1` / `KubeletConfiguration`.
-    #[error("kubelet config file {path} is {api_version:?}/{kind:?}, want {API_VERSION}/{KIND}")]
+    #[error("kubelet config file {path} is {api_version:?}/{kind:?}, want {want}")]
     WrongKind {
         /// The file.
         path: PathBuf,
@@ -74,6 +76,9 @@ pub enum ConfigFileError {
         api_version: String,
         /// The `kind` found (empty when absent).
         kind: String,
+        /// What the document must be (`kubelet.config.k8s.io/v1beta1/KubeletConfiguration`, or
+        /// the SDK's `agent.kubelet-sdk.io/v1alpha1/AgentConfiguration` for a second document).
+        want: String,
     },
     /// A field has a value of the wrong type or out of range.
     #[error("kubelet config file {path}: {field}: {message}")]
@@ -96,6 +101,9 @@ pub struct LoadedConfiguration {
     /// Fields of the file the SDK does not know or support, as paths (`logging.format`); they
     /// are ignored. Worth one warning.
     pub unknown_fields: Vec<String>,
+    /// The SDK's own settings, from a second YAML document of kind `AgentConfiguration`
+    /// (`agent.kubelet-sdk.io/v1alpha1`); the defaults without one.
+    pub agent: AgentConfiguration,
     /// The file, made absolute.
     pub path: PathBuf,
 }
@@ -111,10 +119,11 @@ pub fn load(path: &Path) -> Result<LoadedConfiguration, ConfigFileError> {
         source,
     })?;
     let dir = path.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let (configuration, unknown_fields) = parse(&text, &dir).map_err(|e| e.at(&path))?;
+    let (configuration, agent, unknown_fields) = parse(&text, &dir).map_err(|e| e.at(&path))?;
     Ok(LoadedConfiguration {
         configuration,
         unknown_fields,
+        agent,
         path,
     })
 }
@@ -124,7 +133,7 @@ pub fn load(path: &Path) -> Result<LoadedConfiguration, ConfigFileError> {
 enum ParseError {
     Empty,
     Parse(String),
-    WrongKind(String, String),
+    WrongKind(String, String, String),
     Field(String, String),
 }
 
@@ -134,10 +143,11 @@ impl ParseError {
         match self {
             Self::Empty => ConfigFileError::Empty { path },
             Self::Parse(message) => ConfigFileError::Parse { path, message },
-            Self::WrongKind(api_version, kind) => ConfigFileError::WrongKind {
+            Self::WrongKind(api_version, kind, want) => ConfigFileError::WrongKind {
                 path,
                 api_version,
                 kind,
+                want,
             },
             Self::Field(field, message) => ConfigFileError::Field {
                 path,
@@ -148,42 +158,97 @@ impl ParseError {
     }
 }
 
-/// Parse a configuration file's text; relative paths are resolved against `dir`.
-fn parse(text: &str, dir: &Path) -> Result<(KubeletConfiguration, Vec<String>), ParseError> {
+/// Parse a configuration file's text; relative paths are resolved against `dir`. A second
+/// document, when there is one, is the SDK's `AgentConfiguration`.
+fn parse(
+    text: &str,
+    dir: &Path,
+) -> Result<(KubeletConfiguration, AgentConfiguration, Vec<String>), ParseError> {
     if text.trim().is_empty() {
         return Err(ParseError::Empty);
     }
-    let value: Value =
-        serde_saphyr::from_str(text).map_err(|e| ParseError::Parse(e.to_string()))?;
-    let Value::Object(mut object) = value else {
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(text).map_err(|e| ParseError::Parse(e.to_string()))?;
+    let mut docs = docs.into_iter().filter(|d| !d.is_null());
+    let Some(Value::Object(mut object)) = docs.next() else {
         return Err(ParseError::Parse(
             "the top level is not a mapping".to_string(),
         ));
     };
-    let text_of = |o: &Map<String, Value>, k: &str| {
-        o.get(k)
+    check_kind(&object, API_VERSION, KIND)?;
+    remove_nulls(&mut object);
+    let mut unknown = Vec::new();
+    strip_unknown(&mut object, &schema(), "", &mut unknown);
+    let update_given = object.contains_key("nodeStatusUpdateFrequency");
+    let report_given = object.contains_key("nodeStatusReportFrequency");
+    let mut configuration: KubeletConfiguration = deserialize(object, "")?;
+    configuration.default_unset_fields(update_given, report_given);
+    resolve_paths(&mut configuration, dir);
+    let agent = match docs.next() {
+        None => AgentConfiguration::default(),
+        Some(Value::Object(mut object)) => {
+            check_kind(&object, AGENT_API_VERSION, AGENT_KIND)?;
+            object.remove("apiVersion");
+            object.remove("kind");
+            remove_nulls(&mut object);
+            let schema = match serde_json::to_value(AgentConfiguration::default()) {
+                Ok(Value::Object(o)) => o,
+                _ => Map::new(),
+            };
+            strip_unknown(&mut object, &schema, AGENT_KIND, &mut unknown);
+            deserialize(object, AGENT_KIND)?
+        }
+        Some(_) => {
+            return Err(ParseError::Parse(
+                "the second document is not a mapping".to_string(),
+            ));
+        }
+    };
+    if docs.next().is_some() {
+        return Err(ParseError::Parse(format!(
+            "more than two documents: the file holds a {KIND} and optionally an {AGENT_KIND}"
+        )));
+    }
+    Ok((configuration, agent, unknown))
+}
+
+/// `apiVersion` and `kind` of a document must be `api_version` / `kind`.
+fn check_kind(
+    object: &Map<String, Value>,
+    api_version: &str,
+    kind: &str,
+) -> Result<(), ParseError> {
+    let text_of = |k: &str| {
+        object
+            .get(k)
             .and_then(Value::as_str)
             .unwrap_or_default()
             .to_string()
     };
-    let (api_version, kind) = (text_of(&object, "apiVersion"), text_of(&object, "kind"));
-    if api_version != API_VERSION || kind != KIND {
-        return Err(ParseError::WrongKind(api_version, kind));
+    let (found_version, found_kind) = (text_of("apiVersion"), text_of("kind"));
+    if found_version != api_version || found_kind != kind {
+        return Err(ParseError::WrongKind(
+            found_version,
+            found_kind,
+            format!("{api_version}/{kind}"),
+        ));
     }
-    remove_nulls(&mut object);
-    let schema = schema();
-    let mut unknown = Vec::new();
-    strip_unknown(&mut object, &schema, "", &mut unknown);
-    let update_given = object.contains_key("nodeStatusUpdateFrequency");
-    let report_given = object.contains_key("nodeStatusReportFrequency");
-    let mut configuration: KubeletConfiguration =
-        serde_path_to_error::deserialize(Value::Object(object)).map_err(|e| {
-            let field = e.path().to_string();
-            ParseError::Field(field, e.into_inner().to_string())
-        })?;
-    configuration.default_unset_fields(update_given, report_given);
-    resolve_paths(&mut configuration, dir);
-    Ok((configuration, unknown))
+    Ok(())
+}
+
+/// Deserialize a document, naming the field (under `prefix`) that failed.
+fn deserialize<T: k8s_openapi::serde::de::DeserializeOwned>(
+    object: Map<String, Value>,
+    prefix: &str,
+) -> Result<T, ParseError> {
+    serde_path_to_error::deserialize(Value::Object(object)).map_err(|e| {
+        let field = if prefix.is_empty() {
+            e.path().to_string()
+        } else {
+            format!("{prefix}.{}", e.path())
+        };
+        ParseError::Field(field, e.into_inner().to_string())
+    })
 }
 
 /// Drop `null` values (unset, as the kubelet reads them).
@@ -260,7 +325,8 @@ mod tests {
     use std::time::Duration;
 
     fn parse_ok(text: &str) -> (KubeletConfiguration, Vec<String>) {
-        parse(text, Path::new("/etc/kubelet")).unwrap()
+        let (c, _, unknown) = parse(text, Path::new("/etc/kubelet")).unwrap();
+        (c, unknown)
     }
 
     const HEAD: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n";
@@ -366,7 +432,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(e, ParseError::WrongKind(ref v, _) if v == "kubelet.config.k8s.io/v1alpha1"),
+            matches!(e, ParseError::WrongKind(ref v, _, _) if v == "kubelet.config.k8s.io/v1alpha1"),
             "{e:?}"
         );
         let e = parse(&format!("{HEAD}syncFrequency: -1s\n"), Path::new("/")).unwrap_err();
@@ -397,6 +463,55 @@ mod tests {
         // A misspelt field is not an error: it is listed.
         let (_, unknown) = parse_ok(&format!("{HEAD}syncFrequncy: 1m\n"));
         assert_eq!(unknown, ["syncFrequncy"]);
+    }
+
+    #[test]
+    fn a_second_document_is_the_sdks_agent_configuration() {
+        let (_, agent, unknown) = parse(HEAD, Path::new("/")).unwrap();
+        assert!(agent.pod_checkpoint.enabled, "on by default");
+        assert_eq!(
+            agent.pod_checkpoint.offline_start_wait.as_duration(),
+            Duration::from_secs(5)
+        );
+        assert!(unknown.is_empty());
+        let text = format!(
+            "{HEAD}---\napiVersion: agent.kubelet-sdk.io/v1alpha1\nkind: AgentConfiguration\npodCheckpoint:\n  offlineStartWait: 2s\n  maxAge: 0s\n  colour: red\n"
+        );
+        let (_, agent, unknown) = parse(&text, Path::new("/")).unwrap();
+        let p = &agent.pod_checkpoint;
+        assert!(p.enabled);
+        assert_eq!(p.offline_start_wait.as_duration(), Duration::from_secs(2));
+        assert!(p.max_age.as_duration().is_zero());
+        assert_eq!(
+            p.max_size_bytes,
+            64 * 1024 * 1024,
+            "unset fields keep their defaults"
+        );
+        assert_eq!(unknown, ["AgentConfiguration.podCheckpoint.colour"]);
+        let text = format!(
+            "{HEAD}---\napiVersion: agent.kubelet-sdk.io/v1alpha1\nkind: AgentConfiguration\npodCheckpoint:\n  enabled: false\n"
+        );
+        assert!(
+            !parse(&text, Path::new("/"))
+                .unwrap()
+                .1
+                .pod_checkpoint
+                .enabled
+        );
+        // A wrong second document, or a wrong value in it, names what is wrong.
+        let e = parse(&format!("{HEAD}---\n{HEAD}"), Path::new("/")).unwrap_err();
+        assert!(
+            matches!(e, ParseError::WrongKind(_, ref k, ref want) if k == "KubeletConfiguration" && want.ends_with("/AgentConfiguration")),
+            "{e:?}"
+        );
+        let text = format!(
+            "{HEAD}---\napiVersion: agent.kubelet-sdk.io/v1alpha1\nkind: AgentConfiguration\npodCheckpoint:\n  maxAge: long\n"
+        );
+        let e = parse(&text, Path::new("/")).unwrap_err();
+        assert!(
+            matches!(e, ParseError::Field(ref f, _) if f == "AgentConfiguration.podCheckpoint.maxAge"),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -242,6 +242,8 @@ pub struct AgentBuilder {
     cluster: Option<(PathBuf, Option<kubelet_apiserver::ApiServerConfig>)>,
     #[cfg(feature = "apiserver")]
     bootstrap_kubeconfig: Option<PathBuf>,
+    /// The SDK's own settings (`AgentConfiguration`): the pod checkpoint.
+    agent_configuration: kubelet_core::configuration::AgentConfiguration,
     default_server: bool,
     cert_dir: Option<PathBuf>,
     node_ip: Option<std::net::IpAddr>,
@@ -291,6 +293,7 @@ impl AgentBuilder {
             cluster: None,
             #[cfg(feature = "apiserver")]
             bootstrap_kubeconfig: None,
+            agent_configuration: Default::default(),
             default_server: true,
             cert_dir: None,
             node_ip: None,
@@ -499,6 +502,25 @@ impl AgentBuilder {
         self
     }
 
+    /// The SDK's own settings ([`AgentConfiguration`](kubelet_core::configuration::AgentConfiguration),
+    /// which the kubelet does not have; [`config_file::load`] reads it from a configuration
+    /// file's second document). Its `podCheckpoint` (on by default) applies when the agent
+    /// joins a cluster and the [`cluster`](Self::cluster) settings name no checkpoint.
+    pub fn agent_configuration(
+        mut self,
+        configuration: kubelet_core::configuration::AgentConfiguration,
+    ) -> Self {
+        self.agent_configuration = configuration;
+        self
+    }
+
+    /// No edge autonomy: no pod checkpoint is kept, and an agent that starts while the API
+    /// server is unreachable waits for it (the kubelet's behaviour).
+    pub fn without_autonomy(mut self) -> Self {
+        self.agent_configuration.pod_checkpoint.enabled = false;
+        self
+    }
+
     /// Graceful node shutdown: `shutdown` (made with
     /// [`NodeShutdown::from_configuration`](kubelet_core::node_shutdown::NodeShutdown::from_configuration)
     /// from the same configuration) joins the agent as a plugin; keep a clone and call its
@@ -564,11 +586,14 @@ impl AgentBuilder {
             cluster,
             #[cfg(feature = "apiserver")]
             bootstrap_kubeconfig,
+            agent_configuration,
             default_server,
             cert_dir,
             node_ip,
             node_shutdown,
         } = self;
+        #[cfg(not(feature = "apiserver"))]
+        let _ = agent_configuration;
         kubelet_core::node_shutdown::validate(&c).map_err(AgentError::NodeShutdown)?;
         for unknown in c.unknown_feature_gates() {
             tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
@@ -740,6 +765,12 @@ impl AgentBuilder {
                 .unwrap_or_else(|| kubelet_apiserver::ApiServerConfig::from_configuration(&c));
             if let Some(ip) = node_ip {
                 config.node_ip = Some(ip.to_string());
+            }
+            if config.checkpoint.is_none() {
+                config.checkpoint =
+                    kubelet_apiserver::checkpoint::CheckpointConfig::from_configuration(
+                        &agent_configuration.pod_checkpoint,
+                    );
             }
             if !default_server {
                 config.kubelet_port = None;

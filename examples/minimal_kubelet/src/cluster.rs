@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context;
 use kubelet::KubeletConfiguration;
 use kubelet::apiserver::{ApiServerConfig, parse_node_labels};
+use kubelet::core::configuration::AgentConfiguration;
 
 /// The kubelet's API server flags.
 #[derive(Debug, clap::Args)]
@@ -47,6 +48,28 @@ pub(crate) struct ClusterFlags {
     /// (GET, kept 1 minute) or `Get` (GET on every sync).
     #[arg(long = "config-map-and-secret-change-detection-strategy", default_value = "Watch", value_parser = parse_strategy)]
     change_detection: String,
+    /// Edge autonomy (the SDK's `podCheckpoint.enabled`; the kubelet has no such flag): keep the
+    /// API server's pods and the objects they use under --root-dir, and run them from there
+    /// when the agent starts while the API server is unreachable.
+    #[arg(long = "pod-checkpoint", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pod_checkpoint: bool,
+    /// How long a starting agent waits for the API server's pods before it runs the
+    /// checkpointed ones (`podCheckpoint.offlineStartWait`).
+    #[arg(long = "pod-checkpoint-offline-wait", default_value = "5s", value_parser = crate::parse_duration)]
+    pod_checkpoint_offline_wait: Duration,
+    /// Pods the API server last confirmed longer ago are not started from the checkpoint;
+    /// `0s`: no limit (`podCheckpoint.maxAge`).
+    #[arg(long = "pod-checkpoint-max-age", default_value = "168h", value_parser = parse_age)]
+    pod_checkpoint_max_age: Duration,
+}
+
+fn parse_age(s: &str) -> Result<Duration, String> {
+    match kubelet::core::duration::parse_go(s).map_err(|e| e.to_string())? {
+        (false, d) => Ok(d),
+        _ => Err(format!(
+            "duration {s:?} must not be negative (0s: no limit)"
+        )),
+    }
 }
 
 fn parse_strategy(s: &str) -> Result<String, String> {
@@ -60,7 +83,18 @@ pub(crate) fn configure(
     flags: &ClusterFlags,
     given: &crate::Given<'_>,
     c: &mut KubeletConfiguration,
+    agent: &mut AgentConfiguration,
 ) -> anyhow::Result<()> {
+    let checkpoint = &mut agent.pod_checkpoint;
+    if given.has("pod_checkpoint") {
+        checkpoint.enabled = flags.pod_checkpoint;
+    }
+    if given.has("pod_checkpoint_offline_wait") {
+        checkpoint.offline_start_wait = flags.pod_checkpoint_offline_wait.into();
+    }
+    if given.has("pod_checkpoint_max_age") {
+        checkpoint.max_age = flags.pod_checkpoint_max_age.into();
+    }
     if given.has("rotate_certificates") {
         c.rotate_certificates = flags.rotate_certificates;
     }

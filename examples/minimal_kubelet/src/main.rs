@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use kubelet::KubeletConfiguration;
+use kubelet::core::configuration::AgentConfiguration;
 use kubelet::podconfig::{PushSource, PushSourceConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -199,7 +200,9 @@ impl Given<'_> {
 fn configuration(
     flags: &Flags,
     matches: &clap::ArgMatches,
-) -> anyhow::Result<KubeletConfiguration> {
+) -> anyhow::Result<(KubeletConfiguration, AgentConfiguration)> {
+    #[allow(unused_mut)]
+    let mut agent = AgentConfiguration::default();
     let mut c = match &flags.config {
         Some(path) => {
             let loaded = kubelet::config_file::load(path)?;
@@ -210,6 +213,7 @@ fn configuration(
                     "the configuration file has fields this agent does not know or support; they are ignored"
                 );
             }
+            agent = loaded.agent;
             loaded.configuration
         }
         None => KubeletConfiguration::default(),
@@ -289,9 +293,9 @@ fn configuration(
     // Gates merge key by key with the file's, as the kubelet's do.
     c.feature_gates.extend(flags.feature_gates.clone());
     #[cfg(feature = "apiserver")]
-    cluster::configure(&flags.cluster, &given, &mut c)?;
+    cluster::configure(&flags.cluster, &given, &mut c, &mut agent)?;
     server::configure(&flags.server, &given, &mut c);
-    Ok(c)
+    Ok((c, agent))
 }
 
 /// Logs to stderr: text with colours only when stderr is a terminal, or JSON lines.
@@ -367,7 +371,7 @@ fn main() -> ExitCode {
 async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
     tokio::spawn(memory::release_freed_memory());
     let node_name = flags.node_name.clone().unwrap_or_else(hostname);
-    let configuration = configuration(&flags, &matches)?;
+    let (configuration, agent_configuration) = configuration(&flags, &matches)?;
     #[cfg(feature = "apiserver")]
     let cluster = cluster::api_server_config(&flags.cluster, &configuration, &flags.root_dir)?;
     let summary = startup_summary(&flags, &configuration);
@@ -376,6 +380,7 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
     #[allow(unused_mut)]
     let mut agent = kubelet::AgentBuilder::new(node_name.clone())
         .configuration(configuration)
+        .agent_configuration(agent_configuration)
         .root_dir(&flags.root_dir)
         .start_stage_limit(flags.start_stage_limit)
         .housekeeping_interval(flags.housekeeping_interval);
