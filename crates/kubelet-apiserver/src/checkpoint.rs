@@ -1164,3 +1164,407 @@ impl<P: ObjectProvider> ObjectProvider for CheckpointedObjects<P> {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequestSpec};
+    use std::collections::BTreeMap;
+
+    fn pod(uid: &str, config_map: &str, secret: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": format!("p-{uid}"), "namespace": "ns", "uid": uid },
+            "spec": {
+                "volumes": [
+                    { "name": "c", "configMap": { "name": config_map } },
+                    { "name": "s", "secret": { "secretName": secret } },
+                ],
+                "containers": [{ "name": "app", "image": "busybox" }],
+            },
+        }))
+        .unwrap()
+    }
+
+    fn config_map(name: &str, value: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
+            data: Some(BTreeMap::from([("k".to_string(), value.to_string())])),
+            ..Default::default()
+        }
+    }
+
+    fn open(dir: &Path) -> Checkpoint {
+        Checkpoint::open(dir, "node-a", CheckpointConfig::default()).unwrap()
+    }
+
+    fn uids(cp: &Checkpoint) -> Vec<String> {
+        cp.load_pods()
+            .unwrap()
+            .pods
+            .iter()
+            .map(|(p, _)| kubelet_api::pod::uid(p).to_string())
+            .collect()
+    }
+
+    #[test]
+    fn pods_and_the_objects_they_use_round_trip_and_go_with_their_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = open(dir.path());
+        assert!(matches!(
+            cp.load_pods(),
+            Err(CheckpointError::Missing { .. })
+        ));
+        assert!(
+            cp.save_pods(&[pod("u1", "cm1", "s1"), pod("u2", "cm2", "s1")])
+                .is_empty()
+        );
+        cp.put_object(
+            Kind::ConfigMap,
+            "ns",
+            "cm1",
+            Some(&config_map("cm1", "one")),
+        )
+        .unwrap();
+        cp.put_object(
+            Kind::ConfigMap,
+            "ns",
+            "cm2",
+            Some(&config_map("cm2", "two")),
+        )
+        .unwrap();
+        // Not referenced by a checkpointed pod: not kept.
+        cp.put_object(
+            Kind::ConfigMap,
+            "ns",
+            "other",
+            Some(&config_map("other", "x")),
+        )
+        .unwrap();
+        assert!(
+            cp.get_object::<ConfigMap>(Kind::ConfigMap, "ns", "other")
+                .unwrap()
+                .is_none()
+        );
+        // Files are private.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(dir.path().join(DIR_NAME).join("configmaps/ns_cm1"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+
+        // A new agent reads it back.
+        let cp = open(dir.path());
+        assert_eq!(uids(&cp), ["u1", "u2"]);
+        let cm: ConfigMap = cp
+            .get_object(Kind::ConfigMap, "ns", "cm1")
+            .unwrap()
+            .unwrap();
+        assert_eq!(cm.data.unwrap()["k"], "one");
+
+        // u2 goes: its ConfigMap goes with it, the shared Secret's reference stays.
+        assert!(cp.save_pods(&[pod("u1", "cm1", "s1")]).is_empty());
+        assert_eq!(uids(&cp), ["u1"]);
+        assert!(
+            cp.get_object::<ConfigMap>(Kind::ConfigMap, "ns", "cm2")
+                .unwrap()
+                .is_none()
+        );
+        assert!(
+            cp.get_object::<ConfigMap>(Kind::ConfigMap, "ns", "cm1")
+                .unwrap()
+                .is_some()
+        );
+        // Deleted in the API server: deleted here.
+        cp.put_object::<ConfigMap>(Kind::ConfigMap, "ns", "cm1", None)
+            .unwrap();
+        assert!(
+            cp.get_object::<ConfigMap>(Kind::ConfigMap, "ns", "cm1")
+                .unwrap()
+                .is_none()
+        );
+        let size = cp.size();
+        assert!(size > 0 && size < 4096, "{size}");
+    }
+
+    #[test]
+    fn a_corrupt_or_truncated_file_makes_the_checkpoint_unusable() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = open(dir.path());
+        assert!(
+            cp.save_pods(&[pod("u1", "a", "b"), pod("u2", "a", "b")])
+                .is_empty()
+        );
+        let file = dir.path().join(DIR_NAME).join("pods/u2");
+        let mut bytes = std::fs::read(&file).unwrap();
+        let last = bytes.len() - 2;
+        bytes[last] ^= 0x20;
+        std::fs::write(&file, &bytes).unwrap();
+        let e = open(dir.path()).load_pods().unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::Corrupt { reason, .. } if reason.contains("checksum")),
+            "{e}"
+        );
+        std::fs::write(&file, &bytes[..bytes.len() / 2]).unwrap();
+        let e = open(dir.path()).load_pods().unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt { .. }), "{e}");
+        std::fs::write(dir.path().join(DIR_NAME).join("state"), b"").unwrap();
+        let e = open(dir.path()).load_pods().unwrap_err();
+        assert!(matches!(e, CheckpointError::Corrupt { .. }), "{e}");
+        // The next save replaces what is broken.
+        let cp = open(dir.path());
+        assert!(cp.save_pods(&[pod("u2", "a", "b")]).is_empty());
+        assert_eq!(uids(&cp), ["u2"]);
+    }
+
+    #[test]
+    fn another_nodes_checkpoint_is_not_read_and_is_replaced_a_newer_one_is_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let other = Checkpoint::open(dir.path(), "node-b", CheckpointConfig::default()).unwrap();
+        assert!(other.save_pods(&[pod("b1", "a", "b")]).is_empty());
+        let cp = open(dir.path());
+        let e = cp.load_pods().unwrap_err();
+        assert!(
+            matches!(&e, CheckpointError::OtherNode { found, .. } if found == "node-b"),
+            "{e}"
+        );
+        assert!(cp.save_pods(&[pod("a1", "a", "b")]).is_empty());
+        assert_eq!(uids(&open(dir.path())), ["a1"], "node-b's pods are gone");
+
+        // A newer format: neither read nor overwritten.
+        let state = dir.path().join(DIR_NAME).join("state");
+        let text = std::fs::read_to_string(&state).unwrap();
+        let newer = text.replacen("\"version\":1", "\"version\":2", 1);
+        std::fs::write(&state, &newer).unwrap();
+        let cp = open(dir.path());
+        assert!(matches!(
+            cp.load_pods(),
+            Err(CheckpointError::NewerVersion { found: 2, .. })
+        ));
+        let errors = cp.save_pods(&[pod("a2", "a", "b")]);
+        assert!(
+            matches!(errors.first(), Some(CheckpointError::NewerVersion { .. })),
+            "{errors:?}"
+        );
+        assert_eq!(std::fs::read_to_string(&state).unwrap(), newer);
+        assert!(!dir.path().join(DIR_NAME).join("pods/a2").exists());
+    }
+
+    #[test]
+    fn a_write_over_the_size_limit_is_refused_and_the_previous_file_stays() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Checkpoint::open(
+            dir.path(),
+            "node-a",
+            CheckpointConfig::default().max_bytes(2500),
+        )
+        .unwrap();
+        assert!(cp.save_pods(&[pod("u1", "a", "b")]).is_empty());
+        let mut big = pod("u1", "a", "b");
+        big.metadata.annotations = Some(BTreeMap::from([("big".to_string(), "x".repeat(4000))]));
+        let errors = cp.save_pods(&[big]);
+        assert!(
+            matches!(
+                errors.first(),
+                Some(CheckpointError::Full { limit: 2500, .. })
+            ),
+            "{errors:?}"
+        );
+        let loaded = open(dir.path()).load_pods().unwrap();
+        assert_eq!(loaded.pods.len(), 1);
+        assert!(
+            loaded.pods[0].0.metadata.annotations.is_none(),
+            "the old pod"
+        );
+    }
+
+    /// A full disk while writing: the previous checkpoint stays valid (root: a real tmpfs).
+    #[test]
+    fn a_full_disk_leaves_the_previous_checkpoint_valid() {
+        if !nix::unistd::geteuid().is_root() {
+            assert!(!kubelet_testenv::required(), "needs root to mount a tmpfs");
+            eprintln!("SKIP: needs root");
+            return;
+        }
+        let outer = tempfile::tempdir().unwrap();
+        let fs = kubelet_testenv::Tmpfs::mount(&outer.path().join("fs"), "256k").unwrap();
+        let cp = open(fs.path());
+        assert!(cp.save_pods(&[pod("u1", "a", "b")]).is_empty());
+        let filler = fs.fill();
+        let mut changed = pod("u1", "a", "b");
+        changed.metadata.labels = Some(BTreeMap::from([("v".to_string(), "2".to_string())]));
+        let errors = cp.save_pods(&[changed.clone(), pod("u2", "a", "b")]);
+        assert!(
+            errors
+                .iter()
+                .any(|e| matches!(e, CheckpointError::Io { .. })),
+            "{errors:?}"
+        );
+        let loaded = open(fs.path()).load_pods().unwrap();
+        let (p, _) = loaded
+            .pods
+            .iter()
+            .find(|(p, _)| kubelet_api::pod::uid(p) == "u1")
+            .unwrap();
+        assert!(p.metadata.labels.is_none(), "the previous version of u1");
+        assert!(
+            std::fs::read_dir(fs.path().join(DIR_NAME).join("pods"))
+                .unwrap()
+                .all(|e| !e.unwrap().file_name().to_string_lossy().ends_with(".tmp")),
+            "no temporary file left"
+        );
+        std::fs::remove_file(filler).unwrap();
+        assert!(cp.save_pods(&[changed, pod("u2", "a", "b")]).is_empty());
+        assert_eq!(uids(&open(fs.path())), ["u1", "u2"]);
+    }
+
+    #[test]
+    fn age_counts_from_the_later_of_the_confirmation_and_the_write() {
+        let t = |s: &str| s.parse::<Timestamp>().unwrap();
+        let pods = CheckpointedPods {
+            confirmed_at: t("2026-01-01T10:00:00Z"),
+            pods: Vec::new(),
+        };
+        let now = t("2026-01-01T12:00:00Z");
+        assert_eq!(
+            pods.age(t("2026-01-01T09:00:00Z"), now),
+            Duration::from_secs(7200)
+        );
+        assert_eq!(
+            pods.age(t("2026-01-01T11:00:00Z"), now),
+            Duration::from_secs(3600)
+        );
+    }
+
+    /// An inner provider that fails with a given kind, or answers.
+    struct Inner {
+        fail: Mutex<Option<ErrorKind>>,
+        config_map: Option<ConfigMap>,
+    }
+
+    #[async_trait]
+    impl ObjectProvider for Inner {
+        async fn config_map(&self, _: &str, _: &str) -> kubelet_api::Result<Option<ConfigMap>> {
+            match *self.fail.lock() {
+                Some(k) => Err(kubelet_api::Error::new(k, "no")),
+                None => Ok(self.config_map.clone()),
+            }
+        }
+        async fn secret(&self, _: &str, _: &str) -> kubelet_api::Result<Option<Secret>> {
+            Err(kubelet_api::Error::new(ErrorKind::Unavailable, "down"))
+        }
+        async fn request_service_account_token(
+            &self,
+            _: &str,
+            _: &str,
+            request: &TokenRequest,
+        ) -> kubelet_api::Result<TokenRequest> {
+            match *self.fail.lock() {
+                Some(k) => Err(kubelet_api::Error::new(k, "no")),
+                None => {
+                    let mut answer = request.clone();
+                    answer.status =
+                        Some(k8s_openapi::api::authentication::v1::TokenRequestStatus {
+                            token: "the-token".to_string(),
+                            expiration_timestamp:
+                                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                                ),
+                        });
+                    Ok(answer)
+                }
+            }
+        }
+        fn services(&self) -> kubelet_api::Result<Option<Vec<Arc<Service>>>> {
+            match *self.fail.lock() {
+                Some(k) => Err(kubelet_api::Error::new(k, "not listed yet")),
+                None => Ok(Some(vec![Arc::new(Service {
+                    metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                        name: Some("web".into()),
+                        namespace: Some("ns".into()),
+                        ..Default::default()
+                    },
+                    ..Default::default()
+                })])),
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn lookups_are_answered_from_the_checkpoint_only_while_the_api_server_is_unavailable() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = Arc::new(open(dir.path()));
+        assert!(cp.save_pods(&[pod("u1", "cm1", "s1")]).is_empty());
+        let objects = CheckpointedObjects::new(
+            Inner {
+                fail: Mutex::new(None),
+                config_map: Some(config_map("cm1", "one")),
+            },
+            Arc::clone(&cp),
+        );
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec!["api".into()],
+                bound_object_ref: Some(BoundObjectReference {
+                    kind: Some("Pod".into()),
+                    name: Some("p-u1".into()),
+                    uid: Some("u1".into()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // Online: answers are kept.
+        assert!(objects.config_map("ns", "cm1").await.unwrap().is_some());
+        objects
+            .request_service_account_token("ns", "default", &request)
+            .await
+            .unwrap();
+        assert!(objects.services().unwrap().unwrap().len() == 1);
+        // The Services are written in the background.
+        for _ in 0..100 {
+            if dir.path().join(DIR_NAME).join("services").exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+
+        // Unavailable: answered from the checkpoint.
+        *objects.inner.fail.lock() = Some(ErrorKind::Unavailable);
+        let cm = objects.config_map("ns", "cm1").await.unwrap().unwrap();
+        assert_eq!(cm.data.unwrap()["k"], "one");
+        let token = objects
+            .request_service_account_token("ns", "default", &request)
+            .await
+            .unwrap();
+        assert_eq!(token.status.unwrap().token, "the-token");
+        assert_eq!(objects.services().unwrap().unwrap().len(), 1);
+        // Nothing kept for it: the API server's error.
+        let e = objects.secret("ns", "s1").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unavailable);
+
+        // Permission errors are never answered from the checkpoint.
+        *objects.inner.fail.lock() = Some(ErrorKind::PermissionDenied);
+        let e = objects.config_map("ns", "cm1").await.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::PermissionDenied);
+        assert!(objects.services().is_err());
+
+        // The API server says it is gone (a Secret removed while offline, say): gone here too.
+        let gone = CheckpointedObjects::new(
+            Inner {
+                fail: Mutex::new(None),
+                config_map: None,
+            },
+            Arc::clone(&cp),
+        );
+        assert!(gone.config_map("ns", "cm1").await.unwrap().is_none());
+        *gone.inner.fail.lock() = Some(ErrorKind::Unavailable);
+        assert!(gone.config_map("ns", "cm1").await.is_err());
+    }
+}
