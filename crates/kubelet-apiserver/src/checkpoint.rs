@@ -860,8 +860,9 @@ impl Checkpoint {
     }
 
     /// Write the Services of the checkpointed pods' namespaces and `default` (at most every
-    /// 10 s, and only when they changed).
-    fn put_services(&self, services: &[Arc<Service>]) -> Result<(), CheckpointError> {
+    /// 10 s, and only when they changed), for the pods' service environment variables.
+    /// [`CheckpointedObjects`] calls it with the API server's Services.
+    pub fn save_services(&self, services: &[Arc<Service>]) -> Result<(), CheckpointError> {
         let mut idx = self.index.lock();
         if idx
             .services_written
@@ -1134,7 +1135,7 @@ impl<P: ObjectProvider> ObjectProvider for CheckpointedObjects<P> {
                     let cp = Arc::clone(&self.checkpoint);
                     let copy = list.clone();
                     rt.spawn_blocking(move || {
-                        if let Err(e) = cp.put_services(&copy) {
+                        if let Err(e) = cp.save_services(&copy) {
                             tracing::warn!("pod checkpoint: {e}");
                         }
                     });
