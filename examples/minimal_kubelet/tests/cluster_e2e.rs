@@ -747,7 +747,7 @@ async fn a_node_restarted_while_the_api_server_is_away_runs_its_pods_from_the_ch
     proxy.cut();
     env.stop_apiserver();
     drop(agent_process(agent));
-    common::kill_token_processes(&[token.clone()]);
+    common::kill_token_processes(std::slice::from_ref(&token));
     for uid in uids.values() {
         let volumes = dir.path().join(format!("root/pods/{uid}/volumes"));
         let _ = std::fs::remove_dir_all(&volumes);
@@ -952,7 +952,7 @@ async fn a_corrupt_or_too_old_checkpoint_is_reported_and_not_used() {
     .await;
     proxy.cut();
     drop(agent_process(agent));
-    common::kill_token_processes(&[token.clone()]);
+    common::kill_token_processes(std::slice::from_ref(&token));
 
     // Older than the maximum age.
     tokio::time::sleep(Duration::from_secs(2)).await;
