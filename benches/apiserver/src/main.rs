@@ -773,21 +773,11 @@ impl Api {
 
 /// name -> (phase Running and Ready=True) for every item of a pod list.
 fn pods_running_ready(body: &str) -> anyhow::Result<BTreeMap<String, bool>> {
-    let list: serde_json::Value = serde_json::from_str(body).context("pod list: not JSON")?;
-    let mut out = BTreeMap::new();
-    for item in list["items"].as_array().into_iter().flatten() {
-        let Some(name) = item["metadata"]["name"].as_str() else {
-            continue;
-        };
-        let status = &item["status"];
-        let ready = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        out.insert(name.to_string(), status["phase"] == "Running" && ready);
-    }
-    Ok(out)
+    Ok(bench_support::pod_states(body)
+        .context("pod list: not JSON")?
+        .into_iter()
+        .map(|(name, s)| (name, s.running_ready()))
+        .collect())
 }
 
 /// `GET /pods` of the agent's read-only port: name -> Running with Ready=True.

@@ -342,21 +342,11 @@ fn get_pods(port: u16) -> anyhow::Result<BTreeMap<String, bool>> {
         .split_once("\r\n\r\n")
         .map(|(_, b)| b)
         .unwrap_or_default();
-    let list: serde_json::Value = serde_json::from_str(body).context("pod list: not JSON")?;
-    let mut out = BTreeMap::new();
-    for item in list["items"].as_array().into_iter().flatten() {
-        let Some(name) = item["metadata"]["name"].as_str() else {
-            continue;
-        };
-        let status = &item["status"];
-        let ready = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        out.insert(name.to_string(), status["phase"] == "Running" && ready);
-    }
-    Ok(out)
+    Ok(bench_support::pod_states(body)
+        .context("pod list: not JSON")?
+        .into_iter()
+        .map(|(name, s)| (name, s.running_ready()))
+        .collect())
 }
 
 /// SIGKILL the `sleep` processes of this phase (containers outlive the agent by design).

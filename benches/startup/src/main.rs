@@ -47,7 +47,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use bench_support::{free_port, ms};
+use bench_support::{PodState, free_port, ms};
 use clap::Parser;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -892,39 +892,13 @@ fn is_token_sleep(argv: &[String], prefix: &str) -> bool {
     argv.len() == 2 && argv[0].rsplit('/').next() == Some("sleep") && argv[1].starts_with(prefix)
 }
 
-/// Status of one pod as seen in `/pods`.
-struct PodSeen {
-    running: bool,
-    ready: bool,
-}
-
 /// `GET /pods`, keyed by pod name.
-fn get_pods(port: u16) -> anyhow::Result<BTreeMap<String, PodSeen>> {
+fn get_pods(port: u16) -> anyhow::Result<BTreeMap<String, PodState>> {
     let (status, body) = http_get(port, "/pods")?;
     if status != 200 {
         bail!("GET /pods: HTTP {status}: {body}");
     }
-    let list: serde_json::Value = serde_json::from_str(&body).context("GET /pods: not JSON")?;
-    let mut out = BTreeMap::new();
-    for item in list["items"].as_array().into_iter().flatten() {
-        let Some(name) = item["metadata"]["name"].as_str() else {
-            continue;
-        };
-        let status = &item["status"];
-        let ready = status["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .any(|c| c["type"] == "Ready" && c["status"] == "True");
-        out.insert(
-            name.to_string(),
-            PodSeen {
-                running: status["phase"] == "Running",
-                ready,
-            },
-        );
-    }
-    Ok(out)
+    bench_support::pod_states(&body).context("GET /pods: not JSON")
 }
 
 /// A minimal HTTP/1.1 GET against 127.0.0.1 (`Connection: close`); returns (status, body).

@@ -132,3 +132,46 @@ mod tests {
         assert!(free_port().expect("port") > 0);
     }
 }
+
+/// One pod of a pod list (the agent's `/pods`, or a LIST of the API server).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodState {
+    /// `status.phase` is `Running`.
+    pub running: bool,
+    /// The `Ready` condition is `True`.
+    pub ready: bool,
+}
+
+impl PodState {
+    /// Running and Ready.
+    pub fn running_ready(self) -> bool {
+        self.running && self.ready
+    }
+}
+
+/// Every item of a pod list (JSON `{"items": [...]}`), by name.
+pub fn pod_states(
+    body: &str,
+) -> Result<std::collections::BTreeMap<String, PodState>, serde_json::Error> {
+    let list: serde_json::Value = serde_json::from_str(body)?;
+    let mut out = std::collections::BTreeMap::new();
+    for item in list["items"].as_array().into_iter().flatten() {
+        let Some(name) = item["metadata"]["name"].as_str() else {
+            continue;
+        };
+        let status = &item["status"];
+        let ready = status["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True");
+        out.insert(
+            name.to_string(),
+            PodState {
+                running: status["phase"] == "Running",
+                ready,
+            },
+        );
+    }
+    Ok(out)
+}

@@ -368,7 +368,6 @@ impl Store {
 /// Write the kubeconfig the kubelet writes after a bootstrap: the bootstrap kubeconfig's server
 /// and CA, the user's certificate and key both the store's current symlink.
 fn write_kubeconfig(path: &Path, bootstrap: &Path, current: &Path) -> Result<(), CertificateError> {
-    use std::os::unix::fs::OpenOptionsExt as _;
     let invalid = |e: String| CertificateError::NoValidCredential {
         path: bootstrap.to_path_buf(),
         reason: e,
@@ -412,21 +411,8 @@ fn write_kubeconfig(path: &Path, bootstrap: &Path, current: &Path) -> Result<(),
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(w)?;
     }
-    let tmp = path.with_extension("tmp");
     let text = serde_json::to_vec_pretty(&doc).unwrap_or_default();
-    {
-        use std::io::Write as _;
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(w)?;
-        f.write_all(&text).map_err(w)?;
-        f.sync_all().map_err(w)?;
-    }
-    std::fs::rename(&tmp, path).map_err(w)
+    crate::checkpoint::write_file_atomically(path, &text).map_err(|(_, e)| w(e))
 }
 
 fn generate_error(e: rcgen::Error) -> CertificateError {

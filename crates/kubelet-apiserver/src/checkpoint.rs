@@ -799,18 +799,24 @@ impl Checkpoint {
             .map(|(v, _)| v))
     }
 
-    fn token_path(namespace: &str, service_account: &str, request: &TokenRequest) -> PathBuf {
-        let pod = request
-            .spec
-            .bound_object_ref
-            .as_ref()
-            .and_then(|r| r.uid.clone())
+    /// The pod a token request is bound to (`spec.boundObjectRef.uid`) and a hash of its spec;
+    /// read through JSON, as the spec's Rust shape differs between Kubernetes versions.
+    fn token_request_key(request: &TokenRequest) -> (String, u64) {
+        let spec = serde_json::to_value(request)
+            .ok()
+            .and_then(|mut v| v.get_mut("spec").map(serde_json::Value::take))
             .unwrap_or_default();
-        let spec = serde_json::to_vec(&request.spec).unwrap_or_default();
-        Path::new("tokens").join(format!(
-            "{pod}_{namespace}_{service_account}_{:016x}",
-            fnv64(&spec)
-        ))
+        let pod = spec
+            .pointer("/boundObjectRef/uid")
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        (pod, fnv64(spec.to_string().as_bytes()))
+    }
+
+    fn token_path(namespace: &str, service_account: &str, request: &TokenRequest) -> PathBuf {
+        let (pod, hash) = Self::token_request_key(request);
+        Path::new("tokens").join(format!("{pod}_{namespace}_{service_account}_{hash:016x}"))
     }
 
     fn put_token(
@@ -820,12 +826,7 @@ impl Checkpoint {
         request: &TokenRequest,
         answer: &TokenRequest,
     ) -> Result<(), CheckpointError> {
-        let pod = request
-            .spec
-            .bound_object_ref
-            .as_ref()
-            .and_then(|r| r.uid.as_deref())
-            .unwrap_or_default();
+        let (pod, _) = Self::token_request_key(request);
         if !valid_name(namespace) || !valid_name(service_account) {
             return Err(CheckpointError::InvalidName {
                 kind: "TokenRequest",
@@ -833,7 +834,7 @@ impl Checkpoint {
             });
         }
         let mut idx = self.index.lock();
-        if !idx.pods.contains_key(pod) {
+        if !idx.pods.contains_key(&pod) {
             return Ok(());
         }
         self.write(
@@ -913,7 +914,10 @@ fn object_path(kind: Kind, namespace: &str, name: &str) -> PathBuf {
 
 /// Write `bytes` to `path` (mode 0600) through a synced temporary file renamed over it; on
 /// failure the temporary file is removed and `path` is untouched.
-fn write_file_atomically(path: &Path, bytes: &[u8]) -> Result<(), (&'static str, std::io::Error)> {
+pub(crate) fn write_file_atomically(
+    path: &Path,
+    bytes: &[u8],
+) -> Result<(), (&'static str, std::io::Error)> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = PathBuf::from(tmp);
