@@ -139,6 +139,17 @@ pub trait ContainerRuntime: Send + Sync + 'static {
         Ok(out)
     }
 
+    /// Usage figures of every ready pod sandbox (CRI `ListPodSandboxStats`), for what only the
+    /// sandbox has: its network interfaces. Optional: the default reports
+    /// [`ErrorKind::Unimplemented`](crate::ErrorKind) (a runtime whose pods share the host's
+    /// network, such as the process runtime, has nothing to add).
+    async fn list_pod_sandbox_stats(&self) -> Result<Vec<crate::runtime::PodSandboxStats>> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unimplemented,
+            "list_pod_sandbox_stats is not supported by this runtime",
+        ))
+    }
+
     /// Change the resources of a running container (CRI `UpdateContainerResources`): its CPU
     /// shares, quota and period, memory limit and cpuset, as in `resources` (the CPU manager
     /// moves containers between CPU sets with it). Optional: the default reports

@@ -658,6 +658,76 @@ impl ContainerStats {
     }
 }
 
+/// Usage figures of one pod sandbox (CRI `PodSandboxStats`): what the sandbox itself has, which
+/// its containers do not (its network namespace's interfaces).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PodSandboxStats {
+    /// Sandbox ID.
+    pub sandbox_id: String,
+    /// The sandbox's network interfaces; `None` when it has no network namespace of its own
+    /// (host network) or the runtime does not know.
+    pub network: Option<SandboxNetworkStats>,
+}
+
+impl PodSandboxStats {
+    /// Figures of sandbox `sandbox_id`, none known yet.
+    pub fn new(sandbox_id: impl Into<String>) -> Self {
+        Self {
+            sandbox_id: sandbox_id.into(),
+            network: None,
+        }
+    }
+}
+
+/// A sandbox's network figures (CRI `NetworkUsage`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SandboxNetworkStats {
+    /// When the figures were read.
+    pub timestamp: Timestamp,
+    /// The default interface (the one with the default route, `eth0` under CNI).
+    pub default_interface: Option<InterfaceUsage>,
+    /// The other interfaces.
+    pub interfaces: Vec<InterfaceUsage>,
+}
+
+impl SandboxNetworkStats {
+    /// Figures read at `timestamp`, no interface yet.
+    pub fn new(timestamp: Timestamp) -> Self {
+        Self {
+            timestamp,
+            ..Default::default()
+        }
+    }
+}
+
+/// Cumulative counters of one network interface (CRI `NetworkInterfaceUsage`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InterfaceUsage {
+    /// Interface name.
+    pub name: String,
+    /// Bytes received.
+    pub rx_bytes: Option<u64>,
+    /// Receive errors.
+    pub rx_errors: Option<u64>,
+    /// Bytes sent.
+    pub tx_bytes: Option<u64>,
+    /// Send errors.
+    pub tx_errors: Option<u64>,
+}
+
+impl InterfaceUsage {
+    /// Interface `name`, no figures yet.
+    pub fn new(name: impl Into<String>) -> Self {
+        Self {
+            name: name.into(),
+            ..Default::default()
+        }
+    }
+}
+
 /// What the runtime uses of one filesystem (CRI `FilesystemUsage`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]

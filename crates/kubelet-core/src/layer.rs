@@ -265,6 +265,11 @@ impl<I: Interceptor> ContainerRuntime for Intercepted<I> {
         let fut = self.inner.list_container_stats();
         self.interceptor.intercept(c, fut).await
     }
+    async fn list_pod_sandbox_stats(&self) -> Result<Vec<kubelet_api::runtime::PodSandboxStats>> {
+        let c = Call::new("list_pod_sandbox_stats");
+        let fut = self.inner.list_pod_sandbox_stats();
+        self.interceptor.intercept(c, fut).await
+    }
     async fn update_container_resources(
         &self,
         container_id: &str,

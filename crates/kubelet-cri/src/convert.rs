@@ -416,6 +416,28 @@ pub(crate) fn stats_out(container_id: &str, s: cri::ContainerStats) -> core::Con
     }
 }
 
+/// CRI `PodSandboxStats` → the core model (its network figures; `None` without a sandbox ID).
+pub(crate) fn sandbox_stats_out(s: cri::PodSandboxStats) -> Option<core::PodSandboxStats> {
+    fn interface(i: cri::NetworkInterfaceUsage) -> core::InterfaceUsage {
+        let mut u = core::InterfaceUsage::new(i.name);
+        u.rx_bytes = i.rx_bytes.map(|v| v.value);
+        u.rx_errors = i.rx_errors.map(|v| v.value);
+        u.tx_bytes = i.tx_bytes.map(|v| v.value);
+        u.tx_errors = i.tx_errors.map(|v| v.value);
+        u
+    }
+    let id = s.attributes.map(|a| a.id).filter(|id| !id.is_empty())?;
+    let mut out = core::PodSandboxStats::new(id);
+    out.network = s.linux.and_then(|l| l.network).map(|n| {
+        let mut net =
+            core::SandboxNetworkStats::new(time_out(n.timestamp).unwrap_or_else(Timestamp::now));
+        net.default_interface = n.default_interface.map(interface);
+        net.interfaces = n.interfaces.into_iter().map(interface).collect();
+        net
+    });
+    Some(out)
+}
+
 /// CRI `ImageFsInfoResponse` → the core model. Entries that name no mountpoint identify no
 /// filesystem and are dropped; a missing timestamp reads as "now".
 pub(crate) fn image_fs_info_out(r: cri::ImageFsInfoResponse) -> core::ImageFsInfo {

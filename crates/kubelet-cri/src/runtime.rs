@@ -1106,6 +1106,24 @@ impl ContainerRuntime for CriRuntime {
             .collect())
     }
 
+    async fn list_pod_sandbox_stats(&self) -> Result<Vec<core::PodSandboxStats>> {
+        let mut c = self.runtime.clone();
+        let req = cri::ListPodSandboxStatsRequest { filter: None };
+        let resp = self
+            .unary(
+                "ListPodSandboxStats",
+                self.timeout(),
+                move |r| async move { c.list_pod_sandbox_stats(r).await },
+                req,
+            )
+            .await?;
+        Ok(resp
+            .stats
+            .into_iter()
+            .filter_map(convert::sandbox_stats_out)
+            .collect())
+    }
+
     /// CRI `GetContainerEvents` when the runtime implements it (containerd ≥ 1.7, CRI-O),
     /// otherwise containerd's native task and container events (containerd 1.6); see
     /// [`crate::events`].

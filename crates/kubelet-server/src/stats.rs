@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 
 use jiff::Timestamp;
 use kubelet_api::stats::{
-    ContainerStats, CpuStats, FsStats, Machine, MemoryStats, NodeStats, PodStats, Summary,
+    ContainerStats, CpuStats, FsStats, InterfaceStats, Machine, MemoryStats, NetworkStats,
+    NodeStats, PodStats, Summary,
 };
 
 /// The Prometheus text format the kubelet's `/metrics/resource` and `/metrics/cadvisor` use.
@@ -218,6 +219,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
         memory: &'a Option<MemoryStats>,
         rootfs: Option<&'a FsStats>,
         start: Option<Timestamp>,
+        network: Option<&'a NetworkStats>,
     }
     let mut rows = vec![Row {
         container: "",
@@ -229,6 +231,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
         memory: &summary.node.memory,
         rootfs: None,
         start: summary.node.start_time,
+        network: summary.node.network.as_ref(),
     }];
     for p in &summary.pods {
         rows.push(Row {
@@ -241,6 +244,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
             memory: &p.memory,
             rootfs: None,
             start: p.start_time,
+            network: p.network.as_ref(),
         });
         for c in &p.containers {
             rows.push(Row {
@@ -253,6 +257,7 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
                 memory: &c.memory,
                 rootfs: c.rootfs.as_ref(),
                 start: c.start_time,
+                network: None,
             });
         }
     }
@@ -324,6 +329,52 @@ pub(crate) fn cadvisor_metrics(summary: &Summary, machine: Machine) -> String {
                     ("pod", r.pod),
                 ];
                 f.sample(&labels, v, at);
+            }
+        }
+    }
+    // Network: the node's and each pod sandbox's interfaces (containers share their pod's).
+    type PickIf = fn(&InterfaceStats) -> Option<u64>;
+    let network: [(&str, &str, PickIf); 4] = [
+        (
+            "container_network_receive_bytes_total",
+            "Cumulative count of bytes received",
+            |i| i.rx_bytes,
+        ),
+        (
+            "container_network_receive_errors_total",
+            "Cumulative count of errors encountered while receiving",
+            |i| i.rx_errors,
+        ),
+        (
+            "container_network_transmit_bytes_total",
+            "Cumulative count of bytes transmitted",
+            |i| i.tx_bytes,
+        ),
+        (
+            "container_network_transmit_errors_total",
+            "Cumulative count of errors encountered while transmitting",
+            |i| i.tx_errors,
+        ),
+    ];
+    for (name, help, pick) in network {
+        let mut f = Family::new(&mut out, name, "counter", help);
+        for r in &rows {
+            let Some(net) = r.network else { continue };
+            let mut seen = std::collections::BTreeSet::new();
+            let all = std::iter::once(&net.default).chain(net.interfaces.iter());
+            for i in all.filter(|i| !i.name.is_empty() && seen.insert(i.name.as_str())) {
+                if let Some(v) = pick(i) {
+                    let labels = [
+                        ("container", ""),
+                        ("id", r.id.as_str()),
+                        ("image", ""),
+                        ("interface", i.name.as_str()),
+                        ("name", ""),
+                        ("namespace", r.namespace),
+                        ("pod", r.pod),
+                    ];
+                    f.sample(&labels, v as f64, Some(net.time));
+                }
             }
         }
     }
@@ -437,6 +488,42 @@ mod tests {
         );
         assert!(
             text.contains("container_memory_working_set_bytes{container=\"\",id=\"/\",image=\"\",name=\"\",namespace=\"\",pod=\"\"} 1024"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("container_network_receive_bytes_total{"),
+            "no network figures: no series"
+        );
+    }
+
+    #[test]
+    fn cadvisor_network_series_are_the_pod_sandboxes_interfaces() {
+        let mut s = sample();
+        let mut net = NetworkStats::new(t());
+        let mut eth0 = InterfaceStats::new("eth0");
+        eth0.rx_bytes = Some(1500);
+        eth0.tx_bytes = Some(700);
+        eth0.rx_errors = Some(0);
+        net.default = eth0.clone();
+        net.interfaces = vec![eth0, InterfaceStats::new("lo")];
+        s.pods[0].network = Some(net);
+        let text = cadvisor_metrics(&s, Machine::new(2, 4096));
+        assert!(
+            text.contains("container_network_receive_bytes_total{container=\"\",id=\"/podu1\",image=\"\",interface=\"eth0\",name=\"\",namespace=\"default\",pod=\"web\"} 1500 1795752000000\n"),
+            "{text}"
+        );
+        assert!(text.contains("container_network_transmit_bytes_total{container=\"\",id=\"/podu1\",image=\"\",interface=\"eth0\",name=\"\",namespace=\"default\",pod=\"web\"} 700 "), "{text}");
+        assert_eq!(
+            text.matches("interface=\"eth0\"").count(),
+            3,
+            "eth0 once per family that has a figure (the default is also listed): {text}"
+        );
+        assert!(
+            !text.contains("interface=\"lo\""),
+            "no figures, no series: {text}"
+        );
+        assert!(
+            text.contains("# TYPE container_network_receive_bytes_total counter\n"),
             "{text}"
         );
     }

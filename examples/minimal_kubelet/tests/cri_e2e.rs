@@ -1121,11 +1121,18 @@ fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
         "head -c 52428800 /dev/zero > /data/blob; sleep 3600",
     );
     filler["volumeMounts"] = serde_json::json!([{ "name": "data", "mountPath": "/data" }]);
+    // 300 pings of 1,400 bytes to the bridge (the pod network's gateway) through the sandbox's
+    // eth0: at least 420,000 bytes each way.
+    let gateway = format!("{}.1", env.var("POD_SUBNET").rsplit_once('.').unwrap().0);
+    let talker = c(
+        "talker",
+        &format!("ping -A -q -c 300 -s 1400 {gateway}; sleep 3600"),
+    );
     let stats = serde_json::json!({
         "apiVersion": "v1", "kind": "Pod", "metadata": { "name": "stats" },
         "spec": {
             "terminationGracePeriodSeconds": 1,
-            "containers": [burn, hold, logger, filler],
+            "containers": [burn, hold, logger, filler, talker],
             "volumes": [{ "name": "data", "emptyDir": {} }],
         },
     });
@@ -1184,16 +1191,37 @@ fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
             .iter()
             .find(|v| v["name"] == "data")?["usedBytes"]
             .as_f64()?;
+        // The sandbox's network (CRI ListPodSandboxStats), its default interface inlined.
+        let sent = find(&s, "stats", "", &["network", "txBytes"]);
+        let received = find(&s, "stats", "", &["network", "rxBytes"]);
         ((0.35e9..=0.65e9).contains(&cores)
             && held >= 200.0 * 1048576.0
             && logs >= 5.0 * 1048576.0
-            && volume >= 50.0 * 1048576.0)
+            && volume >= 50.0 * 1048576.0
+            && sent >= 420_000.0
+            && received >= 420_000.0)
             .then_some(s)
     });
     assert!(
         find(&summary, "stats", "", &["memory", "workingSetBytes"])
             >= find(&summary, "stats", "hold", &["memory", "workingSetBytes"])
     );
+    let network = &summary["pods"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["podRef"]["name"] == "stats-cri-node"))
+        .unwrap()["network"];
+    assert_eq!(network["name"], "eth0", "{network:#}");
+    let cadvisor = http_get(env.port, "/metrics/cadvisor").unwrap();
+    let line = cadvisor
+        .lines()
+        .find(|l| {
+            l.starts_with("container_network_transmit_bytes_total{")
+                && l.contains("interface=\"eth0\"")
+                && l.contains("pod=\"stats-cri-node\"")
+        })
+        .unwrap_or_else(|| panic!("no eth0 series of the pod:\n{cadvisor}"));
+    let value: f64 = line.split(' ').nth(1).unwrap().parse().unwrap();
+    assert!(value >= 420_000.0, "{line}");
     // containerd reports writable layers and its image filesystem.
     assert!(
         summary["pods"]

@@ -186,6 +186,9 @@ impl ContainerRuntime for FaultyRuntime {
     async fn list_container_stats(&self) -> Result<Vec<ContainerStats>> {
         self.inner.list_container_stats().await
     }
+    async fn list_pod_sandbox_stats(&self) -> Result<Vec<kubelet_api::runtime::PodSandboxStats>> {
+        self.inner.list_pod_sandbox_stats().await
+    }
     async fn reopen_container_log(&self, container_id: &str) -> Result<()> {
         self.inner.reopen_container_log(container_id).await
     }
