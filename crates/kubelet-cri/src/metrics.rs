@@ -50,6 +50,7 @@ fn operation_type(op: &'static str) -> &'static str {
         "ImageFsInfo" => "image_fs_info",
         "ListContainerStats" => "list_container_stats",
         "ListPodSandboxStats" => "list_pod_sandbox_stats",
+        "PodSandboxStats" => "pod_sandbox_stats",
         "ReopenContainerLog" => "reopen_container_log",
         "UpdateContainerResources" => "update_container_resources",
         other => other,

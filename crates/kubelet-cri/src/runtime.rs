@@ -1106,22 +1106,58 @@ impl ContainerRuntime for CriRuntime {
             .collect())
     }
 
+    /// CRI `ListPodSandboxStats`; when it fails (containerd 1.6 fails the whole list when one
+    /// sandbox's metrics cannot be read, e.g. a sandbox whose task is gone), `PodSandboxStats`
+    /// for each ready sandbox, leaving out those that fail.
     async fn list_pod_sandbox_stats(&self) -> Result<Vec<core::PodSandboxStats>> {
         let mut c = self.runtime.clone();
         let req = cri::ListPodSandboxStatsRequest { filter: None };
-        let resp = self
+        let listed = self
             .unary(
                 "ListPodSandboxStats",
                 self.timeout(),
                 move |r| async move { c.list_pod_sandbox_stats(r).await },
                 req,
             )
-            .await?;
-        Ok(resp
-            .stats
-            .into_iter()
-            .filter_map(convert::sandbox_stats_out)
-            .collect())
+            .await;
+        let e = match listed {
+            Ok(resp) => {
+                return Ok(resp
+                    .stats
+                    .into_iter()
+                    .filter_map(convert::sandbox_stats_out)
+                    .collect());
+            }
+            Err(e) if e.kind() == ErrorKind::Unimplemented => return Err(e.into()),
+            Err(e) => e,
+        };
+        debug!("ListPodSandboxStats failed, asking each sandbox: {e}");
+        let ready = core::SandboxFilter {
+            state: Some(core::SandboxState::Ready),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        for sandbox in self.list_pod_sandboxes(&ready).await? {
+            let mut c = self.runtime.clone();
+            let req = cri::PodSandboxStatsRequest {
+                pod_sandbox_id: sandbox.id.clone(),
+            };
+            match self
+                .unary(
+                    "PodSandboxStats",
+                    self.timeout(),
+                    move |r| async move { c.pod_sandbox_stats(r).await },
+                    req,
+                )
+                .await
+            {
+                Ok(resp) => out.extend(resp.stats.and_then(convert::sandbox_stats_out)),
+                Err(e) => {
+                    debug!(sandbox = %sandbox.id, "PodSandboxStats failed: {e}");
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// CRI `GetContainerEvents` when the runtime implements it (containerd ≥ 1.7, CRI-O),
