@@ -27,7 +27,7 @@ use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use kubelet_podconfig::FileSource;
 use kubelet_process::{ProcessRuntime, ProcessRuntimeConfig, ShimCommand};
-use kubelet_testenv::ApiServerEnv;
+use kubelet_testenv::{ApiServerEnv, eventually};
 use tokio_util::sync::CancellationToken;
 
 type TestFn = fn() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
@@ -92,25 +92,6 @@ fn main() -> ExitCode {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
-}
-
-/// Poll `f` every 250 ms until it yields a value, at most `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

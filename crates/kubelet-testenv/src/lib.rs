@@ -52,7 +52,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// The node name [`ApiServerEnv::start`] issues node credentials for.
 pub const DEFAULT_NODE_NAME: &str = "kubelet-sdk-node";
@@ -447,6 +447,26 @@ impl AuditEvent {
                 .and_then(|c| u16::try_from(c).ok())
                 .unwrap_or(0),
         })
+    }
+}
+
+/// Poll `f` every 250 ms until it yields a value; panics naming `what` once `timeout` has
+/// passed. The end-to-end tests' wait for the cluster or the agent to get somewhere.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

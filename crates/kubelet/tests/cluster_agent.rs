@@ -7,7 +7,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -16,7 +15,7 @@ use std::time::Duration;
 use kubelet::apiserver::kube::api::{DeleteParams, PostParams};
 use kubelet::apiserver::kube::{self, Api, Client};
 use kubelet::k8s_openapi::api::core::v1::{Node, Pod};
-use kubelet_testenv::ApiServerEnv;
+use kubelet_testenv::{ApiServerEnv, eventually};
 
 /// The example binary: `cargo test` builds the examples next to the test binaries' directory.
 fn example_binary() -> PathBuf {
@@ -51,24 +50,6 @@ impl Drop for Agent {
         let _ = Command::new("pkill")
             .args(["-KILL", "-f", &self.token])
             .status();
-    }
-}
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
     }
 }
 

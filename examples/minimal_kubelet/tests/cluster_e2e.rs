@@ -6,7 +6,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use kubelet::apiserver::kube::api::{DeleteParams, PostParams};
 use kubelet::apiserver::kube::{self, Api, Client};
 use kubelet::k8s_openapi::api::coordination::v1::Lease;
 use kubelet::k8s_openapi::api::core::v1::{Node, Pod};
-use kubelet_testenv::ApiServerEnv;
+use kubelet_testenv::{ApiServerEnv, eventually};
 
 mod common;
 
@@ -114,24 +113,6 @@ async fn admin_client(env: &ApiServerEnv) -> Client {
         .await
         .unwrap();
     Client::try_from(cfg).unwrap()
-}
-
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
