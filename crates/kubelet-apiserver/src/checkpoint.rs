@@ -259,6 +259,8 @@ struct State {
 /// What a checkpointed pod references, for pruning the objects no pod needs any more.
 #[derive(Debug, Clone, Default)]
 struct PodRefs {
+    /// The `resourceVersion` of the pod as written: an unchanged version is not written again.
+    version: Option<String>,
     namespace: String,
     objects: ReferencedObjects,
     service_account: Option<String>,
@@ -269,6 +271,7 @@ impl PodRefs {
     fn of(pod: &Pod) -> Self {
         let spec = pod.spec.as_ref();
         Self {
+            version: pod.metadata.resource_version.clone(),
             namespace: kubelet_api::pod::namespace(pod).to_string(),
             objects: ReferencedObjects::of_pod(pod),
             service_account: spec
@@ -607,7 +610,9 @@ impl Checkpoint {
     pub fn save_pods(&self, pods: &[Pod]) -> Vec<CheckpointError> {
         let mut errors = Vec::new();
         let mut idx = self.index.lock();
-        let mut wanted = HashMap::new();
+        let mut old = std::mem::take(&mut idx.pods);
+        let mut wanted = HashMap::with_capacity(pods.len());
+        let mut changed = false;
         for pod in pods {
             let uid = kubelet_api::pod::uid(pod);
             if !valid_name(uid) {
@@ -617,22 +622,36 @@ impl Checkpoint {
                 });
                 continue;
             }
+            // The API server's resourceVersion changes with every change of the pod: an
+            // unchanged one is neither serialised nor written again.
+            if let Some(version) = &pod.metadata.resource_version
+                && let Some(refs) = old
+                    .remove(uid)
+                    .filter(|r| r.version.as_ref() == Some(version))
+            {
+                wanted.insert(uid.to_string(), refs);
+                continue;
+            }
+            changed = true;
             match self.write(&mut idx, Path::new("pods").join(uid), Kind::Pod, pod) {
-                // A pod that could not be written is not in the checkpoint: its old file (if
-                // any) stays, valid, and so do its references.
                 Ok(()) => {
                     wanted.insert(uid.to_string(), PodRefs::of(pod));
                 }
+                // A pod that could not be written keeps its old file (if any), valid, and its
+                // references.
                 Err(e) => {
-                    if let Some(old) = idx.pods.get(uid) {
-                        wanted.insert(uid.to_string(), old.clone());
+                    if let Some(refs) = old.remove(uid) {
+                        wanted.insert(uid.to_string(), refs);
                     }
                     errors.push(e);
                 }
             }
         }
+        changed |= old.keys().any(|uid| !wanted.contains_key(uid));
         idx.pods = wanted;
-        self.prune(&mut idx);
+        if changed {
+            self.prune(&mut idx);
+        }
         if let Err(e) = self.write_state(&mut idx) {
             errors.push(e);
         }
@@ -1295,6 +1314,31 @@ mod tests {
         );
         let size = cp.size();
         assert!(size > 0 && size < 4096, "{size}");
+    }
+
+    #[test]
+    fn a_pod_whose_resource_version_is_unchanged_is_not_written_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let cp = open(dir.path());
+        let mut p = pod("u1", "a", "b");
+        p.metadata.resource_version = Some("7".into());
+        assert!(cp.save_pods(std::slice::from_ref(&p)).is_empty());
+        // Same version, other content: taken as unchanged (the API server changes the version
+        // with every change), so the file keeps the first content.
+        p.metadata.labels = Some(BTreeMap::from([("v".to_string(), "2".to_string())]));
+        assert!(cp.save_pods(std::slice::from_ref(&p)).is_empty());
+        let read = |cp: &Checkpoint| cp.load_pods().unwrap().pods[0].0.metadata.labels.clone();
+        assert!(read(&cp).is_none());
+        // A new version is written.
+        p.metadata.resource_version = Some("8".into());
+        assert!(cp.save_pods(std::slice::from_ref(&p)).is_empty());
+        assert!(read(&cp).is_some());
+        // A new agent knows the versions on disk.
+        let cp = open(dir.path());
+        cp.load_pods().unwrap();
+        p.metadata.labels = None;
+        assert!(cp.save_pods(std::slice::from_ref(&p)).is_empty());
+        assert!(read(&cp).is_some(), "version 8 again: not rewritten");
     }
 
     #[test]
