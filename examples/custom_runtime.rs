@@ -3,8 +3,10 @@
 //! log files. It passes the SDK's runtime conformance suite, and the engine runs pods on it with
 //! probes, restarts and status like on any other runtime.
 //!
-//! Run the conformance suite: `cargo run -p kubelet --example custom_runtime`
-//! Run static pods on it:     `cargo run -p kubelet --example custom_runtime -- MANIFEST_DIR ROOT_DIR`
+//! Run the conformance kit (the per-call checks and the engine section):
+//! `cargo run -p kubelet --features testing --example custom_runtime`
+//! Run static pods on it (`/pods` on the read-only port if one is given):
+//! `cargo run -p kubelet --features testing --example custom_runtime -- MANIFEST_DIR ROOT_DIR [PORT]`
 
 use std::collections::HashMap;
 use std::os::unix::process::ExitStatusExt;
@@ -14,6 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use kubelet::Timestamp;
+use kubelet::conformance::{EngineConformanceConfig, run_engine_conformance};
 use kubelet::prelude::*;
 use kubelet_api::conformance::{ConformanceConfig, run_conformance};
 use kubelet_api::runtime::{
@@ -416,10 +419,18 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     tokio::runtime::Runtime::new()?.block_on(async {
-        if let [manifests, root] = args.as_slice() {
+        if let [manifests, root, rest @ ..] = args.as_slice() {
+            // An agent on the toy runtime: static pods from `manifests`, state and logs under
+            // `root`, no kubelet API or healthz port, `/pods` on the read-only port if given.
             let mut configuration = KubeletConfiguration::default();
             configuration.static_pod_path = manifests.clone();
             configuration.pod_logs_dir = format!("{root}/logs");
+            configuration.port = 0;
+            configuration.healthz_port = 0;
+            configuration.read_only_port = match rest.first() {
+                Some(port) => port.parse()?,
+                None => 0,
+            };
             let agent = AgentBuilder::new("toy-node")
                 .configuration(configuration)
                 .root_dir(root)
@@ -432,13 +443,20 @@ fn main() -> anyhow::Result<std::process::ExitCode> {
             agent.run(shutdown).await;
             return Ok(std::process::ExitCode::SUCCESS);
         }
-        let logs = std::env::temp_dir().join(format!("toy-runtime-{}", std::process::id()));
-        let report = run_conformance(
+        // The kit: the per-call checks, then the engine section (pods driven by the engine).
+        let dir = std::env::temp_dir().join(format!("toy-runtime-{}", std::process::id()));
+        let mut report = run_conformance(
             &ToyRuntime::default(),
-            &ConformanceConfig::new("none", &logs),
+            &ConformanceConfig::new("none", dir.join("calls")),
         )
         .await;
-        let _ = std::fs::remove_dir_all(&logs);
+        let engine = run_engine_conformance(
+            Arc::new(ToyRuntime::default()),
+            &EngineConformanceConfig::new("none", dir.join("engine")),
+        )
+        .await;
+        report.checks.extend(engine.checks);
+        let _ = std::fs::remove_dir_all(&dir);
         for (check, outcome) in &report.checks {
             println!("{check}: {outcome:?}");
         }

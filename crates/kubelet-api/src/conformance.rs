@@ -394,6 +394,11 @@ impl Suite<'_> {
         if s.state != SandboxState::Ready {
             return fail(format!("a new sandbox is {:?}, not Ready", s.state));
         }
+        if let Err(e) = s.check_network(config.host_network) {
+            return fail(format!(
+                "{e} (the sandbox network contract on PodSandboxStatus)"
+            ));
+        }
         echoes("sandbox status labels", &s.labels, &config.labels)?;
         echoes(
             "sandbox status annotations",

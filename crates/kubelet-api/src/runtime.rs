@@ -191,6 +191,25 @@ pub struct PodSandbox {
 }
 
 /// Detailed sandbox status (CRI `PodSandboxStatus`).
+///
+/// # The sandbox network contract
+///
+/// A sandbox either uses the node's network (`host_network: true`) or has a network of its
+/// own (`host_network: false`), and says which in every status:
+///
+/// - A sandbox created with [`PodSandboxConfig::host_network`] set must use the node's
+///   network and report `host_network: true`.
+/// - A runtime without pod networking (plain processes, a VM sharing the host's stack) reports
+///   `host_network: true` for every sandbox, whatever the pod asked. Its `ip` may be empty.
+///   The engine runs such a pod with the node's network, and its status shows the node's IP
+///   as the kubelet shows it for `hostNetwork` pods.
+/// - A sandbox that reports `host_network: false` must report its IP in `ip` (and
+///   `additional_ips` for dual stack), each a valid IP address.
+///
+/// The engine never re-creates a sandbox for its network report: a report that breaks the
+/// contract ([`PodSandboxStatus::check_network`]) is reported once per sandbox as a
+/// `SandboxNetworkInvalid` Warning event on the pod, and the pod keeps its sandbox. The
+/// runtime conformance kit checks the contract.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PodSandboxStatus {
@@ -202,11 +221,15 @@ pub struct PodSandboxStatus {
     pub state: SandboxState,
     /// Creation time.
     pub created_at: Timestamp,
-    /// Primary pod IP, if the sandbox has one.
+    /// Primary pod IP. Required when the sandbox has a network of its own
+    /// (`host_network == false`); optional for a host-network sandbox, whose pods show the
+    /// node's IP. See [the sandbox network contract](PodSandboxStatus#the-sandbox-network-contract).
     pub ip: Option<String>,
     /// Additional pod IPs (dual stack).
     pub additional_ips: Vec<String>,
-    /// True when the sandbox shares the host network namespace.
+    /// True when the sandbox uses the node's network namespace: because its configuration
+    /// asked for it ([`PodSandboxConfig::host_network`]), or because the runtime has no pod
+    /// networking at all (then every sandbox reports `true`).
     pub host_network: bool,
     /// Labels.
     pub labels: Labels,
@@ -225,6 +248,73 @@ impl PodSandboxStatus {
             ..Default::default()
         }
     }
+
+    /// The sandbox's IPs that are valid IP addresses, primary first (empty entries and
+    /// anything that does not parse are left out).
+    pub fn valid_ips(&self) -> Vec<String> {
+        self.ip
+            .iter()
+            .chain(&self.additional_ips)
+            .filter(|ip| ip.parse::<std::net::IpAddr>().is_ok())
+            .cloned()
+            .collect()
+    }
+
+    /// Checks this status against [the sandbox network
+    /// contract](PodSandboxStatus#the-sandbox-network-contract) for a sandbox created with
+    /// `host_network_requested` ([`PodSandboxConfig::host_network`]).
+    pub fn check_network(&self, host_network_requested: bool) -> Result<(), SandboxNetworkError> {
+        let id = || self.id.clone();
+        if host_network_requested && !self.host_network {
+            return Err(SandboxNetworkError::NotHostNetwork { id: id() });
+        }
+        if let Some(bad) = self
+            .ip
+            .iter()
+            .chain(&self.additional_ips)
+            .find(|ip| !ip.is_empty() && ip.parse::<std::net::IpAddr>().is_err())
+        {
+            return Err(SandboxNetworkError::InvalidIp {
+                id: id(),
+                ip: bad.clone(),
+            });
+        }
+        if !self.host_network && self.ip.as_deref().unwrap_or("").is_empty() {
+            return Err(SandboxNetworkError::NoIp { id: id() });
+        }
+        Ok(())
+    }
+}
+
+/// How a sandbox's network report breaks [the sandbox network
+/// contract](PodSandboxStatus#the-sandbox-network-contract).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SandboxNetworkError {
+    /// The sandbox was asked for the node's network and reports one of its own.
+    #[error(
+        "sandbox {id} was created with host_network but reports a network of its own (host_network: false)"
+    )]
+    NotHostNetwork {
+        /// The sandbox.
+        id: String,
+    },
+    /// The sandbox reports a network of its own and no IP.
+    #[error(
+        "sandbox {id} reports a network of its own (host_network: false) but no IP; a runtime without pod networking must report host_network: true"
+    )]
+    NoIp {
+        /// The sandbox.
+        id: String,
+    },
+    /// The sandbox reports something that is not an IP address.
+    #[error("sandbox {id} reports IP {ip:?}, which is not an IP address")]
+    InvalidIp {
+        /// The sandbox.
+        id: String,
+        /// What it reported.
+        ip: String,
+    },
 }
 
 /// Identity of a container within its sandbox.
@@ -872,7 +962,7 @@ pub struct PodRuntimeStatus {
     pub name: String,
     /// Pod namespace.
     pub namespace: String,
-    /// Pod IPs (primary first).
+    /// Pod IPs as the ready sandbox reports them (primary first; only valid addresses).
     pub ips: Vec<String>,
     /// Sandbox statuses, newest first.
     pub sandbox_statuses: Vec<PodSandboxStatus>,
@@ -881,6 +971,15 @@ pub struct PodRuntimeStatus {
 }
 
 impl PodRuntimeStatus {
+    /// True when the newest ready sandbox uses the node's network ([the sandbox network
+    /// contract](PodSandboxStatus#the-sandbox-network-contract)).
+    pub fn sandbox_host_network(&self) -> bool {
+        self.sandbox_statuses
+            .iter()
+            .find(|s| s.state == SandboxState::Ready)
+            .is_some_and(|s| s.host_network)
+    }
+
     /// The newest instance of container `name`, if any.
     pub fn find_container(&self, name: &str) -> Option<&ContainerStatus> {
         self.container_statuses
@@ -986,16 +1085,11 @@ pub async fn get_pod_status(
     container_statuses.sort_by(|a, b| {
         (b.created_at, b.metadata.attempt).cmp(&(a.created_at, a.metadata.attempt))
     });
-    let mut ips = Vec::new();
-    if let Some(s) = sandbox_statuses
+    let ips = sandbox_statuses
         .iter()
         .find(|s| s.state == SandboxState::Ready)
-    {
-        if let Some(ip) = &s.ip {
-            ips.push(ip.clone());
-        }
-        ips.extend(s.additional_ips.iter().cloned());
-    }
+        .map(PodSandboxStatus::valid_ips)
+        .unwrap_or_default();
     Ok(PodRuntimeStatus {
         uid: uid.to_string(),
         name: name.to_string(),

@@ -58,8 +58,7 @@ pub(crate) struct PodActions {
 /// What [`pod_sandbox_changed`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SandboxChange {
-    /// A new sandbox is needed (none yet, the newest not ready, several ready, or no IP for a
-    /// pod network pod).
+    /// A new sandbox is needed (none yet, the newest not ready, or several ready).
     pub(crate) changed: bool,
     /// The attempt number of the sandbox to create, or of the current one when unchanged.
     pub(crate) attempt: u32,
@@ -68,7 +67,7 @@ pub(crate) struct SandboxChange {
 }
 
 /// Whether the pod needs a new sandbox (`podSandboxChanged`).
-pub(crate) fn pod_sandbox_changed(pod: &Pod, status: &PodRuntimeStatus) -> SandboxChange {
+pub(crate) fn pod_sandbox_changed(status: &PodRuntimeStatus) -> SandboxChange {
     let Some(newest) = status.sandbox_statuses.first() else {
         return SandboxChange {
             changed: true,
@@ -83,14 +82,10 @@ pub(crate) fn pod_sandbox_changed(pod: &Pod, status: &PodRuntimeStatus) -> Sandb
         .filter(|s| s.state == SandboxState::Ready)
         .count();
     let next = newest.metadata.attempt + 1;
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
-    let changed = ready > 1
-        || newest.state != SandboxState::Ready
-        || (!host_network && newest.ip.as_deref().unwrap_or("").is_empty());
+    // The network report is not a reason to re-create (the sandbox network contract on
+    // `PodSandboxStatus`): a runtime without pod networking reports host network for every
+    // sandbox, and one that breaks the contract is reported by the sync, not looped.
+    let changed = ready > 1 || newest.state != SandboxState::Ready;
     SandboxChange {
         changed,
         attempt: if changed {
@@ -170,7 +165,7 @@ pub(crate) fn compute_pod_actions(
         changed: create_sandbox,
         attempt,
         sandbox_id,
-    } = pod_sandbox_changed(pod, status);
+    } = pod_sandbox_changed(status);
     let mut changes = PodActions {
         kill_pod: create_sandbox,
         create_sandbox,

@@ -28,7 +28,7 @@ use kubelet_api::VolumePlugin;
 use kubelet_api::pod::{self, PullPolicy};
 use kubelet_api::runtime::{
     ContainerState, ContainerStatus, DnsConfig, ImageSpec, PodRuntimeStatus, PodSandboxConfig,
-    PodSandboxMetadata, PortMapping, Protocol, SandboxState, get_pod_status,
+    PodSandboxMetadata, PodSandboxStatus, PortMapping, Protocol, SandboxState, get_pod_status,
 };
 use kubelet_api::{CacheEntry, PodCache};
 use kubelet_api::{EventRecorder, InvolvedObject};
@@ -110,6 +110,9 @@ pub(crate) struct Engine {
     /// Where each pod's sandbox goes: its cgroup parent and runtime handler, settled before
     /// the sandbox is created.
     placement: Mutex<HashMap<String, Placement>>,
+    /// Per pod UID, the sandbox whose broken network report was already reported (once per
+    /// sandbox, the sandbox network contract on `PodSandboxStatus`).
+    network_reported: Mutex<HashMap<String, String>>,
 }
 
 /// A pod's cgroup parent and runtime handler.
@@ -177,6 +180,7 @@ impl Engine {
             pull_gate: crate::image_pull::PullGate::new(config.pull_limits),
             resources: None,
             placement: Mutex::default(),
+            network_reported: Mutex::default(),
             config,
         }
     }
@@ -393,7 +397,7 @@ impl Engine {
         waiting: &Waiting,
         pod_is_terminal: bool,
     ) -> k8s_openapi::api::core::v1::PodStatus {
-        let sandbox_changed = actions::pod_sandbox_changed(p, rt).changed;
+        let sandbox_changed = actions::pod_sandbox_changed(rt).changed;
         let old = self.status.get(pod::uid(p));
         let probe = |id: &str, t: ProbeType| self.probe_result(p, rt, id, t);
         let host_ip = self
@@ -696,6 +700,34 @@ impl Engine {
         (config, dns_events)
     }
 
+    /// Reports a sandbox whose network report breaks the sandbox network contract, once per
+    /// sandbox: a `SandboxNetworkInvalid` Warning event naming the contract. The sandbox is
+    /// kept (re-creating it would loop on a runtime that always reports the same).
+    fn check_sandbox_network(&self, p: &Pod, s: &PodSandboxStatus) {
+        let requested = p
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
+        let Err(e) = s.check_network(requested) else {
+            return;
+        };
+        let uid = pod::uid(p);
+        {
+            let mut reported = self.network_reported.lock();
+            if reported.get(uid).is_some_and(|id| *id == s.id) {
+                return;
+            }
+            reported.insert(uid.to_string(), s.id.clone());
+        }
+        tracing::warn!(pod = %pod::full_name(p), error = %e, "sandbox network report breaks the runtime contract");
+        self.recorder.warning(
+            InvolvedObject::pod(p),
+            "SandboxNetworkInvalid",
+            format!("Pod sandbox network breaks the runtime contract: {e}"),
+        );
+    }
+
     /// The runtime part of the sync (`kuberuntime SyncPod`).
     async fn sync_runtime(
         &self,
@@ -737,6 +769,7 @@ impl Engine {
         }
 
         let mut pod_ips = rt.ips.clone();
+        let mut sandbox_host_network = rt.sandbox_host_network();
         let sandbox_id;
         let sandbox_config;
         if changes.create_sandbox {
@@ -773,22 +806,32 @@ impl Engine {
             }
             match self.runtime.pod_sandbox_status(&sandbox_id).await {
                 Ok(s) => {
-                    pod_ips = s.ip.into_iter().chain(s.additional_ips).collect();
+                    self.check_sandbox_network(p, &s);
+                    pod_ips = s.valid_ips();
+                    sandbox_host_network = s.host_network;
                 }
                 Err(e) => {
                     tracing::warn!(pod = %pod::full_name(p), error = %kubelet_api::chain(&e), "sandbox status after creation failed");
                 }
             }
         } else if let Some(id) = changes.sandbox_id.clone() {
+            if let Some(s) = rt.sandbox_statuses.iter().find(|s| s.id == id) {
+                self.check_sandbox_network(p, s);
+            }
             sandbox_id = id;
             sandbox_config = self.sandbox_config(p, changes.attempt);
         } else {
             return out;
         }
 
-        // The same IPs the status reports (the node's for a host-network pod), for the
-        // downward API and /etc/hosts.
-        let pod_ips = crate::status_gen::pod_ips(p, &pod_ips, self.config.node_ip.as_deref());
+        // The same IPs the status reports (the node's for a host-network pod or sandbox), for
+        // the downward API and /etc/hosts.
+        let pod_ips = crate::status_gen::pod_ips(
+            p,
+            &pod_ips,
+            sandbox_host_network,
+            self.config.node_ip.as_deref(),
+        );
         let host_ip = self
             .config
             .node_ip
@@ -1709,6 +1752,7 @@ impl Engine {
         }
         // Orphans carry name, namespace and UID from the runtime's labels, which is all the
         // directory layout needs. Their memory-backed volumes are still mounted: unmount first.
+        self.network_reported.lock().remove(&uid);
         if self.placement.lock().remove(&uid).is_some()
             && let Some(rm) = &self.resources
         {

@@ -176,6 +176,7 @@ struct State {
     image_fs: Option<ImageFsInfo>,
     runtime_status: RuntimeStatus,
     exec_handler: Option<ExecHandler>,
+    sandbox_network: SandboxNetworkReport,
 }
 
 impl State {
@@ -330,6 +331,23 @@ fn image_id(image: &str) -> String {
     format!("fake-image:{image}")
 }
 
+/// How [`FakeRuntime`]'s sandbox statuses report their network
+/// ([`FakeRuntime::set_sandbox_network`]; the sandbox network contract on `PodSandboxStatus`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SandboxNetworkReport {
+    /// As the configuration asked: host network without an IP, or a network of its own with an
+    /// IP (the default).
+    #[default]
+    AsRequested,
+    /// Host network and no IP for every sandbox: a runtime without pod networking.
+    HostOnly,
+    /// A network of its own and no IP: breaks the contract.
+    OwnWithoutIp,
+    /// A network of its own and an IP that is not one: breaks the contract.
+    Garbage,
+}
+
 /// An in-memory [`ContainerRuntime`] that behaves like a real CRI runtime, for tests.
 ///
 /// Behaviour:
@@ -402,11 +420,17 @@ impl FakeRuntime {
                 image_fs: None,
                 runtime_status: RuntimeStatus::all_ready(),
                 exec_handler: None,
+                sandbox_network: SandboxNetworkReport::AsRequested,
             }),
         }
     }
 
     // ----- test controls -----
+
+    /// How sandbox statuses report their network from now on (also for existing sandboxes).
+    pub fn set_sandbox_network(&self, report: SandboxNetworkReport) {
+        self.state.lock().sandbox_network = report;
+    }
 
     /// Simulate the container's process exiting with `exit_code` (reason `Completed` for 0,
     /// `Error` otherwise). A container that is not running is left as it is.
@@ -766,7 +790,23 @@ impl ContainerRuntime for FakeRuntime {
         self.enter(FakeOp::PodSandboxStatus, sandbox_id, &keys)
             .await?;
         let st = self.state.lock();
-        Ok(st.sandbox(sandbox_id)?.status.clone())
+        let mut status = st.sandbox(sandbox_id)?.status.clone();
+        match st.sandbox_network {
+            SandboxNetworkReport::AsRequested => {}
+            SandboxNetworkReport::HostOnly => {
+                status.host_network = true;
+                status.ip = None;
+            }
+            SandboxNetworkReport::OwnWithoutIp => {
+                status.host_network = false;
+                status.ip = None;
+            }
+            SandboxNetworkReport::Garbage => {
+                status.host_network = false;
+                status.ip = Some("not-an-ip".into());
+            }
+        }
+        Ok(status)
     }
 
     async fn list_pod_sandboxes(&self, filter: &SandboxFilter) -> Result<Vec<PodSandbox>> {

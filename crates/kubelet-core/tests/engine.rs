@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
 use kubelet_api::{ContainerRuntime, PlegHealth, PodLifecycleEventGenerator};
-use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
+use kubelet_core::testing::{FakeRuntime, RecordingSink, SandboxNetworkReport, WatchSource};
 use kubelet_core::{Kubelet, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
 use tokio::sync::watch;
@@ -48,11 +48,26 @@ struct Harness {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn build(rt: Arc<FakeRuntime>, sink: Arc<RecordingSink>, source: WatchSource) -> Kubelet {
+/// The node IP of engines built with [`build_on_node_ip`].
+const NODE_IP: &str = "192.0.2.10";
+
+fn build_on(
+    rt: Arc<FakeRuntime>,
+    sink: Arc<RecordingSink>,
+    source: WatchSource,
+    node_ip: Option<&str>,
+) -> Kubelet {
     let runtime: Arc<dyn ContainerRuntime> = rt;
     let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
     let pleg = std::sync::Arc::new(pleg);
-    build_with(runtime, pleg, pleg_events, sink, source)
+    let mut config = engine_config();
+    config.node_ip = node_ip.map(str::to_string);
+    build_with_config(runtime, pleg, pleg_events, sink, source, config)
+}
+
+fn engine_config() -> KubeletConfig {
+    let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
+    KubeletConfig::with_dirs(dir.join("root"), dir.join("logs"))
 }
 
 fn build_with(
@@ -62,9 +77,19 @@ fn build_with(
     sink: Arc<RecordingSink>,
     source: WatchSource,
 ) -> Kubelet {
-    let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
+    build_with_config(runtime, pleg, pleg_events, sink, source, engine_config())
+}
+
+fn build_with_config(
+    runtime: Arc<dyn ContainerRuntime>,
+    pleg: Arc<dyn PodLifecycleEventGenerator>,
+    pleg_events: kubelet_api::PlegEvents,
+    sink: Arc<RecordingSink>,
+    source: WatchSource,
+    config: KubeletConfig,
+) -> Kubelet {
     KubeletBuilder::new("node-1")
-        .config(KubeletConfig::with_dirs(dir.join("root"), dir.join("logs")))
+        .config(config)
         .runtime(runtime)
         .pleg(pleg, pleg_events)
         .pod_source(Arc::new(source))
@@ -79,9 +104,13 @@ impl Harness {
     }
 
     fn start_with(rt: Arc<FakeRuntime>, pods: Option<Vec<Pod>>) -> Self {
+        Self::start_on(rt, pods, None)
+    }
+
+    fn start_on(rt: Arc<FakeRuntime>, pods: Option<Vec<Pod>>, node_ip: Option<&str>) -> Self {
         let sink = Arc::new(RecordingSink::new());
         let (source, tx) = WatchSource::new(pods);
-        let kubelet = build(rt.clone(), sink.clone(), source);
+        let kubelet = build_on(rt.clone(), sink.clone(), source, node_ip);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(kubelet.run(shutdown.clone()));
         Self {
@@ -868,5 +897,90 @@ async fn empty_dirs_are_world_writable_and_memory_ones_are_sized_tmpfs_mounts() 
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    h.stop().await;
+}
+
+/// A pod without `hostNetwork` on `FakeRuntime` whose sandboxes report `report`, on a node
+/// with [`NODE_IP`]; runs it for a minute of (paused) time.
+async fn run_pod_network_pod(report: SandboxNetworkReport) -> (Harness, PodStatus) {
+    let rt = Arc::new(FakeRuntime::new());
+    rt.set_sandbox_network(report);
+    let mut p = pod("net", "Always", vec![], vec![container("app")]);
+    p.spec.as_mut().expect("spec").host_network = None;
+    let h = Harness::start_on(rt, Some(vec![p]), Some(NODE_IP));
+    h.wait_status("net", "Running", |s| phase(s) == "Running")
+        .await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let st = h.sink.latest("net").expect("status");
+    (h, st)
+}
+
+fn events_with_reason(h: &Harness, reason: &str) -> usize {
+    h.sink
+        .events()
+        .iter()
+        .filter(|e| e.reason == reason)
+        .count()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_on_a_runtime_without_pod_networking_keeps_its_sandbox_and_shows_the_node_ip() {
+    let (h, st) = run_pod_network_pod(SandboxNetworkReport::HostOnly).await;
+    assert_eq!(calls_matching(&h.rt, "run_pod_sandbox").len(), 1);
+    assert_eq!(events_with_reason(&h, "SandboxChanged"), 0);
+    assert_eq!(events_with_reason(&h, "SandboxNetworkInvalid"), 0);
+    assert_eq!(st.pod_ip.as_deref(), Some(NODE_IP));
+    assert_eq!(st.host_ip.as_deref(), Some(NODE_IP));
+    assert_eq!(calls_matching(&h.rt, "create_container").len(), 1);
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_that_breaks_the_network_contract_is_reported_once_and_not_recreated() {
+    for report in [
+        SandboxNetworkReport::OwnWithoutIp,
+        SandboxNetworkReport::Garbage,
+    ] {
+        let (h, st) = run_pod_network_pod(report).await;
+        assert_eq!(
+            calls_matching(&h.rt, "run_pod_sandbox").len(),
+            1,
+            "{report:?}"
+        );
+        assert_eq!(events_with_reason(&h, "SandboxChanged"), 0, "{report:?}");
+        let invalid: Vec<_> = h
+            .sink
+            .events()
+            .into_iter()
+            .filter(|e| e.reason == "SandboxNetworkInvalid")
+            .collect();
+        assert_eq!(invalid.len(), 1, "{report:?}: {invalid:?}");
+        assert!(
+            invalid[0].message.contains("runtime contract"),
+            "{}",
+            invalid[0].message
+        );
+        assert_eq!(invalid[0].type_, kubelet_api::EventType::Warning);
+        assert_ne!(st.pod_ip.as_deref(), Some("not-an-ip"), "{report:?}");
+        h.stop().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sandbox_whose_network_report_flips_is_neither_recreated_nor_reported_in_a_loop() {
+    let (h, _) = run_pod_network_pod(SandboxNetworkReport::HostOnly).await;
+    for report in [
+        SandboxNetworkReport::OwnWithoutIp,
+        SandboxNetworkReport::HostOnly,
+        SandboxNetworkReport::OwnWithoutIp,
+        SandboxNetworkReport::AsRequested,
+    ] {
+        h.rt.set_sandbox_network(report);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    }
+    assert_eq!(calls_matching(&h.rt, "run_pod_sandbox").len(), 1);
+    assert_eq!(calls_matching(&h.rt, "create_container").len(), 1);
+    assert_eq!(events_with_reason(&h, "SandboxChanged"), 0);
+    assert!(events_with_reason(&h, "SandboxNetworkInvalid") <= 1);
     h.stop().await;
 }

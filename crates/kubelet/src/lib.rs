@@ -67,6 +67,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 pub mod config_file;
+#[cfg(feature = "testing")]
+pub mod conformance;
 
 pub use async_trait::async_trait;
 pub use jiff::Timestamp;

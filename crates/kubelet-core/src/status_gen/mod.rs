@@ -192,7 +192,12 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
         Some(ip) => Some(vec![HostIP { ip: ip.to_string() }]),
         None => old.and_then(|o| o.host_ips.clone()),
     };
-    let pod_ips = pod_ips(pod, &input.runtime.ips, input.host_ip);
+    let pod_ips = pod_ips(
+        pod,
+        &input.runtime.ips,
+        input.runtime.sandbox_host_network(),
+        input.host_ip,
+    );
     let (pod_ip, pod_ips) = if pod_ips.is_empty() {
         // The sandbox is gone (the pod finished): keep reporting the IPs it had.
         (
@@ -233,16 +238,24 @@ pub fn generate_pod_status(input: &StatusInput<'_>) -> PodStatus {
     }
 }
 
-/// The pod's IPs: for a host-network pod the node's (`host_ip`), as with the kubelet on a CRI
-/// runtime, whose host-network sandboxes report no IP; else what the runtime reports. A runtime
+/// The pod's IPs: for a host-network pod, or a pod whose sandbox uses the node's network (a
+/// runtime without pod networking, `sandbox_host_network`), the node's (`host_ip`), as with the
+/// kubelet on a CRI runtime, whose host-network sandboxes report no IP; else what the runtime
+/// reports. A runtime
 /// that reports its own idea of the host's address must not make a host-network pod's IP differ
 /// from its `hostIP`, change between syncs, or differ between its status and the downward API.
-pub(crate) fn pod_ips(pod: &Pod, runtime_ips: &[String], host_ip: Option<&str>) -> Vec<String> {
-    let host_network = pod
-        .spec
-        .as_ref()
-        .and_then(|s| s.host_network)
-        .unwrap_or(false);
+pub(crate) fn pod_ips(
+    pod: &Pod,
+    runtime_ips: &[String],
+    sandbox_host_network: bool,
+    host_ip: Option<&str>,
+) -> Vec<String> {
+    let host_network = sandbox_host_network
+        || pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_network)
+            .unwrap_or(false);
     match host_ip {
         Some(ip) if host_network && !ip.is_empty() => vec![ip.to_string()],
         _ => runtime_ips.to_vec(),
