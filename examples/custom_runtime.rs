@@ -19,12 +19,13 @@ use kubelet::Timestamp;
 use kubelet::conformance::{EngineConformanceConfig, run_engine_conformance};
 use kubelet::prelude::*;
 use kubelet_api::conformance::{ConformanceConfig, run_conformance};
+use kubelet_api::cri_log::{LogStream, format_record};
 use kubelet_api::runtime::{
     Container, ContainerConfig, ContainerFilter, ContainerState, ContainerStatus, ExecResult,
     PodSandbox, PodSandboxConfig, PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter,
     SandboxState, labels_match,
 };
-use kubelet_api::{Error, ErrorKind, Result};
+use kubelet_api::{Error, Result};
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
@@ -117,14 +118,14 @@ impl ToyRuntime {
 
 /// Copy one output stream to the log file in the CRI format (`<time> <stream> F <line>`).
 async fn pump(
-    stream: impl tokio::io::AsyncRead + Unpin,
-    name: &'static str,
+    output: impl tokio::io::AsyncRead + Unpin,
+    stream: LogStream,
     log: Arc<tokio::sync::Mutex<tokio::fs::File>>,
 ) {
-    let mut lines = BufReader::new(stream).lines();
+    let mut lines = BufReader::new(output).lines();
     while let Ok(Some(line)) = lines.next_line().await {
-        let entry = format!("{} {name} F {line}\n", Timestamp::now());
-        let _ = log.lock().await.write_all(entry.as_bytes()).await;
+        let record = format_record(Timestamp::now(), stream, false, line.as_bytes());
+        let _ = log.lock().await.write_all(&record).await;
     }
 }
 
@@ -249,7 +250,7 @@ impl ContainerRuntime for ToyRuntime {
                 .ok_or_else(|| not_found("container", container_id))?;
             if c.state != ContainerState::Created {
                 let message = format!("container {container_id} is {:?}, not Created", c.state);
-                return Err(Error::new(ErrorKind::FailedPrecondition, message));
+                return Err(Error::failed_precondition(message));
             }
             let argv: Vec<String> = c
                 .config
@@ -287,11 +288,11 @@ impl ContainerRuntime for ToyRuntime {
             child
                 .stdout
                 .take()
-                .map(|s| tokio::spawn(pump(s, "stdout", log.clone()))),
+                .map(|s| tokio::spawn(pump(s, LogStream::Stdout, log.clone()))),
             child
                 .stderr
                 .take()
-                .map(|s| tokio::spawn(pump(s, "stderr", log))),
+                .map(|s| tokio::spawn(pump(s, LogStream::Stderr, log))),
         ];
         if let Some(c) = self.state.lock().containers.get_mut(container_id) {
             c.state = ContainerState::Running;
@@ -387,7 +388,7 @@ impl ContainerRuntime for ToyRuntime {
         let state = self.container_status(container_id).await?.state;
         let (Some(program), ContainerState::Running) = (cmd.first(), state) else {
             let message = format!("cannot exec {cmd:?} in container {container_id} ({state:?})");
-            return Err(Error::new(ErrorKind::FailedPrecondition, message));
+            return Err(Error::failed_precondition(message));
         };
         let run = tokio::process::Command::new(program)
             .args(&cmd[1..])
@@ -403,10 +404,7 @@ impl ContainerRuntime for ToyRuntime {
                     exit_code,
                 })
             }
-            Err(_) => Err(Error::new(
-                ErrorKind::DeadlineExceeded,
-                format!("exec {cmd:?} timed out"),
-            )),
+            Err(_) => Err(Error::deadline_exceeded(format!("exec {cmd:?} timed out"))),
         }
     }
     // No `images()`: containers are host programs, so nothing is pulled.

@@ -102,6 +102,39 @@ impl Error {
         Self::new(ErrorKind::Unavailable, message)
     }
 
+    /// Shorthand for [`ErrorKind::AlreadyExists`].
+    pub fn already_exists(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::AlreadyExists, message)
+    }
+
+    /// Shorthand for [`ErrorKind::DeadlineExceeded`]: what `exec_sync` returns when the
+    /// command outlives its timeout.
+    pub fn deadline_exceeded(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::DeadlineExceeded, message)
+    }
+
+    /// Shorthand for [`ErrorKind::PermissionDenied`].
+    pub fn permission_denied(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::PermissionDenied, message)
+    }
+
+    /// Shorthand for [`ErrorKind::FailedPrecondition`]: what `exec_sync` returns for a
+    /// container that is not running, and a call on an object in the wrong state.
+    pub fn failed_precondition(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::FailedPrecondition, message)
+    }
+
+    /// Shorthand for [`ErrorKind::ResourceExhausted`].
+    pub fn resource_exhausted(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::ResourceExhausted, message)
+    }
+
+    /// Shorthand for [`ErrorKind::Unimplemented`] with a message of your own (see
+    /// [`unsupported`](Self::unsupported) for the usual one).
+    pub fn unimplemented(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Unimplemented, message)
+    }
+
     /// The answer of a runtime (or another implementor) that does not offer an optional
     /// capability: [`ErrorKind::Unimplemented`] with the message `<capability> is not supported
     /// by this runtime`. Callers test [`is_unsupported`](Self::is_unsupported) and fall back
@@ -200,6 +233,34 @@ mod tests {
     #[derive(Debug, thiserror::Error)]
     #[error("reading {0}")]
     struct Read(&'static str, #[source] std::io::Error);
+
+    #[test]
+    fn every_kind_has_a_shorthand() {
+        type Make = fn(String) -> Error;
+        let made: [(Make, ErrorKind); 10] = [
+            (|m| Error::not_found(m), ErrorKind::NotFound),
+            (|m| Error::already_exists(m), ErrorKind::AlreadyExists),
+            (|m| Error::invalid_argument(m), ErrorKind::InvalidArgument),
+            (|m| Error::unavailable(m), ErrorKind::Unavailable),
+            (|m| Error::deadline_exceeded(m), ErrorKind::DeadlineExceeded),
+            (|m| Error::permission_denied(m), ErrorKind::PermissionDenied),
+            (|m| Error::unimplemented(m), ErrorKind::Unimplemented),
+            (
+                |m| Error::failed_precondition(m),
+                ErrorKind::FailedPrecondition,
+            ),
+            (
+                |m| Error::resource_exhausted(m),
+                ErrorKind::ResourceExhausted,
+            ),
+            (|m| Error::internal(m), ErrorKind::Internal),
+        ];
+        for (make, kind) in made {
+            let e = make("why".into());
+            assert_eq!((e.kind(), e.message()), (kind, "why"));
+            assert_eq!(e.to_string(), format!("{kind}: why"));
+        }
+    }
 
     #[test]
     fn a_chain_names_each_cause_once() {

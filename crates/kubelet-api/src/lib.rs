@@ -45,6 +45,7 @@
 // Namespaces: items reached by their module path.
 #[cfg(feature = "conformance")]
 pub mod conformance;
+pub mod cri_log;
 pub mod objects;
 pub mod pod;
 pub mod quantity;
@@ -81,8 +82,9 @@ pub use pleg::{
     PodLifecycleEventType,
 };
 pub use plugin::{
-    AgentDirs, AgentHandle, AgentPlugin, NodeConditionReader, NodeResources, NotRunning,
-    PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStatus, SyncLoopStalled,
+    AgentDirs, AgentHandle, AgentPlugin, MAX_NODE_CONDITIONS, NodeConditionReader, NodeResources,
+    NotRunning, PLUGIN_STOP_GRACE, PluginContext, PluginState, PluginStatus, SyncLoopStalled,
+    merge_node_conditions,
 };
 pub use probe::{ProbeContext, ProbeManager, ProbeResult, ProbeType, ProbeUpdate, ProbeUpdates};
 pub use reclaim::NodeReclaimer;

@@ -2,6 +2,7 @@
 //! [`AgentHandle`], what a plugin may ask of the running agent.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -191,6 +192,13 @@ pub trait AgentHandle: Send + Sync + 'static {
     fn sources_ready(&self) -> bool {
         false
     }
+
+    /// The node conditions every plugin reports now, merged as the node status shows them
+    /// ([`NodeConditionReader::conditions`]): a standalone node reads its own conditions
+    /// here, without an API server. The default (a handle without plugins) is empty.
+    fn node_conditions(&self) -> Vec<NodeCondition> {
+        Vec::new()
+    }
 }
 
 fn _assert_handle_dyn(_: &dyn AgentHandle) {}
@@ -319,6 +327,34 @@ impl PluginContext {
 pub struct NodeConditionReader {
     plugins: Arc<[Arc<dyn AgentPlugin>]>,
     changed: Arc<tokio::sync::Notify>,
+    /// Set once a merge dropped conditions was logged.
+    dropped_logged: Arc<AtomicBool>,
+}
+
+/// The most node conditions plugins contribute to the node status, all plugins together.
+pub const MAX_NODE_CONDITIONS: usize = 32;
+
+/// Merges plugins' node conditions into what the node status shows: the first condition of
+/// each type (in the order given: registration order), without `Ready` (the node status writer
+/// computes it from the runtime, the PLEG and the plugins' [ready
+/// errors](AgentPlugin::ready_errors)), and at most [`MAX_NODE_CONDITIONS`]. Returns the merged
+/// conditions and the types of those left out.
+pub fn merge_node_conditions(
+    conditions: impl IntoIterator<Item = NodeCondition>,
+) -> (Vec<NodeCondition>, Vec<String>) {
+    let mut merged: Vec<NodeCondition> = Vec::new();
+    let mut dropped = Vec::new();
+    for c in conditions {
+        if c.type_ == "Ready"
+            || merged.iter().any(|m| m.type_ == c.type_)
+            || merged.len() >= MAX_NODE_CONDITIONS
+        {
+            dropped.push(c.type_);
+        } else {
+            merged.push(c);
+        }
+    }
+    (merged, dropped)
 }
 
 impl std::fmt::Debug for NodeConditionReader {
@@ -335,6 +371,7 @@ impl NodeConditionReader {
         Self {
             plugins,
             changed: Arc::default(),
+            dropped_logged: Arc::default(),
         }
     }
 
@@ -350,12 +387,20 @@ impl NodeConditionReader {
         self.changed.notified().await;
     }
 
-    /// The conditions every plugin reports now.
+    /// The conditions every plugin reports now, merged as the node status gets them
+    /// ([`merge_node_conditions`]): one per type, the first plugin's in registration order,
+    /// no `Ready` (the node status writer computes it), at most [`MAX_NODE_CONDITIONS`].
     pub fn conditions(&self) -> Vec<NodeCondition> {
-        self.plugins
-            .iter()
-            .flat_map(|p| p.node_conditions())
-            .collect()
+        let (merged, dropped) =
+            merge_node_conditions(self.plugins.iter().flat_map(|p| p.node_conditions()));
+        if !dropped.is_empty() && !self.dropped_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                dropped = ?dropped,
+                "plugins' node conditions repeat a type, report Ready, or exceed {MAX_NODE_CONDITIONS}; \
+                 the first of each type is kept (logged once)"
+            );
+        }
+        merged
     }
 
     /// The errors that make the node NotReady, of every plugin.

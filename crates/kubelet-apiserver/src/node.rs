@@ -330,12 +330,9 @@ pub fn node_status(
         architecture: m.architecture.clone(),
         ..Default::default()
     };
-    let mut conditions: Vec<NodeCondition> = Vec::new();
-    for c in &obs.extra {
-        if c.type_ != COND_READY && !conditions.iter().any(|x| x.type_ == c.type_) {
-            conditions.push(stamp(c.clone(), old, now));
-        }
-    }
+    let (merged, _) = kubelet_api::merge_node_conditions(obs.extra.iter().cloned());
+    let mut conditions: Vec<NodeCondition> =
+        merged.into_iter().map(|c| stamp(c, old, now)).collect();
     let errs = not_ready_errors(obs);
     let ready = if errs.is_empty() {
         NodeCondition {

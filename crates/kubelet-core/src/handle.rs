@@ -23,6 +23,7 @@ pub struct KubeletHandle {
     pub(crate) metrics: Arc<prometheus_client::registry::Registry>,
     pub(crate) sync_loop: crate::kubelet::SyncLoopMonitor,
     pub(crate) sync_requests: crate::kubelet::SyncRequests,
+    pub(crate) conditions: kubelet_api::NodeConditionReader,
 }
 
 impl std::fmt::Debug for KubeletHandle {
@@ -65,6 +66,10 @@ impl AgentHandle for KubeletHandle {
 
     fn sources_ready(&self) -> bool {
         self.sync_loop.sources_ready()
+    }
+
+    fn node_conditions(&self) -> Vec<k8s_openapi::api::core::v1::NodeCondition> {
+        self.conditions.conditions()
     }
 
     async fn kill_pod(&self, uid: &str, options: KillPodOptions) -> Result<(), NotRunning> {

@@ -161,6 +161,7 @@ impl Kubelet {
             metrics: self.parts.metrics.clone(),
             sync_loop: self.parts.sync_loop.clone(),
             sync_requests: self.parts.sync_requests.clone(),
+            conditions: self.parts.conditions.clone(),
         }
     }
 

@@ -268,3 +268,79 @@ fn two_plugins_with_one_name_are_a_build_error() {
         "{err}"
     );
 }
+
+/// Reports `conditions` as they are, however many and repeated.
+struct Reports(&'static str, Vec<NodeCondition>);
+
+#[async_trait]
+impl AgentPlugin for Reports {
+    fn name(&self) -> &str {
+        self.0
+    }
+    fn node_conditions(&self) -> Vec<NodeCondition> {
+        self.1.clone()
+    }
+    async fn run(&self, _: PluginContext, shutdown: CancellationToken) -> kubelet_api::Result<()> {
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+fn condition(type_: &str, status: &str) -> NodeCondition {
+    NodeCondition {
+        type_: type_.into(),
+        status: status.into(),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_handle_shows_every_plugins_node_conditions_merged_as_the_node_status_has_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let first = Reports(
+        "first",
+        vec![
+            condition("MemoryPressure", "False"),
+            condition("Ready", "True"),
+            condition("EdgeLink", "True"),
+            condition("EdgeLink", "False"),
+        ],
+    );
+    // A huge list that repeats one type.
+    let flood = Reports(
+        "flood",
+        (0..500)
+            .map(|i| condition(&format!("Flood{}", i % 100), "True"))
+            .chain([condition("EdgeLink", "Unknown")])
+            .collect(),
+    );
+    let kubelet = builder(tmp.path())
+        .plugin(Arc::new(first))
+        .plugin(Arc::new(flood))
+        .build()
+        .unwrap();
+    let handle = kubelet.handle();
+    let shutdown = CancellationToken::new();
+    let agent = tokio::spawn(kubelet.run(shutdown.clone()));
+    let got = handle.node_conditions();
+    assert_eq!(got.len(), kubelet_api::MAX_NODE_CONDITIONS);
+    let types: Vec<&str> = got.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(&types[..3], ["MemoryPressure", "EdgeLink", "Flood0"]);
+    assert!(
+        !types.contains(&"Ready"),
+        "Ready is the node status writer's"
+    );
+    let edge = got.iter().find(|c| c.type_ == "EdgeLink").unwrap();
+    assert_eq!(
+        edge.status, "True",
+        "the first plugin's condition of a type wins"
+    );
+    let mut unique = types.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), types.len(), "one condition per type");
+    // Reading again gives the same (and does not log again).
+    assert_eq!(handle.node_conditions(), got);
+    shutdown.cancel();
+    agent.await.unwrap();
+}

@@ -99,7 +99,6 @@ mod cgroup;
 pub mod config;
 pub mod error;
 mod events;
-mod logfmt;
 mod pidfd;
 mod record;
 pub mod runtime;

@@ -53,11 +53,11 @@ use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use parking_lot::Mutex;
 
-use crate::logfmt::{Stream, pump};
 use crate::record::{
     CONFIG_FILE, ContainerRecord, ExitRecord, STARTED_FILE, StartedRecord, proc_stat, read_json,
     write_exit, write_json,
 };
+use kubelet_api::cri_log::{LogStream as Stream, write_records};
 
 /// First argument that makes [`maybe_run_shim`] run the shim instead of the host program.
 pub const SHIM_MARKER: &str = "__kubelet-process-shim";
@@ -421,7 +421,12 @@ fn spawn_pump(
     done: mpsc::Sender<()>,
 ) {
     std::thread::spawn(move || {
-        pump(BufReader::new(r), stream, &sink);
+        write_records(BufReader::new(r), stream, |record| {
+            let mut w = sink.lock();
+            // A failing log write (disk full) must not kill the container: drop the line.
+            let _ = std::io::Write::write_all(&mut *w, record)
+                .and_then(|()| std::io::Write::flush(&mut *w));
+        });
         let _ = done.send(());
     });
 }

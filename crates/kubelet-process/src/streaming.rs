@@ -32,6 +32,8 @@ use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::mpsc;
 
+use kubelet_api::cri_log::{LogStream, parse_record};
+
 use crate::error::ProcessError;
 use crate::runtime::ProcessRuntime;
 
@@ -391,16 +393,21 @@ async fn follow_log(
         }
         while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=nl).collect();
-            let Some((stream, text)) = parse_cri_line(&line[..line.len() - 1]) else {
+            let Some(record) = parse_record(&line) else {
                 continue;
             };
-            let target = if stream == "stderr" {
-                &mut err
+            let target = match record.stream {
+                LogStream::Stderr => &mut err,
+                LogStream::Stdout => &mut out,
+            };
+            // A full record's content ends with its newline; a partial one's does not go on.
+            let text = if record.partial {
+                record.content.strip_suffix(b"\n").unwrap_or(record.content)
             } else {
-                &mut out
+                record.content
             };
             if let Some(w) = target.as_mut()
-                && w.write_all(&text).await.is_err()
+                && w.write_all(text).await.is_err()
             {
                 *target = None;
             }
@@ -420,20 +427,6 @@ async fn follow_log(
         .ok()
         .flatten()
         .map_or(0, |e| e.exit_code)
-}
-
-/// `<time> <stream> <P|F> <text>` → (stream, text with a newline for full lines).
-fn parse_cri_line(line: &[u8]) -> Option<(&str, Vec<u8>)> {
-    let mut parts = line.splitn(4, |b| *b == b' ');
-    let _time = parts.next()?;
-    let stream = std::str::from_utf8(parts.next()?).ok()?;
-    let tag = parts.next()?;
-    let text = parts.next().unwrap_or(&[]);
-    let mut v = text.to_vec();
-    if tag.first() != Some(&b'P') {
-        v.push(b'\n');
-    }
-    Some((stream, v))
 }
 
 /// Connections to the host's loopback (process-runtime pods share the host's network).
@@ -493,23 +486,5 @@ impl StreamingRuntime for ProcessRuntime {
         Ok(PortForwardEndpoint::Dialer(Arc::new(HostDialer {
             sandbox_id: sandbox_id.to_string(),
         })))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cri_lines_split_into_streams_and_partial_lines_stay_open() {
-        assert_eq!(
-            parse_cri_line(b"2024-01-01T00:00:00Z stdout F hello"),
-            Some(("stdout", b"hello\n".to_vec()))
-        );
-        assert_eq!(
-            parse_cri_line(b"2024-01-01T00:00:00Z stderr P par"),
-            Some(("stderr", b"par".to_vec()))
-        );
-        assert_eq!(parse_cri_line(b"garbage"), None);
     }
 }

@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use jiff::Timestamp;
+use kubelet_api::cri_log::parse_record;
 use tokio::sync::mpsc;
 
 /// How often a follower looks for new data at the end of the file.
@@ -270,31 +271,6 @@ pub fn format_fixed(ts: Timestamp) -> String {
     format!("{secs}.{:09}Z", ts.subsec_nanosecond())
 }
 
-/// One parsed CRI log line.
-struct CriLine<'a> {
-    timestamp: &'a [u8],
-    content: &'a [u8],
-}
-
-fn parse_cri(line: &[u8]) -> Option<CriLine<'_>> {
-    let sp = memchr::memchr(b' ', line)?;
-    let (timestamp, rest) = (&line[..sp], &line[sp + 1..]);
-    let sp = memchr::memchr(b' ', rest)?;
-    let (stream, rest) = (&rest[..sp], &rest[sp + 1..]);
-    if stream != b"stdout" && stream != b"stderr" {
-        return None;
-    }
-    let sp = memchr::memchr(b' ', rest)?;
-    let (tag, content) = (&rest[..sp], &rest[sp + 1..]);
-    let partial = tag.split(|b| *b == b':').next() == Some(b"P");
-    let content = if partial {
-        content.strip_suffix(b"\n").unwrap_or(content)
-    } else {
-        content
-    };
-    Some(CriLine { timestamp, content })
-}
-
 /// What a reader does with each line.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReadOptions {
@@ -465,16 +441,13 @@ impl LogCursor {
     }
 
     fn emit(&mut self, line: &[u8], out: &mut Vec<u8>) {
-        let Some(parsed) = parse_cri(line) else {
+        let Some(parsed) = parse_record(line) else {
             tracing::debug!(path = %self.path.display(), "skipping a log line that is not in the CRI format");
             return;
         };
         let needs_time = self.options.since.is_some() || self.options.timestamps;
         let ts = if needs_time {
-            match std::str::from_utf8(parsed.timestamp)
-                .ok()
-                .and_then(|t| t.parse::<Timestamp>().ok())
-            {
+            match parsed.time() {
                 Some(ts) => Some(ts),
                 None => {
                     tracing::debug!(path = %self.path.display(), "skipping a log line with an unreadable time");
@@ -517,7 +490,13 @@ impl LogCursor {
                 return;
             }
         }
-        write(parsed.content, out);
+        // A full record's content ends with its newline; a partial one's line goes on.
+        let content = if parsed.partial {
+            parsed.content.strip_suffix(b"\n").unwrap_or(parsed.content)
+        } else {
+            parsed.content
+        };
+        write(content, out);
     }
 }
 

@@ -486,8 +486,41 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
         listening = %summary.listening,
         "minimal_kubelet running"
     );
+    tokio::spawn(log_condition_changes(kubelet.handle(), shutdown.clone()));
     kubelet.run(shutdown).await;
     Ok(())
+}
+
+/// Logs each change of the node's conditions once (what the plugins report, merged as the
+/// node status shows them): a node without an API server sees its own pressure conditions.
+async fn log_condition_changes(handle: kubelet::KubeletHandle, shutdown: CancellationToken) {
+    use kubelet::seams::AgentHandle;
+    let mut last: std::collections::BTreeMap<String, (String, String, String)> = Default::default();
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let now: std::collections::BTreeMap<String, (String, String, String)> = handle
+            .node_conditions()
+            .into_iter()
+            .map(|c| {
+                let reason = c.reason.unwrap_or_default();
+                let message = c.message.unwrap_or_default();
+                (c.type_, (c.status, reason, message))
+            })
+            .collect();
+        for (type_, (status, reason, message)) in &now {
+            if last.get(type_) != now.get(type_) {
+                tracing::info!(condition = %type_, %status, %reason, detail = %message, "node condition changed");
+            }
+        }
+        for type_ in last.keys().filter(|t| !now.contains_key(*t)) {
+            tracing::info!(condition = %type_, "node condition no longer reported");
+        }
+        last = now;
+    }
 }
 
 /// Raise the soft limit on open files to the hard limit (the binary's business, not the

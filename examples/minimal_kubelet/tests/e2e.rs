@@ -1364,6 +1364,25 @@ fn json_logs_are_one_object_per_line_and_the_startup_line_names_runtime_pleg_and
     for old in ["\"pod_uid\"", "\"container_id\""] {
         assert!(!stderr.contains(old), "{old} in the log:\n{stderr}");
     }
+
+    // The node's conditions (eviction's pressure conditions) are logged once each, when they
+    // first appear, and not again while they stay the same.
+    let changes = |ty: &str| {
+        env.stderr()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| {
+                v["fields"]["message"] == "node condition changed" && v["fields"]["condition"] == ty
+            })
+            .count()
+    };
+    wait_until("MemoryPressure logged as a node condition", || {
+        (changes("MemoryPressure") > 0).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    for ty in ["MemoryPressure", "DiskPressure", "PIDPressure"] {
+        assert_eq!(changes(ty), 1, "{ty}:\n{}", env.stderr());
+    }
 }
 
 #[test]
