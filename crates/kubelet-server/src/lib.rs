@@ -128,11 +128,15 @@ pub enum ServerError {
         /// The port.
         port: u16,
     },
-    /// Binding a listener failed (port in use, no permission).
-    #[error("binding {addr}")]
+    /// Binding a listener failed (port in use, no permission). The message names the
+    /// configuration fields that choose the address, so the fix is in the message.
+    #[error("binding {addr} (set by `{fields}`; 0 turns the port off)")]
     Bind {
         /// The address.
         addr: SocketAddr,
+        /// The `KubeletConfiguration` fields that set this address: `port` and `address`,
+        /// `readOnlyPort` and `address`, or `healthzPort` and `healthzBindAddress`.
+        fields: &'static str,
         /// The cause.
         #[source]
         source: std::io::Error,
@@ -366,17 +370,24 @@ impl KubeletServer {
         }
         let mut listeners = Vec::new();
         let mut addrs = Vec::new();
-        for (address, port, kind) in [
-            (&config.address, config.port, routes::Port::Main),
+        for (address, port, kind, fields) in [
+            (
+                &config.address,
+                config.port,
+                routes::Port::Main,
+                "port, address",
+            ),
             (
                 &config.address,
                 config.read_only_port,
                 routes::Port::ReadOnly,
+                "readOnlyPort, address",
             ),
             (
                 &config.healthz_bind_address,
                 config.healthz_port,
                 routes::Port::Healthz,
+                "healthzPort, healthzBindAddress",
             ),
         ] {
             if port == 0 || (kind == routes::Port::Main && !cfg!(feature = "https")) {
@@ -385,7 +396,11 @@ impl KubeletServer {
             let addr = socket_addr(address, port)?;
             let listener = TcpListener::bind(addr)
                 .await
-                .map_err(|source| ServerError::Bind { addr, source })?;
+                .map_err(|source| ServerError::Bind {
+                    addr,
+                    fields,
+                    source,
+                })?;
             let bound = listener.local_addr().unwrap_or(addr);
             addrs.push((bound, kind));
             listeners.push(Bound {

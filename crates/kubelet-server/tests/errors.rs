@@ -1,4 +1,4 @@
-//! Error messages name each cause once.
+//! Error messages name each cause once, and a taken port the configuration fields that set it.
 
 use kubelet_server::{KubeletServer, ServerConfig};
 
@@ -13,11 +13,12 @@ async fn a_taken_port_names_its_cause_once() {
     let Err(e) = KubeletServer::bind(config).await else {
         panic!("port {port} is taken, yet binding it succeeded");
     };
-    assert_eq!(e.to_string(), format!("binding 127.0.0.1:{port}"));
-    let text = kubelet_api::chain(&e).to_string();
-    assert!(
-        text.starts_with(&format!("binding 127.0.0.1:{port}: ")),
-        "{text}"
+    // The message names the configuration fields to change.
+    let head = format!(
+        "binding 127.0.0.1:{port} (set by `healthzPort, healthzBindAddress`; 0 turns the port off)"
     );
+    assert_eq!(e.to_string(), head);
+    let text = kubelet_api::chain(&e).to_string();
+    assert!(text.starts_with(&format!("{head}: ")), "{text}");
     assert_eq!(text.matches("in use").count(), 1, "{text}");
 }

@@ -53,6 +53,35 @@
 //! Features: `process`, `probe`, `eviction`, `stats`, `server` (default), `cri`, `apiserver`,
 //! `testing`.
 //!
+//! # Ports, addresses and paths
+//!
+//! What an agent built with `AgentBuilder::new(node).build()` uses, and what changes each
+//! (configuration fields are [`KubeletConfiguration`]'s, in its YAML spelling). A failed bind
+//! names the fields that set the address.
+//!
+//! | what | default | changed by |
+//! |---|---|---|
+//! | kubelet API (HTTPS: logs, exec, port-forward, stats) | `0.0.0.0:10250` | `port`, `address`; `0` turns it off |
+//! | healthz | `127.0.0.1:10248` | `healthzPort`, `healthzBindAddress`; `0` turns it off |
+//! | read-only port (HTTP `/pods`, `/metrics`, stats) | off | `readOnlyPort`, `address` |
+//! | root directory | `/var/lib/kubelet` | [`AgentBuilder::root_dir`] |
+//! | pod directories (volumes, `/etc/hosts`, termination messages) | `<root>/pods` | root directory |
+//! | process runtime state | `<root>/runtime/process` | root directory |
+//! | pod logs | `/var/log/pods`; `<root>/logs/pods` once `root_dir` is called | `podLogsDir`; [`AgentBuilder::kubelet_log_layout`] |
+//! | container log links | `/var/log/containers`; else `containers` beside the pod logs | follows the pod logs |
+//! | serving certificate (self-signed when none is given) | `<root>/pki` | [`AgentBuilder::cert_dir`], `tlsCertFile`, `tlsPrivateKeyFile` |
+//! | client certificates (TLS bootstrap, feature `apiserver`) | `<root>/pki` | [`AgentBuilder::cert_dir`] |
+//! | pod checkpoint (with a kubeconfig) | `<root>/pod-checkpoint` | `podCheckpoint` of the `AgentConfiguration` |
+//! | CPU manager state (policy `static`) | `<root>/cpu_manager_state` | root directory |
+//! | pod cgroups (feature `cm`, as root) | `kubepods` under the cgroup root | `cgroupRoot`, `cgroupsPerQOS`, `cgroupDriver` |
+//! | DNS settings read | `/etc/resolv.conf` | `resolvConf` |
+//! | pod sources | none | `staticPodPath`, `staticPodURL`, [`AgentBuilder::pod_source`], a kubeconfig |
+//!
+//! So an embedder that calls `root_dir` and sets `port` and `healthzPort` (or gives them free
+//! ports) runs a private, unprivileged agent whose files are all under its root directory (the
+//! test `crates/kubelet/tests/root_dir.rs` checks it). `minimal_kubelet` keeps the kubelet's
+//! flag defaults: logs in `/var/log/pods` whatever `--root-dir` says.
+//!
 //! # The Kubernetes version is yours
 //!
 //! No crate of the SDK enables a `k8s-openapi` version feature: the application does, next to
@@ -211,6 +240,8 @@ pub struct AgentBuilder {
     node_name: String,
     configuration: KubeletConfiguration,
     root_dir: PathBuf,
+    /// Pod logs go under the root directory while `podLogsDir` is the kubelet's default.
+    logs_under_root: bool,
     inner: KubeletBuilder,
     runtime: Option<Arc<dyn ContainerRuntime>>,
     runtime_layers: bool,
@@ -271,6 +302,7 @@ impl AgentBuilder {
             node_name,
             configuration: KubeletConfiguration::default(),
             root_dir: PathBuf::from("/var/lib/kubelet"),
+            logs_under_root: false,
             runtime: None,
             runtime_layers: true,
             start_stage_limit: 0,
@@ -325,9 +357,24 @@ impl AgentBuilder {
         self
     }
 
-    /// `--root-dir` (pod directories, the process runtime's state).
+    /// Where the agent keeps everything it writes, unless a field says otherwise (see [the
+    /// defaults](crate#ports-addresses-and-paths)): pod directories, the process runtime's
+    /// state, the serving certificate (`<dir>/pki`), the pod checkpoint, the CPU manager's
+    /// state, and, while the configuration's `podLogsDir` is the kubelet's `/var/log/pods`,
+    /// the pod logs (`<dir>/logs/pods`, their per-container links in `<dir>/logs/containers`).
+    /// [`kubelet_log_layout`](Self::kubelet_log_layout) keeps the kubelet's `/var/log` layout
+    /// instead, as `--root-dir` does for the kubelet.
     pub fn root_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.root_dir = dir.into();
+        self.logs_under_root = true;
+        self
+    }
+
+    /// Pod logs where `podLogsDir` says even when it is the kubelet's default `/var/log/pods`,
+    /// whatever the root directory: the kubelet's own layout (`minimal_kubelet` keeps it, as
+    /// its flags are the kubelet's).
+    pub fn kubelet_log_layout(mut self) -> Self {
+        self.logs_under_root = false;
         self
     }
 
@@ -561,8 +608,9 @@ impl AgentBuilder {
     pub async fn build(self) -> Result<Kubelet, AgentError> {
         let Self {
             node_name,
-            configuration: c,
+            configuration: mut c,
             root_dir,
+            logs_under_root,
             inner,
             runtime,
             runtime_layers,
@@ -600,6 +648,18 @@ impl AgentBuilder {
         for unknown in c.unknown_feature_gates() {
             tracing::warn!(gate = %unknown, "feature gate has no effect on this agent");
         }
+        let root_dir = std::path::absolute(&root_dir).map_err(|source| AgentError::CreateDir {
+            what: "root directory",
+            path: root_dir.clone(),
+            source,
+        })?;
+        if logs_under_root && c.pod_logs_dir == KubeletConfiguration::default().pod_logs_dir {
+            c.pod_logs_dir = root_dir
+                .join("logs")
+                .join("pods")
+                .to_string_lossy()
+                .into_owned();
+        }
         let pod_log_dir = PathBuf::from(&c.pod_logs_dir);
         for (what, dir) in [
             ("root directory", &root_dir),
@@ -611,11 +671,6 @@ impl AgentBuilder {
                 source,
             })?;
         }
-        let root_dir = std::path::absolute(&root_dir).map_err(|source| AgentError::CreateDir {
-            what: "root directory",
-            path: root_dir.clone(),
-            source,
-        })?;
         #[cfg(feature = "apiserver")]
         let node_ip = node_ip.or_else(|| {
             cluster

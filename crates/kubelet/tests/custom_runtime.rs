@@ -33,13 +33,28 @@ fn the_custom_runtime_example_passes_the_conformance_suite() {
     assert!(stdout.contains("16 passed, 0 failed"), "{stdout}");
 }
 
-/// Kills the agent when the test ends, also on a failed assertion.
-struct Agent(std::process::Child);
+/// Kills the agent when the test ends, also on a failed assertion, and the pod's processes
+/// (the agent leaves pods running, and the toy runtime's containers are plain processes): the
+/// process group of every process whose command line holds `token`.
+struct Agent(std::process::Child, String);
 
 impl Drop for Agent {
     fn drop(&mut self) {
         let _ = self.0.kill();
         let _ = self.0.wait();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&self.1) {
+                // The toy runtime starts each container as its own process group.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
     }
 }
 
@@ -59,11 +74,14 @@ fn the_custom_runtime_runs_an_ordinary_pod_as_an_agent_without_recreating_its_sa
     let dir = tempfile::tempdir().expect("tempdir");
     let manifests = dir.path().join("manifests");
     std::fs::create_dir_all(&manifests).expect("manifests dir");
+    let token = format!("toy-agent-{}", std::process::id());
     std::fs::write(
         manifests.join("web.yaml"),
-        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n\
-         spec:\n  containers:\n  - name: app\n    image: none\n    \
-         command: [\"/bin/sh\", \"-c\", \"sleep 3600\"]\n",
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: default\n\
+             spec:\n  containers:\n  - name: app\n    image: none\n    \
+             command: [\"/bin/sh\", \"-c\", \"sleep 3600\", \"{token}\"]\n"
+        ),
     )
     .expect("manifest");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -80,6 +98,7 @@ fn the_custom_runtime_runs_an_ordinary_pod_as_an_agent_without_recreating_its_sa
             .stderr(log)
             .spawn()
             .expect("start the toy agent"),
+        token,
     );
     let status = |pods: &serde_json::Value| pods["items"][0]["status"].clone();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);

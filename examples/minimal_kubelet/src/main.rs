@@ -382,6 +382,7 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
         .configuration(configuration)
         .agent_configuration(agent_configuration)
         .root_dir(&flags.root_dir)
+        .kubelet_log_layout()
         .start_stage_limit(flags.start_stage_limit)
         .housekeeping_interval(flags.housekeeping_interval);
     #[cfg(feature = "probe")]
