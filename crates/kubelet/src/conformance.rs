@@ -37,7 +37,9 @@ use k8s_openapi::api::core::v1::{
 };
 use kubelet_api::ContainerRuntime;
 use kubelet_api::conformance::{Outcome, Report};
-use kubelet_api::runtime::{ContainerFilter, Labels, SandboxFilter, labels};
+use kubelet_api::runtime::{
+    Container as RuntimeContainer, ContainerFilter, Labels, PodSandbox, SandboxFilter, labels,
+};
 use kubelet_core::testing::{RecordingSink, WatchSource};
 use kubelet_core::{KubeletBuilder, KubeletConfig};
 use tokio_util::sync::CancellationToken;
@@ -296,9 +298,14 @@ impl Section<'_> {
             .unwrap_or(0)
     }
 
-    async fn of_pod(&self, name: &str) -> Result<(usize, usize), String> {
+    /// The sandboxes and containers labelled `label: value`.
+    async fn labelled(
+        &self,
+        label: &str,
+        value: String,
+    ) -> Result<(Vec<PodSandbox>, Vec<RuntimeContainer>), String> {
         let mut selector = Labels::new();
-        selector.insert(labels::POD_UID.into(), uid(name));
+        selector.insert(label.into(), value);
         let sandboxes = self
             .runtime
             .list_pod_sandboxes(&SandboxFilter {
@@ -315,6 +322,12 @@ impl Section<'_> {
             })
             .await
             .map_err(|e| format!("list_containers: {}", kubelet_api::chain(&e)))?;
+        Ok((sandboxes, containers))
+    }
+
+    /// How many sandboxes and containers pod `name` has in the runtime.
+    async fn of_pod(&self, name: &str) -> Result<(usize, usize), String> {
+        let (sandboxes, containers) = self.labelled(labels::POD_UID, uid(name)).await?;
         Ok((sandboxes.len(), containers.len()))
     }
 
@@ -471,28 +484,15 @@ impl Section<'_> {
 
     /// Stops and removes whatever of the section's pods the runtime still holds.
     async fn cleanup(&self) {
-        let mut selector = Labels::new();
-        selector.insert(labels::POD_NAMESPACE.into(), NAMESPACE.into());
-        let containers = self
-            .runtime
-            .list_containers(&ContainerFilter {
-                label_selector: selector.clone(),
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_default();
+        let Ok((sandboxes, containers)) =
+            self.labelled(labels::POD_NAMESPACE, NAMESPACE.into()).await
+        else {
+            return;
+        };
         for c in containers {
             let _ = self.runtime.stop_container(&c.id, Duration::ZERO).await;
             let _ = self.runtime.remove_container(&c.id).await;
         }
-        let sandboxes = self
-            .runtime
-            .list_pod_sandboxes(&SandboxFilter {
-                label_selector: selector,
-                ..Default::default()
-            })
-            .await
-            .unwrap_or_default();
         for s in sandboxes {
             let _ = self.runtime.stop_pod_sandbox(&s.id).await;
             let _ = self.runtime.remove_pod_sandbox(&s.id).await;
