@@ -577,12 +577,17 @@ impl StatusManager {
         }
         // Stopping: deliver what is known (the calls in flight and the statuses not sent yet:
         // the pods a node shutdown has just terminated), for at most `STOP_FLUSH`.
+        // A pod whose older status is still in flight is taken again once that call is done:
+        // its newer status (the terminal one of a pod a shutdown just killed) goes out too.
         let flush = async {
-            for job in self.take_jobs(idx, false) {
-                in_flight.push(run_job(Arc::clone(&sink), idx, job));
-            }
-            while let Some(outcome) = in_flight.next().await {
-                self.complete(idx, outcome);
+            loop {
+                for job in self.take_jobs(idx, false) {
+                    in_flight.push(run_job(Arc::clone(&sink), idx, job));
+                }
+                match in_flight.next().await {
+                    Some(outcome) => self.complete(idx, outcome),
+                    None => break,
+                }
             }
         };
         if tokio::time::timeout(STOP_FLUSH, flush).await.is_err() {
@@ -971,6 +976,7 @@ mod tests {
         events: Mutex<Vec<String>>,
         fail: AtomicBool,
         stall: AtomicBool,
+        slow: AtomicBool,
         attempts: AtomicUsize,
     }
 
@@ -997,6 +1003,9 @@ mod tests {
             self.attempts.fetch_add(1, Ordering::SeqCst);
             if self.stall.load(Ordering::SeqCst) {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
+            }
+            if self.slow.load(Ordering::SeqCst) {
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
             if self.fail.load(Ordering::SeqCst) {
                 return Err(kubelet_api::Error::new(
@@ -1579,6 +1588,43 @@ mod tests {
             ]
         );
         token.cancel();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stopping_manager_delivers_the_status_that_came_while_an_older_one_was_in_flight() {
+        let sink = Arc::new(TestSink::default());
+        sink.slow.store(true, Ordering::SeqCst);
+        let m = manager(&[Arc::clone(&sink)]);
+        let token = CancellationToken::new();
+        let (_recorder, events) = EventRecorder::channel(16);
+        let task = {
+            let (m, t) = (m.clone(), token.clone());
+            tokio::spawn(async move { m.run(events, t).await })
+        };
+        let p = pod("u1", "Never");
+        m.set_pod_status(
+            &p,
+            status(PodPhase::Running.as_str(), vec![running_cs("a")]),
+        );
+        eventually("the Running call in flight", || {
+            sink.attempts.load(Ordering::SeqCst) == 1
+        })
+        .await;
+        // The pod is killed (a node shutdown) while the Running call is in flight, and the
+        // agent stops at once.
+        m.set_pod_status(
+            &p,
+            status(
+                PodPhase::Failed.as_str(),
+                vec![exited_cs("a", 137), exited_cs("b", 137)],
+            ),
+        );
+        token.cancel();
+        task.await.expect("status manager");
+        assert_eq!(
+            sink.phases(),
+            [PodPhase::Running.as_str(), PodPhase::Failed.as_str()]
+        );
     }
 
     #[tokio::test(start_paused = true)]
