@@ -43,7 +43,9 @@
 # node joins with a bootstrap token: bootstrap-token authentication, the controller-manager's
 # CSR approver, signer (the CA of CA_FILE; certificates valid for KUBELET_SDK_SIGNING_DURATION,
 # default 8760h) and cleaners, kubeadm's bindings, and BOOTSTRAP_KUBECONFIG / BOOTSTRAP_TOKEN
-# in the settings.
+# in the settings. KUBELET_SDK_EXTRA_CONTROLLERS (start; a comma-separated list such as
+# `namespace,garbagecollector`; implies KUBELET_SDK_SERVICE_ACCOUNTS=1) runs these
+# controller-manager controllers too.
 set -euo pipefail
 
 KUBE_VERSION="1.20.2"
@@ -457,7 +459,9 @@ EOF
         controllers="$controllers,csrapproving,csrsigning,csrcleaner,bootstrapsigner,tokencleaner"
         echo "$(openssl rand -hex 3).$(openssl rand -hex 8)" >"$env/bootstrap-token"
     fi
-    if [ "${KUBELET_SDK_SERVICE_ACCOUNTS:-0}" = 1 ] || [ "$bootstrap" = 1 ]; then
+    local extra=${KUBELET_SDK_EXTRA_CONTROLLERS:-}
+    [ -z "$extra" ] || controllers="$controllers,$extra"
+    if [ "${KUBELET_SDK_SERVICE_ACCOUNTS:-0}" = 1 ] || [ "$bootstrap" = 1 ] || [ -n "$extra" ]; then
         admission_and_gates="--feature-gates=BoundServiceAccountTokenVolume=true"
         cat >"$env/controller-manager.args" <<EOF
 --kubeconfig=$env/admin.kubeconfig
