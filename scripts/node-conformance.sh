@@ -12,20 +12,23 @@
 #
 # `run` needs root. It creates a network namespace and, inside it, starts etcd and a
 # kube-apiserver (scripts/apiserver-test-env.sh, as a current cluster: service-account admission
-# gives every pod a projected token volume) with a kube-controller-manager running the namespace
-# and garbage collector controllers, a private containerd (scripts/containerd-test-env.sh) with
+# gives every pod a projected token volume) with a kube-controller-manager running the namespace,
+# garbage collector and node lifecycle controllers (the last removes the not-ready taint the API
+# server puts on a new node once it is Ready), a private containerd (scripts/containerd-test-env.sh) with
 # the test images imported, the agent, and the test binary with `--start-services=false`. When it
 # ends, whatever happened, it stops all of them and deletes the namespace, its mounts, the agent's
-# pod cgroups and its working directory (kept only with KEEP=1).
+# pod cgroups, the pod logs it wrote in /var/log/pods and /var/log/containers (the specs read
+# them there) and its working directory (kept only with KEEP=1).
 #
 # The agent is started as
 #   AGENT_BIN --config CONFIG --kubeconfig KUBECONFIG --container-runtime-endpoint unix://SOCKET \
 #             --node-ip 10.201.0.1 --hostname-override NODE --root-dir ROOT AGENT_ARGS...
 # where CONFIG is a KubeletConfiguration (kubelet.config.k8s.io/v1beta1) naming staticPodPath,
-# podLogsDir, authentication (x509 client CA, webhook) and authorization (Webhook), and the eviction
-# thresholds the upstream node e2e runner gives the kubelet. An agent built from the SDK with
-# `kubelet::config_file` and the kubelet's flags takes it as it is; point AGENT_BIN at a wrapper
-# otherwise. The API server reaches the agent's port 10250 with a client certificate it may use
+# authentication (x509 client CA, webhook), authorization (Webhook), readOnlyPort 10255 (the
+# kubelet's flag default, which the upstream runner keeps; the Summary API spec reads it) and
+# the eviction thresholds the upstream node e2e runner gives the kubelet. An agent built from the
+# SDK with `kubelet::config_file` and the kubelet's flags takes it as it is; point AGENT_BIN at a
+# wrapper otherwise. The API server reaches the agent's port 10250 with a client certificate it may use
 # for every kubelet API (bound to system:kubelet-api-admin).
 #
 # Environment:
@@ -51,7 +54,7 @@ NODE_IP="10.201.0.1"
 FOCUS_DEFAULT='\[NodeConformance\]'
 # Pulls that need a registry on the internet succeed only with one; the specs that expect a pull
 # to fail pass offline and stay in.
-SKIP_DEFAULT='\[Flaky\]|\[Slow\]|\[Serial\]|\[Disruptive\]|\[Feature:[^]]+\]|\[NodeFeature:[^]]+\]|\[NodeAlphaFeature:[^]]+\]|should be able to pull image|should be able to pull from private registry with secret'
+SKIP_DEFAULT='\[Flaky\]|\[Slow\]|\[Serial\]|\[Disruptive\]|\[Feature:[^]]+\]|\[NodeFeature:[^]]+\]|\[NodeAlphaFeature:[^]]+\]|should be able to pull image|should be able to pull from private registry with secret|should be able to pull from private registry with credential provider'
 
 die() {
     echo "node-conformance: $*" >&2
@@ -68,8 +71,8 @@ NGINX="docker.io/library/nginx:1.14-alpine"
 NGINX_NEW="docker.io/library/nginx:1.15-alpine"
 HTTPD="docker.io/library/httpd:2.4.38-alpine"
 HTTPD_NEW="docker.io/library/httpd:2.4.39-alpine"
-NONEWPRIVS="k8s.gcr.io/e2e-test-images/nonewprivs:1.0"
-NONROOT="k8s.gcr.io/e2e-test-images/nonroot:1.0"
+NONEWPRIVS="gcr.io/kubernetes-e2e-test-images/nonewprivs:1.0"
+NONROOT="gcr.io/kubernetes-e2e-test-images/nonroot:1.0"
 PAUSE="k8s.gcr.io/pause:3.2"
 
 binaries_ok() {
@@ -139,6 +142,28 @@ image() {
     rm -f "$out.layer"
 }
 
+# Debian's netcat-openbsd as /usr/bin/nc in ROOT, with its loader and libraries from this host
+# (the package is unpacked into the cache, never installed).
+netcat_into() {
+    local root=$1
+    if [ ! -x "$CACHE/netcat/bin/nc.openbsd" ]; then
+        local work
+        work=$(mktemp -d "${TMPDIR:-/tmp}/kubelet-sdk-netcat.XXXXXX")
+        (cd "$work" && apt-get download -qq netcat-openbsd >/dev/null 2>&1) ||
+            { rm -rf "$work"; die "apt-get download netcat-openbsd failed"; }
+        rm -rf "$CACHE/netcat"
+        dpkg-deb -x "$work"/netcat-openbsd_*.deb "$CACHE/netcat"
+        rm -rf "$work"
+    fi
+    mkdir -p "$root/usr/bin"
+    cp "$CACHE/netcat/bin/nc.openbsd" "$root/usr/bin/nc"
+    local lib
+    for lib in $(ldd "$CACHE/netcat/bin/nc.openbsd" | grep -o '/[^ ]*'); do
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
+}
+
 images_key() {
     { sha256sum "$BUSYBOX_BIN" "$CACHE/agnhost" "$CACHE/nnp"; declare -f build_images busybox_rootfs image; } |
         sha256sum | cut -c1-16
@@ -165,7 +190,27 @@ build_images() {
     cp -a "$work/busybox" "$work/agnhost"
     cp "$CACHE/agnhost" "$work/agnhost/agnhost"
     ln -s agnhost "$work/agnhost/agnhost-2"
-    mkdir -p "$work/agnhost/uploads"
+    mkdir -p "$work/agnhost/uploads" "$work/agnhost/usr/bin"
+    # The specs call curl in agnhost containers (hooks, pod-to-pod checks); the upstream image
+    # has alpine's. This one GETs or POSTs with busybox wget.
+    cat >"$work/agnhost/usr/bin/curl" <<'CURL'
+#!/bin/sh
+url="" data="" post=""
+while [ $# -gt 0 ]; do
+    case $1 in
+    -X) [ "$2" = POST ] && post=1; shift ;;
+    -d | --data) data=$2; post=1; shift ;;
+    -*) ;;
+    *) url=$1 ;;
+    esac
+    shift
+done
+[ -n "$post" ] && exec wget -q -O - --post-data "$data" "$url"
+exec wget -q -O - "$url"
+CURL
+    chmod 755 "$work/agnhost/usr/bin/curl"
+    # And `nc -u` (busybox's nc has no UDP): Debian's netcat-openbsd with the libraries it links.
+    netcat_into "$work/agnhost"
     image "$out/agnhost.tar" "$AGNHOST" "$work/agnhost" \
         "{\"Env\":[$path],\"Entrypoint\":[\"/agnhost\"],\"Cmd\":[\"pause\"],\"ExposedPorts\":{\"80/tcp\":{},\"8080/tcp\":{},\"8081/tcp\":{},\"9376/tcp\":{}}}"
     # nonewprivs: nnp setuid root, printing its effective uid.
@@ -237,7 +282,8 @@ AGENT_PID=""
 TEST_PID=""
 
 # Runs a command in the test's network namespace (mounts stay shared with the host, so the
-# agent's volume mounts are the ones containerd sees).
+# agent's volume mounts are the ones containerd sees). Background processes call nsenter
+# themselves, so that $! is the process and not a subshell.
 in_ns() { nsenter --net="/run/netns/$NETNS" -- "$@"; }
 
 cleanup() {
@@ -264,6 +310,14 @@ cleanup() {
         for cg in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
             [ -d "$cg" ] || continue
             find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+        done
+        local dir entry
+        for dir in pods containers; do
+            [ -f "$WORK/var-log-$dir.before" ] || continue
+            while read -r entry; do
+                grep -qxF -- "$entry" "$WORK/var-log-$dir.before" || rm -rf -- "/var/log/$dir/${entry:?}"
+            done < <(ls -A "/var/log/$dir")
+            [ -f "$WORK/var-log-$dir.created" ] && rmdir "/var/log/$dir"
         done
         if [ "${KEEP:-0}" = 1 ]; then
             log "kept $WORK"
@@ -297,7 +351,7 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 staticPodPath: $WORK/manifests
 fileCheckFrequency: 10s
-podLogsDir: $WORK/logs/pods
+readOnlyPort: 10255
 volumeStatsAggPeriod: 10s
 serializeImagePulls: false
 authentication:
@@ -339,7 +393,15 @@ cmd_run() {
     trap cleanup EXIT
     trap 'exit 130' INT TERM
     WORK=$(mktemp -d "${TMPDIR:-/tmp}/kubelet-sdk-node-conformance.XXXXXX")
-    mkdir -p "$WORK/manifests" "$WORK/root" "$WORK/logs/pods"
+    mkdir -p "$WORK/manifests" "$WORK/root"
+    # The specs read the container logs at the kubelet's fixed paths (/var/log/pods,
+    # /var/log/containers): what is there now stays, what the run adds is removed at the end.
+    local dir
+    for dir in pods containers; do
+        [ -d "/var/log/$dir" ] || touch "$WORK/var-log-$dir.created"
+        mkdir -p "/var/log/$dir"
+        ls -A "/var/log/$dir" >"$WORK/var-log-$dir.before"
+    done
 
     # The namespace: loopback and one veth pair, its first end the node's address.
     NETNS="ksdk-nc-$$"
@@ -362,7 +424,7 @@ cmd_run() {
 
     log "starting etcd, kube-apiserver and kube-controller-manager"
     API_ENV="$WORK/apiserver"
-    KUBELET_SDK_SERVICE_ACCOUNTS=1 KUBELET_SDK_EXTRA_CONTROLLERS=namespace,garbagecollector \
+    KUBELET_SDK_SERVICE_ACCOUNTS=1 KUBELET_SDK_EXTRA_CONTROLLERS=namespace,garbagecollector,nodelifecycle \
         in_ns "$HERE/apiserver-test-env.sh" start "$API_ENV" "$NODE_NAME" >/dev/null
     local url token ca node_kubeconfig admin_kubeconfig kubectl
     url=$(sed -n 's/^APISERVER_URL=//p' "$API_ENV/env")
@@ -377,18 +439,19 @@ cmd_run() {
     log "starting the agent ($agent)"
     write_agent_config "$ca"
     # shellcheck disable=SC2086
-    in_ns "$agent" --config "$WORK/kubelet-config.yaml" --kubeconfig "$node_kubeconfig" \
+    nsenter --net="/run/netns/$NETNS" -- "$agent" --config "$WORK/kubelet-config.yaml" --kubeconfig "$node_kubeconfig" \
         --container-runtime-endpoint "unix://$sock" --node-ip "$NODE_IP" \
         --hostname-override "$NODE_NAME" --root-dir "$WORK/root" ${AGENT_ARGS:-} \
         >"$OUT/agent.log" 2>&1 </dev/null &
     AGENT_PID=$!
-    wait_for "Ready node" 120 sh -c "'$kubectl' --kubeconfig '$admin_kubeconfig' get node '$NODE_NAME' \
+    wait_for "Ready node" 120 in_ns sh -c "'$kubectl' --kubeconfig '$admin_kubeconfig' get node '$NODE_NAME' \
         -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 
+    cd "$WORK"
     log "running the specs ($(focus) minus $(skip)), ${CONFORMANCE_NODES:-4} at a time"
     local rc=0
     # setsid: the ginkgo processes in a group of their own that cleanup can stop.
-    in_ns setsid "$CACHE/ginkgo" -nodes="${CONFORMANCE_NODES:-4}" -noColor -succinct \
+    nsenter --net="/run/netns/$NETNS" -- setsid "$CACHE/ginkgo" -nodes="${CONFORMANCE_NODES:-4}" -noColor -succinct \
         -focus="$(focus)" -skip="$(skip)" "$CACHE/e2e_node.test" -- \
         --start-services=false --host="$url" --bearer-token="$token" --node-name="$NODE_NAME" \
         --prepull-images=false --container-runtime=remote \
