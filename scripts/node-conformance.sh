@@ -142,8 +142,21 @@ image() {
     rm -f "$out.layer"
 }
 
-# Debian's netcat-openbsd as /usr/bin/nc in ROOT, with its loader and libraries from this host
-# (the package is unpacked into the cache, never installed).
+# Copies the program SRC to DEST in ROOT with the loader and libraries it links (from this host).
+host_program_into() {
+    local root=$1 src=$2 dest=$3 lib
+    mkdir -p "$root$(dirname "$dest")"
+    rm -f "$root$dest"
+    cp "$src" "$root$dest"
+    for lib in $(ldd "$src" | grep -o '/[^ ]*'); do
+        mkdir -p "$root$(dirname "$lib")"
+        cp -L "$lib" "$root$lib"
+    done
+}
+
+# Debian's netcat-openbsd as /usr/bin/nc in ROOT (the package is unpacked into the cache, never
+# installed), and Debian's dash as /bin/sh: Debian's busybox shell runs its own applets before
+# PATH, so its `nc` (no UDP) would win over /usr/bin/nc.
 netcat_into() {
     local root=$1
     if [ ! -x "$CACHE/netcat/bin/nc.openbsd" ]; then
@@ -155,17 +168,12 @@ netcat_into() {
         dpkg-deb -x "$work"/netcat-openbsd_*.deb "$CACHE/netcat"
         rm -rf "$work"
     fi
-    mkdir -p "$root/usr/bin"
-    cp "$CACHE/netcat/bin/nc.openbsd" "$root/usr/bin/nc"
-    local lib
-    for lib in $(ldd "$CACHE/netcat/bin/nc.openbsd" | grep -o '/[^ ]*'); do
-        mkdir -p "$root$(dirname "$lib")"
-        cp -L "$lib" "$root$lib"
-    done
+    host_program_into "$root" "$CACHE/netcat/bin/nc.openbsd" /usr/bin/nc
+    host_program_into "$root" /bin/dash /bin/sh
 }
 
 images_key() {
-    { sha256sum "$BUSYBOX_BIN" "$CACHE/agnhost" "$CACHE/nnp"; declare -f build_images busybox_rootfs image; } |
+    { sha256sum "$BUSYBOX_BIN" "$CACHE/agnhost" "$CACHE/nnp"; declare -f build_images busybox_rootfs image netcat_into host_program_into; } |
         sha256sum | cut -c1-16
 }
 
@@ -209,7 +217,7 @@ done
 exec wget -q -O - "$url"
 CURL
     chmod 755 "$work/agnhost/usr/bin/curl"
-    # And `nc -u` (busybox's nc has no UDP): Debian's netcat-openbsd with the libraries it links.
+    # And `nc -u` (busybox's nc has no UDP), from Debian's netcat-openbsd.
     netcat_into "$work/agnhost"
     image "$out/agnhost.tar" "$AGNHOST" "$work/agnhost" \
         "{\"Env\":[$path],\"Entrypoint\":[\"/agnhost\"],\"Cmd\":[\"pause\"],\"ExposedPorts\":{\"80/tcp\":{},\"8080/tcp\":{},\"8081/tcp\":{},\"9376/tcp\":{}}}"
@@ -407,11 +415,12 @@ cmd_run() {
     NETNS="ksdk-nc-$$"
     ip netns add "$NETNS"
     in_ns ip link set lo up
-    in_ns ip link add ksdk-node type veth peer name ksdk-peer
-    in_ns ip addr add "$NODE_IP/24" dev ksdk-node
-    in_ns ip link set ksdk-node up
-    in_ns ip link set ksdk-peer up
-    in_ns ip route add default via "${NODE_IP%.*}.2" dev ksdk-node onlink
+    # eth0: the Summary API spec expects the node's interface to be eth0 (or unnamed).
+    in_ns ip link add eth0 type veth peer name eth1
+    in_ns ip addr add "$NODE_IP/24" dev eth0
+    in_ns ip link set eth0 up
+    in_ns ip link set eth1 up
+    in_ns ip route add default via "${NODE_IP%.*}.2" dev eth0 onlink
 
     log "starting containerd"
     CNTR_ENV="$WORK/containerd"
