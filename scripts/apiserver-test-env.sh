@@ -13,6 +13,9 @@
 #   apiserver-test-env.sh stop-apiserver ENVDIR   stop the API server only (etcd keeps the data)
 #   apiserver-test-env.sh start-apiserver ENVDIR  start it again, same port, same etcd
 #   apiserver-test-env.sh stop ENVDIR          stop both and remove ENVDIR
+#   apiserver-test-env.sh source-tree WORKDIR  unpack Debian's kubernetes source package into
+#                                              WORKDIR, patched to build with Debian's Go, and
+#                                              print the tree's path (`install` builds from it)
 #   apiserver-test-env.sh kubectl              print the path of Debian's kubectl (package
 #                                              kubernetes-client), unpacked once into the cache
 #                                              without installing the package (root + apt-get)
@@ -118,18 +121,10 @@ apt_install() {
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
-# Builds the missing ones of kube-apiserver and kube-controller-manager from Debian's kubernetes
-# source package into $KUBE_APISERVER_BIN and $KUBE_CONTROLLER_MANAGER_BIN.
-build_binaries() {
-    local what=() names=()
-    bin_ok "$KUBE_APISERVER_BIN" || { what+=(cmd/kube-apiserver); names+=(kube-apiserver); }
-    bin_ok "$KUBE_CONTROLLER_MANAGER_BIN" || { what+=(cmd/kube-controller-manager); names+=(kube-controller-manager); }
-    [ "${#what[@]}" -gt 0 ] || return 0
-    local work
-    work=$(mktemp -d "${KUBELET_SDK_BUILD_DIR:-/var/tmp}/kubelet-sdk-apiserver-build.XXXXXX")
-    # shellcheck disable=SC2064
-    [ "${KUBELET_SDK_KEEP_BUILD:-0}" = 1 ] || trap "rm -rf '$work'" EXIT
-    echo "apiserver-test-env: building ${names[*]} $KUBE_VERSION in $work (a few minutes)" >&2
+# Unpacks Debian's kubernetes source package into WORK, patched to build with this Go, and
+# prints the tree's path.
+source_tree() {
+    local work=$1
     (cd "$work" && apt-get source -qq kubernetes >/dev/null 2>"$work/source.log") ||
         { tail -20 "$work/source.log" >&2; die "apt-get source kubernetes failed"; }
     local src
@@ -143,6 +138,23 @@ build_binaries() {
         mkdir -p "$src/vendor/$pkg"
         rsync -a --exclude '*_test.go' --exclude '.git*' "$GOCODE/$pkg/" "$src/vendor/$pkg/"
     done
+    echo "$src"
+}
+
+# Builds the missing ones of kube-apiserver and kube-controller-manager from Debian's kubernetes
+# source package into $KUBE_APISERVER_BIN and $KUBE_CONTROLLER_MANAGER_BIN.
+build_binaries() {
+    local what=() names=()
+    bin_ok "$KUBE_APISERVER_BIN" || { what+=(cmd/kube-apiserver); names+=(kube-apiserver); }
+    bin_ok "$KUBE_CONTROLLER_MANAGER_BIN" || { what+=(cmd/kube-controller-manager); names+=(kube-controller-manager); }
+    [ "${#what[@]}" -gt 0 ] || return 0
+    local work
+    work=$(mktemp -d "${KUBELET_SDK_BUILD_DIR:-/var/tmp}/kubelet-sdk-apiserver-build.XXXXXX")
+    # shellcheck disable=SC2064
+    [ "${KUBELET_SDK_KEEP_BUILD:-0}" = 1 ] || trap "rm -rf '$work'" EXIT
+    echo "apiserver-test-env: building ${names[*]} $KUBE_VERSION in $work (a few minutes)" >&2
+    local src
+    src=$(source_tree "$work")
     # No git metadata in a source package: give the build its version.
     (
         cd "$src"
@@ -682,6 +694,7 @@ start) cmd_start "${2:-}" "${3:-}" ;;
 stop) cmd_stop "${2:-}" ;;
 stop-apiserver) cmd_stop_apiserver "${2:-}" ;;
 kubectl) cmd_kubectl ;;
+source-tree) source_tree "${2:?usage: source-tree WORKDIR}" ;;
 start-apiserver) cmd_start_apiserver "${2:-}" ;;
 *)
     sed -n '2,32p' "$0" >&2

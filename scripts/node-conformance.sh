@@ -46,7 +46,6 @@ KUBE_VERSION="1.20.2"
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 CACHE="${NODE_E2E_CACHE:-/var/cache/kubelet-sdk/node-e2e-$KUBE_VERSION}"
-GOCODE="/usr/share/gocode/src"
 BUSYBOX_BIN="/bin/busybox"
 NODE_NAME="conformance-node"
 NODE_IP="10.201.0.1"
@@ -83,25 +82,27 @@ binaries_ok() {
 build_binaries() {
     binaries_ok && return 0
     "$HERE/apiserver-test-env.sh" install >/dev/null
+    # What building from source needs (apiserver-test-env.sh installs it only while it has no
+    # kube-apiserver binary of its own).
+    local missing=()
+    command -v go >/dev/null 2>&1 || missing+=(golang-go)
+    command -v rsync >/dev/null 2>&1 || missing+=(rsync)
+    command -v make >/dev/null 2>&1 || missing+=(make)
+    command -v dpkg-source >/dev/null 2>&1 || missing+=(dpkg-dev)
+    [ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ] || missing+=(golang-github-modern-go-reflect2-dev)
+    [ -d /usr/share/gocode/src/github.com/json-iterator/go ] || missing+=(golang-github-json-iterator-go-dev)
+    if [ "${#missing[@]}" -gt 0 ]; then
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq \
+            --no-install-recommends "${missing[@]}" >/dev/null || die "installing ${missing[*]} failed"
+    fi
     local work
     work=$(mktemp -d "${KUBELET_SDK_BUILD_DIR:-/var/tmp}/kubelet-sdk-node-e2e-build.XXXXXX")
     # shellcheck disable=SC2064
     [ "${KUBELET_SDK_KEEP_BUILD:-0}" = 1 ] || trap "rm -rf '$work'" EXIT
     log "building the node e2e suite $KUBE_VERSION in $work (10-20 minutes)"
-    (cd "$work" && apt-get source -qq kubernetes >/dev/null 2>"$work/source.log") ||
-        { tail -20 "$work/source.log" >&2; die "apt-get source kubernetes failed"; }
     local src
-    src=$(find "$work" -mindepth 1 -maxdepth 1 -type d -name 'kubernetes-*' | head -1)
-    [ -n "$src" ] && [ -d "$src/test/e2e_node" ] || die "no kubernetes source tree in $work"
-    # reflect2 1.0.1 (vendored) crashes on Go >= 1.18; json-iterator follows reflect2's API
-    # (as apiserver-test-env.sh does).
-    local pkg
-    for pkg in github.com/modern-go/reflect2 github.com/json-iterator/go; do
-        [ -d "$GOCODE/$pkg" ] || die "$GOCODE/$pkg missing"
-        rm -rf "${src:?}/vendor/$pkg"
-        mkdir -p "$src/vendor/$pkg"
-        rsync -a --exclude '*_test.go' --exclude '.git*' "$GOCODE/$pkg/" "$src/vendor/$pkg/"
-    done
+    src=$("$HERE/apiserver-test-env.sh" source-tree "$work")
+    [ -d "$src/test/e2e_node" ] || die "no node e2e suite in $src"
     (
         cd "$src"
         export KUBE_GIT_VERSION="v$KUBE_VERSION" KUBE_GIT_TREE_STATE=clean KUBE_GIT_COMMIT=debian
