@@ -120,6 +120,11 @@ build_binaries() {
         *) cp "$built" "$CACHE/$name.tmp" && mv -f "$CACHE/$name.tmp" "$CACHE/$name" ;;
         esac
     done
+    # `run` replaces the EXIT trap with its own clean-up: the build tree goes now.
+    if [ "${KUBELET_SDK_KEEP_BUILD:-0}" != 1 ]; then
+        rm -rf "$work"
+        trap - EXIT
+    fi
 }
 
 # A busybox root filesystem in DIR (as containerd-test-env.sh builds its busybox image).
