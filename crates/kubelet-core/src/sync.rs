@@ -1185,11 +1185,12 @@ impl Engine {
                         .collect();
                 }
                 Ok(None) => {}
-                // The Node authorizer lets a node read no service account; in such a cluster
-                // the ServiceAccount admission has already copied the account's secrets into
-                // the pod, so a refusal is expected there and not worth a warning per pull.
+                // The Node authorizer does not let a node read service accounts; in such a
+                // cluster the ServiceAccount admission has already copied the account's secrets
+                // into the pod (here it had none to copy), so a refusal is expected there and
+                // not worth a warning per pull.
                 Err(e) if e.kind() == kubelet_api::ErrorKind::PermissionDenied => {
-                    tracing::debug!(pod = %pod::full_name(p), service_account = %account, error = %kubelet_api::chain(&e), "the service account is not readable by this node; pulling with the pod's own secrets");
+                    tracing::debug!(pod = %pod::full_name(p), service_account = %account, error = %kubelet_api::chain(&e), "this node may not read the service account; pulling without credentials");
                 }
                 Err(e) => {
                     tracing::warn!(pod = %pod::full_name(p), service_account = %account, error = %kubelet_api::chain(&e), "reading the service account's image pull secrets failed; pulling without them");

@@ -10,7 +10,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Container, LocalObjectReference, Pod, PodSpec, PodStatus, Secret, ServiceAccount,
 };
-use kubelet_api::{ContainerRuntime, StaticObjects};
+use kubelet_api::{ContainerRuntime, ObjectProvider, StaticObjects};
 use kubelet_core::testing::{FakeRuntime, RecordingSink, WatchSource};
 use kubelet_core::{KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
@@ -82,7 +82,7 @@ struct Agent {
 }
 
 impl Agent {
-    fn start(objects: StaticObjects, pods: Vec<Pod>) -> Self {
+    fn start(objects: impl ObjectProvider, pods: Vec<Pod>) -> Self {
         let rt = Arc::new(FakeRuntime::new());
         rt.set_images_present_by_default(false);
         rt.require_pull_credentials("registry.example.com:5000/", "alice", "s3cr3t-pw");
@@ -254,6 +254,63 @@ async fn the_service_accounts_secrets_serve_a_pod_that_names_none() {
     let agent = Agent::start(objects, vec![pod("u1", &[], Some("builder"))]);
     agent.wait("u1", "running", running).await;
     assert_eq!(agent.pulls(), [format!("pull_image {IMAGE} as alice")]);
+    agent.stop().await;
+}
+
+/// An API server whose Node authorizer refuses the node every service account.
+struct NoServiceAccounts(StaticObjects);
+
+#[async_trait::async_trait]
+impl ObjectProvider for NoServiceAccounts {
+    async fn config_map(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> kubelet_api::Result<Option<k8s_openapi::api::core::v1::ConfigMap>> {
+        self.0.config_map(namespace, name).await
+    }
+    async fn secret(&self, namespace: &str, name: &str) -> kubelet_api::Result<Option<Secret>> {
+        self.0.secret(namespace, name).await
+    }
+    async fn service_account(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> kubelet_api::Result<Option<ServiceAccount>> {
+        Err(kubelet_api::Error::permission_denied(format!(
+            "serviceaccounts {name:?} is forbidden in namespace {namespace:?}"
+        )))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_node_refused_the_service_account_pulls_without_credentials_and_warns_no_one() {
+    let (logs, _guard) = capture_logs();
+    let objects = StaticObjects::new();
+    let agent = Agent::start(
+        NoServiceAccounts(objects),
+        vec![pod("u1", &[], Some("builder"))],
+    );
+    // The registry wants credentials: the anonymous pull fails and the pod backs off, as
+    // without a service account.
+    agent
+        .wait("u1", "ErrImagePull", |s| {
+            waiting_reason(s).as_deref() == Some("ErrImagePull")
+        })
+        .await;
+    assert_eq!(agent.pulls(), [format!("pull_image {IMAGE}")]);
+    let log = String::from_utf8_lossy(&logs.lock()).into_owned();
+    let refusal: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("may not read the service account"))
+        .collect();
+    assert!(!refusal.is_empty(), "{log}");
+    assert!(refusal.iter().all(|l| l.contains("DEBUG")), "{refusal:?}");
+    assert!(
+        !log.lines()
+            .any(|l| l.contains("WARN") && l.contains("service account")),
+        "{log}"
+    );
     agent.stop().await;
 }
 
