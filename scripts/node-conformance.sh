@@ -512,6 +512,11 @@ if suite:
 EOF
 }
 
+# The spec lists and the summary are read from the JUnit reports with python3.
+case "${1:-}" in
+list | run) command -v python3 >/dev/null 2>&1 || die "needs python3 (Debian package python3)" ;;
+esac
+
 case "${1:-}" in
 build) cmd_build ;;
 run) cmd_run "${2:-}" ;;
