@@ -22,6 +22,7 @@ use kubelet_server::{
     Attributes, AuthError, Authorizer, Decision, KubeletServer, ServerConfig, TokenAuthenticator,
     UserInfo,
 };
+use kubelet_testenv::free_port;
 use parking_lot::Mutex;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -219,14 +220,6 @@ async fn start_with(
         task,
         _tmp: tmp,
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The container log the fake runtime reports for `app` of `p1`.

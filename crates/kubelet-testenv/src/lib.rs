@@ -39,7 +39,8 @@
 //! # let _ = requests;
 //! ```
 //!
-//! [`Tmpfs`] mounts a small tmpfs and fills it, for tests of a full disk.
+//! [`Tmpfs`] mounts a small tmpfs and fills it, for tests of a full disk. [`free_port`] picks a
+//! port for a server a test starts, outside the ephemeral range that outgoing connections use.
 //!
 //! This crate is for tests and benchmarks only (`publish = false`); it depends on nothing but
 //! `serde_json`.
@@ -450,6 +451,35 @@ impl AuditEvent {
     }
 }
 
+/// A TCP port of 127.0.0.1 that is free now, for a server a test is about to start (often in
+/// another process, so the port cannot be handed over bound).
+///
+/// The port comes from 10300–19999, below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, 32768–60999 by default): a port that `bind(0)` handed out and
+/// released can be taken by any outgoing connection of any process before the server binds it,
+/// which made agents fail with "Address already in use" on busy machines. Below that range only
+/// servers bind, and `apiserver-test-env.sh` claims its ports from 20000–31999. Each process
+/// walks its own sequence (it starts at an offset derived from its PID), and a port is handed out
+/// once per process and only after a trial bind succeeded.
+pub fn free_port() -> u16 {
+    const FIRST: u16 = 10_300;
+    const LAST: u16 = 19_999;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let span = u64::from(LAST - FIRST) + 1;
+    let offset = u64::from(std::process::id()).wrapping_mul(7_919) % span;
+    for _ in 0..span {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = u64::from(FIRST) + (offset + n) % span;
+        let Ok(port) = u16::try_from(port) else {
+            continue;
+        };
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free TCP port of 127.0.0.1 between {FIRST} and {LAST}");
+}
+
 /// Poll `f` every 250 ms until it yields a value; panics naming `what` once `timeout` has
 /// passed. The end-to-end tests' wait for the cluster or the agent to get somewhere.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
@@ -473,6 +503,20 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let ports: BTreeSet<u16> = (0..50).map(|_| free_port()).collect();
+        assert_eq!(ports.len(), 50, "a port was handed out twice: {ports:?}");
+        let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| s.split_whitespace().next().and_then(|p| p.parse().ok()))
+            .unwrap_or(32_768);
+        for p in ports {
+            assert!(p < ephemeral, "{p} is in the ephemeral range");
+            std::net::TcpListener::bind(("127.0.0.1", p)).expect("the port is free");
+        }
+    }
 
     #[test]
     fn parses_an_audit_log_line() {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use kubelet::apiserver::kube::api::{DeleteParams, PostParams};
 use kubelet::apiserver::kube::{self, Api, Client};
 use kubelet::k8s_openapi::api::core::v1::{Node, Pod};
-use kubelet_testenv::{ApiServerEnv, eventually};
+use kubelet_testenv::{ApiServerEnv, eventually, free_port};
 
 /// The example binary: `cargo test` builds the examples next to the test binaries' directory.
 fn example_binary() -> PathBuf {
@@ -60,11 +60,6 @@ fn http_get(port: u16, path: &str) -> Option<String> {
     let mut body = String::new();
     s.read_to_string(&mut body).ok()?;
     Some(body)
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -84,10 +84,7 @@ fn the_custom_runtime_runs_an_ordinary_pod_as_an_agent_without_recreating_its_sa
         ),
     )
     .expect("manifest");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port");
+    let port = kubelet_testenv::free_port();
     let log = std::fs::File::create(dir.path().join("agent.log")).expect("log file");
     let agent = Agent(
         std::process::Command::new(example_binary())

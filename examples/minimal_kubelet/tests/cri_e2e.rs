@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -15,7 +15,7 @@ use nix::unistd::Pid;
 use serde_json::Value;
 
 mod common;
-use common::http_get_addr;
+use common::{free_port, http_get_addr};
 
 const BIN: &str = env!("CARGO_BIN_EXE_minimal_kubelet");
 const LONG: Duration = Duration::from_secs(90);
@@ -71,11 +71,7 @@ impl Env {
                 .filter_map(|l| l.split_once('='))
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            port: TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port(),
+            port: free_port(),
             api_port: 0,
             extra_args: Vec::new(),
             agent: None,
@@ -94,11 +90,7 @@ impl Env {
     /// Serve the kubelet API on a free port, open to anonymous requests (a node without an API
     /// server: `AlwaysAllow`), with `extra` flags.
     fn open_api(&mut self, extra: &[&str]) {
-        self.api_port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        self.api_port = free_port();
         self.extra_args = [
             "--anonymous-auth=true",
             "--authorization-mode",
@@ -1051,11 +1043,7 @@ fn kubectl_exec_cp_and_port_forward_reach_containerd_containers_through_its_stre
         );
 
         // Port-forward into the pod's network namespace.
-        let local_port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let local_port = free_port();
         let mut pf = Command::new(kc)
             .arg("--kubeconfig")
             .arg(&admin)

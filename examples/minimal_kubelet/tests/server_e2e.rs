@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use kubelet_testenv::ApiServerEnv;
+use kubelet_testenv::{ApiServerEnv, free_port};
 
 mod common;
 
@@ -91,14 +91,6 @@ fn eventually<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// `curl` to the agent's API: (HTTP code, body, seconds taken).

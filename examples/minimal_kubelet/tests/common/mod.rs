@@ -12,11 +12,8 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
-/// A port that was free a moment ago.
-pub(crate) fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().expect("local addr").port()
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub(crate) use kubelet_testenv::free_port;
 
 /// A minimal HTTP/1.1 GET to 127.0.0.1:`port`; returns the status code and the body.
 pub(crate) fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
