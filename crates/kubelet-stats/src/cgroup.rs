@@ -148,6 +148,85 @@ impl CgroupSetup {
     }
 }
 
+/// The v1 cgroup of a process for `controller`, from its `/proc/<pid>/cgroup` text.
+pub(crate) fn v1_cgroup_of(proc_cgroup: &str, controller: &str) -> Option<PathBuf> {
+    proc_cgroup.lines().find_map(|l| {
+        let mut it = l.splitn(3, ':');
+        let (_, ctrls, path) = (it.next()?, it.next()?, it.next()?);
+        ctrls
+            .split(',')
+            .any(|c| c == controller)
+            .then(|| PathBuf::from(path))
+    })
+}
+
+/// The child cgroups of cgroup `rel` (their names), read from the memory controller's tree.
+pub(crate) fn children(setup: &CgroupSetup, rel: &Path) -> Vec<String> {
+    let Some(dir) = setup.dir("memory", rel) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
+}
+
+/// The cgroup of pod `uid` under the pods' cgroup `kubepods`: `pod<uid>` (cgroupfs driver) or
+/// `…-pod<uid with underscores>.slice` (systemd driver), directly under it (Guaranteed pods) or
+/// one QoS tier below.
+pub(crate) fn find_pod_cgroup(setup: &CgroupSetup, kubepods: &Path, uid: &str) -> Option<PathBuf> {
+    let cgroupfs = format!("pod{uid}");
+    let systemd = format!("pod{}.slice", uid.replace('-', "_"));
+    let is_pod = |name: &str| name == cgroupfs || name.ends_with(&systemd);
+    let top = children(setup, kubepods);
+    if let Some(name) = top.iter().find(|n| is_pod(n)) {
+        return Some(kubepods.join(name));
+    }
+    let is_tier = |name: &str| {
+        let name = name.strip_suffix(".slice").unwrap_or(name);
+        name.ends_with("burstable") || name.ends_with("besteffort")
+    };
+    top.iter().filter(|n| is_tier(n)).find_map(|tier| {
+        let tier = kubepods.join(tier);
+        children(setup, &tier)
+            .into_iter()
+            .find(|n| is_pod(n))
+            .map(|n| tier.join(n))
+    })
+}
+
+/// The cgroup of container `id` (a sandbox's too) under its pod's cgroup: named by the ID
+/// (`<id>`, or `cri-containerd-<id>.scope` and the like with the systemd driver).
+pub(crate) fn find_container_cgroup(setup: &CgroupSetup, pod: &Path, id: &str) -> Option<PathBuf> {
+    if id.is_empty() {
+        return None;
+    }
+    children(setup, pod)
+        .into_iter()
+        .find(|n| n.contains(id))
+        .map(|n| pod.join(n))
+}
+
+/// The processes in cgroup `rel` and its children (a pod's cgroup holds its containers'),
+/// from the memory controller's `cgroup.procs`; `None` when it is gone.
+pub(crate) fn count_processes(setup: &CgroupSetup, rel: &Path) -> Option<u64> {
+    let dir = setup.dir("memory", rel)?;
+    if !dir.is_dir() {
+        return None;
+    }
+    let own = cgroup_pids(&dir).len();
+    let nested: usize = children(setup, rel)
+        .iter()
+        .filter_map(|c| setup.dir("memory", &rel.join(c)))
+        .map(|d| cgroup_pids(&d).len())
+        .sum();
+    u64::try_from(own + nested).ok()
+}
+
 /// The figures of one cgroup whose directory for each controller `dir` names (on v2 the same
 /// for all); `None` when its memory directory does not exist (the cgroup is gone). For a
 /// runtime that keeps its containers' cgroup directories itself.

@@ -161,6 +161,13 @@ pub struct Collector {
     machine: Machine,
     boot_time: Option<Timestamp>,
     own_cgroup: Option<PathBuf>,
+    /// The agent's CPU time comes from `/proc/self/stat`, not its cgroup: on v1 its `cpuacct`
+    /// cgroup is not its memory cgroup (an agent started from a shell whose session has a
+    /// memory cgroup only), so that cgroup's CPU would be somebody else's.
+    own_cpu_from_proc: bool,
+    /// Each pod's cgroup (relative to the hierarchy roots), found under the `pods` system
+    /// container, by pod UID.
+    pod_cgroups: HashMap<String, PathBuf>,
     /// Previous cumulative CPU figure per key (`node`, `kubelet`, a container ID, a pod UID).
     cpu: HashMap<String, (u64, Timestamp)>,
     /// Each pod's volume figures and when they were measured.
@@ -180,10 +187,17 @@ impl Collector {
         let boot_time = procfs::read(&config.proc_root.join("stat"))
             .and_then(|t| procfs::parse_boot_time(&t))
             .and_then(|s| Timestamp::from_second(s).ok());
+        let self_cgroup = procfs::read(&config.proc_root.join("self/cgroup"));
         let own_cgroup = config.cgroup.as_ref().and_then(|c| {
-            c.cgroup_of(&procfs::read(&config.proc_root.join("self/cgroup"))?)
+            c.cgroup_of(self_cgroup.as_deref()?)
                 .filter(|p| p != Path::new("/"))
         });
+        let own_cpu_from_proc = match (&config.cgroup, self_cgroup.as_deref(), &own_cgroup) {
+            (Some(CgroupSetup::V1 { .. }), Some(text), Some(memory)) => {
+                crate::cgroup::v1_cgroup_of(text, "cpuacct").as_ref() != Some(memory)
+            }
+            _ => false,
+        };
         Self {
             node_name: node_name.into(),
             dirs,
@@ -191,6 +205,8 @@ impl Collector {
             machine,
             boot_time,
             own_cgroup,
+            own_cpu_from_proc,
+            pod_cgroups: HashMap::new(),
             cpu: HashMap::new(),
             volumes: HashMap::new(),
             logs: HashMap::new(),
@@ -233,6 +249,8 @@ impl Collector {
         self.cpu.retain(|k, _| seen_cpu.contains(k));
         let live: HashSet<&str> = pods.iter().map(|p| p.pod_ref.uid.as_str()).collect();
         self.volumes.retain(|uid, _| live.contains(uid.as_str()));
+        self.pod_cgroups
+            .retain(|uid, _| live.contains(uid.as_str()));
         let log_seen = std::mem::take(&mut self.log_seen);
         self.logs.retain(|id, _| log_seen.contains(id));
         let mut summary = Summary::new(self.node_name.clone());
@@ -306,12 +324,18 @@ impl Collector {
             .system_containers
             .iter()
             .any(|(name, _)| name == "kubelet");
-        let mut systems: Vec<(String, PathBuf)> = Vec::new();
+        // (name, cgroup, CPU time from /proc/self/stat)
+        let mut systems: Vec<(String, PathBuf, bool)> = Vec::new();
         if !own && let Some(c) = &self.own_cgroup {
-            systems.push(("kubelet".into(), c.clone()));
+            systems.push(("kubelet".into(), c.clone(), self.own_cpu_from_proc));
         }
-        systems.extend(self.config.system_containers.iter().cloned());
-        for (name, cgroup) in systems {
+        systems.extend(
+            self.config
+                .system_containers
+                .iter()
+                .map(|(n, c)| (n.clone(), c.clone(), false)),
+        );
+        for (name, cgroup, cpu_from_proc) in systems {
             let Some(s) = self
                 .config
                 .cgroup
@@ -322,7 +346,13 @@ impl Collector {
             };
             let mut c = ContainerStats::new(&name);
             c.start_time = self.boot_time;
-            c.cpu = self.cpu(&name, s.cpu_usage_ns, now, seen);
+            let cpu_ns = if cpu_from_proc {
+                procfs::read(&self.config.proc_root.join("self/stat"))
+                    .and_then(|t| procfs::parse_pid_stat_cpu_ns(&t))
+            } else {
+                s.cpu_usage_ns
+            };
+            c.cpu = self.cpu(&name, cpu_ns, now, seen);
             c.memory = Some(memory_stats(now, &s));
             n.system_containers.push(c);
         }
@@ -493,12 +523,14 @@ impl Collector {
                 root: root_fs.as_ref(),
             };
             if let Some(mut p) = self.pod(&pod, &mut stats, now, filesystems, seen) {
-                p.network = pod
+                let sandbox = pod
                     .sandboxes
                     .iter()
-                    .find(|s| s.state == SandboxState::Ready)
+                    .find(|s| s.state == SandboxState::Ready);
+                p.network = sandbox
                     .and_then(|s| networks.get(&s.id))
-                    .map(network_stats);
+                    .map(network_stats)
+                    .or_else(|| self.sandbox_network_from_procfs(&pod.uid, sandbox?, now));
                 out.push(p);
             }
         }
@@ -538,6 +570,61 @@ impl Collector {
         }
     }
 
+    /// The cgroup of pod `uid` under the `pods` system container, once found remembered for
+    /// the pod's life; `None` without cgroups, without a `pods` system container, or when the
+    /// runtime put the pod elsewhere.
+    fn pod_cgroup(&mut self, uid: &str) -> Option<PathBuf> {
+        if let Some(p) = self.pod_cgroups.get(uid) {
+            return Some(p.clone());
+        }
+        let setup = self.config.cgroup.as_ref()?;
+        let (_, kubepods) = self
+            .config
+            .system_containers
+            .iter()
+            .find(|(name, _)| name == "pods")?;
+        let found = crate::cgroup::find_pod_cgroup(setup, kubepods, uid)?;
+        self.pod_cgroups.insert(uid.to_string(), found.clone());
+        Some(found)
+    }
+
+    /// A sandbox's interfaces read from `/proc/<pid>/net/dev` of a process in its cgroup, for a
+    /// runtime that reports none (containerd 1.6: its `ListPodSandboxStats` fails and
+    /// `PodSandboxStats` has no network); cAdvisor's way. `None` for a sandbox in the agent's
+    /// own network namespace (host network: the node's figures are not the pod's).
+    fn sandbox_network_from_procfs(
+        &mut self,
+        uid: &str,
+        sandbox: &model::PodSandbox,
+        now: Timestamp,
+    ) -> Option<NetworkStats> {
+        let setup = self.config.cgroup.as_ref()?;
+        let pod = self.pod_cgroups.get(uid)?;
+        let cgroup = crate::cgroup::find_container_cgroup(setup, pod, &sandbox.id)?;
+        let pid = *crate::cgroup::cgroup_pids(&setup.dir("memory", &cgroup)?).first()?;
+        let proc_root = &self.config.proc_root;
+        let netns = |p: &Path| std::fs::read_link(p.join("ns/net")).ok();
+        let own = netns(&proc_root.join("self"))?;
+        if netns(&proc_root.join(pid.to_string()))? == own {
+            return None;
+        }
+        let dev = procfs::read(&proc_root.join(pid.to_string()).join("net/dev"))?;
+        let interfaces: Vec<InterfaceStats> = procfs::parse_net_dev(&dev)
+            .into_iter()
+            .map(interface_stats)
+            .collect();
+        let mut net = NetworkStats::new(now);
+        // The kubelet's default pod interface.
+        net.default = interfaces
+            .iter()
+            .find(|i| i.name == "eth0")
+            .or_else(|| interfaces.first())
+            .cloned()
+            .unwrap_or_default();
+        net.interfaces = interfaces;
+        Some(net)
+    }
+
     fn pod(
         &mut self,
         pod: &RuntimePod,
@@ -566,6 +653,17 @@ impl Collector {
         let mut any_memory = false;
         let mut processes: Option<u64> = None;
         let mut ephemeral = (0u64, 0u64);
+        let pod_cgroup = self.pod_cgroup(&pod.uid);
+        let cgroup_setup = self.config.cgroup.clone();
+        // The cgroup figures of a container (its memory limit), found under the pod's cgroup.
+        let container_cgroup = |id: &str| {
+            let setup = cgroup_setup.as_ref()?;
+            setup.sample(&crate::cgroup::find_container_cgroup(
+                setup,
+                pod_cgroup.as_ref()?,
+                id,
+            )?)
+        };
         for c in pod
             .containers
             .iter()
@@ -593,6 +691,20 @@ impl Collector {
                     add(&mut memory.major_page_faults, m.major_page_faults);
                     cs.memory = Some(m);
                 }
+                // What the CRI leaves out (the limit, so available bytes), from the cgroup,
+                // as the kubelet fills it from cAdvisor.
+                if let Some(m) = cs.memory.as_mut()
+                    && let Some(cg) = container_cgroup(&c.id)
+                {
+                    let from_cgroup = memory_stats(now, &cg);
+                    m.available_bytes = cg
+                        .memory_limit
+                        .zip(m.working_set_bytes)
+                        .map(|(limit, ws)| limit.saturating_sub(ws));
+                    m.rss_bytes = m.rss_bytes.or(from_cgroup.rss_bytes);
+                    m.page_faults = m.page_faults.or(from_cgroup.page_faults);
+                    m.major_page_faults = m.major_page_faults.or(from_cgroup.major_page_faults);
+                }
                 add(&mut cpu_sum, s.cpu_usage_core_nanoseconds);
                 add(&mut processes, s.process_count);
                 if s.writable_layer_bytes.is_some() {
@@ -612,6 +724,25 @@ impl Collector {
                 cs.logs = Some(usage_on(now, log_fs, Some(used), Some(inodes)));
             }
             p.containers.push(cs);
+        }
+        // The pod's own cgroup first (it also counts the sandbox, and has the pod's limit),
+        // the sum of its containers otherwise: the kubelet's order.
+        let pod_sample = self
+            .config
+            .cgroup
+            .as_ref()
+            .zip(pod_cgroup.as_ref())
+            .and_then(|(setup, cg)| Some((setup.sample(cg)?, setup, cg)));
+        if let Some((s, setup, cg)) = &pod_sample {
+            cpu_sum = s.cpu_usage_ns.or(cpu_sum);
+            if s.memory_usage.is_some() {
+                memory = memory_stats(now, s);
+                any_memory = true;
+            }
+            // Processes, as cAdvisor counts them (`pids.current` counts threads).
+            processes = crate::cgroup::count_processes(setup, cg)
+                .or(s.pids)
+                .or(processes);
         }
         p.cpu = self.cpu(&format!("pod {}", pod.uid), cpu_sum, now, seen);
         if any_memory {

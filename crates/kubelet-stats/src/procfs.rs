@@ -64,6 +64,17 @@ pub fn parse_stat_cpu_ns(text: &str) -> Option<u64> {
     Some(busy.saturating_mul(10_000_000))
 }
 
+/// A process's cumulative CPU time from its `/proc/<pid>/stat` text, in ns: `utime` plus
+/// `stime` (all its threads), in `USER_HZ` ticks.
+pub fn parse_pid_stat_cpu_ns(text: &str) -> Option<u64> {
+    // The command name may hold spaces and parentheses: the fields start after the last `)`.
+    let rest = &text[text.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime.saturating_add(stime).saturating_mul(10_000_000))
+}
+
 /// One line of `/proc/<pid>/net/dev`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -140,6 +151,15 @@ pub(crate) fn read(path: &Path) -> Option<String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_cpu_time_is_utime_plus_stime_after_the_command_name() {
+        let stat = "4242 (minimal (kube) let) S 1 4242 4242 0 -1 4194560 3125 0 0 0 \
+                    250 75 0 0 20 0 9 0 1234 123456789 4321 18446744073709551615\n";
+        assert_eq!(parse_pid_stat_cpu_ns(stat), Some(325 * 10_000_000));
+        assert_eq!(parse_pid_stat_cpu_ns("4242 (x) S 1"), None);
+        assert_eq!(parse_pid_stat_cpu_ns("no parenthesis"), None);
+    }
 
     #[test]
     fn proc_texts_parse() {

@@ -2,6 +2,7 @@
 //! vanishes. The sample leaves the item out and goes on; nothing panics.
 #![allow(clippy::unwrap_used)]
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -321,5 +322,181 @@ async fn configured_system_containers_are_reported_from_their_cgroups() {
     assert_eq!(
         p.memory.as_ref().unwrap().working_set_bytes,
         Some(10_485_760 - 2_485_760)
+    );
+}
+
+/// Containerd 1.6 reports no limits and no sandbox network through the CRI: the pod's figures
+/// come from its cgroup (under the `pods` system container), the limits from the containers'
+/// cgroups, the interfaces from `/proc/<pid>/net/dev` of the sandbox's process.
+#[tokio::test]
+async fn a_pods_cgroup_gives_its_limits_processes_and_network_when_the_runtime_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = FakeRuntime::new();
+    let ids = pod(&rt).await;
+    let sid = rt
+        .list_pod_sandboxes(&Default::default())
+        .await
+        .unwrap()
+        .remove(0)
+        .id;
+    rt.set_container_stats(&ids[0], figures(&ids[0], 1_000_000_000, 10_000_000));
+    rt.set_container_stats(&ids[1], figures(&ids[1], 0, 5_000_000));
+
+    let cg = dir.path().join("cgroup");
+    let pod_cg = cg.join(format!("kubepods/burstable/pod{UID}"));
+    let files: Vec<(PathBuf, &str)> = vec![
+        (cg.join("cgroup.controllers"), "cpu memory pids\n"),
+        (cg.join("kubepods/memory.current"), "90000000\n"),
+        (pod_cg.join("memory.current"), "40000000\n"),
+        (pod_cg.join("memory.max"), "100000000\n"),
+        (
+            pod_cg.join("memory.stat"),
+            "anon 20000000\ninactive_file 4000000\n",
+        ),
+        (pod_cg.join("cpu.stat"), "usage_usec 3000000\n"),
+        (pod_cg.join("pids.current"), "9\n"),
+        (pod_cg.join(&sid).join("memory.current"), "1000000\n"),
+        (pod_cg.join(&sid).join("cgroup.procs"), "4242\n"),
+        (pod_cg.join(&ids[0]).join("memory.current"), "30000000\n"),
+        (pod_cg.join(&ids[0]).join("memory.max"), "67108864\n"),
+        (pod_cg.join(&ids[0]).join("cgroup.procs"), "100\n101\n"),
+        (pod_cg.join(&ids[1]).join("memory.current"), "9000000\n"),
+        (pod_cg.join(&ids[1]).join("memory.max"), "max\n"),
+        (pod_cg.join(&ids[1]).join("cgroup.procs"), "102\n"),
+    ];
+    let proc = dir.path().join("proc");
+    let files = files.into_iter().chain([(
+        proc.join("4242/net/dev"),
+        "Inter-|   Receive                                                |  Transmit\n \
+         face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs drop fifo colls carrier compressed\n    \
+         lo: 100 1 0 0 0 0 0 0 100 1 0 0 0 0 0 0\n  \
+         eth0: 2000000 1500 1 0 0 0 0 0 30000 200 2 0 0 0 0 0\n",
+    )]);
+    for (path, content) in files {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    std::fs::create_dir_all(proc.join("self/ns")).unwrap();
+    std::fs::create_dir_all(proc.join("4242/ns")).unwrap();
+    std::os::unix::fs::symlink("net:[4026531840]", proc.join("self/ns/net")).unwrap();
+    std::os::unix::fs::symlink("net:[4026532999]", proc.join("4242/ns/net")).unwrap();
+
+    let dirs = AgentDirs {
+        root_dir: dir.path().join("root"),
+        pod_log_dir: dir.path().join("logs"),
+    };
+    std::fs::create_dir_all(&dirs.root_dir).unwrap();
+    #[allow(clippy::field_reassign_with_default)]
+    let config = {
+        let mut c = StatsConfig::default()
+            .kmsg(None)
+            .roots(&proc, dir.path().join("sys"))
+            .system_container("pods", "/kubepods");
+        c.cgroup = Some(kubelet_stats::CgroupSetup::V2 { root: cg.clone() });
+        c
+    };
+    let mut c = Collector::new("n", dirs, config);
+    let s = c.collect(Some(&rt)).await;
+    let p = s.pod(UID).expect("the pod");
+
+    // Pod: the cgroup's figures, not the containers' sum (which misses the sandbox).
+    let m = p.memory.as_ref().unwrap();
+    assert_eq!(m.usage_bytes, Some(40_000_000));
+    assert_eq!(m.working_set_bytes, Some(36_000_000));
+    assert_eq!(m.available_bytes, Some(64_000_000));
+    assert_eq!(
+        p.cpu.as_ref().unwrap().usage_core_nano_seconds,
+        Some(3_000_000_000)
+    );
+    // Processes as cAdvisor counts them: the cgroup's and its children's `cgroup.procs`.
+    assert_eq!(p.process_stats.as_ref().unwrap().process_count, Some(4));
+
+    // Containers: the runtime's working set against the cgroup's limit; none without a limit.
+    let app = p.containers.iter().find(|c| c.name == "app").unwrap();
+    let am = app.memory.as_ref().unwrap();
+    assert_eq!(am.working_set_bytes, Some(10_000_000));
+    assert_eq!(am.available_bytes, Some(67_108_864 - 10_000_000));
+    let sidecar = p.containers.iter().find(|c| c.name == "sidecar").unwrap();
+    assert_eq!(sidecar.memory.as_ref().unwrap().available_bytes, None);
+
+    // Network: the sandbox process's namespace, eth0 the default, loopback left out.
+    let net = p.network.as_ref().expect("the pod's network");
+    assert_eq!(net.default.name, "eth0");
+    assert_eq!(net.default.rx_bytes, Some(2_000_000));
+    assert_eq!(net.default.tx_bytes, Some(30_000));
+    assert_eq!(net.interfaces.len(), 1);
+
+    // A sandbox in the agent's own network namespace (host network) reports none.
+    std::fs::remove_file(proc.join("4242/ns/net")).unwrap();
+    std::os::unix::fs::symlink("net:[4026531840]", proc.join("4242/ns/net")).unwrap();
+    let s = c.collect(Some(&rt)).await;
+    assert!(s.pod(UID).unwrap().network.is_none());
+}
+
+/// On cgroup v1 an agent started from a shell can sit in a memory cgroup whose `cpuacct`
+/// cgroup is the root: the `kubelet` system container's CPU is then the agent's own
+/// (`/proc/self/stat`), not the whole machine's.
+#[tokio::test]
+async fn the_agents_cpu_comes_from_its_process_when_its_cpuacct_cgroup_is_not_its_own() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cg, proc) = (dir.path().join("cgroup"), dir.path().join("proc"));
+    for (path, content) in [
+        (
+            proc.join("self/cgroup"),
+            "4:memory:/session/agent\n2:cpu,cpuacct:/\n0::/\n",
+        ),
+        (
+            proc.join("self/stat"),
+            "77 (agent) S 1 77 77 0 -1 0 10 0 0 0 150 50 0 0 20 0 4 0 1 1 1\n",
+        ),
+        (
+            cg.join("memory/session/agent/memory.usage_in_bytes"),
+            "8000000\n",
+        ),
+        (
+            cg.join("memory/session/agent/memory.stat"),
+            "total_rss 5000000\n",
+        ),
+        (cg.join("cpu,cpuacct/cpuacct.usage"), "999000000000000\n"),
+    ] {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    let dirs = AgentDirs {
+        root_dir: dir.path().join("root"),
+        pod_log_dir: dir.path().join("logs"),
+    };
+    std::fs::create_dir_all(&dirs.root_dir).unwrap();
+    let controllers = [
+        ("memory".to_string(), cg.join("memory")),
+        ("cpu".to_string(), cg.join("cpu,cpuacct")),
+        ("cpuacct".to_string(), cg.join("cpu,cpuacct")),
+    ]
+    .into_iter()
+    .collect();
+    #[allow(clippy::field_reassign_with_default)]
+    let config = {
+        let mut c = StatsConfig::default()
+            .kmsg(None)
+            .roots(&proc, dir.path().join("sys"));
+        c.cgroup = Some(kubelet_stats::CgroupSetup::V1 { controllers });
+        c
+    };
+    let mut c = Collector::new("n", dirs, config);
+    let s = c.collect(None).await;
+    let kubelet = s
+        .node
+        .system_containers
+        .iter()
+        .find(|c| c.name == "kubelet")
+        .expect("the kubelet system container");
+    assert_eq!(
+        kubelet.cpu.as_ref().unwrap().usage_core_nano_seconds,
+        Some(2_000_000_000),
+        "200 ticks of utime + stime"
+    );
+    assert_eq!(
+        kubelet.memory.as_ref().unwrap().usage_bytes,
+        Some(8_000_000)
     );
 }
