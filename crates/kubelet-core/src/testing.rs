@@ -173,6 +173,7 @@ struct State {
     stop_exit_code: i32,
     auto_exit: HashMap<String, (Duration, i32)>,
     stats: HashMap<String, ContainerStats>,
+    sandbox_stats: Option<Vec<kubelet_api::runtime::PodSandboxStats>>,
     image_fs: Option<ImageFsInfo>,
     runtime_status: RuntimeStatus,
     exec_handler: Option<ExecHandler>,
@@ -417,6 +418,7 @@ impl FakeRuntime {
                 stop_exit_code: 137,
                 auto_exit: HashMap::new(),
                 stats: HashMap::new(),
+                sandbox_stats: None,
                 image_fs: None,
                 runtime_status: RuntimeStatus::all_ready(),
                 exec_handler: None,
@@ -581,6 +583,12 @@ impl FakeRuntime {
     /// What `container_stats(id)` reports for `id` (the timestamp is refreshed on each call).
     pub fn set_container_stats(&self, id: &str, stats: ContainerStats) {
         self.state.lock().stats.insert(id.to_string(), stats);
+    }
+
+    /// What `list_pod_sandbox_stats()` reports; `None` (the default) answers `Unimplemented`,
+    /// as a runtime whose pods share the host's network.
+    pub fn set_sandbox_stats(&self, stats: Option<Vec<kubelet_api::runtime::PodSandboxStats>>) {
+        self.state.lock().sandbox_stats = stats;
     }
 
     /// What `image_fs_info()` reports; `None` (the default) answers `Unimplemented`, as a
@@ -1029,6 +1037,15 @@ impl ContainerRuntime for FakeRuntime {
             Some(h) => h(container_id, cmd),
             None => Ok(ExecResult::default()),
         }
+    }
+
+    async fn list_pod_sandbox_stats(&self) -> Result<Vec<kubelet_api::runtime::PodSandboxStats>> {
+        self.state.lock().sandbox_stats.clone().ok_or_else(|| {
+            Error::new(
+                ErrorKind::Unimplemented,
+                "list_pod_sandbox_stats is not supported by this runtime",
+            )
+        })
     }
 
     async fn container_stats(&self, container_id: &str) -> Result<ContainerStats> {

@@ -527,10 +527,22 @@ impl Collector {
                     .sandboxes
                     .iter()
                     .find(|s| s.state == SandboxState::Ready);
-                p.network = sandbox
-                    .and_then(|s| networks.get(&s.id))
-                    .map(network_stats)
-                    .or_else(|| self.sandbox_network_from_procfs(&pod.uid, sandbox?, now));
+                let from_runtime = sandbox.and_then(|s| networks.get(&s.id)).map(network_stats);
+                p.network = match from_runtime {
+                    Some(n) if !n.interfaces.is_empty() => Some(n),
+                    // Nothing, or only the default interface (containerd 1.6's
+                    // `PodSandboxStats`): the namespace's own figures, as cAdvisor reads them.
+                    partial => sandbox
+                        .and_then(|s| self.sandbox_network_from_procfs(&pod.uid, s, now))
+                        .or_else(|| {
+                            partial.map(|mut n| {
+                                if !n.default.name.is_empty() {
+                                    n.interfaces.push(n.default.clone());
+                                }
+                                n
+                            })
+                        }),
+                };
                 out.push(p);
             }
         }

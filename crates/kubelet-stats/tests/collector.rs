@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kubelet_api::runtime::{
-    ContainerConfig, ContainerMetadata, ContainerStats, Labels, PodSandboxConfig,
-    PodSandboxMetadata, labels,
+    ContainerConfig, ContainerMetadata, ContainerStats, InterfaceUsage, Labels, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxStats, SandboxNetworkStats, labels,
 };
 use kubelet_api::{AgentDirs, ContainerRuntime, ErrorKind};
 use kubelet_core::testing::{FakeOp, FakeRuntime};
@@ -431,6 +431,34 @@ async fn a_pods_cgroup_gives_its_limits_processes_and_network_when_the_runtime_d
     std::os::unix::fs::symlink("net:[4026531840]", proc.join("4242/ns/net")).unwrap();
     let s = c.collect(Some(&rt)).await;
     assert!(s.pod(UID).unwrap().network.is_none());
+
+    // A runtime that reports the default interface only: it is also the list.
+    let mut net = SandboxNetworkStats::new(jiff::Timestamp::now());
+    let mut eth0 = InterfaceUsage::new("eth0");
+    eth0.rx_bytes = Some(7);
+    net.default_interface = Some(eth0);
+    let mut stats = PodSandboxStats::new(sid.clone());
+    stats.network = Some(net.clone());
+    rt.set_sandbox_stats(Some(vec![stats.clone()]));
+    let s = c.collect(Some(&rt)).await;
+    let n = s.pod(UID).unwrap().network.clone().unwrap();
+    assert_eq!(n.default.rx_bytes, Some(7));
+    assert_eq!(n.interfaces.len(), 1);
+    // A runtime with the full list is taken as it is.
+    net.interfaces = vec![InterfaceUsage::new("eth0"), InterfaceUsage::new("net1")];
+    stats.network = Some(net);
+    rt.set_sandbox_stats(Some(vec![stats]));
+    let s = c.collect(Some(&rt)).await;
+    assert_eq!(
+        s.pod(UID)
+            .unwrap()
+            .network
+            .as_ref()
+            .unwrap()
+            .interfaces
+            .len(),
+        2
+    );
 }
 
 /// On cgroup v1 an agent started from a shell can sit in a memory cgroup whose `cpuacct`
