@@ -1199,6 +1199,27 @@ fn stats_and_oom_kills_on_containerd_match_what_the_containers_do() {
         .and_then(|ps| ps.iter().find(|p| p["podRef"]["name"] == "stats-cri-node"))
         .unwrap()["network"];
     assert_eq!(network["name"], "eth0", "{network:#}");
+    // containerd 1.6 names only the default interface: the list comes from the sandbox's
+    // namespace.
+    assert!(
+        network["interfaces"]
+            .as_array()
+            .is_some_and(|is| is.iter().any(|i| i["name"] == "eth0")),
+        "{network:#}"
+    );
+    // From the pod's and the containers' cgroups, which the CRI figures lack: the limit
+    // against the working set, and the pod's processes (sandbox included).
+    let available = find(&summary, "stats", "hold", &["memory", "availableBytes"]);
+    let held = find(&summary, "stats", "hold", &["memory", "workingSetBytes"]);
+    assert!(
+        available > 0.0 && available + held <= 400.0 * 1048576.0 + 1.0,
+        "available {available}, working set {held}"
+    );
+    assert!(
+        find(&summary, "stats", "", &["process_stats", "process_count"]) >= 6.0,
+        "{:#}",
+        summary["pods"]
+    );
     let cadvisor = http_get(env.port, "/metrics/cadvisor").unwrap();
     let line = cadvisor
         .lines()
