@@ -1,21 +1,47 @@
 //! The bounded acceptor every listener of the SDK goes through (the kubelet API, read-only and
 //! healthz ports of `kubelet-server`, the pod push endpoint of `kubelet-podconfig`, and an
-//! embedder's own): a connection cap (beyond it the listener stops accepting and the kernel's
-//! backlog holds the rest), backoff on accept errors such as `EMFILE` with a rate-limited log
-//! line, and a bounded drain at shutdown. [`AcceptorConfig`] also carries the per-connection
-//! limits the HTTP servers apply: the TLS handshake timeout and the header read timeout (which
-//! also closes idle keep-alive connections).
+//! embedder's own).
 //!
-//! The default cap is an eighth of the process's open-file limit (at least 16, at most 1,024), so
-//! that four listeners flooded at once hold at most half the descriptors and the sync loop, the
-//! PLEG and the sources keep the rest. A host raises its soft limit before building the agent
+//! # Admission
+//!
+//! A connection starts **pending**: it is in its TLS handshake, or has not yet sent a request
+//! the server accepts. Pending connections have a small budget of their own
+//! ([`AcceptorConfig::max_pending`]); when a new connection arrives and the budget is full, the
+//! **oldest pending connection is dropped**, so that silent or stalled clients cannot build a
+//! queue that real clients wait behind. The accept loop never stops accepting for them.
+//!
+//! The server **promotes** a connection ([`Admission::promote`]) once it has proved itself: the
+//! kubelet API once a request was authenticated and authorized, the ports without
+//! authentication at their first request. Promoted connections count against
+//! [`AcceptorConfig::max_connections`] and are never dropped for newcomers; when that cap is
+//! full, `promote` answers `false` and the server refuses the request (503) and closes. So an
+//! unauthenticated flood of any size holds at most `max_pending` descriptors and costs each
+//! new client at most its place among the newest `max_pending` pending connections, while
+//! established, authorized connections keep being served.
+//!
+//! Limits of the design: a client whose handshake takes longer than `max_pending` newer
+//! connections take to arrive loses its connection (it retries); an attacker with valid
+//! credentials is an authorized client and is bounded only by `max_connections`; anonymous
+//! ports (read-only, healthz) promote any client that sends a request, so there a flood of
+//! well-formed requests competes with everyone else for `max_connections`.
+//!
+//! Also: backoff on accept errors such as `EMFILE` with a rate-limited log line, and a bounded
+//! drain at shutdown. [`AcceptorConfig`] also carries the per-connection limits the HTTP
+//! servers apply: the TLS handshake timeout and the header read timeout (which also closes idle
+//! keep-alive connections).
+//!
+//! The default cap is an eighth of the process's open-file limit (at least 16, at most 1,024),
+//! and the pending budget a quarter of that (at least 8, at most 256), so that four listeners
+//! flooded at once hold well under two thirds of the descriptors and the sync loop, the PLEG
+//! and the sources keep the rest. A host raises its soft limit before building the agent
 //! (`minimal_kubelet` raises it to the hard limit).
 
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -23,8 +49,11 @@ use tokio_util::sync::CancellationToken;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AcceptorConfig {
-    /// Most connections open at once (an eighth of the open-file limit, 16 to 1,024).
+    /// Most promoted connections open at once (an eighth of the open-file limit, 16 to 1,024).
     pub max_connections: usize,
+    /// Most pending connections (in their handshake or before a request was accepted); beyond
+    /// it the oldest is dropped (a quarter of `max_connections`, 8 to 256).
+    pub max_pending: usize,
     /// Time allowed for a TLS handshake (10 s).
     pub handshake_timeout: Duration,
     /// Time allowed for a request's headers to arrive, and for an idle connection to send its
@@ -46,10 +75,17 @@ pub fn default_max_connections(open_files: Option<u64>) -> usize {
     open_files.map_or(1024, |l| (l / 8).clamp(16, 1024) as usize)
 }
 
+/// The default pending budget for a connection cap: a quarter of it (at least 8, at most 256).
+pub fn default_max_pending(max_connections: usize) -> usize {
+    (max_connections / 4).clamp(8, 256)
+}
+
 impl Default for AcceptorConfig {
     fn default() -> Self {
+        let max_connections = default_max_connections(open_files_limit());
         Self {
-            max_connections: default_max_connections(open_files_limit()),
+            max_connections,
+            max_pending: default_max_pending(max_connections),
             handshake_timeout: Duration::from_secs(10),
             header_read_timeout: Duration::from_secs(30),
             shutdown_grace: Duration::from_secs(1),
@@ -63,33 +99,109 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// At most one accept-error log line per this period.
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// Accept connections on `listener` until `shutdown`, handing each to `serve` (with the
-/// connection's own shutdown token) in its own task, at most `config.max_connections` at once.
-/// Returns once every connection task has ended (cut after `shutdown_grace`).
+/// The pending connections of one listener, oldest first, each with the token that drops it.
+#[derive(Debug, Default)]
+struct Pending {
+    queue: VecDeque<(u64, CancellationToken)>,
+    next_id: u64,
+}
+
+/// What the connections of one listener share.
+#[derive(Debug)]
+struct Pools {
+    pending: Mutex<Pending>,
+    promoted: Arc<Semaphore>,
+}
+
+impl Pools {
+    fn remove_pending(&self, id: u64) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(i) = p.queue.iter().position(|(x, _)| *x == id) {
+            p.queue.remove(i);
+        }
+    }
+}
+
+#[derive(Debug)]
+struct AdmissionInner {
+    id: u64,
+    pools: Arc<Pools>,
+    promoted: Mutex<Option<OwnedSemaphorePermit>>,
+    shutdown: CancellationToken,
+}
+
+impl Drop for AdmissionInner {
+    fn drop(&mut self) {
+        self.pools.remove_pending(self.id);
+    }
+}
+
+/// One connection's place in its listener's admission (see the module docs); cheap to clone,
+/// the place is given back when the last clone is dropped.
+#[derive(Debug, Clone)]
+pub struct Admission(Arc<AdmissionInner>);
+
+impl Admission {
+    /// Cancelled when the listener shuts down: finish the request in flight and close.
+    pub fn shutdown(&self) -> &CancellationToken {
+        &self.0.shutdown
+    }
+
+    /// Move the connection from the pending budget to the promoted ones, where newcomers
+    /// cannot drop it. `true` when it is (or already was) promoted; `false` when every
+    /// promoted slot is taken: refuse the request and close the connection.
+    pub fn promote(&self) -> bool {
+        let mut promoted = self.0.promoted.lock().unwrap_or_else(|e| e.into_inner());
+        if promoted.is_some() {
+            return true;
+        }
+        match self.0.pools.promoted.clone().try_acquire_owned() {
+            Ok(permit) => {
+                *promoted = Some(permit);
+                self.0.pools.remove_pending(self.0.id);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Whether [`Admission::promote`] succeeded.
+    pub fn is_promoted(&self) -> bool {
+        self.0
+            .promoted
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+    }
+}
+
+/// Accept connections on `listener` until `shutdown`, handing each to `serve` (with its
+/// [`Admission`]) in its own task. At most `config.max_pending` connections are pending (the
+/// oldest is dropped for a newcomer) and at most `config.max_connections` promoted. Returns
+/// once every connection task has ended (cut after `shutdown_grace`).
 pub async fn accept_loop<F, Fut>(
     listener: TcpListener,
     config: AcceptorConfig,
     shutdown: CancellationToken,
     serve: F,
 ) where
-    F: Fn(TcpStream, CancellationToken) -> Fut,
+    F: Fn(TcpStream, Admission) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let slots = Arc::new(Semaphore::new(config.max_connections.max(1)));
+    let pools = Arc::new(Pools {
+        pending: Mutex::new(Pending::default()),
+        promoted: Arc::new(Semaphore::new(config.max_connections.max(1))),
+    });
+    let max_pending = config.max_pending.max(1);
     let mut conns = JoinSet::new();
     let mut backoff = ACCEPT_BACKOFF_MIN;
     let mut last_log: Option<tokio::time::Instant> = None;
     let mut suppressed = 0u64;
+    let mut dropped = 0u64;
+    let mut last_drop_log: Option<tokio::time::Instant> = None;
     loop {
         // Reap finished connections so the set does not grow.
         while conns.try_join_next().is_some() {}
-        let permit = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break,
-            },
-        };
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => break,
             r = listener.accept() => r,
@@ -97,15 +209,48 @@ pub async fn accept_loop<F, Fut>(
         match accepted {
             Ok((stream, _)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
-                let conn_shutdown = shutdown.child_token();
-                let fut = serve(stream, conn_shutdown);
+                let evict = CancellationToken::new();
+                let id = {
+                    let mut p = pools.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    while p.queue.len() >= max_pending {
+                        if let Some((_, oldest)) = p.queue.pop_front() {
+                            oldest.cancel();
+                            dropped += 1;
+                        }
+                    }
+                    let id = p.next_id;
+                    p.next_id += 1;
+                    p.queue.push_back((id, evict.clone()));
+                    id
+                };
+                let now = tokio::time::Instant::now();
+                if dropped > 0
+                    && last_drop_log.is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_EVERY)
+                {
+                    tracing::warn!(
+                        dropped,
+                        max_pending,
+                        "pending connections dropped for newer ones (a flood of connections that send no accepted request)"
+                    );
+                    last_drop_log = Some(now);
+                    dropped = 0;
+                }
+                let admission = Admission(Arc::new(AdmissionInner {
+                    id,
+                    pools: pools.clone(),
+                    promoted: Mutex::new(None),
+                    shutdown: shutdown.child_token(),
+                }));
+                let fut = serve(stream, admission);
                 conns.spawn(async move {
-                    fut.await;
-                    drop(permit);
+                    tokio::select! {
+                        _ = fut => {}
+                        // Dropping the future closes the socket.
+                        _ = evict.cancelled() => {}
+                    }
                 });
             }
             Err(e) => {
-                drop(permit);
                 let now = tokio::time::Instant::now();
                 if last_log.is_none_or(|t| now.duration_since(t) >= ACCEPT_LOG_EVERY) {
                     tracing::warn!(error = %e, suppressed, retry_in = ?backoff, "accepting a connection failed");
@@ -147,15 +292,96 @@ mod tests {
         assert!(open_files_limit().is_some_and(|l| l > 0));
     }
 
+    #[test]
+    fn the_pending_budget_is_a_quarter_of_the_cap() {
+        assert_eq!(default_max_pending(1024), 256);
+        assert_eq!(default_max_pending(128), 32);
+        assert_eq!(default_max_pending(16), 8);
+    }
+
+    /// Serves each connection by promoting it at once when `promote` says so, then holding it
+    /// open forever; counts connections alive.
+    fn holding_server(
+        promote: bool,
+        alive: Arc<AtomicUsize>,
+        promoted: Arc<AtomicUsize>,
+    ) -> impl Fn(TcpStream, Admission) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+    {
+        move |s, admission| {
+            let (alive, promoted) = (alive.clone(), promoted.clone());
+            Box::pin(async move {
+                struct Alive(Arc<AtomicUsize>);
+                impl Drop for Alive {
+                    fn drop(&mut self) {
+                        self.0.fetch_sub(1, Ordering::SeqCst);
+                    }
+                }
+                alive.fetch_add(1, Ordering::SeqCst);
+                let _alive = Alive(alive);
+                if promote && admission.promote() {
+                    promoted.fetch_add(1, Ordering::SeqCst);
+                }
+                let _s = s;
+                admission.shutdown().cancelled().await;
+            })
+        }
+    }
+
     #[tokio::test]
-    async fn connections_beyond_the_cap_wait_and_shutdown_cuts_the_rest() {
+    async fn the_oldest_pending_connection_makes_room_and_promoted_ones_stay() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let open = Arc::new(AtomicUsize::new(0));
+        let (alive, promoted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let shutdown = CancellationToken::new();
-        let o = open.clone();
         let config = AcceptorConfig {
             max_connections: 2,
+            max_pending: 3,
+            shutdown_grace: Duration::from_millis(100),
+            ..Default::default()
+        };
+        // Promoted at once: two take the promoted slots, the rest stay pending.
+        let task = tokio::spawn(accept_loop(
+            listener,
+            config,
+            shutdown.clone(),
+            holding_server(true, alive.clone(), promoted.clone()),
+        ));
+        let mut clients = Vec::new();
+        for _ in 0..20 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(promoted.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            alive.load(Ordering::SeqCst),
+            2 + 3,
+            "the two promoted and the three newest pending"
+        );
+        // The first two clients (promoted) are still connected; the dropped ones see EOF.
+        use tokio::io::AsyncReadExt;
+        let mut buf = [0u8; 1];
+        for (i, c) in clients.iter_mut().enumerate() {
+            let r = tokio::time::timeout(Duration::from_millis(50), c.read(&mut buf)).await;
+            let open = r.is_err();
+            assert_eq!(open, i < 2 || i >= 17, "client {i}: open {open}");
+        }
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the acceptor stops")
+            .unwrap();
+        assert_eq!(alive.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_flood_of_silent_connections_never_stops_accepting_and_shutdown_cuts_the_rest() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (alive, promoted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let shutdown = CancellationToken::new();
+        let config = AcceptorConfig {
+            max_connections: 2,
+            max_pending: 8,
             shutdown_grace: Duration::from_millis(100),
             ..Default::default()
         };
@@ -163,23 +389,18 @@ mod tests {
             listener,
             config,
             shutdown.clone(),
-            move |s, stop| {
-                let o = o.clone();
-                async move {
-                    o.fetch_add(1, Ordering::SeqCst);
-                    // A connection that never ends by itself.
-                    let _s = s;
-                    std::future::pending::<()>().await;
-                    let _ = stop;
-                }
-            },
+            holding_server(false, alive.clone(), promoted.clone()),
         ));
         let mut clients = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..300 {
             clients.push(TcpStream::connect(addr).await.unwrap());
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(open.load(Ordering::SeqCst), 2, "two served, two wait");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            alive.load(Ordering::SeqCst),
+            8,
+            "only the newest pending stay"
+        );
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(5), task)
             .await

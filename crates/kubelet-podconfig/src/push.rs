@@ -289,7 +289,7 @@ impl PodSource for PushSource {
         tracing::info!(address = %self.local_addr, tls = self.tls.is_some(), "pod push endpoint listening");
         let limits = self.config.acceptor;
         let tls = self.tls.clone();
-        kubelet_net::listener::accept_loop(listener, limits, shutdown, move |tcp, stop| {
+        kubelet_net::listener::accept_loop(listener, limits, shutdown, move |tcp, admission| {
             let handler = handler.clone();
             let tls = tls.clone();
             async move {
@@ -311,7 +311,7 @@ impl PodSource for PushSource {
                                     .1
                                     .peer_certificates()
                                     .is_some_and(|c| !c.is_empty());
-                                serve(stream, handler, client_cert, peer, limits, stop).await
+                                serve(stream, handler, client_cert, peer, limits, admission).await
                             }
                             Ok(Err(e)) => {
                                 tracing::debug!(%peer, error = %kubelet_api::chain(&e), "pod push TLS handshake failed")
@@ -319,7 +319,7 @@ impl PodSource for PushSource {
                             Err(_) => tracing::debug!(%peer, "pod push TLS handshake timed out"),
                         }
                     }
-                    None => serve(tcp, handler, false, peer, limits, stop).await,
+                    None => serve(tcp, handler, false, peer, limits, admission).await,
                 }
             }
         })
@@ -333,13 +333,15 @@ async fn serve<S>(
     client_cert: bool,
     peer: SocketAddr,
     limits: AcceptorConfig,
-    shutdown: CancellationToken,
+    admission: kubelet_net::listener::Admission,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let shutdown = admission.shutdown().clone();
     let service = hyper::service::service_fn(move |req| {
         let handler = handler.clone();
-        async move { Ok::<_, Infallible>(handler.handle(req, client_cert, peer).await) }
+        let admission = admission.clone();
+        async move { Ok::<_, Infallible>(handler.handle(req, client_cert, peer, &admission).await) }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(hyper_util::rt::TokioTimer::new())
@@ -371,10 +373,31 @@ struct Handler {
 type Resp = Response<Full<Bytes>>;
 
 impl Handler {
-    async fn handle(&self, req: Request<Incoming>, client_cert: bool, peer: SocketAddr) -> Resp {
+    async fn handle(
+        &self,
+        req: Request<Incoming>,
+        client_cert: bool,
+        peer: SocketAddr,
+        admission: &kubelet_net::listener::Admission,
+    ) -> Resp {
         if let Err(resp) = self.authenticate(&req, client_cert) {
             tracing::info!(%peer, method = %req.method(), path = %req.uri().path(), status = resp.status().as_u16(), "pod push request refused");
             return *resp;
+        }
+        // An authenticated client's connection leaves the pending budget (see
+        // `kubelet_net::listener`).
+        if !admission.promote() {
+            let mut resp = status_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "ServiceUnavailable",
+                "too many connections; retry later".to_string(),
+                None,
+            );
+            resp.headers_mut().insert(
+                hyper::header::CONNECTION,
+                hyper::header::HeaderValue::from_static("close"),
+            );
+            return resp;
         }
         let method = req.method().clone();
         let segments: Vec<String> = req

@@ -586,7 +586,7 @@ async fn serve_listener(
     shutdown: CancellationToken,
 ) {
     let acceptor = shared.acceptor;
-    listener::accept_loop(listener, acceptor, shutdown, move |stream, stop| {
+    listener::accept_loop(listener, acceptor, shutdown, move |stream, admission| {
         let shared = shared.clone();
         let tls = tls.clone();
         async move {
@@ -615,9 +615,9 @@ async fn serve_listener(
                         .peer_certificates()
                         .and_then(|c| c.first())
                         .and_then(|c| tls::certificate_user(c));
-                    serve_connection(stream, port, peer, shared, stop).await;
+                    serve_connection(stream, port, peer, shared, admission).await;
                 }
-                None => serve_connection(stream, port, None, shared, stop).await,
+                None => serve_connection(stream, port, None, shared, admission).await,
             }
         }
     })
@@ -629,15 +629,19 @@ async fn serve_connection<S>(
     port: routes::Port,
     peer: Option<UserInfo>,
     shared: Arc<Shared>,
-    stop: CancellationToken,
+    admission: listener::Admission,
 ) where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let header_timeout = shared.acceptor.header_read_timeout;
+    let stop = admission.shutdown().clone();
     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
         let shared = shared.clone();
         let peer = peer.clone();
-        async move { Ok::<_, std::convert::Infallible>(handle(&shared, port, peer, req).await) }
+        let admission = admission.clone();
+        async move {
+            Ok::<_, std::convert::Infallible>(handle(&shared, port, peer, &admission, req).await)
+        }
     });
     let conn = hyper::server::conn::http1::Builder::new()
         .timer(TokioTimer::new())
@@ -659,11 +663,14 @@ async fn serve_connection<S>(
     }
 }
 
-/// Authenticate (kubelet API only), authorize, then route.
+/// Authenticate (kubelet API only), authorize, promote the connection (see
+/// [`listener`]'s admission: on the kubelet API only an authorized request promotes it), then
+/// route.
 async fn handle(
     shared: &Shared,
     port: routes::Port,
     peer: Option<UserInfo>,
+    admission: &listener::Admission,
     req: Request<Incoming>,
 ) -> Response<Body> {
     if port == routes::Port::Main {
@@ -687,6 +694,21 @@ async fn handle(
                 return routes::plain(StatusCode::INTERNAL_SERVER_ERROR, body);
             }
         }
+    }
+    if !admission.promote() {
+        let mut r = routes::plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "too many connections; retry later\n",
+        );
+        r.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+        r.headers_mut().insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("1"),
+        );
+        return r;
     }
     #[cfg(feature = "https")]
     if port == routes::Port::Main

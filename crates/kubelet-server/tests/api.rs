@@ -898,3 +898,88 @@ async fn a_reader_that_does_not_read_holds_the_server_to_a_bounded_buffer() {
     agent.shutdown.cancel();
     agent.task.await.unwrap();
 }
+
+/// Idle connections and stalled TLS handshakes far beyond the caps, with timeouts longer than
+/// the test: authorized clients are still served (the oldest pending connections make room),
+/// the read-only port too, and a flood holds no more than the pending budget.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_without_credentials_does_not_starve_authorized_clients() {
+    let pki = Pki::new();
+    let agent = start_with(&pki, tempfile::tempdir().unwrap(), |mut c| {
+        c.acceptor.max_connections = 16;
+        c.acceptor.max_pending = 8;
+        c.acceptor.handshake_timeout = Duration::from_secs(120);
+        c.acceptor.header_read_timeout = Duration::from_secs(120);
+        c
+    })
+    .await;
+    // An authorized client that keeps its connection is promoted and never dropped.
+    let tcp = TcpStream::connect(agent.api).await.unwrap();
+    let mut kept = tls_client(&agent.server_ca, None)
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .expect("TLS handshake");
+    let keep_alive =
+        "GET /healthz HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer admin-token\r\n\r\n";
+    kept.write_all(keep_alive.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = kept.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+
+    let mut flood = Vec::new();
+    for i in 0..600 {
+        let mut s = TcpStream::connect(agent.api).await.unwrap();
+        if i % 6 == 0 {
+            // The start of a TLS record that never completes: a stalled handshake.
+            s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+                .await
+                .unwrap();
+        }
+        flood.push(s);
+    }
+    for _ in 0..200 {
+        flood.push(TcpStream::connect(agent.read_only).await.unwrap());
+    }
+    for _ in 0..10 {
+        let r = tokio::time::timeout(
+            Duration::from_secs(20),
+            https(&agent, "/pods", Some("admin-token"), None),
+        )
+        .await
+        .expect("an authorized request is answered during the flood");
+        assert_eq!(r.code, 200);
+        // More silent clients between two requests.
+        for _ in 0..20 {
+            flood.push(TcpStream::connect(agent.api).await.unwrap());
+        }
+    }
+    let r = tokio::time::timeout(Duration::from_secs(20), http(agent.read_only, "/healthz"))
+        .await
+        .expect("the read-only port answers during the flood");
+    assert_eq!(r.code, 200);
+    // The promoted keep-alive connection still works.
+    kept.write_all(keep_alive.as_bytes()).await.unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(20), kept.read(&mut buf))
+        .await
+        .expect("the kept connection answers")
+        .unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    // Of the flood, at most the pending budgets (8 per listener) are still connected: the
+    // others were closed by the server (EOF).
+    let mut open = 0;
+    for s in &mut flood {
+        let mut b = [0u8; 1];
+        if tokio::time::timeout(Duration::from_millis(5), s.read(&mut b))
+            .await
+            .is_err()
+        {
+            open += 1;
+        }
+    }
+    assert!(
+        open <= 16,
+        "{open} flood connections still held by the server"
+    );
+    agent.shutdown.cancel();
+    let _ = agent.task.await;
+}
