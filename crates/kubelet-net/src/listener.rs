@@ -363,7 +363,7 @@ mod tests {
         for (i, c) in clients.iter_mut().enumerate() {
             let r = tokio::time::timeout(Duration::from_millis(50), c.read(&mut buf)).await;
             let open = r.is_err();
-            assert_eq!(open, i < 2 || i >= 17, "client {i}: open {open}");
+            assert_eq!(open, !(2..17).contains(&i), "client {i}: open {open}");
         }
         shutdown.cancel();
         tokio::time::timeout(Duration::from_secs(5), task)
