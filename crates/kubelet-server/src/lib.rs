@@ -206,6 +206,18 @@ pub struct ServerConfig {
     pub streaming_connection_idle_timeout: Duration,
     /// Limits of every listener.
     pub acceptor: AcceptorConfig,
+    /// Most exec, attach and port-forward sessions open at once (upgraded connections leave
+    /// the acceptor's count): beyond it a streaming request gets 503. Default: a sixteenth of
+    /// the open-file limit, 16 to 1,024.
+    pub max_streaming_sessions: usize,
+    /// Most forwarded connections one port-forward session may have open (SPDY stream pairs);
+    /// beyond it a new pair gets an error on its error stream. Default 128.
+    pub max_forwarded_per_session: usize,
+}
+
+/// The default cap on streaming sessions: a sixteenth of `open_files` (16 to 1,024).
+pub fn default_max_streaming_sessions(open_files: Option<u64>) -> usize {
+    open_files.map_or(1024, |l| (l / 16).clamp(16, 1024) as usize)
 }
 
 impl Default for ServerConfig {
@@ -261,6 +273,8 @@ impl ServerConfig {
             configz: serde_json::to_value(c).ok(),
             streaming_connection_idle_timeout: c.streaming_connection_idle_timeout.as_duration(),
             acceptor: AcceptorConfig::default(),
+            max_streaming_sessions: default_max_streaming_sessions(listener::open_files_limit()),
+            max_forwarded_per_session: 128,
         }
     }
 
@@ -539,6 +553,12 @@ impl AgentPlugin for KubeletServer {
                     .max(routes::MIN_SYNC_LOOP_THRESHOLD),
                 #[cfg(feature = "https")]
                 streaming_idle_timeout: self.config.streaming_connection_idle_timeout,
+                #[cfg(feature = "https")]
+                streaming_sessions: Arc::new(tokio::sync::Semaphore::new(
+                    self.config.max_streaming_sessions.max(1),
+                )),
+                #[cfg(feature = "https")]
+                max_forwarded_per_session: self.config.max_forwarded_per_session.max(1),
             },
             security: self.security(),
             node_name: ctx.node_name().to_string(),

@@ -136,7 +136,7 @@ pub(crate) async fn proxy(req: Request<Incoming>, url: &str) -> Response<Body> {
         return r;
     }
     tokio::spawn(async move {
-        let client = match hyper::upgrade::on(req).await {
+        let client = match crate::streaming::upgrade(req).await {
             Ok(u) => u,
             Err(e) => {
                 tracing::debug!(error = %kubelet_api::chain(&e), "streaming proxy: client upgrade failed");

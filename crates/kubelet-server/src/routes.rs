@@ -75,6 +75,12 @@ pub(crate) struct Context {
     /// `streamingConnectionIdleTimeout`.
     #[cfg(feature = "https")]
     pub(crate) streaming_idle_timeout: Duration,
+    /// One permit per open streaming session (`max_streaming_sessions`).
+    #[cfg(feature = "https")]
+    pub(crate) streaming_sessions: Arc<tokio::sync::Semaphore>,
+    /// `max_forwarded_per_session`.
+    #[cfg(feature = "https")]
+    pub(crate) max_forwarded_per_session: usize,
 }
 
 pub(crate) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {

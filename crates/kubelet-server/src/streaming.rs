@@ -265,7 +265,75 @@ async fn ready_sandbox(ctx: &Context, pod: &Pod) -> Result<String, Refusal> {
 }
 
 /// Answer a streaming request (authorized already).
-pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) -> Response<Body> {
+/// A streaming session's place under `max_streaming_sessions`, carried in the request's
+/// extensions to the upgraded connection ([`upgrade`]), which holds it until it closes.
+#[derive(Clone)]
+pub(crate) struct SessionSlot(#[allow(dead_code)] Arc<tokio::sync::OwnedSemaphorePermit>);
+
+/// An upgraded connection that holds its session's slot.
+pub(crate) struct Counted {
+    io: hyper::upgrade::Upgraded,
+    _slot: Option<SessionSlot>,
+}
+
+impl hyper::rt::Read for Counted {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: hyper::rt::ReadBufCursor<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl hyper::rt::Write for Counted {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+}
+
+/// `hyper::upgrade::on`, keeping the request's [`SessionSlot`] with the connection.
+pub(crate) async fn upgrade(mut req: Request<Incoming>) -> hyper::Result<Counted> {
+    let slot = req.extensions_mut().remove::<SessionSlot>();
+    let io = hyper::upgrade::on(req).await?;
+    Ok(Counted { io, _slot: slot })
+}
+
+pub(crate) async fn handle(
+    ctx: &Context,
+    kind: Kind,
+    mut req: Request<Incoming>,
+) -> Response<Body> {
     let path = req.uri().path().to_string();
     // `/run` runs a command: POST only, as the kubelet registers it.
     if kind == Kind::Run && req.method() != http::Method::POST {
@@ -284,6 +352,22 @@ pub(crate) async fn handle(ctx: &Context, kind: Kind, req: Request<Incoming>) ->
     };
     if kind == Kind::Run {
         return run(ctx, &pod, &target, &query).await;
+    }
+    // Upgraded connections leave the acceptor's count: sessions have a cap of their own.
+    match ctx.streaming_sessions.clone().try_acquire_owned() {
+        Ok(permit) => {
+            req.extensions_mut().insert(SessionSlot(Arc::new(permit)));
+        }
+        Err(_) => {
+            tracing::warn!(kind = ?kind, "streaming session refused: every session slot is taken");
+            let mut r = plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many streaming sessions; retry later\n",
+            );
+            r.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return r;
+        }
     }
     let Some(streaming) = ctx.runtime.streaming() else {
         return not_supported(match kind {
@@ -464,7 +548,7 @@ fn spdy_remotecommand(
 ) -> Response<Body> {
     let idle = ctx.streaming_idle_timeout;
     tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(req).await {
+        let upgraded = match upgrade(req).await {
             Ok(u) => u,
             Err(e) => {
                 tracing::debug!(error = %kubelet_api::chain(&e), "exec upgrade failed");
@@ -631,8 +715,9 @@ fn spdy_port_forward(
         Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
+    let limit = ctx.max_forwarded_per_session;
     tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(req).await {
+        let upgraded = match upgrade(req).await {
             Ok(u) => u,
             Err(e) => {
                 tracing::debug!(error = %kubelet_api::chain(&e), "port-forward upgrade failed");
@@ -640,21 +725,28 @@ fn spdy_port_forward(
             }
         };
         let spdy = Session::start(TokioIo::new(upgraded), idle);
-        serve_port_forward_session(spdy, dialer, sandbox).await;
+        serve_port_forward_session(spdy, dialer, sandbox, limit).await;
     });
     switching("SPDY/3.1", ("X-Stream-Protocol-Version", protocol))
 }
 
 /// Pairs each forwarded connection's `error` and `data` streams (by `requestID`) and copies
-/// bytes between the data stream and a connection to the port.
+/// bytes between the data stream and a connection to the port. At most `limit` pairs are
+/// forwarded (and at most `limit` streams wait for their other half) at once; when the session
+/// ends, every connection to the pod it opened is closed.
 pub(crate) async fn serve_port_forward_session(
     mut spdy: Session,
     dialer: Arc<dyn PortDialer>,
     sandbox: String,
+    limit: usize,
 ) {
     let mut waiting: std::collections::HashMap<String, (Option<Stream>, Option<Stream>)> =
         std::collections::HashMap::new();
+    // Dropped (so aborted, their pod-side sockets closed) when the session ends.
+    let mut forwarding = tokio::task::JoinSet::new();
+    let mut refused = 0u64;
     while let Some(s) = spdy.streams.recv().await {
+        while forwarding.try_join_next().is_some() {}
         tracing::debug!(stream = s.id, headers = ?s.headers, "port-forward stream");
         let request = s
             .header("requestid")
@@ -669,6 +761,14 @@ pub(crate) async fn serve_port_forward_session(
                 };
                 format!("stream-{base}")
             });
+        if !waiting.contains_key(&request) && waiting.len() >= limit {
+            tracing::debug!(
+                limit,
+                "port-forward: too many half-open stream pairs; resetting"
+            );
+            let _ = s.writer.reset(crate::spdy::status::REFUSED_STREAM).await;
+            continue;
+        }
         let entry = waiting.entry(request.clone()).or_default();
         match s.header("streamtype") {
             Some("error") => entry.0 = Some(s),
@@ -683,11 +783,29 @@ pub(crate) async fn serve_port_forward_session(
             let Some((Some(error), Some(data))) = waiting.remove(&request) else {
                 continue;
             };
+            if forwarding.len() >= limit {
+                refused += 1;
+                if refused == 1 {
+                    tracing::warn!(
+                        limit,
+                        "port-forward: a session reached its limit of forwarded connections; new ones are refused"
+                    );
+                }
+                let m = format!(
+                    "too many forwarded connections in this session (limit {limit}) for pod {sandbox}"
+                );
+                let _ = error.writer.write(m.as_bytes()).await;
+                let _ = error.writer.finish().await;
+                let _ = data.writer.finish().await;
+                continue;
+            }
             let dialer = dialer.clone();
             let sandbox = sandbox.clone();
-            tokio::spawn(async move { forward_one(dialer, error, data, &sandbox).await });
+            forwarding.spawn(async move { forward_one(dialer, error, data, &sandbox).await });
         }
     }
+    // The client is gone: nothing it opened stays connected to the pod.
+    forwarding.shutdown().await;
 }
 
 async fn forward_one(dialer: Arc<dyn PortDialer>, error: Stream, data: Stream, sandbox: &str) {
@@ -872,6 +990,7 @@ mod tests {
             session,
             Arc::new(LocalDialer),
             "sb".into(),
+            2,
         ));
         let (mut crd, mut cwr) = tokio::io::split(client);
         let mut w = FrameWriter::new();
@@ -914,5 +1033,89 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A session forwards at most `limit` connections (the next pair gets the error), and when
+    /// the client goes every connection it made to the pod is closed, even one the pod keeps
+    /// open.
+    #[tokio::test]
+    async fn forwarded_connections_are_bounded_and_closed_with_their_session() {
+        use crate::spdy::{Frame, FrameReader, FrameWriter};
+        use bytes::BytesMut;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (closed_tx, mut closed_rx) = mpsc::channel::<()>(8);
+        tokio::spawn(async move {
+            loop {
+                let (mut c, _) = listener.accept().await.unwrap();
+                let closed = closed_tx.clone();
+                // The pod side never closes by itself; it notices when the agent closes.
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+                    let _ = closed.send(()).await;
+                });
+            }
+        });
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let session = Session::start(server, Duration::from_secs(30));
+        let served = tokio::spawn(serve_port_forward_session(
+            session,
+            Arc::new(LocalDialer),
+            "sb".into(),
+            2,
+        ));
+        let (mut crd, mut cwr) = tokio::io::split(client);
+        let mut w = FrameWriter::new();
+        let mut wire = BytesMut::new();
+        let p = port.to_string();
+        for (i, id) in ["0", "1", "2"].iter().enumerate() {
+            let base = 1 + 4 * i as u32;
+            w.syn_stream(
+                &mut wire,
+                base,
+                false,
+                &[("streamType", "error"), ("port", &p), ("requestID", id)],
+            )
+            .unwrap();
+            w.syn_stream(
+                &mut wire,
+                base + 2,
+                false,
+                &[("streamType", "data"), ("port", &p), ("requestID", id)],
+            )
+            .unwrap();
+        }
+        cwr.write_all(&wire).await.unwrap();
+        // The third pair's error stream (ID 9) says why.
+        let mut r = FrameReader::new();
+        let mut buf = BytesMut::new();
+        let mut error = Vec::new();
+        while !String::from_utf8_lossy(&error).contains("limit 2") {
+            let n = tokio::time::timeout(Duration::from_secs(5), crd.read_buf(&mut buf))
+                .await
+                .expect("the refused pair is answered")
+                .unwrap();
+            assert!(n > 0);
+            while let Some(f) = r.decode(&mut buf).unwrap() {
+                if let Frame::Data {
+                    stream_id: 9, data, ..
+                } = f
+                {
+                    error.extend_from_slice(&data);
+                }
+            }
+        }
+        // The client goes: both pod-side connections are closed.
+        drop((crd, cwr));
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_secs(5), closed_rx.recv())
+                .await
+                .expect("a pod-side connection closed with its session");
+        }
+        tokio::time::timeout(Duration::from_secs(5), served)
+            .await
+            .expect("the session ends")
+            .unwrap();
     }
 }

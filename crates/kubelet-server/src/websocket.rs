@@ -111,10 +111,10 @@ fn accept(req: &Request<Incoming>, protocol: &str) -> Result<Response<Body>, Ref
     Ok(r)
 }
 
-type Ws = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+type Ws = WebSocketStream<TokioIo<crate::streaming::Counted>>;
 
 async fn upgraded(req: Request<Incoming>) -> Option<Ws> {
-    match hyper::upgrade::on(req).await {
+    match crate::streaming::upgrade(req).await {
         Ok(u) => Some(WebSocketStream::from_raw_socket(TokioIo::new(u), Role::Server, None).await),
         Err(e) => {
             tracing::debug!(error = %kubelet_api::chain(&e), "WebSocket upgrade failed");
@@ -359,6 +359,7 @@ pub(crate) fn port_forward(
         Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
+    let limit = ctx.max_forwarded_per_session;
     if protocol == "SPDY/3.1+portforward.k8s.io" {
         let response = match accept(&req, protocol) {
             Ok(r) => r,
@@ -369,7 +370,8 @@ pub(crate) fn port_forward(
                 tracing::debug!("port-forward over the WebSocket SPDY tunnel");
                 let io = tunnel(ws);
                 let spdy = crate::spdy::Session::start(io, idle);
-                crate::streaming::serve_port_forward_session(spdy, dialer, String::new()).await;
+                crate::streaming::serve_port_forward_session(spdy, dialer, String::new(), limit)
+                    .await;
             }
         });
         return response;
