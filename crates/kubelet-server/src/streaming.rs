@@ -322,6 +322,23 @@ impl hyper::rt::Write for Counted {
     }
 }
 
+/// A slot for one more streaming session, or the 503 that refuses it.
+fn session_slot(sessions: &Arc<tokio::sync::Semaphore>) -> Result<SessionSlot, Refusal> {
+    sessions
+        .clone()
+        .try_acquire_owned()
+        .map(|p| SessionSlot(Arc::new(p)))
+        .map_err(|_| {
+            let mut r = plain(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "too many streaming sessions; retry later\n",
+            );
+            r.headers_mut()
+                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
+            Box::new(r)
+        })
+}
+
 /// `hyper::upgrade::on`, keeping the request's [`SessionSlot`] with the connection.
 pub(crate) async fn upgrade(mut req: Request<Incoming>) -> hyper::Result<Counted> {
     let slot = req.extensions_mut().remove::<SessionSlot>();
@@ -354,19 +371,13 @@ pub(crate) async fn handle(
         return run(ctx, &pod, &target, &query).await;
     }
     // Upgraded connections leave the acceptor's count: sessions have a cap of their own.
-    match ctx.streaming_sessions.clone().try_acquire_owned() {
-        Ok(permit) => {
-            req.extensions_mut().insert(SessionSlot(Arc::new(permit)));
+    match session_slot(&ctx.streaming_sessions) {
+        Ok(slot) => {
+            req.extensions_mut().insert(slot);
         }
-        Err(_) => {
+        Err(r) => {
             tracing::warn!(kind = ?kind, "streaming session refused: every session slot is taken");
-            let mut r = plain(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "too many streaming sessions; retry later\n",
-            );
-            r.headers_mut()
-                .insert(http::header::RETRY_AFTER, HeaderValue::from_static("1"));
-            return r;
+            return *r;
         }
     }
     let Some(streaming) = ctx.runtime.streaming() else {
@@ -1117,5 +1128,22 @@ mod tests {
             .await
             .expect("the session ends")
             .unwrap();
+    }
+
+    #[test]
+    fn streaming_sessions_beyond_the_cap_get_503_until_one_ends() {
+        let sessions = Arc::new(tokio::sync::Semaphore::new(2));
+        let a = session_slot(&sessions).ok().unwrap();
+        let b = session_slot(&sessions).ok().unwrap();
+        let refused = session_slot(&sessions).err().unwrap();
+        assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(refused.headers()["retry-after"], "1");
+        // A clone (the request's extensions are cloned with it) keeps the slot taken.
+        let a2 = a.clone();
+        drop(a);
+        assert!(session_slot(&sessions).is_err());
+        drop(a2);
+        assert!(session_slot(&sessions).is_ok());
+        drop(b);
     }
 }
