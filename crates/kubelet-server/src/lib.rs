@@ -213,6 +213,9 @@ pub struct ServerConfig {
     /// Most forwarded connections one port-forward session may have open (SPDY stream pairs);
     /// beyond it a new pair gets an error on its error stream. Default 128.
     pub max_forwarded_per_session: usize,
+    /// Most forwarded connections of all port-forward sessions together (each holds a
+    /// descriptor to the pod). Default: an eighth of the open-file limit, 64 to 4,096.
+    pub max_forwarded_connections: usize,
 }
 
 /// The default cap on streaming sessions: a sixteenth of `open_files` (16 to 1,024).
@@ -275,6 +278,8 @@ impl ServerConfig {
             acceptor: AcceptorConfig::default(),
             max_streaming_sessions: default_max_streaming_sessions(listener::open_files_limit()),
             max_forwarded_per_session: 128,
+            max_forwarded_connections: listener::open_files_limit()
+                .map_or(4096, |l| (l / 8).clamp(64, 4096) as usize),
         }
     }
 
@@ -559,6 +564,10 @@ impl AgentPlugin for KubeletServer {
                 )),
                 #[cfg(feature = "https")]
                 max_forwarded_per_session: self.config.max_forwarded_per_session.max(1),
+                #[cfg(feature = "https")]
+                forwarded_connections: Arc::new(tokio::sync::Semaphore::new(
+                    self.config.max_forwarded_connections.max(1),
+                )),
             },
             security: self.security(),
             node_name: ctx.node_name().to_string(),

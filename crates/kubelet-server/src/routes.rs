@@ -81,6 +81,9 @@ pub(crate) struct Context {
     /// `max_forwarded_per_session`.
     #[cfg(feature = "https")]
     pub(crate) max_forwarded_per_session: usize,
+    /// One permit per forwarded connection of all sessions (`max_forwarded_connections`).
+    #[cfg(feature = "https")]
+    pub(crate) forwarded_connections: Arc<tokio::sync::Semaphore>,
 }
 
 pub(crate) fn full(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {

@@ -726,7 +726,10 @@ fn spdy_port_forward(
         Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
-    let limit = ctx.max_forwarded_per_session;
+    let limits = ForwardLimits {
+        per_session: ctx.max_forwarded_per_session,
+        all: ctx.forwarded_connections.clone(),
+    };
     tokio::spawn(async move {
         let upgraded = match upgrade(req).await {
             Ok(u) => u,
@@ -736,21 +739,32 @@ fn spdy_port_forward(
             }
         };
         let spdy = Session::start(TokioIo::new(upgraded), idle);
-        serve_port_forward_session(spdy, dialer, sandbox, limit).await;
+        serve_port_forward_session(spdy, dialer, sandbox, limits).await;
     });
     switching("SPDY/3.1", ("X-Stream-Protocol-Version", protocol))
 }
 
+/// How many connections port-forward sessions may forward.
+#[derive(Clone)]
+pub(crate) struct ForwardLimits {
+    /// At once in one session.
+    pub(crate) per_session: usize,
+    /// At once in all sessions together: one permit each.
+    pub(crate) all: Arc<tokio::sync::Semaphore>,
+}
+
 /// Pairs each forwarded connection's `error` and `data` streams (by `requestID`) and copies
-/// bytes between the data stream and a connection to the port. At most `limit` pairs are
-/// forwarded (and at most `limit` streams wait for their other half) at once; when the session
-/// ends, every connection to the pod it opened is closed.
+/// bytes between the data stream and a connection to the port. At most `limits.per_session`
+/// pairs are forwarded (and at most as many streams wait for their other half) at once, and no
+/// more than `limits.all` permits allow; when the session ends, every connection to the pod it
+/// opened is closed.
 pub(crate) async fn serve_port_forward_session(
     mut spdy: Session,
     dialer: Arc<dyn PortDialer>,
     sandbox: String,
-    limit: usize,
+    limits: ForwardLimits,
 ) {
+    let limit = limits.per_session;
     let mut waiting: std::collections::HashMap<String, (Option<Stream>, Option<Stream>)> =
         std::collections::HashMap::new();
     // Dropped (so aborted, their pod-side sockets closed) when the session ends.
@@ -794,7 +808,12 @@ pub(crate) async fn serve_port_forward_session(
             let Some((Some(error), Some(data))) = waiting.remove(&request) else {
                 continue;
             };
-            if forwarding.len() >= limit {
+            let permit = if forwarding.len() < limit {
+                limits.all.clone().try_acquire_owned().ok()
+            } else {
+                None
+            };
+            let Some(permit) = permit else {
                 refused += 1;
                 if refused == 1 {
                     tracing::warn!(
@@ -803,16 +822,19 @@ pub(crate) async fn serve_port_forward_session(
                     );
                 }
                 let m = format!(
-                    "too many forwarded connections in this session (limit {limit}) for pod {sandbox}"
+                    "too many forwarded connections (limit {limit} in this session, or the agent's) for pod {sandbox}"
                 );
                 let _ = error.writer.write(m.as_bytes()).await;
                 let _ = error.writer.finish().await;
                 let _ = data.writer.finish().await;
                 continue;
-            }
+            };
             let dialer = dialer.clone();
             let sandbox = sandbox.clone();
-            forwarding.spawn(async move { forward_one(dialer, error, data, &sandbox).await });
+            forwarding.spawn(async move {
+                forward_one(dialer, error, data, &sandbox).await;
+                drop(permit);
+            });
         }
     }
     // The client is gone: nothing it opened stays connected to the pod.
@@ -1001,7 +1023,10 @@ mod tests {
             session,
             Arc::new(LocalDialer),
             "sb".into(),
-            2,
+            ForwardLimits {
+                per_session: 2,
+                all: Arc::new(tokio::sync::Semaphore::new(100)),
+            },
         ));
         let (mut crd, mut cwr) = tokio::io::split(client);
         let mut w = FrameWriter::new();
@@ -1074,7 +1099,10 @@ mod tests {
             session,
             Arc::new(LocalDialer),
             "sb".into(),
-            2,
+            ForwardLimits {
+                per_session: 2,
+                all: Arc::new(tokio::sync::Semaphore::new(100)),
+            },
         ));
         let (mut crd, mut cwr) = tokio::io::split(client);
         let mut w = FrameWriter::new();

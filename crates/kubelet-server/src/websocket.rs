@@ -359,7 +359,10 @@ pub(crate) fn port_forward(
         Err(r) => return *r,
     };
     let idle = ctx.streaming_idle_timeout;
-    let limit = ctx.max_forwarded_per_session;
+    let limits = crate::streaming::ForwardLimits {
+        per_session: ctx.max_forwarded_per_session,
+        all: ctx.forwarded_connections.clone(),
+    };
     if protocol == "SPDY/3.1+portforward.k8s.io" {
         let response = match accept(&req, protocol) {
             Ok(r) => r,
@@ -370,7 +373,7 @@ pub(crate) fn port_forward(
                 tracing::debug!("port-forward over the WebSocket SPDY tunnel");
                 let io = tunnel(ws);
                 let spdy = crate::spdy::Session::start(io, idle);
-                crate::streaming::serve_port_forward_session(spdy, dialer, String::new(), limit)
+                crate::streaming::serve_port_forward_session(spdy, dialer, String::new(), limits)
                     .await;
             }
         });
@@ -394,6 +397,15 @@ pub(crate) fn port_forward(
             StatusCode::BAD_REQUEST,
             "BadRequest",
             "query parameter \"port\" is required",
+        );
+    }
+    // Two channels per port, numbered by one byte; and no more than a session may forward.
+    let most = limits.per_session.min(128);
+    if parsed.len() > most {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "BadRequest",
+            format!("too many ports: {} (at most {most})", parsed.len()),
         );
     }
     let response = match accept(&req, protocol) {
