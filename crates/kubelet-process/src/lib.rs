@@ -99,6 +99,7 @@ mod cgroup;
 pub mod config;
 pub mod error;
 mod events;
+mod execs;
 mod pidfd;
 mod record;
 pub mod runtime;

@@ -215,6 +215,7 @@ impl ProcessRuntime {
             ),
         }
         reap_orphans(&config.root_dir, cgroups.as_ref());
+        crate::execs::kill_stale(&config.root_dir);
         Ok(Self {
             config,
             cgroups,
@@ -1194,6 +1195,8 @@ impl ProcessRuntime {
             }
         };
         let pid = child.id();
+        let _record =
+            pid.and_then(|p| crate::execs::ExecRecord::create(&self.container_dir(id), p));
         let out = if timeout.is_zero() {
             child.wait_with_output().await
         } else {

@@ -222,6 +222,7 @@ impl ProcessRuntime {
                 }
             });
             let id = id.to_string();
+            let container_dir = self.state_dir(&id);
             return Ok(ExecSession {
                 stdin: opts
                     .stdin
@@ -240,6 +241,9 @@ impl ProcessRuntime {
                         })
                     })?;
                     let mut guard = KillOnDrop(child.id().map(|p| p as i32));
+                    let _record = child
+                        .id()
+                        .and_then(|p| crate::execs::ExecRecord::create(&container_dir, p));
                     let status = child.wait().await.map_err(|source| {
                         kubelet_api::Error::from(ProcessError::ExecSpawn { id, source })
                     })?;
@@ -288,10 +292,14 @@ impl ProcessRuntime {
         };
         let mut child = child;
         let guard = KillOnDrop(child.id().map(|p| p as i32));
+        let record = child
+            .id()
+            .and_then(|p| crate::execs::ExecRecord::create(&self.state_dir(id), p));
         let id = id.to_string();
         Ok(ExecSession {
             exit: Box::pin(async move {
                 let mut guard = guard;
+                let _record = record;
                 let status = child.wait().await.map_err(|source| {
                     kubelet_api::Error::from(ProcessError::ExecSpawn { id, source })
                 })?;

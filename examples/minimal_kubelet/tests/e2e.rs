@@ -999,6 +999,62 @@ fn editing_manifest_replaces_the_pod() {
 // 5. Agent restart adopts running containers
 // ---------------------------------------------------------------------------------------------
 
+/// An exec'd command (here an exec liveness probe) whose agent is killed with SIGKILL belongs
+/// to no session any more: the next agent kills it at start, and leaves the container alone.
+#[test]
+fn commands_execd_by_a_killed_agent_are_killed_by_the_next_one() {
+    let mut env = Env::new("stale-exec");
+    env.start();
+    let token = env.token("main");
+    let probe_token = env.token("probe");
+    let once = env.work.join("probed-once");
+    let mut container = sh("main", &looping("", true), &token);
+    // The first probe hangs in `sleep` (its timeout is long); later ones pass at once.
+    container["livenessProbe"] = json!({
+        "exec": { "command": ["/bin/sh", "-c", format!(
+            "test -e {o} && exit 0; touch {o}; sleep 300", o = once.display()
+        ), probe_token] },
+        "periodSeconds": 1,
+        "timeoutSeconds": 600,
+    });
+    env.write_pod(
+        "execd.json",
+        &pod("execd", json!({ "containers": [container] })),
+    );
+    let name = static_name("execd");
+    env.wait_running_ready(&name);
+    let pid = wait_single_process(&token);
+    wait_until("the hanging probe command", || {
+        (!container_pids(&probe_token).is_empty()).then_some(())
+    });
+
+    let mut agent = env.agent.take().expect("agent running");
+    agent.kill().expect("SIGKILL the agent");
+    agent.wait().expect("reap the agent");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !container_pids(&probe_token).is_empty(),
+        "the probe command died with the agent: nothing to clean up"
+    );
+
+    env.start();
+    wait_until("the stale probe command killed", || {
+        container_pids(&probe_token).is_empty().then_some(())
+    });
+    assert!(
+        !env.stderr_lines_with("exec'd by a previous agent")
+            .is_empty(),
+        "one warning says so"
+    );
+    let after = env.wait_running_ready(&name);
+    assert_eq!(main_status(&after, "main")["restartCount"], 0, "{after:#}");
+    assert_eq!(
+        container_pids(&token),
+        vec![pid],
+        "the container was touched"
+    );
+}
+
 #[test]
 fn restarting_the_agent_leaves_running_containers_untouched() {
     let mut env = Env::new("restart");
