@@ -905,6 +905,12 @@ async fn run(ctx: &Context, pod: &Pod, target: &Target, query: &Query) -> Respon
         Ok(id) => id,
         Err(r) => return *r,
     };
+    // The kubelet splits `cmd` on spaces and hands even an empty one to the runtime (a 500
+    // from its error); no runtime can run an empty program name: 400, as `/exec` without a
+    // command.
+    if query.cmd.trim().is_empty() {
+        return bad_request("you must specify a command");
+    }
     let cmd: Vec<String> = query.cmd.split(' ').map(str::to_string).collect();
     match ctx.runtime.exec_sync(&id, &cmd, Duration::ZERO).await {
         Ok(r) => {

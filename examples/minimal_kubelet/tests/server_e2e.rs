@@ -943,6 +943,13 @@ fn kubectl_exec_cp_attach_and_port_forward_through_a_real_api_server() {
     // /run: the output of a non-streaming exec.
     let (code, body, _) = call("/run/default/shell/app?cmd=echo+run-ok", &["-X", "POST"]);
     assert!(code == 200 && body == "run-ok\n", "{code} {body}");
+    // No command: 400 (the kubelet passes an empty program name to the runtime).
+    let (code, body, _) = call("/run/default/shell/app?cmd=", &["-X", "POST"]);
+    assert_eq!(code, 400, "{body}");
+    // A boolean the API machinery reads as true (anything but absent, `0` or `false`), as the
+    // kubelet does: not an error.
+    let (code, body, _) = call("/containerLogs/default/shell/app?timestamps=maybe", &[]);
+    assert_eq!(code, 200, "{body}");
 
     // A 10 MiB burst on standard input, and 100 execs at once.
     let k = &debian_kubectl;
