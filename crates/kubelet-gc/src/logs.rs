@@ -14,7 +14,8 @@
 //! Deliberate difference: the kubelet compresses before it renames, which holds the log at its
 //! size limit for as long as compressing takes; here the container's output moves to the new
 //! file first.
-//! A log file found missing (a rotation that failed half-way) is reopened. Deliberate
+//! A log file found missing (a rotation that failed half-way, or the file or its directory
+//! removed under a running container) is reopened, its directory recreated first. Deliberate
 //! difference: the timestamp is UTC (the kubelet uses the node's local time). A runtime that
 //! cannot reopen logs is logged once and its logs are left alone.
 
@@ -187,7 +188,17 @@ impl LogRotator {
         let size = match tokio::fs::metadata(log).await {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                // A rotation that renamed the file but did not reopen it: reopen now.
+                // A rotation that renamed the file but did not reopen it, or the file (or its
+                // whole directory) removed under the running container, which then writes into
+                // a deleted file: recreate the directory and reopen now.
+                if let Some(dir) = log.parent()
+                    && !tokio::fs::try_exists(dir).await.unwrap_or(true)
+                {
+                    tracing::warn!(container = %id, dir = %dir.display(), "a running container's log directory was removed; recreating it and reopening the log");
+                    tokio::fs::create_dir_all(dir)
+                        .await
+                        .map_err(log_err("creating", dir))?;
+                }
                 self.reopen(runtime, id).await?;
                 match tokio::fs::metadata(log).await {
                     Ok(m) => m.len(),

@@ -2445,6 +2445,51 @@ fn assert_every_line_once(text: &str, count: usize, pad: &str) {
     assert_eq!(next, count, "lines followed");
 }
 
+/// A running pod's log directory removed under it: the next log check recreates it and has the
+/// runtime reopen the log, so the container's output is readable again (not written into a
+/// deleted file), with one warning.
+#[test]
+fn a_removed_pod_log_directory_is_recreated_and_the_log_reopened() {
+    let mut env = Env::new("logdir-gone");
+    env.extra_args = vec!["--container-log-monitor-interval".into(), "200ms".into()];
+    env.start();
+    let token = env.token("talker");
+    let script = "i=0; while true; do echo \"line $i\"; i=$((i+1)); sleep 0.1; done";
+    env.write_pod(
+        "talker.json",
+        &pod(
+            "talker",
+            json!({ "containers": [sh("app", script, &token)] }),
+        ),
+    );
+    let name = static_name("talker");
+    let p = env.wait_running_ready(&name);
+    let uid = p["metadata"]["uid"].as_str().expect("uid").to_string();
+    let pid = wait_single_process(&token);
+    let dir = env.logs.join(format!("default_{name}_{uid}"));
+    let log = dir.join("app").join("0.log");
+    wait_until("the first lines", || log.exists().then_some(()));
+    std::fs::remove_dir_all(&dir).expect("remove the pod's log directory");
+
+    wait_until("new lines in a recreated log", || {
+        std::fs::read_to_string(&log)
+            .ok()
+            .filter(|t| t.lines().count() >= 3)
+            .map(|_| ())
+    });
+    wait_until("the warning", || {
+        (!env
+            .stderr_lines_with("log directory was removed")
+            .is_empty())
+        .then_some(())
+    });
+    assert_eq!(
+        container_pids(&token),
+        vec![pid],
+        "the container was restarted"
+    );
+}
+
 #[test]
 fn a_chatty_containers_logs_rotate_at_10_mib_keeping_five_files_and_a_follower_loses_no_line() {
     let mut env = Env::new("logrotate");
