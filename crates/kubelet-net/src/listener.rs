@@ -347,7 +347,18 @@ mod tests {
             holding_server(true, alive.clone(), promoted.clone()),
         ));
         let mut clients = Vec::new();
-        for _ in 0..20 {
+        // The first two promote themselves before the others arrive (a server promotes after
+        // a request, which takes a moment).
+        for _ in 0..2 {
+            clients.push(TcpStream::connect(addr).await.unwrap());
+        }
+        for _ in 0..500 {
+            if promoted.load(Ordering::SeqCst) == 2 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        for _ in 2..20 {
             clients.push(TcpStream::connect(addr).await.unwrap());
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
