@@ -1726,8 +1726,8 @@ fn a_connection_flood_on_the_read_only_port_starves_nothing_else() {
     let name = static_name("crash");
     let lines_before = env.stderr().lines().count();
 
-    // Idle connections until the port takes no more (the agent's cap and the kernel's accept
-    // queue are full), at most 600: more than the agent has descriptors.
+    // 600 idle connections, more than the agent has descriptors: it keeps the newest 8 pending
+    // (a quarter of its cap) and closes the others as they come.
     let mut flood = Vec::new();
     while flood.len() < 600 {
         match std::net::TcpStream::connect_timeout(
