@@ -1,7 +1,16 @@
-//! `flood-bench`: a release `minimal_kubelet` under a connection flood on its read-only port,
-//! against the same agent quiet, in one run.
+//! `flood-bench`: a release `minimal_kubelet` under connection floods, against the same agent
+//! quiet, in one run. Two scenarios (`--scenario read-only|api|all`, default all):
 //!
-//! The harness starts the agent on its process runtime with `2 × --samples` static pods, each a
+//! **api**: the kubelet API (HTTPS, port `--port`) flooded by clients that need no credentials.
+//! An authorized client (anonymous, `AlwaysAllow`) GETs `/pods` on a new connection each time
+//! (TCP, TLS handshake, request: what every new client of the API pays), `--api-requests`
+//! times per phase; phases: quiet, 5,000 and 20,000 idle connections (`--api-idle`), 1,000
+//! stalled TLS handshakes (`--api-stalled`: the first bytes of a TLS record, then nothing).
+//! Reported per phase: p50/p99 and failures of the authorized requests, the agent's peak RSS and
+//! peak descriptor count (sampled every 50 ms) against its open-file limit, and how many of
+//! the flood's connections were established. No Go kubelet was at hand to flood as a reference.
+//!
+//! **read-only**: the harness starts the agent on its process runtime with `2 × --samples` static pods, each a
 //! container blocked reading its own FIFO (`restartPolicy: Never`). It measures, first quiet,
 //! then flooded:
 //!
@@ -65,8 +74,21 @@ struct Args {
     /// `/healthz` requests per phase.
     #[arg(long, default_value_t = 200)]
     healthz_requests: usize,
-    /// Internal: hold COUNT idle connections to 127.0.0.1:PORT.
-    #[arg(long, hide = true, num_args = 2, value_names = ["PORT", "COUNT"])]
+    /// Which floods to run: `read-only`, `api` or `all`.
+    #[arg(long, default_value = "all")]
+    scenario: String,
+    /// Sizes of the idle floods on the kubelet API, one phase each.
+    #[arg(long, value_delimiter = ',', default_values_t = [5_000usize, 20_000])]
+    api_idle: Vec<usize>,
+    /// Stalled TLS handshakes on the kubelet API (one phase).
+    #[arg(long, default_value_t = 1_000)]
+    api_stalled: usize,
+    /// Authorized `/pods` requests per kubelet API phase.
+    #[arg(long, default_value_t = 200)]
+    api_requests: usize,
+    /// Internal: hold COUNT connections to 127.0.0.1:PORT; STALL 1 sends the start of a TLS
+    /// record on each, 0 nothing.
+    #[arg(long, hide = true, num_args = 3, value_names = ["PORT", "COUNT", "STALL"])]
     flood_worker: Option<Vec<usize>>,
 }
 
@@ -79,9 +101,19 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     if let Some(w) = &args.flood_worker {
         let port = u16::try_from(w[0]).context("port")?;
-        return rt.block_on(flood_worker(port, w[1]));
+        return rt.block_on(flood_worker(port, w[1], w[2] == 1));
     }
-    rt.block_on(bench(args))
+    let scenario = args.scenario.clone();
+    if !["all", "read-only", "api"].contains(&scenario.as_str()) {
+        bail!("--scenario: read-only, api or all, not {scenario:?}");
+    }
+    if scenario != "api" {
+        rt.block_on(bench(&args))?;
+    }
+    if scenario != "read-only" {
+        rt.block_on(api_bench(&args))?;
+    }
+    Ok(())
 }
 
 fn raise_nofile() {
@@ -93,9 +125,12 @@ fn raise_nofile() {
     }
 }
 
-/// Hold `count` connections that send nothing; reconnect each one the agent closes. Prints
-/// `CONNECTED <n>` once the first round of connects is done.
-async fn flood_worker(port: u16, count: usize) -> anyhow::Result<()> {
+/// The first bytes of a TLS handshake record that never completes.
+const STALLED_HANDSHAKE: [u8; 6] = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01];
+
+/// Hold `count` connections that send nothing (`stall`: the start of a TLS record); reconnect
+/// each one the agent closes. Prints `CONNECTED <n>` once the first round of connects is done.
+async fn flood_worker(port: u16, count: usize, stall: bool) -> anyhow::Result<()> {
     let connected = Arc::new(AtomicUsize::new(0));
     let first_round = Arc::new(AtomicUsize::new(0));
     for _ in 0..count {
@@ -118,6 +153,9 @@ async fn flood_worker(port: u16, count: usize) -> anyhow::Result<()> {
                             connected.fetch_add(1, Ordering::Relaxed);
                         }
                         first = false;
+                        if stall && s.write_all(&STALLED_HANDSHAKE).await.is_err() {
+                            continue;
+                        }
                         let mut buf = [0u8; 64];
                         // Until the agent closes it.
                         while matches!(s.read(&mut buf).await, Ok(n) if n > 0) {}
@@ -444,7 +482,7 @@ fn log_messages(path: &Path, from: usize) -> (usize, BTreeMap<String, usize>) {
     (total, by)
 }
 
-async fn bench(args: Args) -> anyhow::Result<()> {
+async fn bench(args: &Args) -> anyhow::Result<()> {
     let binary = args.agent.clone().unwrap_or_else(default_agent);
     let agent = start_agent(&binary, 2 * args.samples)?;
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -478,45 +516,12 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     // The flood.
     let (lines_before, _) = log_messages(&agent.stderr, 0);
     let flood_start = Instant::now();
-    let mut workers = Vec::new();
-    let per = args.idle.div_ceil(args.workers.max(1));
-    let exe = std::env::current_exe()?;
-    let mut left = args.idle;
-    while left > 0 {
-        let n = per.min(left);
-        left -= n;
-        // At the lowest priority: a real flood's clients are on other machines; here they
-        // share the cores, and only the kernel's side of their connections is the agent's
-        // machine's to carry.
-        workers.push(
-            Command::new("nice")
-                .args(["-n", "19"])
-                .arg(&exe)
-                .args(["--flood-worker", &agent.ro_port.to_string(), &n.to_string()])
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .spawn()?,
-        );
-    }
+    let mut workers = spawn_workers(agent.ro_port, args.idle, args.workers, false)?;
     let closed = Arc::new(AtomicUsize::new(0));
     for _ in 0..args.slow {
         slow_client(agent.ro_port, closed.clone());
     }
-    let mut established = 0;
-    for w in &mut workers {
-        let out = w.stdout.take().context("worker stdout")?;
-        let line = tokio::task::spawn_blocking(move || {
-            let mut l = String::new();
-            let _ = std::io::BufReader::new(out).read_line(&mut l);
-            l
-        })
-        .await?;
-        established += line
-            .trim()
-            .strip_prefix("CONNECTED ")
-            .and_then(|n| n.parse::<usize>().ok())
-            .unwrap_or(0);
-    }
+    let established = wait_connected(&mut workers).await?;
     let connect_time = flood_start.elapsed();
     let flooded = phase(
         &agent,
@@ -527,11 +532,7 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     .await?;
     let flood_secs = flood_start.elapsed().as_secs_f64();
     let (_, messages) = log_messages(&agent.stderr, lines_before);
-    for mut w in workers {
-        drop(w.stdin.take());
-        let _ = w.kill();
-        let _ = w.wait();
-    }
+    stop_workers(workers);
 
     println!(
         "flood-bench: {} idle connections ({} established in {:.1} s) + {} slow-header clients on the read-only port",
@@ -576,6 +577,237 @@ async fn bench(args: Args) -> anyhow::Result<()> {
     }
     for (msg, n) in &messages {
         println!("  {:>6} ({:.2}/s) {msg}", n, *n as f64 / flood_secs);
+    }
+    Ok(())
+}
+
+/// Start flood workers holding `count` connections to `port` between them, at the lowest
+/// priority: a real flood's clients are on other machines; here they share the cores, and only
+/// the kernel's side of their connections is the agent's machine's to carry.
+fn spawn_workers(port: u16, count: usize, workers: usize, stall: bool) -> anyhow::Result<Vec<Child>> {
+    let exe = std::env::current_exe()?;
+    let per = count.div_ceil(workers.max(1));
+    let mut left = count;
+    let mut children = Vec::new();
+    while left > 0 {
+        let n = per.min(left);
+        left -= n;
+        children.push(
+            Command::new("nice")
+                .args(["-n", "19"])
+                .arg(&exe)
+                .args(["--flood-worker", &port.to_string(), &n.to_string()])
+                .arg(if stall { "1" } else { "0" })
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()?,
+        );
+    }
+    Ok(children)
+}
+
+/// Wait until every worker has made its first round of connects; how many were established.
+async fn wait_connected(workers: &mut [Child]) -> anyhow::Result<usize> {
+    let mut established = 0;
+    for w in workers {
+        let out = w.stdout.take().context("worker stdout")?;
+        let line = tokio::task::spawn_blocking(move || {
+            let mut l = String::new();
+            let _ = std::io::BufReader::new(out).read_line(&mut l);
+            l
+        })
+        .await?;
+        established += line
+            .trim()
+            .strip_prefix("CONNECTED ")
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(0);
+    }
+    Ok(established)
+}
+
+fn stop_workers(workers: Vec<Child>) {
+    for mut w in workers {
+        drop(w.stdin.take());
+        let _ = w.kill();
+        let _ = w.wait();
+    }
+}
+
+/// Descriptors process `pid` holds.
+fn fd_count(pid: u32) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count() as u64)
+}
+
+/// The soft open-file limit of process `pid`.
+fn nofile_limit(pid: u32) -> Option<u64> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    line.split_whitespace().nth(3)?.parse().ok()
+}
+
+/// Samples process `pid`'s RSS and descriptor count every 50 ms until stopped; keeps the peaks.
+struct PeakSampler {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, u64)>,
+}
+
+impl PeakSampler {
+    fn start(pid: u32) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let (mut rss, mut fds) = (0, 0);
+            while !flag.load(Ordering::Relaxed) {
+                rss = rss.max(rss_kib(pid));
+                fds = fds.max(fd_count(pid));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (rss, fds)
+        });
+        Self { stop, thread }
+    }
+
+    /// Peak RSS (KiB) and peak descriptors.
+    fn finish(self) -> (u64, u64) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap_or((0, 0))
+    }
+}
+
+/// One kubelet API phase's figures.
+struct ApiPhase {
+    name: String,
+    established: usize,
+    p50: Duration,
+    p99: Duration,
+    failed: usize,
+    peak_rss_kib: u64,
+    peak_fds: u64,
+}
+
+/// `n` authorized `/pods` requests, each on a new connection; latencies (sorted) and failures
+/// (no answer within 10 s, or an error).
+async fn api_requests(port: u16, n: usize) -> (Vec<Duration>, usize) {
+    let mut times = Vec::with_capacity(n);
+    let mut failed = 0;
+    for _ in 0..n {
+        let t = Instant::now();
+        let one = async {
+            let mut api = connect_api(port).await?;
+            get_json(&mut api, "/pods").await
+        };
+        match tokio::time::timeout(Duration::from_secs(10), one).await {
+            Ok(Ok(_)) => times.push(t.elapsed()),
+            _ => failed += 1,
+        }
+    }
+    times.sort();
+    (times, failed)
+}
+
+async fn api_phase(
+    agent: &Agent,
+    args: &Args,
+    name: String,
+    flood: Option<(usize, bool)>,
+) -> anyhow::Result<ApiPhase> {
+    let pid = agent.child.id();
+    let sampler = PeakSampler::start(pid);
+    let (workers, established) = match flood {
+        Some((count, stall)) => {
+            let mut w = spawn_workers(agent.api_port, count, args.workers, stall)?;
+            let established = wait_connected(&mut w).await?;
+            (w, established)
+        }
+        None => (Vec::new(), 0),
+    };
+    let (times, failed) = api_requests(agent.api_port, args.api_requests).await;
+    let (peak_rss_kib, peak_fds) = sampler.finish();
+    stop_workers(workers);
+    // Until the agent has let go of the flood's connections.
+    let quiet_fds = fd_count(pid);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fd_count(pid) > quiet_fds && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(ApiPhase {
+        name,
+        established,
+        p50: percentile(&times, 0.5),
+        p99: percentile(&times, 0.99),
+        failed,
+        peak_rss_kib,
+        peak_fds,
+    })
+}
+
+async fn api_bench(args: &Args) -> anyhow::Result<()> {
+    let binary = args.agent.clone().unwrap_or_else(default_agent);
+    let pods = 10;
+    let agent = start_agent(&binary, pods)?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let up = async {
+            let mut api = connect_api(agent.api_port).await?;
+            get_json(&mut api, "/pods").await
+        };
+        match up.await {
+            Ok(pods_json) => {
+                let running = (0..pods)
+                    .filter(|&i| {
+                        container_state(&pods_json, &format!("{}-flood", pod_name(i))).as_deref()
+                            == Some("running")
+                    })
+                    .count();
+                if running == pods {
+                    break;
+                }
+            }
+            Err(e) if Instant::now() > deadline => bail!("the agent's API did not answer: {e}"),
+            Err(_) => {}
+        }
+        if Instant::now() > deadline {
+            bail!("the pods did not run within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let pid = agent.child.id();
+    let limit = nofile_limit(pid);
+    let mut phases = vec![api_phase(&agent, args, "quiet".into(), None).await?];
+    for &idle in &args.api_idle {
+        phases.push(api_phase(&agent, args, format!("{idle} idle"), Some((idle, false))).await?);
+    }
+    phases.push(
+        api_phase(
+            &agent,
+            args,
+            format!("{} stalled handshakes", args.api_stalled),
+            Some((args.api_stalled, true)),
+        )
+        .await?,
+    );
+    println!(
+        "flood-bench api: authorized GET /pods on the kubelet API, a new TLS connection each ({} per phase); agent open-file limit {}",
+        args.api_requests,
+        limit.map_or("unknown".to_string(), |l| l.to_string())
+    );
+    let quiet_p99 = ms(phases[0].p99).max(0.001);
+    println!(
+        "| phase | flood established | p50 ms | p99 ms | p99 / quiet p99 | failed | peak RSS KiB | peak fds |"
+    );
+    for p in &phases {
+        println!(
+            "| {} | {} | {:.2} | {:.2} | {:.2}x | {} | {} | {} |",
+            p.name,
+            p.established,
+            ms(p.p50),
+            ms(p.p99),
+            ms(p.p99) / quiet_p99,
+            p.failed,
+            p.peak_rss_kib,
+            p.peak_fds
+        );
     }
     Ok(())
 }

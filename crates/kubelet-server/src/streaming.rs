@@ -1077,16 +1077,33 @@ mod tests {
         }
     }
 
-    /// A session forwards at most `limit` connections (the next pair gets the error), and when
-    /// the client goes every connection it made to the pod is closed, even one the pod keeps
-    /// open.
-    #[tokio::test]
-    async fn forwarded_connections_are_bounded_and_closed_with_their_session() {
+    /// TCP sockets of this machine with one end at 127.0.0.1:`port` that are neither listening
+    /// nor in TIME_WAIT (which holds no descriptor): both ends of every live connection.
+    fn live_sockets_at(port: u16) -> usize {
+        let text = std::fs::read_to_string("/proc/net/tcp").unwrap();
+        let at = format!("0100007F:{port:04X}");
+        text.lines()
+            .skip(1)
+            .filter(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                f.len() > 3 && (f[1] == at || f[2] == at) && f[3] != "06" && f[3] != "0A"
+            })
+            .count()
+    }
+
+    /// One port-forward connection opening 10,000 streams (5,000 pairs) against the default
+    /// limit of 128 forwarded connections per session: the pairs beyond it get the protocol's
+    /// error on their error stream, and when the client goes every connection it made to the
+    /// pod is closed, even those the pod keeps open: no socket of the session is left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn ten_thousand_port_forward_streams_are_bounded_and_closed_with_their_session() {
         use crate::spdy::{Frame, FrameReader, FrameWriter};
         use bytes::BytesMut;
+        const PAIRS: u32 = 5_000;
+        let limit = crate::ServerConfig::default().max_forwarded_per_session;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let (closed_tx, mut closed_rx) = mpsc::channel::<()>(8);
+        let (closed_tx, mut closed_rx) = mpsc::channel::<()>(PAIRS as usize);
         tokio::spawn(async move {
             loop {
                 let (mut c, _) = listener.accept().await.unwrap();
@@ -1095,6 +1112,7 @@ mod tests {
                 tokio::spawn(async move {
                     let mut buf = [0u8; 64];
                     while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+                    drop(c);
                     let _ = closed.send(()).await;
                 });
             }
@@ -1106,62 +1124,83 @@ mod tests {
             Arc::new(LocalDialer),
             "sb".into(),
             ForwardLimits {
-                per_session: 2,
-                all: Arc::new(tokio::sync::Semaphore::new(100)),
+                per_session: limit,
+                all: Arc::new(tokio::sync::Semaphore::new(4_096)),
             },
         ));
         let (mut crd, mut cwr) = tokio::io::split(client);
-        let mut w = FrameWriter::new();
-        let mut wire = BytesMut::new();
         let p = port.to_string();
-        for (i, id) in ["0", "1", "2"].iter().enumerate() {
-            let base = 1 + 4 * i as u32;
-            w.syn_stream(
-                &mut wire,
-                base,
-                false,
-                &[("streamType", "error"), ("port", &p), ("requestID", id)],
-            )
-            .unwrap();
-            w.syn_stream(
-                &mut wire,
-                base + 2,
-                false,
-                &[("streamType", "data"), ("port", &p), ("requestID", id)],
-            )
-            .unwrap();
-        }
-        cwr.write_all(&wire).await.unwrap();
-        // The third pair's error stream (ID 9) says why.
+        let writer = tokio::spawn(async move {
+            let mut w = FrameWriter::new();
+            for i in 0..PAIRS {
+                let (mut wire, id) = (BytesMut::new(), i.to_string());
+                for (offset, kind) in [(0, "error"), (2, "data")] {
+                    w.syn_stream(
+                        &mut wire,
+                        1 + 4 * i + offset,
+                        false,
+                        &[("streamType", kind), ("port", &p), ("requestID", &id)],
+                    )
+                    .unwrap();
+                }
+                cwr.write_all(&wire).await.unwrap();
+            }
+            cwr
+        });
+        // Every pair beyond the limit is refused on its error stream (ID 4n + 1), saying why.
         let mut r = FrameReader::new();
         let mut buf = BytesMut::new();
-        let mut error = Vec::new();
-        while !String::from_utf8_lossy(&error).contains("limit 2") {
-            let n = tokio::time::timeout(Duration::from_secs(5), crd.read_buf(&mut buf))
+        let mut refused = std::collections::HashSet::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while refused.len() < (PAIRS as usize - limit) {
+            let n = tokio::time::timeout_at(deadline, crd.read_buf(&mut buf))
                 .await
-                .expect("the refused pair is answered")
+                .unwrap_or_else(|_| panic!("{} pairs refused, not more", refused.len()))
                 .unwrap();
             assert!(n > 0);
             while let Some(f) = r.decode(&mut buf).unwrap() {
                 if let Frame::Data {
-                    stream_id: 9, data, ..
+                    stream_id, data, ..
                 } = f
+                    && stream_id % 4 == 1
+                    && String::from_utf8_lossy(&data).contains(&format!("limit {limit}"))
                 {
-                    error.extend_from_slice(&data);
+                    refused.insert(stream_id);
                 }
             }
         }
-        // The client goes: both pod-side connections are closed.
+        let cwr = writer.await.unwrap();
+        // The first `limit` pairs are forwarded: both ends of each connection are live.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while live_sockets_at(port) < 2 * limit {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} live sockets",
+                live_sockets_at(port)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(live_sockets_at(port), 2 * limit, "more than the limit reached the pod");
+        // The client goes: every pod-side connection is closed, nothing half-open stays.
         drop((crd, cwr));
-        for _ in 0..2 {
-            tokio::time::timeout(Duration::from_secs(5), closed_rx.recv())
+        for _ in 0..limit {
+            tokio::time::timeout(Duration::from_secs(10), closed_rx.recv())
                 .await
                 .expect("a pod-side connection closed with its session");
         }
-        tokio::time::timeout(Duration::from_secs(5), served)
+        tokio::time::timeout(Duration::from_secs(10), served)
             .await
             .expect("the session ends")
             .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while live_sockets_at(port) > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} sockets of the session left",
+                live_sockets_at(port)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[test]

@@ -134,6 +134,7 @@ impl Pki {
 struct Agent {
     api: SocketAddr,
     read_only: SocketAddr,
+    healthz: Option<SocketAddr>,
     runtime: Arc<FakeRuntime>,
     log_dir: PathBuf,
     server_ca: PathBuf,
@@ -177,6 +178,7 @@ async fn start_with(
         .with_authorizer(policy.clone());
     let api = server.addr().unwrap();
     let read_only = server.read_only_addr().unwrap();
+    let healthz = server.healthz_addr();
     let runtime = Arc::new(FakeRuntime::new());
     let log_dir = tmp.path().join("logs");
     let (pleg, pleg_events) = GenericPleg::new(
@@ -212,6 +214,7 @@ async fn start_with(
     Agent {
         api,
         read_only,
+        healthz,
         runtime,
         log_dir,
         server_ca: tmp.path().join("pki/kubelet.crt"),
@@ -899,21 +902,21 @@ async fn a_reader_that_does_not_read_holds_the_server_to_a_bounded_buffer() {
     agent.task.await.unwrap();
 }
 
-/// Idle connections and stalled TLS handshakes far beyond the caps, with timeouts longer than
-/// the test: authorized clients are still served (the oldest pending connections make room),
-/// the read-only port too, and a flood holds no more than the pending budget.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_flood_without_credentials_does_not_starve_authorized_clients() {
-    let pki = Pki::new();
-    let agent = start_with(&pki, tempfile::tempdir().unwrap(), |mut c| {
-        c.acceptor.max_connections = 16;
-        c.acceptor.max_pending = 8;
-        c.acceptor.handshake_timeout = Duration::from_secs(120);
-        c.acceptor.header_read_timeout = Duration::from_secs(120);
-        c
-    })
-    .await;
-    // An authorized client that keeps its connection is promoted and never dropped.
+/// What a connection flood opens, spread over `rounds`: `idle` connections to the kubelet API
+/// that send nothing, of which `stalled` send the start of a TLS record that never completes,
+/// and `read_only` silent connections to the read-only port.
+struct Flood {
+    idle: usize,
+    stalled: usize,
+    read_only: usize,
+    rounds: usize,
+}
+
+/// Open `flood` against `agent` round by round while an authorized client is served: it keeps
+/// one connection (promoted, never dropped) and makes a request on a new connection after each
+/// round; the read-only and healthz ports answer after each round too. Returns how many of the
+/// flood's connections the server still holds at the end (the others it closed: EOF).
+async fn flood_while_serving(agent: &Agent, flood: Flood) -> usize {
     let tcp = TcpStream::connect(agent.api).await.unwrap();
     let mut kept = tls_client(&agent.server_ca, None)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
@@ -926,37 +929,39 @@ async fn a_connection_flood_without_credentials_does_not_starve_authorized_clien
     let n = kept.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
 
-    let mut flood = Vec::new();
-    for i in 0..600 {
-        let mut s = TcpStream::connect(agent.api).await.unwrap();
-        if i % 6 == 0 {
-            // The start of a TLS record that never completes: a stalled handshake.
-            s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
-                .await
-                .unwrap();
+    let mut open = Vec::with_capacity(flood.idle + flood.read_only);
+    let per_round = |total: usize, round: usize| {
+        total / flood.rounds + usize::from(round < total % flood.rounds)
+    };
+    for round in 0..flood.rounds {
+        for i in 0..per_round(flood.idle, round) {
+            let mut s = TcpStream::connect(agent.api).await.unwrap();
+            if i < per_round(flood.stalled, round) {
+                // The start of a TLS record that never completes: a stalled handshake.
+                s.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+                    .await
+                    .unwrap();
+            }
+            open.push(s);
         }
-        flood.push(s);
-    }
-    for _ in 0..200 {
-        flood.push(TcpStream::connect(agent.read_only).await.unwrap());
-    }
-    for _ in 0..10 {
+        for _ in 0..per_round(flood.read_only, round) {
+            open.push(TcpStream::connect(agent.read_only).await.unwrap());
+        }
         let r = tokio::time::timeout(
             Duration::from_secs(20),
-            https(&agent, "/pods", Some("admin-token"), None),
+            https(agent, "/pods", Some("admin-token"), None),
         )
         .await
         .expect("an authorized request is answered during the flood");
-        assert_eq!(r.code, 200);
-        // More silent clients between two requests.
-        for _ in 0..20 {
-            flood.push(TcpStream::connect(agent.api).await.unwrap());
+        assert_eq!(r.code, 200, "round {round}");
+        for (port, addr) in [("read-only", Some(agent.read_only)), ("healthz", agent.healthz)] {
+            let Some(addr) = addr else { continue };
+            let r = tokio::time::timeout(Duration::from_secs(20), http(addr, "/healthz"))
+                .await
+                .unwrap_or_else(|_| panic!("the {port} port answers during the flood"));
+            assert_eq!(r.code, 200, "{port} port, round {round}");
         }
     }
-    let r = tokio::time::timeout(Duration::from_secs(20), http(agent.read_only, "/healthz"))
-        .await
-        .expect("the read-only port answers during the flood");
-    assert_eq!(r.code, 200);
     // The promoted keep-alive connection still works.
     kept.write_all(keep_alive.as_bytes()).await.unwrap();
     let n = tokio::time::timeout(Duration::from_secs(20), kept.read(&mut buf))
@@ -964,21 +969,84 @@ async fn a_connection_flood_without_credentials_does_not_starve_authorized_clien
         .expect("the kept connection answers")
         .unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
-    // Of the flood, at most the pending budgets (8 per listener) are still connected: the
-    // others were closed by the server (EOF).
-    let mut open = 0;
-    for s in &mut flood {
+    let mut held = 0;
+    for s in &mut open {
         let mut b = [0u8; 1];
         if tokio::time::timeout(Duration::from_millis(5), s.read(&mut b))
             .await
             .is_err()
         {
-            open += 1;
+            held += 1;
         }
     }
+    held
+}
+
+/// Idle connections and stalled TLS handshakes far beyond small caps, with timeouts longer
+/// than the test: authorized clients are still served (the oldest pending connections make
+/// room), the read-only port too, and a flood holds no more than the pending budgets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_flood_without_credentials_does_not_starve_authorized_clients() {
+    let pki = Pki::new();
+    let agent = start_with(&pki, tempfile::tempdir().unwrap(), |mut c| {
+        c.acceptor.max_connections = 16;
+        c.acceptor.max_pending = 8;
+        c.acceptor.handshake_timeout = Duration::from_secs(120);
+        c.acceptor.header_read_timeout = Duration::from_secs(120);
+        c
+    })
+    .await;
+    let flood = Flood {
+        idle: 800,
+        stalled: 100,
+        read_only: 200,
+        rounds: 10,
+    };
+    let held = flood_while_serving(&agent, flood).await;
+    // Of the flood, at most the pending budgets (8 per listener) are still connected.
+    assert!(held <= 16, "{held} flood connections still held by the server");
+    agent.shutdown.cancel();
+    let _ = agent.task.await;
+}
+
+/// The same at the scale of a real flood and with the caps the server derives from its
+/// descriptor limit: 5,000 idle connections and 500 stalled handshakes on the kubelet API,
+/// 1,000 more on the read-only port; every authorized request and every healthz probe is
+/// answered, and the server holds no more than its pending budgets of the flood.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_thousand_idle_connections_and_500_stalled_handshakes_starve_no_authorized_client() {
+    // Client and server ends live in this process: about two descriptors per connection the
+    // server still holds, one per connection it closed.
+    let want = 16_384;
+    let limit = kubelet_testenv::raise_nofile_limit(want);
+    let scale = |n: usize| n * usize::try_from(limit.min(want)).unwrap_or(0) / want as usize;
+    let pki = Pki::new();
+    let mut pending = 0;
+    let agent = start_with(&pki, tempfile::tempdir().unwrap(), |mut c| {
+        c = c.healthz_port(free_port());
+        c.acceptor.handshake_timeout = Duration::from_secs(120);
+        c.acceptor.header_read_timeout = Duration::from_secs(120);
+        pending = c.acceptor.max_pending;
+        c
+    })
+    .await;
+    let flood = Flood {
+        idle: scale(5_500),
+        stalled: scale(500),
+        read_only: scale(1_000),
+        rounds: 10,
+    };
+    if limit < want {
+        eprintln!(
+            "descriptor limit {limit} (< {want}): the flood is scaled to {} connections",
+            flood.idle + flood.read_only
+        );
+    }
+    let held = flood_while_serving(&agent, flood).await;
+    // Three listeners (API, read-only, healthz), each with its own pending budget.
     assert!(
-        open <= 16,
-        "{open} flood connections still held by the server"
+        held <= 3 * pending,
+        "{held} flood connections still held by the server (pending budget {pending})"
     );
     agent.shutdown.cancel();
     let _ = agent.task.await;

@@ -480,6 +480,28 @@ pub fn free_port() -> u16 {
     panic!("no free TCP port of 127.0.0.1 between {FIRST} and {LAST}");
 }
 
+/// Raise this process's open-file limit to `want` descriptors: the soft limit up to the hard
+/// one, and the hard one too where the process may (root). Returns the soft limit in force
+/// afterwards, which the caller sizes its test by when it is below `want`.
+pub fn raise_nofile_limit(want: u64) -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 0;
+    };
+    if soft >= want {
+        return soft;
+    }
+    if setrlimit(Resource::RLIMIT_NOFILE, want, hard.max(want)).is_ok() {
+        return want;
+    }
+    let capped = hard.min(want);
+    if setrlimit(Resource::RLIMIT_NOFILE, capped, hard).is_ok() {
+        capped
+    } else {
+        soft
+    }
+}
+
 /// Poll `f` every 250 ms until it yields a value; panics naming `what` once `timeout` has
 /// passed. The end-to-end tests' wait for the cluster or the agent to get somewhere.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
@@ -503,6 +525,18 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nofile_limit_is_raised_as_far_as_the_process_may() {
+        use nix::sys::resource::{Resource, getrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        let want = hard.min(4_096);
+        let got = raise_nofile_limit(want);
+        assert!(got >= want, "{got} < {want}");
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap().0, got);
+        // Asking for less lowers nothing.
+        assert_eq!(raise_nofile_limit(16), got);
+    }
 
     #[test]
     fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {

@@ -1829,10 +1829,12 @@ fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_no
     let mut env = Env::new("rootgone");
     env.start();
     let (by, by_pid) = env.looping_pod("by");
+    let (third, third_pid) = env.looping_pod("third");
     let (token, pid) = env.looping_pod("lost");
     let name = static_name("lost");
     let mut traces = cgroup_traces(pid);
     traces.extend(cgroup_traces(by_pid));
+    traces.extend(cgroup_traces(third_pid));
 
     // Renamed away first, so that the removal is one event: an `rm -rf` racing the agent's
     // writes fails with ENOTEMPTY and is run again by its operator, and each run is a loss of
@@ -1853,15 +1855,18 @@ fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_no
         vec![pid],
         "a second copy was started"
     );
-    assert_eq!(
-        container_pids(&by),
-        vec![by_pid],
-        "a second copy of the bystander"
-    );
+    for (what, token, pid) in [("bystander", &by, by_pid), ("third pod", &third, third_pid)] {
+        assert_eq!(container_pids(token), vec![pid], "a second copy of the {what}");
+    }
     let restored = env.stderr_lines_with("vanished under it");
     assert_eq!(restored.len(), 1, "{restored:#?}");
-    let p = env.wait_running_ready(&name);
-    assert_eq!(main_status(&p, "main")["restartCount"], 0, "{p:#}");
+    // Adopted as after an agent restart: nothing stopped, nothing restarted.
+    for n in ["lost", "by", "third"] {
+        let p = env.wait_running_ready(&static_name(n));
+        assert_eq!(main_status(&p, "main")["restartCount"], 0, "{p:#}");
+    }
+    let killing = env.stderr_lines_with("Killing");
+    assert!(killing.is_empty(), "containers were stopped: {killing:#?}");
 
     // Exits are still learnt: the shim records it in the restored state.
     kill(Pid::from_raw(pid), Signal::SIGKILL).expect("SIGKILL the container");
@@ -1877,8 +1882,8 @@ fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_no
     let new_pid = wait_single_process(&token);
     traces.extend(cgroup_traces(new_pid));
 
-    env.remove_pods(&["lost", "by"]);
-    assert_nothing_left(&env, &[&token, &by], &traces);
+    env.remove_pods(&["lost", "by", "third"]);
+    assert_nothing_left(&env, &[&token, &by, &third], &traces);
 }
 
 #[test]
