@@ -584,7 +584,12 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
 /// Start flood workers holding `count` connections to `port` between them, at the lowest
 /// priority: a real flood's clients are on other machines; here they share the cores, and only
 /// the kernel's side of their connections is the agent's machine's to carry.
-fn spawn_workers(port: u16, count: usize, workers: usize, stall: bool) -> anyhow::Result<Vec<Child>> {
+fn spawn_workers(
+    port: u16,
+    count: usize,
+    workers: usize,
+    stall: bool,
+) -> anyhow::Result<Vec<Child>> {
     let exe = std::env::current_exe()?;
     let per = count.div_ceil(workers.max(1));
     let mut left = count;

@@ -10,6 +10,11 @@
 //! **oldest pending connection is dropped**, so that silent or stalled clients cannot build a
 //! queue that real clients wait behind. The accept loop never stops accepting for them.
 //!
+//! A pending connection whose client has shown that it speaks the protocol (its whole TLS
+//! `ClientHello` arrived: [`Admission::progressed`], done by [`tls_handshake`]) is dropped
+//! only after every pending connection that has not: a flood that sends nothing or a partial
+//! record never drops a client whose handshake is under way.
+//!
 //! The server **promotes** a connection ([`Admission::promote`]) once it has proved itself: the
 //! kubelet API once a request was authenticated and authorized, the ports without
 //! authentication at their first request. Promoted connections count against
@@ -19,8 +24,10 @@
 //! new client at most its place among the newest `max_pending` pending connections, while
 //! established, authorized connections keep being served.
 //!
-//! Limits of the design: a client whose handshake takes longer than `max_pending` newer
-//! connections take to arrive loses its connection (it retries); an attacker with valid
+//! Limits of the design: a client whose `ClientHello` takes longer to arrive than
+//! `max_pending` newer connections (or, once it has arrived, whose handshake and first request
+//! take longer than `max_pending` newer complete `ClientHello`s) loses its connection (it
+//! retries); on the plain HTTP ports nothing marks progress before the request; an attacker with valid
 //! credentials is an authorized client and is bounded only by `max_connections`; anonymous
 //! ports (read-only, healthz) promote any client that sends a request, so there a flood of
 //! well-formed requests competes with everyone else for `max_connections`.
@@ -99,11 +106,31 @@ const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// At most one accept-error log line per this period.
 const ACCEPT_LOG_EVERY: Duration = Duration::from_secs(10);
 
-/// The pending connections of one listener, oldest first, each with the token that drops it.
+/// One pending connection: its ID, the token that drops it, and whether its client has shown
+/// that it speaks the protocol ([`Admission::progressed`]).
+#[derive(Debug)]
+struct PendingEntry {
+    id: u64,
+    evict: CancellationToken,
+    progressed: bool,
+}
+
+/// The pending connections of one listener, oldest first.
 #[derive(Debug, Default)]
 struct Pending {
-    queue: VecDeque<(u64, CancellationToken)>,
+    queue: VecDeque<PendingEntry>,
     next_id: u64,
+}
+
+impl Pending {
+    /// Drop one connection to make room: the oldest that has not progressed, or else the
+    /// oldest.
+    fn evict_one(&mut self) {
+        let i = self.queue.iter().position(|e| !e.progressed).unwrap_or(0);
+        if let Some(e) = self.queue.remove(i) {
+            e.evict.cancel();
+        }
+    }
 }
 
 /// What the connections of one listener share.
@@ -116,8 +143,15 @@ struct Pools {
 impl Pools {
     fn remove_pending(&self, id: u64) {
         let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(i) = p.queue.iter().position(|(x, _)| *x == id) {
+        if let Some(i) = p.queue.iter().position(|e| e.id == id) {
             p.queue.remove(i);
+        }
+    }
+
+    fn mark_progressed(&self, id: u64) {
+        let mut p = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(e) = p.queue.iter_mut().find(|e| e.id == id) {
+            e.progressed = true;
         }
     }
 }
@@ -163,6 +197,14 @@ impl Admission {
             }
             Err(_) => false,
         }
+    }
+
+    /// Record that the client has shown it speaks the protocol (its whole TLS `ClientHello`
+    /// arrived): while pending, the connection is dropped for newcomers only after every
+    /// pending connection that has not shown as much, so silent and stalled clients, however
+    /// many, cannot drop a client whose handshake is under way.
+    pub fn progressed(&self) {
+        self.0.pools.mark_progressed(self.0.id);
     }
 
     /// Whether [`Admission::promote`] succeeded.
@@ -213,14 +255,16 @@ pub async fn accept_loop<F, Fut>(
                 let id = {
                     let mut p = pools.pending.lock().unwrap_or_else(|e| e.into_inner());
                     while p.queue.len() >= max_pending {
-                        if let Some((_, oldest)) = p.queue.pop_front() {
-                            oldest.cancel();
-                            dropped += 1;
-                        }
+                        p.evict_one();
+                        dropped += 1;
                     }
                     let id = p.next_id;
                     p.next_id += 1;
-                    p.queue.push_back((id, evict.clone()));
+                    p.queue.push_back(PendingEntry {
+                        id,
+                        evict: evict.clone(),
+                        progressed: false,
+                    });
                     id
                 };
                 let now = tokio::time::Instant::now();
@@ -277,6 +321,28 @@ pub async fn accept_loop<F, Fut>(
     }
 }
 
+/// The server side of a TLS handshake on an admitted connection, within `timeout`: the
+/// connection is marked [`Admission::progressed`] once the client's whole `ClientHello` has
+/// arrived. A timeout is an error of kind [`std::io::ErrorKind::TimedOut`].
+#[cfg(feature = "tls")]
+pub async fn tls_handshake(
+    config: Arc<rustls::ServerConfig>,
+    stream: TcpStream,
+    admission: &Admission,
+    timeout: Duration,
+) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+    let handshake = async {
+        let start =
+            tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), stream)
+                .await?;
+        admission.progressed();
+        start.into_stream(config).await
+    };
+    tokio::time::timeout(timeout, handshake)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake timed out"))?
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -299,6 +365,22 @@ mod tests {
         assert_eq!(default_max_pending(16), 8);
     }
 
+    /// Counts one live connection until dropped (with the connection's future).
+    struct Alive(Arc<AtomicUsize>);
+
+    impl Alive {
+        fn count(alive: Arc<AtomicUsize>) -> Self {
+            alive.fetch_add(1, Ordering::SeqCst);
+            Self(alive)
+        }
+    }
+
+    impl Drop for Alive {
+        fn drop(&mut self) {
+            self.0.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
     /// Serves each connection by promoting it at once when `promote` says so, then holding it
     /// open forever; counts connections alive.
     fn holding_server(
@@ -310,14 +392,7 @@ mod tests {
         move |s, admission| {
             let (alive, promoted) = (alive.clone(), promoted.clone());
             Box::pin(async move {
-                struct Alive(Arc<AtomicUsize>);
-                impl Drop for Alive {
-                    fn drop(&mut self) {
-                        self.0.fetch_sub(1, Ordering::SeqCst);
-                    }
-                }
-                alive.fetch_add(1, Ordering::SeqCst);
-                let _alive = Alive(alive);
+                let _alive = Alive::count(alive);
                 if promote && admission.promote() {
                     promoted.fetch_add(1, Ordering::SeqCst);
                 }
@@ -416,6 +491,81 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), task)
             .await
             .expect("the acceptor stops despite connections that never end")
+            .unwrap();
+    }
+
+    /// A client whose whole TLS `ClientHello` arrived (then stalls) outlives any number of
+    /// newer silent connections: they drop each other, never it.
+    #[cfg(feature = "tls")]
+    #[tokio::test]
+    async fn a_client_whose_hello_arrived_outlives_a_flood_of_silent_connections() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let (cert_file, key_file) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        let identity = crate::tls::ReloadingIdentity::load(&cert_file, &key_file).unwrap();
+        let server = crate::tls::server_config(identity, None).unwrap();
+        let client = crate::tls::client_config(Some(&cert_file), None).unwrap();
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let alive = Arc::new(AtomicUsize::new(0));
+        let shutdown = CancellationToken::new();
+        let config = AcceptorConfig {
+            max_connections: 2,
+            max_pending: 3,
+            shutdown_grace: Duration::from_millis(100),
+            ..Default::default()
+        };
+        let counter = alive.clone();
+        let task = tokio::spawn(accept_loop(
+            listener,
+            config,
+            shutdown.clone(),
+            move |s, admission| {
+                let (server, alive) = (server.clone(), counter.clone());
+                async move {
+                    let _alive = Alive::count(alive);
+                    let _tls = tls_handshake(server, s, &admission, Duration::from_secs(120)).await;
+                    admission.shutdown().cancelled().await;
+                }
+            },
+        ));
+        // The client's hello, then nothing: the server answers and waits for the client.
+        let mut conn =
+            rustls::ClientConnection::new(client, "localhost".try_into().unwrap()).unwrap();
+        let mut hello = Vec::new();
+        conn.write_tls(&mut hello).unwrap();
+        let mut honest = TcpStream::connect(addr).await.unwrap();
+        honest.write_all(&hello).await.unwrap();
+        let mut buf = vec![0u8; 16 * 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), honest.read(&mut buf))
+            .await
+            .expect("the server's hello")
+            .unwrap();
+        assert!(n > 0);
+        let mut silent = Vec::new();
+        for _ in 0..50 {
+            silent.push(TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(
+            alive.load(Ordering::SeqCst),
+            3,
+            "the client and the two newest silent"
+        );
+        let r = tokio::time::timeout(Duration::from_millis(100), honest.read(&mut buf)).await;
+        assert!(r.is_err(), "the client's connection was dropped: {r:?}");
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the acceptor stops")
             .unwrap();
     }
 }

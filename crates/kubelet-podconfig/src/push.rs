@@ -134,7 +134,7 @@ impl PushSourceConfig {
 
 /// The endpoint's TLS acceptor, if it serves HTTPS.
 #[cfg(feature = "tls")]
-type Tls = Option<tokio_rustls::TlsAcceptor>;
+type Tls = Option<Arc<tokio_rustls::rustls::ServerConfig>>;
 /// Without the `tls` feature the endpoint serves plain HTTP only.
 #[cfg(not(feature = "tls"))]
 type Tls = Option<NoTls>;
@@ -192,12 +192,10 @@ impl PushSource {
         };
         let tls: Tls = match (&config.tls_cert_file, &config.tls_key_file) {
             #[cfg(feature = "tls")]
-            (Some(cert), Some(key)) => Some(tokio_rustls::TlsAcceptor::from(
-                kubelet_net::tls::server_config(
-                    kubelet_net::tls::ReloadingIdentity::load(cert, key)?,
-                    config.client_ca_file.as_deref(),
-                )?,
-            )),
+            (Some(cert), Some(key)) => Some(kubelet_net::tls::server_config(
+                kubelet_net::tls::ReloadingIdentity::load(cert, key)?,
+                config.client_ca_file.as_deref(),
+            )?),
             #[cfg(not(feature = "tls"))]
             (Some(cert), Some(_)) => {
                 return Err(PodConfigError::LoadTls {
@@ -301,11 +299,15 @@ impl PodSource for PushSource {
                     #[cfg(not(feature = "tls"))]
                     Some(never) => match never {},
                     #[cfg(feature = "tls")]
-                    Some(acceptor) => {
-                        let handshake =
-                            tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
+                    Some(config) => {
+                        let handshake = kubelet_net::listener::tls_handshake(
+                            config,
+                            tcp,
+                            &admission,
+                            limits.handshake_timeout,
+                        );
                         match handshake.await {
-                            Ok(Ok(stream)) => {
+                            Ok(stream) => {
                                 let client_cert = stream
                                     .get_ref()
                                     .1
@@ -313,10 +315,9 @@ impl PodSource for PushSource {
                                     .is_some_and(|c| !c.is_empty());
                                 serve(stream, handler, client_cert, peer, limits, admission).await
                             }
-                            Ok(Err(e)) => {
+                            Err(e) => {
                                 tracing::debug!(%peer, error = %kubelet_api::chain(&e), "pod push TLS handshake failed")
                             }
-                            Err(_) => tracing::debug!(%peer, "pod push TLS handshake timed out"),
                         }
                     }
                     None => serve(tcp, handler, false, peer, limits, admission).await,

@@ -577,7 +577,7 @@ impl AgentPlugin for KubeletServer {
         for b in listeners {
             #[cfg(feature = "https")]
             let tls = match b.port {
-                routes::Port::Main => self.tls.clone().map(tokio_rustls::TlsAcceptor::from),
+                routes::Port::Main => self.tls.clone(),
                 _ => None,
             };
             #[cfg(not(feature = "https"))]
@@ -596,9 +596,9 @@ impl AgentPlugin for KubeletServer {
     }
 }
 
-/// The TLS of a listener: the kubelet API's acceptor, none for the other ports.
+/// The TLS of a listener: the kubelet API's configuration, none for the other ports.
 #[cfg(feature = "https")]
-type Tls = Option<tokio_rustls::TlsAcceptor>;
+type Tls = Option<Arc<rustls::ServerConfig>>;
 /// Without the `https` feature no listener has TLS.
 #[cfg(not(feature = "https"))]
 type Tls = Option<NoTls>;
@@ -625,16 +625,16 @@ async fn serve_listener(
                 Some(never) => match never {},
                 #[cfg(feature = "https")]
                 Some(tls) => {
-                    let handshake =
-                        tokio::time::timeout(acceptor.handshake_timeout, tls.accept(stream));
+                    let handshake = listener::tls_handshake(
+                        tls,
+                        stream,
+                        &admission,
+                        acceptor.handshake_timeout,
+                    );
                     let stream = match handshake.await {
-                        Ok(Ok(s)) => s,
-                        Ok(Err(e)) => {
+                        Ok(s) => s,
+                        Err(e) => {
                             tracing::debug!(error = %kubelet_api::chain(&e), "TLS handshake failed");
-                            return;
-                        }
-                        Err(_) => {
-                            tracing::debug!("TLS handshake timed out");
                             return;
                         }
                     };

@@ -1180,7 +1180,11 @@ mod tests {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(live_sockets_at(port), 2 * limit, "more than the limit reached the pod");
+        assert_eq!(
+            live_sockets_at(port),
+            2 * limit,
+            "more than the limit reached the pod"
+        );
         // The client goes: every pod-side connection is closed, nothing half-open stays.
         drop((crd, cwr));
         for _ in 0..limit {

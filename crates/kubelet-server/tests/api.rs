@@ -954,7 +954,10 @@ async fn flood_while_serving(agent: &Agent, flood: Flood) -> usize {
         .await
         .expect("an authorized request is answered during the flood");
         assert_eq!(r.code, 200, "round {round}");
-        for (port, addr) in [("read-only", Some(agent.read_only)), ("healthz", agent.healthz)] {
+        for (port, addr) in [
+            ("read-only", Some(agent.read_only)),
+            ("healthz", agent.healthz),
+        ] {
             let Some(addr) = addr else { continue };
             let r = tokio::time::timeout(Duration::from_secs(20), http(addr, "/healthz"))
                 .await
@@ -1004,7 +1007,10 @@ async fn a_connection_flood_without_credentials_does_not_starve_authorized_clien
     };
     let held = flood_while_serving(&agent, flood).await;
     // Of the flood, at most the pending budgets (8 per listener) are still connected.
-    assert!(held <= 16, "{held} flood connections still held by the server");
+    assert!(
+        held <= 16,
+        "{held} flood connections still held by the server"
+    );
     agent.shutdown.cancel();
     let _ = agent.task.await;
 }

@@ -108,7 +108,23 @@ impl Env {
         t
     }
 
-    /// Start the agent (on a new free port) and wait until its read-only port answers.
+    /// Serve the kubelet API (HTTPS, self-signed under the temp dir) on a free port to anyone:
+    /// anonymous requests, every one allowed.
+    fn open_api(&mut self) {
+        self.api_port = free_port();
+        let certs = self._dir.path().join("pki");
+        self.extra_args.extend([
+            "--anonymous-auth".into(),
+            "--authorization-mode".into(),
+            "AlwaysAllow".into(),
+            "--authentication-token-webhook=false".into(),
+            "--cert-dir".into(),
+            certs.to_string_lossy().into_owned(),
+        ]);
+    }
+
+    /// Start the agent (on a new free port) and wait until its read-only port answers and its
+    /// kubelet API, when served, takes connections.
     fn start(&mut self) {
         assert!(self.agent.is_none(), "agent already running");
         self.port = free_port();
@@ -162,7 +178,10 @@ impl Env {
         self.agent = Some(child);
         let deadline = Instant::now() + DEADLINE;
         loop {
-            if http_get(self.port, "/healthz").is_ok() {
+            // The read-only port answers, and the kubelet API (when served) takes connections.
+            let api_up = self.api_port == 0
+                || std::net::TcpStream::connect(("127.0.0.1", self.api_port)).is_ok();
+            if api_up && http_get(self.port, "/healthz").is_ok() {
                 return;
             }
             if let Some(status) = self
@@ -1004,6 +1023,7 @@ fn editing_manifest_replaces_the_pod() {
 #[test]
 fn commands_execd_by_a_killed_agent_are_killed_by_the_next_one() {
     let mut env = Env::new("stale-exec");
+    env.open_api();
     env.start();
     let token = env.token("main");
     let probe_token = env.token("probe");
@@ -1027,19 +1047,52 @@ fn commands_execd_by_a_killed_agent_are_killed_by_the_next_one() {
     wait_until("the hanging probe command", || {
         (!container_pids(&probe_token).is_empty()).then_some(())
     });
+    // 20 commands through the kubelet API's `/run` (each a session of a client), hanging.
+    let hang = env.work.join("hang.sh");
+    std::fs::write(&hang, "while :; do sleep 1; done\n").expect("write the script");
+    let run_token = env.token("run");
+    let url = format!(
+        "https://127.0.0.1:{}/run/default/{name}/main?cmd=/bin/sh%20{}%20{run_token}",
+        env.api_port,
+        hang.display()
+    );
+    let mut clients: Vec<Child> = (0..20)
+        .map(|_| {
+            Command::new("curl")
+                .args(["-sk", "-o", "/dev/null", "-X", "POST", &url])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("curl")
+        })
+        .collect();
+    wait_until("20 commands run through /run", || {
+        (container_pids(&run_token).len() == 20).then_some(())
+    });
 
     let mut agent = env.agent.take().expect("agent running");
     agent.kill().expect("SIGKILL the agent");
     agent.wait().expect("reap the agent");
+    for c in &mut clients {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
     std::thread::sleep(Duration::from_millis(300));
     assert!(
         !container_pids(&probe_token).is_empty(),
         "the probe command died with the agent: nothing to clean up"
     );
+    assert_eq!(
+        container_pids(&run_token).len(),
+        20,
+        "the /run commands died with the agent: nothing to clean up"
+    );
 
     env.start();
-    wait_until("the stale probe command killed", || {
-        container_pids(&probe_token).is_empty().then_some(())
+    wait_until("the stale exec'd commands killed", || {
+        (container_pids(&probe_token).is_empty() && container_pids(&run_token).is_empty())
+            .then_some(())
     });
     assert!(
         !env.stderr_lines_with("exec'd by a previous agent")
@@ -1856,7 +1909,11 @@ fn removing_the_root_dir_under_a_running_agent_starts_nothing_twice_and_leaks_no
         "a second copy was started"
     );
     for (what, token, pid) in [("bystander", &by, by_pid), ("third pod", &third, third_pid)] {
-        assert_eq!(container_pids(token), vec![pid], "a second copy of the {what}");
+        assert_eq!(
+            container_pids(token),
+            vec![pid],
+            "a second copy of the {what}"
+        );
     }
     let restored = env.stderr_lines_with("vanished under it");
     assert_eq!(restored.len(), 1, "{restored:#?}");
@@ -2498,20 +2555,13 @@ fn a_removed_pod_log_directory_is_recreated_and_the_log_reopened() {
 #[test]
 fn a_chatty_containers_logs_rotate_at_10_mib_keeping_five_files_and_a_follower_loses_no_line() {
     let mut env = Env::new("logrotate");
-    env.api_port = free_port();
-    let certs = env.root.parent().expect("parent").join("pki");
-    env.extra_args = vec![
-        "--anonymous-auth".into(),
-        "--authorization-mode".into(),
-        "AlwaysAllow".into(),
-        "--authentication-token-webhook=false".into(),
-        "--cert-dir".into(),
-        certs.to_string_lossy().into_owned(),
+    env.open_api();
+    env.extra_args.extend([
         // Checked every 100 ms instead of 10 s, so that a fast writer overshoots 10 MiB by
         // little (the kubelet's check is as coarse: a file grows until the next check).
         "--container-log-monitor-interval".into(),
         "100ms".into(),
-    ];
+    ]);
     env.start();
     let token = env.token("chatty");
     // 61,440 lines of 1 KiB (60 MiB), about 6 MiB/s, then a marker.
