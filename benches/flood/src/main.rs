@@ -689,6 +689,8 @@ struct ApiPhase {
     failed: usize,
     peak_rss_kib: u64,
     peak_fds: u64,
+    /// The agent's CPU use during the phase, in % of one core.
+    cpu_percent: f64,
 }
 
 /// `n` authorized `/pods` requests, each on a new connection; latencies (sorted) and failures
@@ -704,7 +706,17 @@ async fn api_requests(port: u16, n: usize) -> (Vec<Duration>, usize) {
         };
         match tokio::time::timeout(Duration::from_secs(10), one).await {
             Ok(Ok(_)) => times.push(t.elapsed()),
-            _ => failed += 1,
+            Ok(Err(e)) => {
+                failed += 1;
+                eprintln!(
+                    "an authorized request failed after {:?}: {e:#}",
+                    t.elapsed()
+                );
+            }
+            Err(_) => {
+                failed += 1;
+                eprintln!("an authorized request got no answer within 10 s");
+            }
         }
     }
     times.sort();
@@ -719,6 +731,7 @@ async fn api_phase(
 ) -> anyhow::Result<ApiPhase> {
     let pid = agent.child.id();
     let sampler = PeakSampler::start(pid);
+    let (start, cpu_start) = (Instant::now(), cpu_time(pid));
     let (workers, established) = match flood {
         Some((count, stall)) => {
             let mut w = spawn_workers(agent.api_port, count, args.workers, stall)?;
@@ -729,6 +742,8 @@ async fn api_phase(
     };
     let (times, failed) = api_requests(agent.api_port, args.api_requests).await;
     let (peak_rss_kib, peak_fds) = sampler.finish();
+    let cpu_percent =
+        (cpu_time(pid) - cpu_start).as_secs_f64() * 100.0 / start.elapsed().as_secs_f64();
     stop_workers(workers);
     // Until the agent has let go of the flood's connections.
     let quiet_fds = fd_count(pid);
@@ -744,6 +759,7 @@ async fn api_phase(
         failed,
         peak_rss_kib,
         peak_fds,
+        cpu_percent,
     })
 }
 
@@ -799,11 +815,11 @@ async fn api_bench(args: &Args) -> anyhow::Result<()> {
     );
     let quiet_p99 = ms(phases[0].p99).max(0.001);
     println!(
-        "| phase | flood established | p50 ms | p99 ms | p99 / quiet p99 | failed | peak RSS KiB | peak fds |"
+        "| phase | flood established | p50 ms | p99 ms | p99 / quiet p99 | failed | peak RSS KiB | peak fds | agent CPU % |"
     );
     for p in &phases {
         println!(
-            "| {} | {} | {:.2} | {:.2} | {:.2}x | {} | {} | {} |",
+            "| {} | {} | {:.2} | {:.2} | {:.2}x | {} | {} | {} | {:.0} |",
             p.name,
             p.established,
             ms(p.p50),
@@ -811,7 +827,8 @@ async fn api_bench(args: &Args) -> anyhow::Result<()> {
             ms(p.p99) / quiet_p99,
             p.failed,
             p.peak_rss_kib,
-            p.peak_fds
+            p.peak_fds,
+            p.cpu_percent
         );
     }
     Ok(())

@@ -100,6 +100,29 @@ impl Default for AcceptorConfig {
     }
 }
 
+/// The listen backlog the kernel allows (`/proc/sys/net/core/somaxconn`, at most 65,535; 4,096
+/// when unreadable), as Go's `net.Listen` uses: a burst of connections waits in the kernel's
+/// queue instead of having its SYNs dropped (which costs a client a one-second retransmit).
+pub fn listen_backlog() -> u32 {
+    std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .map_or(4_096, |n| n.clamp(1, 65_535))
+}
+
+/// Bind a listener on `addr` with [`listen_backlog`] (tokio's `TcpListener::bind` uses 1,024)
+/// and `SO_REUSEADDR`, as the kubelet's listeners.
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(listen_backlog())
+}
+
 /// Shortest and longest pause after a failed accept (as Go's `net/http`).
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(5);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -252,8 +275,9 @@ pub async fn accept_loop<F, Fut>(
             Ok((stream, _)) => {
                 backoff = ACCEPT_BACKOFF_MIN;
                 let evict = CancellationToken::new();
-                let id = {
+                let (id, full) = {
                     let mut p = pools.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    let full = p.queue.len() >= max_pending;
                     while p.queue.len() >= max_pending {
                         p.evict_one();
                         dropped += 1;
@@ -265,7 +289,7 @@ pub async fn accept_loop<F, Fut>(
                         evict: evict.clone(),
                         progressed: false,
                     });
-                    id
+                    (id, full)
                 };
                 let now = tokio::time::Instant::now();
                 if dropped > 0
@@ -293,6 +317,11 @@ pub async fn accept_loop<F, Fut>(
                         _ = evict.cancelled() => {}
                     }
                 });
+                if full {
+                    // A flood: let the connections already accepted read what their clients
+                    // sent (and so show progress) before the next one may drop them.
+                    tokio::task::yield_now().await;
+                }
             }
             Err(e) => {
                 let now = tokio::time::Instant::now();
@@ -356,6 +385,17 @@ mod tests {
         assert_eq!(default_max_connections(Some(64)), 16);
         assert_eq!(default_max_connections(None), 1024);
         assert!(open_files_limit().is_some_and(|l| l > 0));
+    }
+
+    #[tokio::test]
+    async fn listeners_take_the_kernels_backlog_and_accept() {
+        assert!(listen_backlog() >= 1);
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
+        assert_eq!(client.unwrap().local_addr().unwrap(), accepted.unwrap().1);
+        // A taken address is an error, not a second listener.
+        assert!(bind(addr).is_err());
     }
 
     #[test]

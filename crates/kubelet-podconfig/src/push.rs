@@ -223,13 +223,12 @@ impl PushSource {
         if tokens.is_empty() && !client_certs {
             return Err(PodConfigError::PushNoAuthentication);
         }
-        let listener =
-            TcpListener::bind(config.address)
-                .await
-                .map_err(|source| PodConfigError::PushBind {
-                    addr: config.address,
-                    source,
-                })?;
+        let listener = kubelet_net::listener::bind(config.address).map_err(|source| {
+            PodConfigError::PushBind {
+                addr: config.address,
+                source,
+            }
+        })?;
         let local_addr = listener
             .local_addr()
             .map_err(|source| PodConfigError::PushBind {

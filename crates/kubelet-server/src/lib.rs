@@ -413,13 +413,11 @@ impl KubeletServer {
                 continue;
             }
             let addr = socket_addr(address, port)?;
-            let listener = TcpListener::bind(addr)
-                .await
-                .map_err(|source| ServerError::Bind {
-                    addr,
-                    fields,
-                    source,
-                })?;
+            let listener = listener::bind(addr).map_err(|source| ServerError::Bind {
+                addr,
+                fields,
+                source,
+            })?;
             let bound = listener.local_addr().unwrap_or(addr);
             addrs.push((bound, kind));
             listeners.push(Bound {
