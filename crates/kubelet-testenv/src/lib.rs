@@ -529,11 +529,14 @@ mod tests {
     #[test]
     fn the_nofile_limit_is_raised_as_far_as_the_process_may() {
         use nix::sys::resource::{Resource, getrlimit};
-        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit");
         let want = hard.min(4_096);
         let got = raise_nofile_limit(want);
         assert!(got >= want, "{got} < {want}");
-        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap().0, got);
+        assert_eq!(
+            getrlimit(Resource::RLIMIT_NOFILE).expect("getrlimit").0,
+            got
+        );
         // Asking for less lowers nothing.
         assert_eq!(raise_nofile_limit(16), got);
     }
