@@ -22,8 +22,8 @@
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::{ContainerFilter, ContainerState};
+use kubelet_api::{ContainerRuntime, InvolvedObject};
 use parking_lot::Mutex;
 
 use crate::config::LogRotationPolicy;
@@ -35,6 +35,26 @@ pub struct RotationOutcome {
     /// Logs rotated (the paths of the files they were renamed to); their older rotated files
     /// are compressed and pruned in the background.
     pub rotated: Vec<PathBuf>,
+    /// Log directories found removed under a running container, recreated (and the log
+    /// reopened): the container (from its labels) and the directory. The plugin records a
+    /// warning event for each.
+    pub recreated: Vec<(InvolvedObject, PathBuf)>,
+}
+
+/// The container a runtime's labels name, as an event's object (`spec.containers{name}` of
+/// its pod).
+fn involved_container(labels: &kubelet_api::runtime::Labels) -> InvolvedObject {
+    let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
+    InvolvedObject {
+        kind: "Pod".to_string(),
+        namespace: get(kubelet_api::runtime::labels::POD_NAMESPACE),
+        name: get(kubelet_api::runtime::labels::POD_NAME),
+        uid: get(kubelet_api::runtime::labels::POD_UID),
+        field_path: format!(
+            "spec.containers{{{}}}",
+            get(kubelet_api::runtime::labels::CONTAINER_NAME)
+        ),
+    }
 }
 
 /// The log rotator; see the [module docs](self).
@@ -167,7 +187,7 @@ impl LogRotator {
             if log.as_os_str().is_empty() {
                 continue;
             }
-            if let Err(e) = self.check(runtime, &c.id, &log, &mut out).await {
+            if let Err(e) = self.check(runtime, &c, &log, &mut out).await {
                 // One container's log must not keep the others from being rotated.
                 tracing::warn!(container = %c.id, path = %log.display(), error = %e, "rotating a container log failed");
             }
@@ -181,10 +201,11 @@ impl LogRotator {
     async fn check(
         &self,
         runtime: &dyn ContainerRuntime,
-        id: &str,
+        container: &kubelet_api::runtime::Container,
         log: &Path,
         out: &mut RotationOutcome,
     ) -> Result<(), GcError> {
+        let id = container.id.as_str();
         let size = match tokio::fs::metadata(log).await {
             Ok(m) => m.len(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -194,10 +215,12 @@ impl LogRotator {
                 if let Some(dir) = log.parent()
                     && !tokio::fs::try_exists(dir).await.unwrap_or(true)
                 {
-                    tracing::warn!(container = %id, dir = %dir.display(), "a running container's log directory was removed; recreating it and reopening the log");
+                    tracing::debug!(container = %id, dir = %dir.display(), "a running container's log directory was removed; recreating it and reopening the log");
                     tokio::fs::create_dir_all(dir)
                         .await
                         .map_err(log_err("creating", dir))?;
+                    out.recreated
+                        .push((involved_container(&container.labels), dir.to_path_buf()));
                 }
                 self.reopen(runtime, id).await?;
                 match tokio::fs::metadata(log).await {

@@ -302,8 +302,17 @@ impl AgentPlugin for GcPlugin {
                 }
                 _ = image_list_tick.tick() => shared.refresh_node_images(running).await,
                 _ = log_tick.tick() => {
-                    if let Err(e) = shared.logs.rotate_all(running.runtime.as_ref()).await {
-                        tracing::warn!(error = %e, "container log rotation failed");
+                    match shared.logs.rotate_all(running.runtime.as_ref()).await {
+                        Ok(outcome) => {
+                            for (container, dir) in outcome.recreated {
+                                recorder.warning(
+                                    container,
+                                    "ContainerLogDirectoryRecreated",
+                                    format!("the log directory {} of a running container was removed; it was recreated and the log reopened", dir.display()),
+                                );
+                            }
+                        }
+                        Err(e) => tracing::warn!(error = %e, "container log rotation failed"),
                     }
                 }
             }

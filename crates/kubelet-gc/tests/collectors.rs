@@ -96,6 +96,8 @@ fn container(uid: &str, name: &str, attempt: u32, image: &str) -> ContainerConfi
     );
     let mut l = Labels::new();
     l.insert(labels::POD_UID.into(), uid.into());
+    l.insert(labels::POD_NAME.into(), format!("pod-{uid}"));
+    l.insert(labels::POD_NAMESPACE.into(), "default".into());
     l.insert(labels::CONTAINER_NAME.into(), name.into());
     l.insert(labels::MANAGED_BY.into(), "true".into());
     c.labels = l;
@@ -420,6 +422,41 @@ async fn young_images_stay_and_a_refused_removal_does_not_stop_the_run() {
     let out = gc.delete_unused(&rt).await.unwrap();
     assert_eq!(out.removed.len(), 1, "{out:?}");
     assert_eq!(images(&rt).await.len(), 1);
+}
+
+/// A running container's log directory removed under it is recreated, the log reopened, and
+/// the container named in the outcome (the plugin's warning event); once only.
+#[tokio::test]
+async fn a_removed_log_directory_is_recreated_reopened_and_reported_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dirs(tmp.path());
+    let rt = FakeRuntime::new();
+    let (_, ids) = instances(&rt, &d.pod_log_dir, "p1", "app", 1, true).await;
+    let log = rt.container_status(&ids[0]).await.unwrap().log_path;
+    let dir = log.parent().unwrap().to_path_buf();
+    std::fs::remove_dir_all(&dir).unwrap();
+    let rotator = LogRotator::new(LogRotationPolicy::default());
+    let out = rotator.rotate_all(&rt).await.unwrap();
+    assert!(dir.is_dir(), "recreated");
+    assert_eq!(out.recreated.len(), 1, "{out:?}");
+    let (involved, reported) = &out.recreated[0];
+    assert_eq!(reported, &dir);
+    assert_eq!(
+        (
+            involved.namespace.as_str(),
+            involved.name.as_str(),
+            involved.uid.as_str()
+        ),
+        ("default", "pod-p1", "p1")
+    );
+    assert_eq!(involved.field_path, "spec.containers{app}");
+    assert!(
+        rt.calls()
+            .iter()
+            .any(|c| c.starts_with("reopen_container_log"))
+    );
+    // The directory is back: the next check reports nothing.
+    assert!(rotator.rotate_all(&rt).await.unwrap().recreated.is_empty());
 }
 
 #[tokio::test]

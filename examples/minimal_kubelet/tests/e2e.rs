@@ -2539,9 +2539,9 @@ fn a_removed_pod_log_directory_is_recreated_and_the_log_reopened() {
             .filter(|t| t.lines().count() >= 3)
             .map(|_| ())
     });
-    wait_until("the warning", || {
+    wait_until("the warning event", || {
         (!env
-            .stderr_lines_with("log directory was removed")
+            .stderr_lines_with("ContainerLogDirectoryRecreated")
             .is_empty())
         .then_some(())
     });
@@ -2550,6 +2550,8 @@ fn a_removed_pod_log_directory_is_recreated_and_the_log_reopened() {
         vec![pid],
         "the container was restarted"
     );
+    let events = env.stderr_lines_with("ContainerLogDirectoryRecreated");
+    assert_eq!(events.len(), 1, "one warning event: {events:#?}");
 }
 
 #[test]
