@@ -74,6 +74,11 @@ struct Args {
     /// `/healthz` requests per phase.
     #[arg(long, default_value_t = 200)]
     healthz_requests: usize,
+    /// Run the agent on these CPUs only (`taskset -c`), e.g. `0`; start the harness itself on
+    /// the others (`taskset -c 1 flood-bench …`) so that the flood's clients do not share the
+    /// agent's cores, as a flood from other machines would not.
+    #[arg(long)]
+    agent_cpus: Option<String>,
     /// Which floods to run: `read-only`, `api` or `all`.
     #[arg(long, default_value = "all")]
     scenario: String,
@@ -338,11 +343,61 @@ impl Drop for Agent {
     }
 }
 
+impl Agent {
+    /// Delete every manifest and wait (60 s at most) until the agent has stopped the pods, so
+    /// that no container outlives the run (an agent that exits leaves its containers running,
+    /// as the kubelet does); then SIGKILL whatever still runs under the run's directory.
+    async fn remove_pods(&self) {
+        let manifests = self.dir.path().join("manifests");
+        if let Ok(entries) = std::fs::read_dir(&manifests) {
+            for e in entries.flatten() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            let left = async {
+                let mut api = connect_api(self.api_port).await?;
+                let pods = get_json(&mut api, "/pods").await?;
+                anyhow::Ok(pods["items"].as_array().map_or(0, Vec::len))
+            };
+            if matches!(left.await, Ok(0)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        kill_processes_under(self.dir.path(), self.child.id());
+    }
+}
+
+/// SIGKILL every process but `except` whose command line names a path under `dir`.
+fn kill_processes_under(dir: &Path, except: u32) {
+    let needle = dir.to_string_lossy().into_owned();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        if u32::try_from(pid) == Ok(except) || u32::try_from(pid) == Ok(std::process::id()) {
+            continue;
+        }
+        let cmdline = std::fs::read(p.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmdline).contains(&needle) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 fn pod_name(i: usize) -> String {
     format!("exit-{i}")
 }
 
-fn start_agent(binary: &Path, pods: usize) -> anyhow::Result<Agent> {
+fn start_agent(binary: &Path, pods: usize, cpus: Option<&str>) -> anyhow::Result<Agent> {
     let dir = tempfile::Builder::new().prefix("flood-bench-").tempdir()?;
     let base = dir.path();
     for d in ["manifests", "root", "logs", "fifos"] {
@@ -371,7 +426,15 @@ fn start_agent(binary: &Path, pods: usize) -> anyhow::Result<Agent> {
     }
     let (api_port, ro_port, healthz_port) = (free_port()?, free_port()?, free_port()?);
     let stderr = base.join("agent.log");
-    let child = Command::new(binary)
+    let mut command = match cpus {
+        Some(list) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", list]).arg(binary);
+            c
+        }
+        None => Command::new(binary),
+    };
+    let child = command
         .arg("--root-dir")
         .arg(base.join("root"))
         .arg("--pod-log-dir")
@@ -484,7 +547,7 @@ fn log_messages(path: &Path, from: usize) -> (usize, BTreeMap<String, usize>) {
 
 async fn bench(args: &Args) -> anyhow::Result<()> {
     let binary = args.agent.clone().unwrap_or_else(default_agent);
-    let agent = start_agent(&binary, 2 * args.samples)?;
+    let agent = start_agent(&binary, 2 * args.samples, args.agent_cpus.as_deref())?;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut api = loop {
         match connect_api(agent.api_port).await {
@@ -533,6 +596,7 @@ async fn bench(args: &Args) -> anyhow::Result<()> {
     let flood_secs = flood_start.elapsed().as_secs_f64();
     let (_, messages) = log_messages(&agent.stderr, lines_before);
     stop_workers(workers);
+    agent.remove_pods().await;
 
     println!(
         "flood-bench: {} idle connections ({} established in {:.1} s) + {} slow-header clients on the read-only port",
@@ -766,7 +830,7 @@ async fn api_phase(
 async fn api_bench(args: &Args) -> anyhow::Result<()> {
     let binary = args.agent.clone().unwrap_or_else(default_agent);
     let pods = 10;
-    let agent = start_agent(&binary, pods)?;
+    let agent = start_agent(&binary, pods, args.agent_cpus.as_deref())?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let up = async {
@@ -808,10 +872,12 @@ async fn api_bench(args: &Args) -> anyhow::Result<()> {
         )
         .await?,
     );
+    agent.remove_pods().await;
     println!(
-        "flood-bench api: authorized GET /pods on the kubelet API, a new TLS connection each ({} per phase); agent open-file limit {}",
+        "flood-bench api: authorized GET /pods on the kubelet API, a new TLS connection each ({} per phase); agent open-file limit {}; agent CPUs {}",
         args.api_requests,
-        limit.map_or("unknown".to_string(), |l| l.to_string())
+        limit.map_or("unknown".to_string(), |l| l.to_string()),
+        args.agent_cpus.as_deref().unwrap_or("all")
     );
     let quiet_p99 = ms(phases[0].p99).max(0.001);
     println!(

@@ -31,6 +31,7 @@ use crate::error::GcError;
 
 /// What one check did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RotationOutcome {
     /// Logs rotated (the paths of the files they were renamed to); their older rotated files
     /// are compressed and pruned in the background.
