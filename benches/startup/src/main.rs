@@ -538,6 +538,7 @@ fn run_once(
         port,
         &agent_log,
         endpoint.as_deref(),
+        args.pods,
     )?;
     let pid = guard.pid();
     wait_healthz(port, &mut guard.child, Duration::from_secs(30))
@@ -809,9 +810,14 @@ impl AgentGuard {
         port: u16,
         log: &Path,
         runtime_endpoint: Option<&str>,
+        pods: usize,
     ) -> anyhow::Result<Self> {
         let log_file = fs::File::create(log)?;
         let mut cmd = Command::new(agent);
+        // The node admits `maxPods` (110 by default); beyond it pods are rejected (OutOfpods).
+        if pods > 110 {
+            cmd.args(["--max-pods", &pods.to_string()]);
+        }
         if let Some(endpoint) = runtime_endpoint {
             cmd.args(["--container-runtime-endpoint", endpoint]);
         }

@@ -93,7 +93,7 @@ struct Ledger {
     exits: HashMap<String, ExitRecord>,
     /// Exits known only here: writing them failed (disk full); retried on every look.
     unsaved_exits: HashSet<String>,
-    sandboxes: HashMap<String, SandboxRecord>,
+    sandboxes: HashMap<String, Arc<SandboxRecord>>,
     /// Sandboxes stopped whose record still says ready (disk full); retried on every look.
     unsaved_not_ready: HashSet<String>,
     /// Containers being removed: never restored.
@@ -269,11 +269,25 @@ impl ProcessRuntime {
         self.config.root_dir.join("containers").join(id)
     }
 
-    fn sandbox(&self, id: &str) -> Result<SandboxRecord, ProcessError> {
+    fn sandbox(&self, id: &str) -> Result<Arc<SandboxRecord>, ProcessError> {
         if !valid_id(id) {
             return Err(ProcessError::InvalidId(id.to_string()));
         }
         let path = self.sandbox_dir(id).join(SANDBOX_FILE);
+        // This runtime writes every sandbox record and keeps what it wrote: read the file only
+        // for a sandbox it has not seen (one of a previous agent) or whose record is gone (the
+        // root directory removed: restored there), so that a list costs a `stat` per sandbox
+        // rather than a read and a parse.
+        let exists = path.exists();
+        {
+            let ledger = self.ledger.lock();
+            if exists
+                && !ledger.unsaved_not_ready.contains(id)
+                && let Some(rec) = ledger.sandboxes.get(id)
+            {
+                return Ok(rec.clone());
+            }
+        }
         let mut rec: SandboxRecord = match read_json(&path)? {
             Some(r) => r,
             None => {
@@ -288,11 +302,12 @@ impl ProcessRuntime {
                 ledger.unsaved_not_ready.remove(id);
             }
         }
+        let rec = Arc::new(rec);
         ledger.sandboxes.insert(id.to_string(), rec.clone());
         Ok(rec)
     }
 
-    fn sandboxes(&self) -> Result<Vec<SandboxRecord>, ProcessError> {
+    fn sandboxes(&self) -> Result<Vec<Arc<SandboxRecord>>, ProcessError> {
         self.restore_lost()?;
         let mut out = Vec::new();
         for id in list_ids(&self.config.root_dir.join("sandboxes"))? {
@@ -395,7 +410,7 @@ impl ProcessRuntime {
                     && !sandbox_file.exists()
                 {
                     mkdir(&self.sandbox_dir(&rec.sandbox_id).join("work"))?;
-                    write_json(&sandbox_file, sb)?;
+                    write_json(&sandbox_file, &**sb)?;
                 }
                 mkdir(&dir)?;
                 write_json(&dir.join(CONFIG_FILE), rec.as_ref())?;
@@ -1339,6 +1354,7 @@ impl ProcessRuntime {
             let _ = std::fs::remove_dir_all(&dir);
             return Err(e);
         }
+        let rec = Arc::new(rec);
         self.ledger.lock().sandboxes.insert(id.clone(), rec.clone());
         tracing::debug!(sandbox = %id, pod = %format_args!("{}/{}", rec.namespace, rec.name), "sandbox created");
         Ok(id)
@@ -1362,18 +1378,24 @@ impl ProcessRuntime {
             r?;
         }
         let _guard = self.sandbox_lock.lock();
-        if let Ok(mut rec) = self.sandbox(id)
+        if let Ok(rec) = self.sandbox(id)
             && rec.ready
         {
+            let mut rec = SandboxRecord::clone(&rec);
             rec.ready = false;
             match write_json(&self.sandbox_dir(id).join(SANDBOX_FILE), &rec) {
-                Ok(()) => {}
+                Ok(()) => {
+                    self.ledger
+                        .lock()
+                        .sandboxes
+                        .insert(id.to_string(), Arc::new(rec));
+                }
                 Err(e @ ProcessError::NoSpace { .. }) => {
                     // Stopped it is: report it so, and write it down once there is room.
                     tracing::warn!(sandbox = %id, error = %kubelet_api::chain(&e), "sandbox stopped; its record is updated once the disk has room");
                     let mut ledger = self.ledger.lock();
                     ledger.unsaved_not_ready.insert(id.to_string());
-                    ledger.sandboxes.insert(id.to_string(), rec);
+                    ledger.sandboxes.insert(id.to_string(), Arc::new(rec));
                 }
                 Err(e) => return Err(e),
             }
@@ -1618,6 +1640,14 @@ fn host_ip() -> String {
     }
 }
 
+fn sandbox_state(rec: &SandboxRecord) -> SandboxState {
+    if rec.ready {
+        SandboxState::Ready
+    } else {
+        SandboxState::NotReady
+    }
+}
+
 fn sandbox_of(rec: &SandboxRecord) -> PodSandbox {
     PodSandbox {
         id: rec.id.clone(),
@@ -1627,11 +1657,7 @@ fn sandbox_of(rec: &SandboxRecord) -> PodSandbox {
             uid: rec.uid.clone(),
             attempt: rec.attempt,
         },
-        state: if rec.ready {
-            SandboxState::Ready
-        } else {
-            SandboxState::NotReady
-        },
+        state: sandbox_state(rec),
         created_at: rec.created_at,
         labels: rec.labels.clone(),
         annotations: rec.annotations.clone(),
@@ -1694,11 +1720,12 @@ impl ContainerRuntime for ProcessRuntime {
             },
             None => self.sandboxes()?,
         };
+        // Filtered before they are copied: a pod's inspection asks for its own sandboxes.
         Ok(records
             .iter()
-            .map(sandbox_of)
-            .filter(|s| filter.state.is_none_or(|st| st == s.state))
-            .filter(|s| labels_match(&s.labels, &filter.label_selector))
+            .filter(|r| filter.state.is_none_or(|st| st == sandbox_state(r)))
+            .filter(|r| labels_match(&r.labels, &filter.label_selector))
+            .map(|r| sandbox_of(r))
             .collect())
     }
 
