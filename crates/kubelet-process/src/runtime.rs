@@ -5,6 +5,7 @@ use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -81,6 +82,12 @@ pub struct ProcessRuntime {
     /// Held while looking for and restoring lost state: one restoration (and one warning) per
     /// loss, however many callers notice it at once.
     restore_lock: Mutex<()>,
+    /// Set once every sandbox record on disk has been read (a full list): from then on the
+    /// records this runtime holds are all there are, and a pod's sandboxes are found among
+    /// them instead of by listing the directory.
+    sandboxes_scanned: AtomicBool,
+    /// The same for container records.
+    containers_scanned: AtomicBool,
     host_ip: String,
 }
 
@@ -226,6 +233,8 @@ impl ProcessRuntime {
             sandbox_lock: Mutex::new(()),
             exit_lock: Mutex::new(()),
             restore_lock: Mutex::new(()),
+            sandboxes_scanned: AtomicBool::new(false),
+            containers_scanned: AtomicBool::new(false),
             host_ip: host_ip(),
         })
     }
@@ -317,6 +326,56 @@ impl ProcessRuntime {
                 Err(e) => {
                     tracing::warn!(sandbox = %id, error = %kubelet_api::chain(&e), "skipping unreadable sandbox record")
                 }
+            }
+        }
+        self.sandboxes_scanned.store(true, Ordering::Release);
+        Ok(out)
+    }
+
+    /// The sandboxes of pod `uid` (its `POD_UID` label): after a full list, from the records
+    /// this runtime holds (each checked on disk), so that inspecting one pod does not cost a
+    /// look at every sandbox; before it, from a full list.
+    fn sandboxes_of_pod(&self, uid: &str) -> Result<Vec<Arc<SandboxRecord>>, ProcessError> {
+        if !self.sandboxes_scanned.load(Ordering::Acquire) {
+            return self.sandboxes();
+        }
+        let ids: Vec<String> = self
+            .ledger
+            .lock()
+            .sandboxes
+            .iter()
+            .filter(|(_, r)| r.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.sandbox(&id) {
+                Ok(s) => out.push(s),
+                Err(ProcessError::SandboxNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The containers of pod `uid`, as [`Self::sandboxes_of_pod`].
+    fn containers_of_pod(&self, uid: &str) -> Result<Vec<Arc<ContainerRecord>>, ProcessError> {
+        if !self.containers_scanned.load(Ordering::Acquire) {
+            return self.all_containers();
+        }
+        let ids: Vec<String> = self
+            .containers
+            .lock()
+            .iter()
+            .filter(|(_, r)| r.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut out = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.container(&id) {
+                Ok(r) => out.push(r),
+                Err(ProcessError::ContainerNotFound(_)) => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(out)
@@ -459,6 +518,7 @@ impl ProcessRuntime {
                 }
             }
         }
+        self.containers_scanned.store(true, Ordering::Release);
         Ok(out)
     }
 
@@ -1718,7 +1778,10 @@ impl ContainerRuntime for ProcessRuntime {
                 Err(ProcessError::SandboxNotFound(_) | ProcessError::InvalidId(_)) => Vec::new(),
                 Err(e) => return Err(e.into()),
             },
-            None => self.sandboxes()?,
+            None => match filter.label_selector.get(labels::POD_UID) {
+                Some(uid) => self.sandboxes_of_pod(uid)?,
+                None => self.sandboxes()?,
+            },
         };
         // Filtered before they are copied: a pod's inspection asks for its own sandboxes.
         Ok(records
@@ -1770,7 +1833,10 @@ impl ContainerRuntime for ProcessRuntime {
                 Err(ProcessError::ContainerNotFound(_) | ProcessError::InvalidId(_)) => Vec::new(),
                 Err(e) => return Err(e.into()),
             },
-            None => self.all_containers()?,
+            None => match filter.label_selector.get(labels::POD_UID) {
+                Some(uid) => self.containers_of_pod(uid)?,
+                None => self.all_containers()?,
+            },
         };
         let mut out = Vec::new();
         for rec in records {

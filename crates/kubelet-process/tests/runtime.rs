@@ -1247,3 +1247,79 @@ async fn security_settings_a_process_can_take_are_applied_and_the_rest_reported(
     rt.stop_pod_sandbox(&sid).await.expect("stop");
     rt.remove_pod_sandbox(&sid).await.expect("remove");
 }
+
+/// A pod's sandboxes and containers, asked for by its UID label (as the PLEG inspects one
+/// pod): exactly that pod's, before the first full list and after it, for records of a
+/// previous runtime on the same state and for ones created, stopped or removed since.
+#[tokio::test]
+async fn a_pods_records_are_listed_by_its_uid_label_before_and_after_a_full_list() {
+    let tmp = tempfile::tempdir().unwrap();
+    let by_uid = |uid: &str| {
+        (
+            SandboxFilter {
+                label_selector: BTreeMap::from([(labels::POD_UID.to_string(), uid.to_string())]),
+                ..Default::default()
+            },
+            ContainerFilter {
+                label_selector: BTreeMap::from([(labels::POD_UID.to_string(), uid.to_string())]),
+                ..Default::default()
+            },
+        )
+    };
+    let sleeper = |sb: &PodSandboxConfig| container_config(sb, "app", "sleep 300");
+    let before = runtime(tmp.path());
+    let (sa, ca, _) = run(&before, tmp.path(), "uid-a", sleeper).await;
+    let (sb, cb, _) = run(&before, tmp.path(), "uid-b", sleeper).await;
+    drop(before);
+
+    // A new runtime on the same state: nothing listed yet.
+    let rt = runtime(tmp.path());
+    for round in 0..2 {
+        for (uid, sid, cid) in [("uid-a", &sa, &ca), ("uid-b", &sb, &cb)] {
+            let (sf, cf) = by_uid(uid);
+            let sandboxes = rt.list_pod_sandboxes(&sf).await.unwrap();
+            assert_eq!(
+                sandboxes.iter().map(|s| &s.id).collect::<Vec<_>>(),
+                vec![sid],
+                "round {round}"
+            );
+            let containers = rt.list_containers(&cf).await.unwrap();
+            assert_eq!(
+                containers.iter().map(|c| &c.id).collect::<Vec<_>>(),
+                vec![cid],
+                "round {round}"
+            );
+        }
+        // Round 1 runs after a full list.
+        assert_eq!(
+            rt.list_pod_sandboxes(&SandboxFilter::default())
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+        assert_eq!(
+            rt.list_containers(&ContainerFilter::default())
+                .await
+                .unwrap()
+                .len(),
+            2
+        );
+    }
+    // Created since, stopped, removed: each seen through the pod's filter.
+    let (sc, cc, _) = run(&rt, tmp.path(), "uid-c", sleeper).await;
+    let (sf, cf) = by_uid("uid-c");
+    assert_eq!(rt.list_pod_sandboxes(&sf).await.unwrap()[0].id, sc);
+    assert_eq!(rt.list_containers(&cf).await.unwrap()[0].id, cc);
+    rt.stop_pod_sandbox(&sc).await.unwrap();
+    let stopped = rt.list_pod_sandboxes(&sf).await.unwrap();
+    assert_eq!(stopped[0].state, SandboxState::NotReady);
+    assert_eq!(
+        rt.list_containers(&cf).await.unwrap()[0].state,
+        ContainerState::Exited
+    );
+    rt.remove_pod_sandbox(&sc).await.unwrap();
+    assert!(rt.list_pod_sandboxes(&sf).await.unwrap().is_empty());
+    assert!(rt.list_containers(&cf).await.unwrap().is_empty());
+    cleanup(&rt).await;
+}
