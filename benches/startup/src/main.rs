@@ -529,7 +529,14 @@ fn run_once(
     fs::create_dir_all(&manifests)?;
     let port = free_port()?;
     let agent_log = tmp.path().join("agent.log");
-    let endpoint = containerd.map(Containerd::endpoint);
+    let mut extra_args = Vec::new();
+    if let Some(endpoint) = containerd.map(Containerd::endpoint) {
+        extra_args.extend(["--container-runtime-endpoint".to_string(), endpoint]);
+    }
+    // The node admits `maxPods` (110 by default); beyond it pods are rejected (OutOfpods).
+    if args.pods > 110 {
+        extra_args.extend(["--max-pods".to_string(), args.pods.to_string()]);
+    }
     let mut guard = AgentGuard::start(
         agent,
         &manifests,
@@ -537,8 +544,7 @@ fn run_once(
         &logs,
         port,
         &agent_log,
-        endpoint.as_deref(),
-        args.pods,
+        &extra_args,
     )?;
     let pid = guard.pid();
     wait_healthz(port, &mut guard.child, Duration::from_secs(30))
@@ -809,18 +815,11 @@ impl AgentGuard {
         logs: &Path,
         port: u16,
         log: &Path,
-        runtime_endpoint: Option<&str>,
-        pods: usize,
+        extra_args: &[String],
     ) -> anyhow::Result<Self> {
         let log_file = fs::File::create(log)?;
         let mut cmd = Command::new(agent);
-        // The node admits `maxPods` (110 by default); beyond it pods are rejected (OutOfpods).
-        if pods > 110 {
-            cmd.args(["--max-pods", &pods.to_string()]);
-        }
-        if let Some(endpoint) = runtime_endpoint {
-            cmd.args(["--container-runtime-endpoint", endpoint]);
-        }
+        cmd.args(extra_args);
         let child = cmd
             .arg("--pod-manifest-path")
             .arg(manifests)

@@ -1253,7 +1253,7 @@ async fn security_settings_a_process_can_take_are_applied_and_the_rest_reported(
 /// previous runtime on the same state and for ones created, stopped or removed since.
 #[tokio::test]
 async fn a_pods_records_are_listed_by_its_uid_label_before_and_after_a_full_list() {
-    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tempfile::tempdir().expect("tempdir");
     let by_uid = |uid: &str| {
         (
             SandboxFilter {
@@ -1277,13 +1277,13 @@ async fn a_pods_records_are_listed_by_its_uid_label_before_and_after_a_full_list
     for round in 0..2 {
         for (uid, sid, cid) in [("uid-a", &sa, &ca), ("uid-b", &sb, &cb)] {
             let (sf, cf) = by_uid(uid);
-            let sandboxes = rt.list_pod_sandboxes(&sf).await.unwrap();
+            let sandboxes = rt.list_pod_sandboxes(&sf).await.expect("runtime call");
             assert_eq!(
                 sandboxes.iter().map(|s| &s.id).collect::<Vec<_>>(),
                 vec![sid],
                 "round {round}"
             );
-            let containers = rt.list_containers(&cf).await.unwrap();
+            let containers = rt.list_containers(&cf).await.expect("runtime call");
             assert_eq!(
                 containers.iter().map(|c| &c.id).collect::<Vec<_>>(),
                 vec![cid],
@@ -1309,17 +1309,33 @@ async fn a_pods_records_are_listed_by_its_uid_label_before_and_after_a_full_list
     // Created since, stopped, removed: each seen through the pod's filter.
     let (sc, cc, _) = run(&rt, tmp.path(), "uid-c", sleeper).await;
     let (sf, cf) = by_uid("uid-c");
-    assert_eq!(rt.list_pod_sandboxes(&sf).await.unwrap()[0].id, sc);
-    assert_eq!(rt.list_containers(&cf).await.unwrap()[0].id, cc);
-    rt.stop_pod_sandbox(&sc).await.unwrap();
-    let stopped = rt.list_pod_sandboxes(&sf).await.unwrap();
+    assert_eq!(
+        rt.list_pod_sandboxes(&sf).await.expect("runtime call")[0].id,
+        sc
+    );
+    assert_eq!(
+        rt.list_containers(&cf).await.expect("runtime call")[0].id,
+        cc
+    );
+    rt.stop_pod_sandbox(&sc).await.expect("runtime call");
+    let stopped = rt.list_pod_sandboxes(&sf).await.expect("runtime call");
     assert_eq!(stopped[0].state, SandboxState::NotReady);
     assert_eq!(
-        rt.list_containers(&cf).await.unwrap()[0].state,
+        rt.list_containers(&cf).await.expect("runtime call")[0].state,
         ContainerState::Exited
     );
-    rt.remove_pod_sandbox(&sc).await.unwrap();
-    assert!(rt.list_pod_sandboxes(&sf).await.unwrap().is_empty());
-    assert!(rt.list_containers(&cf).await.unwrap().is_empty());
+    rt.remove_pod_sandbox(&sc).await.expect("runtime call");
+    assert!(
+        rt.list_pod_sandboxes(&sf)
+            .await
+            .expect("runtime call")
+            .is_empty()
+    );
+    assert!(
+        rt.list_containers(&cf)
+            .await
+            .expect("runtime call")
+            .is_empty()
+    );
     cleanup(&rt).await;
 }
