@@ -1294,14 +1294,14 @@ async fn a_pods_records_are_listed_by_its_uid_label_before_and_after_a_full_list
         assert_eq!(
             rt.list_pod_sandboxes(&SandboxFilter::default())
                 .await
-                .unwrap()
+                .expect("runtime call")
                 .len(),
             2
         );
         assert_eq!(
             rt.list_containers(&ContainerFilter::default())
                 .await
-                .unwrap()
+                .expect("runtime call")
                 .len(),
             2
         );
