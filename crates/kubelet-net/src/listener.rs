@@ -442,25 +442,48 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_oldest_pending_connection_makes_room_and_promoted_ones_stay() {
+    /// An acceptor on a loopback port (2 promoted connections, `max_pending` pending) serving
+    /// with `serve`: its address, its shutdown token and its task.
+    async fn acceptor<F, Fut>(
+        max_pending: usize,
+        serve: F,
+    ) -> (
+        std::net::SocketAddr,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    )
+    where
+        F: Fn(TcpStream, Admission) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let (alive, promoted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let shutdown = CancellationToken::new();
         let config = AcceptorConfig {
             max_connections: 2,
-            max_pending: 3,
+            max_pending,
             shutdown_grace: Duration::from_millis(100),
             ..Default::default()
         };
+        let task = tokio::spawn(accept_loop(listener, config, shutdown.clone(), serve));
+        (addr, shutdown, task)
+    }
+
+    /// Shut the acceptor down; it must stop within 5 s.
+    async fn stop(shutdown: CancellationToken, task: tokio::task::JoinHandle<()>) {
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the acceptor stops, even with connections that never end")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_oldest_pending_connection_makes_room_and_promoted_ones_stay() {
+        let (alive, promoted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         // Promoted at once: two take the promoted slots, the rest stay pending.
-        let task = tokio::spawn(accept_loop(
-            listener,
-            config,
-            shutdown.clone(),
-            holding_server(true, alive.clone(), promoted.clone()),
-        ));
+        let (addr, shutdown, task) =
+            acceptor(3, holding_server(true, alive.clone(), promoted.clone())).await;
         let mut clients = Vec::new();
         // The first two promote themselves before the others arrive (a server promotes after
         // a request, which takes a moment).
@@ -491,32 +514,15 @@ mod tests {
             let open = r.is_err();
             assert_eq!(open, !(2..17).contains(&i), "client {i}: open {open}");
         }
-        shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the acceptor stops")
-            .unwrap();
+        stop(shutdown, task).await;
         assert_eq!(alive.load(Ordering::SeqCst), 0);
     }
 
     #[tokio::test]
     async fn a_flood_of_silent_connections_never_stops_accepting_and_shutdown_cuts_the_rest() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let (alive, promoted) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let shutdown = CancellationToken::new();
-        let config = AcceptorConfig {
-            max_connections: 2,
-            max_pending: 8,
-            shutdown_grace: Duration::from_millis(100),
-            ..Default::default()
-        };
-        let task = tokio::spawn(accept_loop(
-            listener,
-            config,
-            shutdown.clone(),
-            holding_server(false, alive.clone(), promoted.clone()),
-        ));
+        let (addr, shutdown, task) =
+            acceptor(8, holding_server(false, alive.clone(), promoted.clone())).await;
         let mut clients = Vec::new();
         for _ in 0..300 {
             clients.push(TcpStream::connect(addr).await.unwrap());
@@ -527,11 +533,7 @@ mod tests {
             8,
             "only the newest pending stay"
         );
-        shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the acceptor stops despite connections that never end")
-            .unwrap();
+        stop(shutdown, task).await;
     }
 
     /// A client whose whole TLS `ClientHello` arrived (then stalls) outlives any number of
@@ -553,30 +555,17 @@ mod tests {
         let server = crate::tls::server_config(identity, None).unwrap();
         let client = crate::tls::client_config(Some(&cert_file), None).unwrap();
 
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let alive = Arc::new(AtomicUsize::new(0));
-        let shutdown = CancellationToken::new();
-        let config = AcceptorConfig {
-            max_connections: 2,
-            max_pending: 3,
-            shutdown_grace: Duration::from_millis(100),
-            ..Default::default()
-        };
         let counter = alive.clone();
-        let task = tokio::spawn(accept_loop(
-            listener,
-            config,
-            shutdown.clone(),
-            move |s, admission| {
-                let (server, alive) = (server.clone(), counter.clone());
-                async move {
-                    let _alive = Alive::count(alive);
-                    let _tls = tls_handshake(server, s, &admission, Duration::from_secs(120)).await;
-                    admission.shutdown().cancelled().await;
-                }
-            },
-        ));
+        let (addr, shutdown, task) = acceptor(3, move |s, admission| {
+            let (server, alive) = (server.clone(), counter.clone());
+            async move {
+                let _alive = Alive::count(alive);
+                let _tls = tls_handshake(server, s, &admission, Duration::from_secs(120)).await;
+                admission.shutdown().cancelled().await;
+            }
+        })
+        .await;
         // The client's hello, then nothing: the server answers and waits for the client.
         let mut conn =
             rustls::ClientConnection::new(client, "localhost".try_into().unwrap()).unwrap();
@@ -602,10 +591,6 @@ mod tests {
         );
         let r = tokio::time::timeout(Duration::from_millis(100), honest.read(&mut buf)).await;
         assert!(r.is_err(), "the client's connection was dropped: {r:?}");
-        shutdown.cancel();
-        tokio::time::timeout(Duration::from_secs(5), task)
-            .await
-            .expect("the acceptor stops")
-            .unwrap();
+        stop(shutdown, task).await;
     }
 }

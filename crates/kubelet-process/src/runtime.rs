@@ -339,23 +339,12 @@ impl ProcessRuntime {
         if !self.sandboxes_scanned.load(Ordering::Acquire) {
             return self.sandboxes();
         }
-        let ids: Vec<String> = self
-            .ledger
-            .lock()
-            .sandboxes
-            .iter()
-            .filter(|(_, r)| r.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            match self.sandbox(&id) {
-                Ok(s) => out.push(s),
-                Err(ProcessError::SandboxNotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+        let ids = ids_of_pod(&self.ledger.lock().sandboxes, uid, |r| &r.labels);
+        look_up(
+            ids,
+            |id| self.sandbox(id),
+            |e| matches!(e, ProcessError::SandboxNotFound(_)),
+        )
     }
 
     /// The containers of pod `uid`, as [`Self::sandboxes_of_pod`].
@@ -363,22 +352,12 @@ impl ProcessRuntime {
         if !self.containers_scanned.load(Ordering::Acquire) {
             return self.all_containers();
         }
-        let ids: Vec<String> = self
-            .containers
-            .lock()
-            .iter()
-            .filter(|(_, r)| r.labels.get(labels::POD_UID).map(String::as_str) == Some(uid))
-            .map(|(id, _)| id.clone())
-            .collect();
-        let mut out = Vec::with_capacity(ids.len());
-        for id in ids {
-            match self.container(&id) {
-                Ok(r) => out.push(r),
-                Err(ProcessError::ContainerNotFound(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(out)
+        let ids = ids_of_pod(&self.containers.lock(), uid, |r| &r.labels);
+        look_up(
+            ids,
+            |id| self.container(id),
+            |e| matches!(e, ProcessError::ContainerNotFound(_)),
+        )
     }
 
     fn container(&self, id: &str) -> Result<Arc<ContainerRecord>, ProcessError> {
@@ -1576,6 +1555,36 @@ fn mkdir(dir: &Path) -> Result<(), ProcessError> {
 }
 
 /// Directory entries of `dir` that are valid IDs.
+/// The IDs of `records` whose `POD_UID` label is `uid`.
+fn ids_of_pod<R>(
+    records: &HashMap<String, Arc<R>>,
+    uid: &str,
+    labels_of: impl Fn(&R) -> &kubelet_api::runtime::Labels,
+) -> Vec<String> {
+    records
+        .iter()
+        .filter(|(_, r)| labels_of(r).get(labels::POD_UID).map(String::as_str) == Some(uid))
+        .map(|(id, _)| id.clone())
+        .collect()
+}
+
+/// Each of `ids` through `get`, leaving out those `gone` says were removed meanwhile.
+fn look_up<R>(
+    ids: Vec<String>,
+    get: impl Fn(&str) -> Result<Arc<R>, ProcessError>,
+    gone: impl Fn(&ProcessError) -> bool,
+) -> Result<Vec<Arc<R>>, ProcessError> {
+    let mut out = Vec::with_capacity(ids.len());
+    for id in ids {
+        match get(&id) {
+            Ok(r) => out.push(r),
+            Err(e) if gone(&e) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(out)
+}
+
 fn list_ids(dir: &Path) -> Result<Vec<String>, ProcessError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
