@@ -60,6 +60,23 @@ impl InvolvedObject {
         }
     }
 
+    /// Reference to container `container` of the pod `namespace/name` with `uid`, for code
+    /// that knows the pod only by what a runtime recorded (its labels or sandbox metadata).
+    pub fn pod_container(
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+        uid: impl Into<String>,
+        container: &str,
+    ) -> Self {
+        Self {
+            kind: "Pod".to_string(),
+            namespace: namespace.into(),
+            name: name.into(),
+            uid: uid.into(),
+            field_path: format!("spec.containers{{{container}}}"),
+        }
+    }
+
     /// Reference to the node.
     pub fn node(name: &str) -> Self {
         Self {

@@ -45,17 +45,14 @@ pub struct RotationOutcome {
 /// The container a runtime's labels name, as an event's object (`spec.containers{name}` of
 /// its pod).
 fn involved_container(labels: &kubelet_api::runtime::Labels) -> InvolvedObject {
-    let get = |k: &str| labels.get(k).cloned().unwrap_or_default();
-    InvolvedObject {
-        kind: "Pod".to_string(),
-        namespace: get(kubelet_api::runtime::labels::POD_NAMESPACE),
-        name: get(kubelet_api::runtime::labels::POD_NAME),
-        uid: get(kubelet_api::runtime::labels::POD_UID),
-        field_path: format!(
-            "spec.containers{{{}}}",
-            get(kubelet_api::runtime::labels::CONTAINER_NAME)
-        ),
-    }
+    use kubelet_api::runtime::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
+    let get = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
+    InvolvedObject::pod_container(
+        get(POD_NAMESPACE),
+        get(POD_NAME),
+        get(POD_UID),
+        get(CONTAINER_NAME),
+    )
 }
 
 /// The log rotator; see the [module docs](self).

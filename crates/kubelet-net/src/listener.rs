@@ -27,10 +27,10 @@
 //! Limits of the design: a client whose `ClientHello` takes longer to arrive than
 //! `max_pending` newer connections (or, once it has arrived, whose handshake and first request
 //! take longer than `max_pending` newer complete `ClientHello`s) loses its connection (it
-//! retries); on the plain HTTP ports nothing marks progress before the request; an attacker with valid
-//! credentials is an authorized client and is bounded only by `max_connections`; anonymous
-//! ports (read-only, healthz) promote any client that sends a request, so there a flood of
-//! well-formed requests competes with everyone else for `max_connections`.
+//! retries); on the plain HTTP ports nothing marks progress before the request; an attacker
+//! with valid credentials is an authorized client and is bounded only by `max_connections`;
+//! anonymous ports (read-only, healthz) promote any client that sends a request, so there a
+//! flood of well-formed requests competes with everyone else for `max_connections`.
 //!
 //! Also: backoff on accept errors such as `EMFILE` with a rate-limited log line, and a bounded
 //! drain at shutdown. [`AcceptorConfig`] also carries the per-connection limits the HTTP

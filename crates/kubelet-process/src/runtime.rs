@@ -656,13 +656,12 @@ impl ProcessRuntime {
     }
 
     fn pod_object(sandbox: &SandboxRecord, container: &str) -> InvolvedObject {
-        InvolvedObject {
-            kind: "Pod".to_string(),
-            namespace: sandbox.namespace.clone(),
-            name: sandbox.name.clone(),
-            uid: sandbox.uid.clone(),
-            field_path: format!("spec.containers{{{container}}}"),
-        }
+        InvolvedObject::pod_container(
+            sandbox.namespace.as_str(),
+            sandbox.name.as_str(),
+            sandbox.uid.as_str(),
+            container,
+        )
     }
 
     fn create(&self, sandbox_id: &str, config: &ContainerConfig) -> Result<String, ProcessError> {
@@ -1554,7 +1553,6 @@ fn mkdir(dir: &Path) -> Result<(), ProcessError> {
     std::fs::create_dir_all(dir).map_err(|source| state_error("creating", dir, source))
 }
 
-/// Directory entries of `dir` that are valid IDs.
 /// The IDs of `records` whose `POD_UID` label is `uid`.
 fn ids_of_pod<R>(
     records: &HashMap<String, Arc<R>>,
@@ -1585,6 +1583,7 @@ fn look_up<R>(
     Ok(out)
 }
 
+/// Directory entries of `dir` that are valid IDs.
 fn list_ids(dir: &Path) -> Result<Vec<String>, ProcessError> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
