@@ -984,3 +984,115 @@ async fn a_sandbox_whose_network_report_flips_is_neither_recreated_nor_reported_
     assert!(events_with_reason(&h, "SandboxNetworkInvalid") <= 1);
     h.stop().await;
 }
+
+/// Pods `pod-s{first}..pod-s{first+n}`, one container each, restartPolicy Always.
+fn scale_pods(range: std::ops::Range<usize>) -> Vec<Pod> {
+    range
+        .map(|i| pod(&format!("s{i}"), "Always", vec![], vec![container("app")]))
+        .collect()
+}
+
+/// Polls (in paused time) until `done` holds, failing after `limit` of virtual time.
+async fn poll_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let begin = Instant::now();
+    while !done() {
+        assert!(begin.elapsed() < limit, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+fn running_and_ready(s: &PodStatus) -> bool {
+    phase(s) == "Running"
+        && condition(s, "Ready").as_deref() == Some("True")
+        && s.container_statuses.as_ref().is_some_and(|cs| {
+            cs.len() == 1
+                && cs[0].ready
+                && cs[0].restart_count == 0
+                && cs[0].state.as_ref().is_some_and(|st| st.running.is_some())
+        })
+}
+
+/// Issue 36's functional check at scale: 300 pods start, every status is right, and a burst of
+/// deletions that lands while 300 more are still starting starts nothing twice and leaves
+/// nothing behind.
+#[tokio::test(start_paused = true)]
+async fn three_hundred_pods_run_and_a_deletion_burst_during_starts_leaves_nothing_behind() {
+    let h = Harness::start(Some(scale_pods(0..300)));
+    poll_until(
+        "300 pods Running and Ready",
+        Duration::from_secs(600),
+        || {
+            (0..300).all(|i| {
+                h.sink
+                    .latest(&format!("s{i}"))
+                    .is_some_and(|s| running_and_ready(&s))
+            })
+        },
+    )
+    .await;
+    let calls = h.rt.calls();
+    for i in 0..300 {
+        let sandbox = format!("run_pod_sandbox pod-s{i}");
+        assert_eq!(
+            calls.iter().filter(|c| **c == sandbox).count(),
+            1,
+            "pod s{i}: one sandbox"
+        );
+    }
+    assert_eq!(calls_matching(&h.rt, "create_container").len(), 300);
+
+    // Starts slow down, so the next change lands while pods are starting: the first 300 go, 300
+    // new ones come, and half of the new ones are deleted again before they can run.
+    h.rt.set_op_delay(
+        kubelet_core::testing::FakeOp::StartContainer,
+        Duration::from_secs(2),
+    );
+    h.rt.clear_calls();
+    h.pods.send_replace(Some(scale_pods(300..600)));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    h.pods.send_replace(Some(scale_pods(450..600)));
+
+    poll_until("the burst settles", Duration::from_secs(900), || {
+        let removed = h.sink.removed();
+        let gone = (0..450).all(|i| removed.contains(&format!("s{i}")));
+        let running = (450..600).all(|i| {
+            h.sink
+                .latest(&format!("s{i}"))
+                .is_some_and(|s| running_and_ready(&s))
+        });
+        gone && running && h.rt.sandboxes().len() == 150 && h.rt.containers().len() == 150
+    })
+    .await;
+
+    let removed = h.sink.removed();
+    for i in 0..450 {
+        let uid = format!("s{i}");
+        assert_eq!(
+            removed.iter().filter(|r| **r == uid).count(),
+            1,
+            "pod {uid}: removed once"
+        );
+    }
+    let calls = h.rt.calls();
+    for i in 300..600 {
+        let sandbox = format!("run_pod_sandbox pod-s{i}");
+        assert!(
+            calls.iter().filter(|c| **c == sandbox).count() <= 1,
+            "pod s{i}: at most one sandbox"
+        );
+    }
+    for i in 450..600 {
+        let uid = format!("s{i}");
+        assert!(h.rt.find_container(&uid, "app").is_some(), "pod {uid} runs");
+    }
+    // Every container left belongs to a pod that is still wanted, one each.
+    let containers = h.rt.containers();
+    let mut owners: Vec<String> = containers
+        .iter()
+        .filter_map(|c| c.labels.get(kubelet_api::runtime::labels::POD_UID).cloned())
+        .collect();
+    owners.sort();
+    owners.dedup();
+    assert_eq!(owners.len(), 150, "one container per remaining pod");
+    h.stop().await;
+}

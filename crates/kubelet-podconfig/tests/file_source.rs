@@ -35,7 +35,12 @@ struct Harness {
 
 impl Harness {
     fn start(path: &Path, check: Duration) -> Self {
-        let (recorder, events) = EventRecorder::channel(100);
+        Self::start_with_events(path, check, 100)
+    }
+
+    /// [`Harness::start`] with room for `events` events.
+    fn start_with_events(path: &Path, check: Duration, events: usize) -> Self {
+        let (recorder, events) = EventRecorder::channel(events);
         let mut config = PodConfig::new(recorder);
         let source = FileSource::new(path, NODE)
             .with_config(FileSourceConfig::default().check_frequency(check));
@@ -608,5 +613,128 @@ async fn a_new_file_reusing_a_running_pods_name_is_ignored_with_a_warning_naming
     }
     let added = seen.iter().find(|u| u.op == PodOp::Add).expect("an add");
     assert_ne!(uids(added), running);
+    h.stop().await;
+}
+
+/// Every pod the updates added and removed, by name.
+#[derive(Default)]
+struct Tally {
+    /// Pod name -> (adds, removes).
+    seen: std::collections::BTreeMap<String, (usize, usize)>,
+    live: std::collections::BTreeSet<String>,
+}
+
+impl Tally {
+    fn apply(&mut self, u: &PodUpdate) {
+        for p in &u.pods {
+            let n = p.metadata.name.clone().unwrap_or_default();
+            let e = self.seen.entry(n.clone()).or_default();
+            match u.op {
+                PodOp::Add => {
+                    e.0 += 1;
+                    self.live.insert(n);
+                }
+                PodOp::Remove | PodOp::Delete => {
+                    e.1 += 1;
+                    self.live.remove(&n);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Applies updates until the live pods are `want` (60 s at most).
+    async fn settle(&mut self, h: &mut Harness, want: &std::collections::BTreeSet<String>) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.live != *want {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} pods live, {} wanted",
+                self.live.len(),
+                want.len()
+            );
+            if let Ok(Some(u)) = tokio::time::timeout(ARRIVAL, h.updates.recv()).await {
+                self.apply(&u);
+            }
+        }
+    }
+}
+
+/// Issue 36's bad input: 5,000 files of which 100 are invalid, then a burst of 1,000 deletions
+/// while 1,000 new manifests arrive, with the periodic re-list running underneath. Every invalid
+/// file is reported once, every pod is added once and removed at most once, and the end state is
+/// the directory's.
+#[tokio::test]
+async fn five_thousand_files_and_a_deletion_burst_report_each_invalid_file_once() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let name = |i: usize| format!("pod-{i:05}");
+    let path = |i: usize| dir.path().join(format!("{}.yaml", name(i)));
+    let broken = |i: usize| i % 50 == 7;
+    let mut invalid = BTreeSet::new();
+    for i in 0..5000 {
+        if broken(i) {
+            // Alternately broken as YAML and as a pod (no name).
+            let text = if i % 100 == 7 {
+                "apiVersion: v1\nkind: Pod\nmetadata: [unclosed\n"
+            } else {
+                "apiVersion: v1\nkind: Pod\nmetadata: {}\nspec:\n  containers: []\n"
+            };
+            write(&path(i), text);
+            invalid.insert(path(i).display().to_string());
+        } else {
+            write(&path(i), &manifest(&name(i), "busybox"));
+        }
+    }
+    assert_eq!(invalid.len(), 100);
+    let wanted = |range: std::ops::Range<usize>| -> BTreeSet<String> {
+        range
+            .filter(|&i| !broken(i))
+            .map(|i| format!("{}-node1", name(i)))
+            .collect()
+    };
+    let mut h = Harness::start_with_events(dir.path(), Duration::from_secs(3), 10_000);
+    let mut tally = Tally::default();
+    let first = wanted(0..5000);
+    assert_eq!(first.len(), 4900);
+    tally.settle(&mut h, &first).await;
+
+    // The burst: 1,000 deletions interleaved with 1,000 new files.
+    for i in 0..1000 {
+        std::fs::remove_file(path(i)).expect("remove manifest");
+        write(&path(5000 + i), &manifest(&name(5000 + i), "busybox"));
+    }
+    let mut second = wanted(1000..5000);
+    second.extend((5000..6000).map(|i| format!("{}-node1", name(i))));
+    assert_eq!(second.len(), 4920);
+    tally.settle(&mut h, &second).await;
+    // Two more periodic re-lists change nothing.
+    let quiet_until = std::time::Instant::now() + Duration::from_secs(7);
+    while std::time::Instant::now() < quiet_until {
+        if let Ok(Some(u)) = tokio::time::timeout(Duration::from_secs(1), h.updates.recv()).await {
+            tally.apply(&u);
+        }
+    }
+    assert_eq!(tally.live, second);
+    for (pod, (adds, removes)) in &tally.seen {
+        assert_eq!(*adds, 1, "{pod} added once");
+        assert!(*removes <= 1, "{pod} removed at most once");
+    }
+    let removed = tally.seen.values().filter(|v| v.1 == 1).count();
+    assert_eq!(removed, 980, "the deleted files' pods, each once");
+
+    // One warning per invalid file (those among the deleted files were reported before they
+    // went), none for anything else.
+    let mut reported: BTreeMap<String, usize> = BTreeMap::new();
+    while let Ok(ev) = h.events.try_recv() {
+        assert_eq!(ev.reason, "FailedValidation", "{}", ev.message);
+        let file = invalid
+            .iter()
+            .find(|f| ev.message.contains(f.as_str()))
+            .unwrap_or_else(|| panic!("a warning that names no invalid file: {}", ev.message));
+        *reported.entry(file.clone()).or_default() += 1;
+    }
+    assert_eq!(reported.len(), 100, "every invalid file reported");
+    assert!(reported.values().all(|&n| n == 1), "{reported:?}");
     h.stop().await;
 }
