@@ -94,6 +94,29 @@ struct Args {
     /// resolves 0.1 % of a core, a 60 s one 0.017 %).
     #[arg(long, default_value_t = 10)]
     idle_secs: u64,
+    /// Sweep these pod counts (comma-separated, e.g. `110,250,500,1000`) instead of `--pods`:
+    /// `--runs` runs of each, then a scaling table (each size against the one before) and, with
+    /// `--plot`, an SVG of the slope.
+    #[arg(long, value_delimiter = ',')]
+    sweep: Vec<usize>,
+    /// Where the pods come from: `file` (manifests written into `--pod-manifest-path`, deleted
+    /// to remove) or `push` (the agent's push endpoint: one `POST /pods` per pod, one `DELETE`
+    /// per pod to remove).
+    #[arg(long, value_enum, default_value_t = Source::File)]
+    source: Source,
+    /// With `--sweep`: write the plot (time to all Running and to all removed, and the agent's
+    /// RSS, against the pod count, next to the shell-loop baseline) to this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+}
+
+/// The pod source a run feeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Source {
+    /// Manifest files in the agent's `--pod-manifest-path`.
+    File,
+    /// The agent's pod push endpoint (`--pod-push-address`).
+    Push,
 }
 
 fn default_agent() -> PathBuf {
@@ -116,12 +139,17 @@ const METRICS: &[Metric] = &[
     Metric {
         key: "baseline_spawn_ms",
         unit: "ms",
-        what: "baseline: N sleeps spawned directly, all exec'd",
+        what: "baseline: N sleeps started by a shell loop, all exec'd",
+    },
+    Metric {
+        key: "baseline_kill_ms",
+        unit: "ms",
+        what: "baseline: the N sleeps sent SIGTERM, all gone",
     },
     Metric {
         key: "all_running_ready_ms",
         unit: "ms",
-        what: "first manifest write -> all N Running+Ready",
+        what: "first pod written (file or POST) -> all N Running+Ready",
     },
     Metric {
         key: "ratio_vs_baseline",
@@ -236,7 +264,17 @@ const METRICS: &[Metric] = &[
     Metric {
         key: "teardown_ms",
         unit: "ms",
-        what: "manifests deleted -> no pod in /pods",
+        what: "pods deleted (files or DELETEs) -> no pod in /pods",
+    },
+    Metric {
+        key: "runtime_calls_per_pod_start",
+        unit: "",
+        what: "runtime calls (kubelet_runtime_operations_total) per pod, first write -> all Running",
+    },
+    Metric {
+        key: "runtime_calls_per_pod_removal",
+        unit: "",
+        what: "runtime calls per pod, first delete -> none in /pods",
     },
     Metric {
         key: "leftover_processes",
@@ -348,8 +386,13 @@ fn histogram_quantile(text: &str, family: &str, labels: &str, q: f64) -> Option<
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    if args.pods == 0 || args.runs == 0 {
-        bail!("--pods and --runs must be at least 1");
+    let sizes = if args.sweep.is_empty() {
+        vec![args.pods]
+    } else {
+        args.sweep.clone()
+    };
+    if sizes.contains(&0) || args.runs == 0 {
+        bail!("--pods, every --sweep size and --runs must be at least 1");
     }
     let agent = args.agent.canonicalize().with_context(|| {
         format!(
@@ -359,10 +402,10 @@ fn main() -> anyhow::Result<()> {
     })?;
     let machine = machine_info();
     eprintln!(
-        "startup-bench: agent {}, {} pods, {} runs",
+        "startup-bench: agent {}, {sizes:?} pods, {} runs, source {:?}",
         agent.display(),
-        args.pods,
-        args.runs
+        args.runs,
+        args.source
     );
     eprintln!("machine: {machine}");
 
@@ -373,24 +416,196 @@ fn main() -> anyhow::Result<()> {
     } else {
         None
     };
-    let mut runs: Vec<BTreeMap<&'static str, f64>> = Vec::new();
-    let mut stage_runs: Vec<StageFigures> = Vec::new();
-    for run in 0..args.runs {
-        let mut stages = StageFigures::new();
-        let r = run_once(&agent, &args, containerd.as_ref(), run, &mut stages)
-            .with_context(|| format!("run {}", run + 1))?;
-        stage_runs.push(stages);
-        eprintln!(
-            "run {}: all Running+Ready in {:.0} ms (baseline {:.1} ms), agent RSS {:.0} KiB",
-            run + 1,
-            r["all_running_ready_ms"],
-            r["baseline_spawn_ms"],
-            r["agent_rss_kib"]
-        );
-        runs.push(r);
+    let mut rows = Vec::new();
+    for &pods in &sizes {
+        let mut runs: Vec<BTreeMap<&'static str, f64>> = Vec::new();
+        let mut stage_runs: Vec<StageFigures> = Vec::new();
+        for run in 0..args.runs {
+            let mut stages = StageFigures::new();
+            let r = run_once(&agent, &args, pods, containerd.as_ref(), run, &mut stages)
+                .with_context(|| format!("{pods} pods, run {}", run + 1))?;
+            stage_runs.push(stages);
+            eprintln!(
+                "{pods} pods, run {}: all Running+Ready in {:.0} ms (baseline {:.1} ms), removed in {:.0} ms, agent RSS {:.0} KiB",
+                run + 1,
+                r["all_running_ready_ms"],
+                r["baseline_spawn_ms"],
+                r["teardown_ms"],
+                r["agent_rss_kib"]
+            );
+            runs.push(r);
+        }
+        rows.push(report(&args, pods, &machine, &runs, &stage_runs));
     }
-    report(&args, &machine, &runs, &stage_runs);
+    if sizes.len() > 1 {
+        sweep_report(&args, &machine, &sizes, &rows);
+        if let Some(path) = &args.plot {
+            fs::write(path, sweep_plot(&args, &sizes, &rows))
+                .with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("plot written to {}", path.display());
+        }
+    }
     Ok(())
+}
+
+/// The medians of one size's runs, by metric key.
+type Medians = BTreeMap<&'static str, f64>;
+
+/// The scaling table: each size's medians and its ratio to the size before.
+fn sweep_report(args: &Args, machine: &str, sizes: &[usize], rows: &[Medians]) {
+    println!();
+    println!(
+        "scaling sweep, source {:?}, {} runs per size ({machine})",
+        args.source, args.runs
+    );
+    println!(
+        "{:>6} {:>10} {:>6} {:>10} {:>10} {:>6} {:>10} {:>9} {:>9} {:>7} {:>7} {:>7}",
+        "pods",
+        "Running s",
+        "x",
+        "loop s",
+        "removed s",
+        "x",
+        "loop s",
+        "RSS MiB",
+        "goal MiB",
+        "idle %",
+        "calls+",
+        "calls-"
+    );
+    let get = |r: &Medians, k: &str| r.get(k).copied().unwrap_or(f64::NAN);
+    let mut json = Vec::new();
+    for (i, (&pods, r)) in sizes.iter().zip(rows).enumerate() {
+        let ratio = |k: &str| {
+            i.checked_sub(1)
+                .map_or(f64::NAN, |p| get(r, k) / get(&rows[p], k))
+        };
+        let goal_mib = rss_goal_mib(pods);
+        println!(
+            "{:>6} {:>10.2} {:>6.2} {:>10.3} {:>10.2} {:>6.2} {:>10.3} {:>9.1} {:>9.1} {:>7.2} {:>7.1} {:>7.1}",
+            pods,
+            get(r, "all_running_ready_ms") / 1000.0,
+            ratio("all_running_ready_ms"),
+            get(r, "baseline_spawn_ms") / 1000.0,
+            get(r, "teardown_ms") / 1000.0,
+            ratio("teardown_ms"),
+            get(r, "baseline_kill_ms") / 1000.0,
+            get(r, "agent_rss_kib") / 1024.0,
+            goal_mib,
+            get(r, "agent_idle_cpu_pct"),
+            get(r, "runtime_calls_per_pod_start"),
+            get(r, "runtime_calls_per_pod_removal"),
+        );
+        json.push(serde_json::json!({ "pods": pods, "medians": r, "rss_goal_mib": goal_mib }));
+    }
+    println!(
+        "(x: against the size before; loop: the same processes started / sent SIGTERM by a shell loop; \
+         goal: 12 MiB + 40 KiB per pod; calls+/-: runtime calls per pod to start / to remove)"
+    );
+    let line = serde_json::json!({
+        "bench": "startup-sweep",
+        "source": format!("{:?}", args.source),
+        "containerd": args.containerd,
+        "runs": args.runs,
+        "machine": machine,
+        "sizes": json,
+    });
+    println!("JSON {line}");
+}
+
+/// Issue 36's memory goal: 12 MiB + 40 KiB per pod, in MiB.
+fn rss_goal_mib(pods: usize) -> f64 {
+    12.0 + 40.0 * pods as f64 / 1024.0
+}
+
+/// The sweep as an SVG: times against pods (ours, the shell loop, and a line proportional to the
+/// pod count from the smallest size), and the agent's RSS against the goal.
+fn sweep_plot(args: &Args, sizes: &[usize], rows: &[Medians]) -> String {
+    use bench_support::{Series, line_chart, svg_document};
+    let points = |key: &str, scale: f64| -> Vec<(f64, f64)> {
+        sizes
+            .iter()
+            .zip(rows)
+            .filter_map(|(&n, r)| r.get(key).map(|v| (n as f64, v * scale)))
+            .collect()
+    };
+    let running = points("all_running_ready_ms", 0.001);
+    let linear: Vec<(f64, f64)> = match running.first() {
+        Some(&(n0, t0)) => running.iter().map(|&(n, _)| (n, t0 * n / n0)).collect(),
+        None => Vec::new(),
+    };
+    let runtime = if args.containerd {
+        "containerd"
+    } else {
+        "process runtime"
+    };
+    let times = [
+        Series {
+            name: "agent: all Running".into(),
+            colour: "#c0392b",
+            dashed: false,
+            points: running,
+        },
+        Series {
+            name: "agent: all removed".into(),
+            colour: "#2471a3",
+            dashed: false,
+            points: points("teardown_ms", 0.001),
+        },
+        Series {
+            name: "linear from the smallest size".into(),
+            colour: "#999999",
+            dashed: true,
+            points: linear,
+        },
+        Series {
+            name: "shell loop: started".into(),
+            colour: "#c0392b",
+            dashed: true,
+            points: points("baseline_spawn_ms", 0.001),
+        },
+        Series {
+            name: "shell loop: killed".into(),
+            colour: "#2471a3",
+            dashed: true,
+            points: points("baseline_kill_ms", 0.001),
+        },
+    ];
+    let rss = [
+        Series {
+            name: "agent VmRSS".into(),
+            colour: "#c0392b",
+            dashed: false,
+            points: points("agent_rss_kib", 1.0 / 1024.0),
+        },
+        Series {
+            name: "goal: 12 MiB + 40 KiB per pod".into(),
+            colour: "#999999",
+            dashed: true,
+            points: sizes.iter().map(|&n| (n as f64, rss_goal_mib(n))).collect(),
+        },
+    ];
+    let source = format!("{:?}", args.source).to_lowercase();
+    svg_document(
+        960.0,
+        420.0,
+        &[
+            line_chart(
+                &format!("Time to all Running / removed ({runtime}, {source} source)"),
+                "pods",
+                "seconds",
+                &times,
+                (0.0, 0.0, 480.0, 420.0),
+            ),
+            line_chart(
+                "Agent memory with N pods",
+                "pods",
+                "MiB",
+                &rss,
+                (480.0, 0.0, 480.0, 420.0),
+            ),
+        ],
+    )
 }
 
 /// Median (upper of the two middle values for an even count), min and max.
@@ -400,28 +615,32 @@ fn summary(values: &[f64]) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// Prints one size's table and JSON line; returns its medians.
 fn report(
     args: &Args,
+    pods: usize,
     machine: &str,
     runs: &[BTreeMap<&'static str, f64>],
     stage_runs: &[StageFigures],
-) {
+) -> Medians {
     println!();
     println!(
-        "minimal_kubelet startup, {} pods, {} runs ({machine})",
-        args.pods, args.runs
+        "minimal_kubelet startup, {pods} pods, {} runs, source {:?} ({machine})",
+        args.runs, args.source
     );
     println!(
         "{:<24} {:<4} {:>9} {:>9} {:>9}  what",
         "metric", "unit", "median", "min", "max"
     );
     let mut json = serde_json::Map::new();
+    let mut medians = Medians::new();
     for m in METRICS {
         let values: Vec<f64> = runs.iter().filter_map(|r| r.get(m.key).copied()).collect();
         if values.is_empty() {
             continue;
         }
         let (med, min, max) = summary(&values);
+        medians.insert(m.key, med);
         println!(
             "{:<24} {:<4} {:>9.1} {:>9.1} {:>9.1}  {}",
             m.key, m.unit, med, min, max, m.what
@@ -459,12 +678,14 @@ fn report(
     let line = serde_json::json!({
         "bench": "startup",
         "stages": stage_json,
-        "pods": args.pods,
+        "pods": pods,
+        "source": format!("{:?}", args.source),
         "runs": args.runs,
         "machine": machine,
         "metrics": json,
     });
     println!("JSON {line}");
+    medians
 }
 
 /// A `key=value, ...` description of the machine: cores, CPU model, kernel, uid, cgroup layout.
@@ -510,13 +731,15 @@ type StageFigures = Vec<(&'static str, f64, f64)>;
 fn run_once(
     agent: &Path,
     args: &Args,
+    pods: usize,
     containerd: Option<&Containerd>,
     run: usize,
     stages: &mut StageFigures,
 ) -> anyhow::Result<BTreeMap<&'static str, f64>> {
     let mut out = BTreeMap::new();
-    let (spawn_ms, baseline_rss, baseline_pss) = baseline(args.pods, run)?;
+    let (spawn_ms, baseline_rss, baseline_pss, kill_ms) = baseline(pods, run)?;
     out.insert("baseline_spawn_ms", spawn_ms);
+    out.insert("baseline_kill_ms", kill_ms);
     out.insert("baseline_rss_kib", baseline_rss as f64);
     out.insert("baseline_pss_kib", baseline_pss as f64);
 
@@ -534,9 +757,28 @@ fn run_once(
         extra_args.extend(["--container-runtime-endpoint".to_string(), endpoint]);
     }
     // The node admits `maxPods` (110 by default); beyond it pods are rejected (OutOfpods).
-    if args.pods > 110 {
-        extra_args.extend(["--max-pods".to_string(), args.pods.to_string()]);
+    if pods > 110 {
+        extra_args.extend(["--max-pods".to_string(), pods.to_string()]);
     }
+    let push = match args.source {
+        Source::File => None,
+        Source::Push => {
+            let push_port = free_port()?;
+            let token = format!("startup-bench-{}", std::process::id());
+            let token_file = tmp.path().join("push-tokens");
+            fs::write(&token_file, format!("{token}\n"))?;
+            extra_args.extend([
+                "--pod-push-address".to_string(),
+                format!("127.0.0.1:{push_port}"),
+                "--pod-push-token-file".to_string(),
+                token_file.to_string_lossy().into_owned(),
+            ]);
+            Some(Pusher {
+                port: push_port,
+                token,
+            })
+        }
+    };
     let mut guard = AgentGuard::start(
         agent,
         &manifests,
@@ -562,9 +804,9 @@ fn run_once(
     out.insert("write_offset_ms", ms(offset));
 
     // Write the manifests.
-    let names: Vec<String> = (0..args.pods).map(|i| format!("bench-{run}-{i}")).collect();
+    let names: Vec<String> = (0..pods).map(|i| format!("bench-{run}-{i}")).collect();
     let t0 = Instant::now();
-    let mut written = Vec::with_capacity(args.pods);
+    let mut written = Vec::with_capacity(pods);
     for (i, name) in names.iter().enumerate() {
         written.push(Instant::now());
         let body = match containerd {
@@ -594,21 +836,26 @@ fn run_once(
                 },
             }),
         };
-        let tmpfile = manifests.join(format!(".{name}.json"));
-        fs::write(&tmpfile, body.to_string())?;
-        fs::rename(&tmpfile, manifests.join(format!("{name}.json")))?;
+        match &push {
+            None => {
+                let tmpfile = manifests.join(format!(".{name}.json"));
+                fs::write(&tmpfile, body.to_string())?;
+                fs::rename(&tmpfile, manifests.join(format!("{name}.json")))?;
+            }
+            Some(p) => p.send("POST", "/pods", Some(&body.to_string()), 201)?,
+        }
     }
 
     // Poll until every pod is Running and Ready.
     let full: Vec<String> = names.iter().map(|n| format!("{n}-{NODE}")).collect();
-    let mut first_running: Vec<Option<Instant>> = vec![None; args.pods];
+    let mut first_running: Vec<Option<Instant>> = vec![None; pods];
     let deadline = t0 + Duration::from_secs(args.timeout_secs);
     let all_ready = loop {
         let now = Instant::now();
-        let pods = get_pods(port)?;
+        let listed = get_pods(port)?;
         let mut ready = 0;
         for (i, name) in full.iter().enumerate() {
-            if let Some(p) = pods.get(name) {
+            if let Some(p) = listed.get(name) {
                 if p.running && first_running[i].is_none() {
                     first_running[i] = Some(now);
                 }
@@ -617,13 +864,13 @@ fn run_once(
                 }
             }
         }
-        if ready == args.pods {
+        if ready == pods {
             break now;
         }
         if now > deadline {
             bail!(
                 "{ready}/{} pods Running+Ready after {} s; agent log:\n{}",
-                args.pods,
+                pods,
                 args.timeout_secs,
                 tail(&agent_log)
             );
@@ -646,10 +893,9 @@ fn run_once(
     out.insert("per_pod_running_p99_ms", percentile(&per_pod, 0.99));
 
     // Where the time went, from the agent's own start-stage histograms.
-    let (code, metrics) = http_get(port, "/metrics")?;
-    if code != 200 {
-        bail!("GET /metrics: HTTP {code}");
-    }
+    let metrics = get_metrics(port)?;
+    let calls_started = runtime_calls(&metrics);
+    out.insert("runtime_calls_per_pod_start", calls_started / pods as f64);
     stages.clear();
     for &(key, family, labels, _) in STAGES {
         if let (Some(p50), Some(p99)) = (
@@ -734,14 +980,18 @@ fn run_once(
     }
 
     // Teardown: delete manifests, wait for the pods to leave /pods.
+    let calls_before = runtime_calls(&get_metrics(port)?);
     let td = Instant::now();
     for name in &names {
-        fs::remove_file(manifests.join(format!("{name}.json")))?;
+        match &push {
+            None => fs::remove_file(manifests.join(format!("{name}.json")))?,
+            Some(p) => p.send("DELETE", &format!("/pods/default/{name}"), None, 200)?,
+        }
     }
     let td_deadline = td + Duration::from_secs(60);
     loop {
-        let pods = get_pods(port)?;
-        if !full.iter().any(|n| pods.contains_key(n)) {
+        let listed = get_pods(port)?;
+        if !full.iter().any(|n| listed.contains_key(n)) {
             break;
         }
         if Instant::now() > td_deadline {
@@ -751,51 +1001,122 @@ fn run_once(
         sleep(POLL);
     }
     out.insert("teardown_ms", ms(Instant::now() - td));
+    let calls_after = runtime_calls(&get_metrics(port)?);
+    out.insert(
+        "runtime_calls_per_pod_removal",
+        (calls_after - calls_before) / pods as f64,
+    );
     let leftover = guard.stop();
     out.insert("leftover_processes", leftover as f64);
     Ok(out)
 }
 
-/// Spawn `n` sleeps directly; return (ms until all exec'd, their total VmRSS and PSS in KiB,
-/// read 500 ms later).
-fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64, u64)> {
+/// The baseline: `n` sleeps started by one shell loop (`for t; do sleep "$t" & done; wait`).
+/// Returns (ms until every one has exec'd, their total VmRSS and PSS in KiB read 500 ms later,
+/// ms from sending each SIGTERM until none is left).
+fn baseline(n: usize, run: usize) -> anyhow::Result<(f64, u64, u64, f64)> {
+    let tokens: Vec<String> = (0..n).map(|i| token(run, 2, i)).collect();
+    let prefix = format!("{}2{run:02}", token_prefix());
     let t0 = Instant::now();
-    let mut children: Vec<Child> = Vec::with_capacity(n);
-    let mut result = Ok(());
-    for i in 0..n {
-        match Command::new("sleep")
-            .arg(token(run, 2, i))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-        {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                result = Err(e).context("spawning a baseline sleep");
-                break;
-            }
+    let mut shell = Command::new("sh")
+        .arg("-c")
+        .arg(r#"for t in "$@"; do sleep "$t" & done; wait"#)
+        .arg("sh")
+        .args(&tokens)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the baseline shell loop")?;
+    // A forked child shows the shell's argv until it has exec'd `sleep`.
+    let pids = loop {
+        let pids = find_procs(|argv| is_token_sleep(argv, &prefix));
+        if pids.len() == n {
+            break pids;
         }
-    }
-    // `spawn` returns once exec succeeded (std reports exec errors through a CLOEXEC pipe);
-    // confirm through /proc that each process is `sleep` now.
-    let pids: Vec<i32> = children.iter().map(|c| c.id() as i32).collect();
-    while result.is_ok() && !pids.iter().all(|&p| comm(p).as_deref() == Some("sleep")) {
-        if t0.elapsed() > Duration::from_secs(10) {
-            result = Err(anyhow::anyhow!("baseline sleeps did not exec within 10 s"));
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = shell.kill();
+            kill_leftovers();
+            bail!("{} of {n} baseline sleeps exec'd within 60 s", pids.len());
         }
-        sleep(Duration::from_micros(200));
-    }
+        sleep(Duration::from_millis(1));
+    };
     let spawn_ms = ms(t0.elapsed());
-    if result.is_ok() {
-        sleep(Duration::from_millis(500));
-    }
+    sleep(Duration::from_millis(500));
     let (rss, pss) = (sum_kib(&pids, rss_kib), sum_kib(&pids, pss_kib));
-    for mut c in children {
-        let _ = c.kill();
-        let _ = c.wait();
+    let t1 = Instant::now();
+    for &p in &pids {
+        let _ = kill(Pid::from_raw(p), Signal::SIGTERM);
     }
-    result.map(|()| (spawn_ms, rss, pss))
+    // The shell reaps them (`wait`); a reaped or zombie process no longer shows its argv.
+    while !find_procs(|argv| is_token_sleep(argv, &prefix)).is_empty() {
+        if t1.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        sleep(Duration::from_millis(1));
+    }
+    let kill_ms = ms(t1.elapsed());
+    let _ = shell.kill();
+    let _ = shell.wait();
+    Ok((spawn_ms, rss, pss, kill_ms))
+}
+
+/// The agent's push endpoint and the bearer token it accepts.
+struct Pusher {
+    port: u16,
+    token: String,
+}
+
+impl Pusher {
+    /// One request; fails unless the answer is `expect`.
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        expect: u16,
+    ) -> anyhow::Result<()> {
+        let addr = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let body = body.unwrap_or("");
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.token,
+            body.len()
+        )?;
+        let mut buf = Vec::new();
+        s.read_to_end(&mut buf)?;
+        let text = String::from_utf8_lossy(&buf);
+        let code: u16 = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .context("malformed HTTP status line")?;
+        if code != expect {
+            bail!("{method} {path}: HTTP {code}, expected {expect}: {text}");
+        }
+        Ok(())
+    }
+}
+
+/// `GET /metrics` of the agent's read-only port.
+fn get_metrics(port: u16) -> anyhow::Result<String> {
+    let (code, metrics) = http_get(port, "/metrics")?;
+    if code != 200 {
+        bail!("GET /metrics: HTTP {code}");
+    }
+    Ok(metrics)
+}
+
+/// The sum of `kubelet_runtime_operations_total` over every operation type.
+fn runtime_calls(metrics: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("kubelet_runtime_operations_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// The private containerd of `--containerd`.
@@ -962,12 +1283,6 @@ fn find_procs(pred: impl Fn(&[String]) -> bool) -> Vec<i32> {
             })
         })
         .collect()
-}
-
-fn comm(pid: i32) -> Option<String> {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .ok()
-        .map(|s| s.trim().to_string())
 }
 
 /// A `kB` field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`).
