@@ -26,6 +26,7 @@ pub(crate) enum CgroupDriver {
 #[cfg(test)]
 use kubelet_stats::cgroup::parse_keyed;
 pub(crate) use kubelet_stats::cgroup::{CgroupMounts, parse_mountinfo, parse_u64};
+use kubelet_stats::procfs::read_small;
 
 impl CgroupDriver {
     /// Detect the hierarchy to use: v1 when a v1 memory hierarchy is mounted, else v2 when a
@@ -222,7 +223,7 @@ impl CgroupPaths {
         })
         .unwrap_or_default();
         let process_count = ["pids", "memory"].iter().find_map(|c| {
-            let t = std::fs::read_to_string(self.dir(c)?.join("cgroup.procs")).ok()?;
+            let t = read_small(&self.dir(c)?.join("cgroup.procs")).ok()?;
             Some(t.lines().filter(|l| !l.trim().is_empty()).count() as u64)
         });
         CgroupStats {
@@ -241,7 +242,7 @@ impl CgroupPaths {
         if self.unified {
             return None;
         }
-        let t = std::fs::read_to_string(self.dir("memory")?.join("memory.failcnt")).ok()?;
+        let t = read_small(&self.dir("memory")?.join("memory.failcnt")).ok()?;
         parse_u64(&t)
     }
 
@@ -253,7 +254,7 @@ impl CgroupPaths {
         else {
             return Vec::new();
         };
-        std::fs::read_to_string(dir.join("cgroup.procs"))
+        read_small(&dir.join("cgroup.procs"))
             .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
             .unwrap_or_default()
     }

@@ -17,6 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
+use kubelet_stats::procfs::read_small_bytes;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::cgroup::CgroupPaths;
@@ -242,7 +243,7 @@ pub(crate) fn write_exit_slot(dir: &Path, rec: &ExitRecord) -> Result<(), Proces
 
 /// The exit recorded in `dir/exit.slot`, if any.
 pub(crate) fn read_exit_slot(dir: &Path) -> Option<ExitRecord> {
-    let bytes = std::fs::read(dir.join(EXIT_SLOT_FILE)).ok()?;
+    let bytes = read_small_bytes(&dir.join(EXIT_SLOT_FILE)).ok()?;
     let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
     if end == 0 {
         return None;
@@ -293,7 +294,7 @@ pub(crate) fn decode_wait_status(status: i32) -> (i32, Option<i32>) {
 
 /// Read JSON from `path`; `Ok(None)` when the file does not exist.
 pub(crate) fn read_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, ProcessError> {
-    let bytes = match std::fs::read(path) {
+    let bytes = match read_small_bytes(path) {
         Ok(b) => b,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(source) => {
@@ -329,7 +330,7 @@ pub(crate) fn new_id() -> String {
 
 /// `starttime` (field 22) and state (field 3) of `/proc/<pid>/stat`, if the process exists.
 pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let text = kubelet_stats::procfs::read_small(Path::new(&format!("/proc/{pid}/stat"))).ok()?;
     parse_proc_stat(&text)
 }
 

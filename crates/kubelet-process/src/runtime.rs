@@ -504,7 +504,14 @@ impl ProcessRuntime {
     fn observe(&self, rec: &ContainerRecord) -> Result<Observed, ProcessError> {
         let dir = self.container_dir(&rec.id);
         let exit = read_exit(&dir)?;
-        let started: Option<StartedRecord> = read_json(&dir.join(STARTED_FILE))?;
+        // `started.json` never changes once written: after the first read it comes from memory
+        // (the ledger keeps it to restore lost records anyway), so observing a running
+        // container reads its exit files and the shim's `/proc` entry, nothing more.
+        let cached = self.ledger.lock().started.get(&rec.id).cloned();
+        let started: Option<StartedRecord> = match cached {
+            Some(s) => Some(s),
+            None => read_json(&dir.join(STARTED_FILE))?,
+        };
         let exit = match exit {
             Some(e) => Some(e),
             None => self.unsaved_exit(&rec.id, &dir),

@@ -234,15 +234,16 @@ pub fn read_sample(
     version: CgroupVersion,
     dir: impl Fn(&str) -> Option<PathBuf>,
 ) -> Option<CgroupSample> {
-    if !dir("memory")?.is_dir() {
-        return None;
-    }
     let read = |controller: &str, file: &str| -> Option<String> {
-        std::fs::read_to_string(dir(controller)?.join(file)).ok()
+        crate::procfs::read_small(&dir(controller)?.join(file)).ok()
     };
     let mut s = CgroupSample::default();
     // Borrowed keys: no allocation per line (a collection reads one per container).
     let stat_text = read("memory", "memory.stat");
+    // Only when the file is unreadable: is the cgroup gone?
+    if stat_text.is_none() && !dir("memory")?.is_dir() {
+        return None;
+    }
     let stat = stat_text.as_deref().map(Keyed);
     let stat = stat.as_ref();
     match version {
@@ -593,7 +594,7 @@ pub fn remove_tree_once(dir: &Path) -> Result<usize, CgroupWriteError> {
 
 /// The processes in cgroup directory `dir` (`cgroup.procs`); empty when it is gone.
 pub fn cgroup_pids(dir: &Path) -> Vec<i32> {
-    std::fs::read_to_string(dir.join("cgroup.procs"))
+    crate::procfs::read_small(&dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }

@@ -3,7 +3,42 @@
 //! fixtures.
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
+
+/// The buffer [`read_small`] starts with: more than any single cgroup or `/proc/<pid>` file the
+/// agent samples holds.
+const SMALL_FILE: usize = 4096;
+
+/// The bytes of a small `/proc`, `/sys` or record file with fewer system calls than
+/// `std::fs::read`: `open`, `read` into a 4 KiB buffer until a `read` returns 0, `close`; no
+/// `statx` for a size hint (pseudo files report none) and no buffer growth for a file that
+/// fits. A collection reads several of these per container, so with many pods this is most of
+/// the agent's idle cost.
+pub fn read_small_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; SMALL_FILE];
+    let mut len = 0;
+    loop {
+        if len == buf.len() {
+            buf.resize(buf.len() * 2, 0);
+        }
+        match file.read(&mut buf[len..]) {
+            Ok(0) => break,
+            Ok(n) => len += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    buf.truncate(len);
+    Ok(buf)
+}
+
+/// [`read_small_bytes`] as text; invalid UTF-8 is an `InvalidData` error.
+pub fn read_small(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(read_small_bytes(path)?)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
 
 /// `/proc/meminfo` in bytes, by key (`MemTotal`, `MemFree`, `Inactive(file)`, …).
 pub fn parse_meminfo(text: &str) -> BTreeMap<String, u64> {
@@ -144,13 +179,48 @@ pub fn default_route_interface(text: &str) -> Option<String> {
 
 /// Read `path` as text; `None` when it cannot be read.
 pub(crate) fn read(path: &Path) -> Option<String> {
-    std::fs::read_to_string(path).ok()
+    read_small(path).ok()
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn small_reads_return_the_whole_file_short_long_and_pseudo() {
+        let dir = tempfile::tempdir().unwrap();
+        for len in [
+            0,
+            1,
+            SMALL_FILE - 1,
+            SMALL_FILE,
+            SMALL_FILE + 1,
+            3 * SMALL_FILE + 7,
+        ] {
+            let text: String = (0..len)
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect();
+            let path = dir.path().join(format!("f{len}"));
+            std::fs::write(&path, &text).unwrap();
+            assert_eq!(read_small(&path).unwrap(), text, "{len} bytes");
+        }
+        // A pseudo file longer than one page is read to its end, not to the first short read.
+        let mountinfo = Path::new("/proc/self/mountinfo");
+        if let Ok(expected) = std::fs::read_to_string(mountinfo) {
+            let got = read_small(mountinfo).unwrap();
+            assert_eq!(got.lines().count(), expected.lines().count());
+        }
+        assert_eq!(
+            read_small(&dir.path().join("missing")).unwrap_err().kind(),
+            std::io::ErrorKind::NotFound
+        );
+        std::fs::write(dir.path().join("bad"), [0xff, 0xfe]).unwrap();
+        assert_eq!(
+            read_small(&dir.path().join("bad")).unwrap_err().kind(),
+            std::io::ErrorKind::InvalidData
+        );
+    }
 
     #[test]
     fn a_process_cpu_time_is_utime_plus_stime_after_the_command_name() {
