@@ -803,6 +803,10 @@ fn run_once(
     sleep(offset);
     out.insert("write_offset_ms", ms(offset));
 
+    // Runtime calls so far (the agent's start), so a size's count is its pods' alone.
+    let calls_at_start = runtime_calls_by_op(&get_metrics(port)?);
+    let t_calls: f64 = calls_at_start.values().sum();
+
     // Write the manifests.
     let names: Vec<String> = (0..pods).map(|i| format!("bench-{run}-{i}")).collect();
     let t0 = Instant::now();
@@ -895,7 +899,14 @@ fn run_once(
     // Where the time went, from the agent's own start-stage histograms.
     let metrics = get_metrics(port)?;
     let calls_started = runtime_calls(&metrics);
-    out.insert("runtime_calls_per_pod_start", calls_started / pods as f64);
+    out.insert(
+        "runtime_calls_per_pod_start",
+        (calls_started - t_calls) / pods as f64,
+    );
+    eprintln!(
+        "runtime calls per pod to start: {}",
+        calls_per_pod(&calls_at_start, &runtime_calls_by_op(&metrics), pods)
+    );
     stages.clear();
     for &(key, family, labels, _) in STAGES {
         if let (Some(p50), Some(p99)) = (
@@ -980,7 +991,8 @@ fn run_once(
     }
 
     // Teardown: delete manifests, wait for the pods to leave /pods.
-    let calls_before = runtime_calls(&get_metrics(port)?);
+    let ops_before = runtime_calls_by_op(&get_metrics(port)?);
+    let calls_before: f64 = ops_before.values().sum();
     let td = Instant::now();
     for name in &names {
         match &push {
@@ -1001,7 +1013,12 @@ fn run_once(
         sleep(POLL);
     }
     out.insert("teardown_ms", ms(Instant::now() - td));
-    let calls_after = runtime_calls(&get_metrics(port)?);
+    let ops_after = runtime_calls_by_op(&get_metrics(port)?);
+    let calls_after: f64 = ops_after.values().sum();
+    eprintln!(
+        "runtime calls per pod to remove: {}",
+        calls_per_pod(&ops_before, &ops_after, pods)
+    );
     out.insert(
         "runtime_calls_per_pod_removal",
         (calls_after - calls_before) / pods as f64,
@@ -1110,13 +1127,49 @@ fn get_metrics(port: u16) -> anyhow::Result<String> {
     Ok(metrics)
 }
 
-/// The sum of `kubelet_runtime_operations_total` over every operation type.
-fn runtime_calls(metrics: &str) -> f64 {
+/// `kubelet_runtime_operations_total` by operation type.
+fn runtime_calls_by_op(metrics: &str) -> BTreeMap<String, f64> {
     metrics
         .lines()
-        .filter(|l| l.starts_with("kubelet_runtime_operations_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .filter_map(|l| l.strip_prefix("kubelet_runtime_operations_total{"))
+        .filter_map(|l| {
+            let (labels, value) = l.split_once("} ")?;
+            let op = labels
+                .split("operation_type=\"")
+                .nth(1)?
+                .split('"')
+                .next()?;
+            Some((op.to_string(), value.trim().parse::<f64>().ok()?))
+        })
+        .collect()
+}
+
+/// The sum of `kubelet_runtime_operations_total` over every operation type.
+fn runtime_calls(metrics: &str) -> f64 {
+    runtime_calls_by_op(metrics).values().sum()
+}
+
+/// Per pod, the calls of each operation type between two readings, largest first.
+fn calls_per_pod(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+    pods: usize,
+) -> String {
+    let mut v: Vec<(String, f64)> = after
+        .iter()
+        .map(|(op, n)| {
+            (
+                op.clone(),
+                (n - before.get(op).unwrap_or(&0.0)) / pods as f64,
+            )
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v.iter()
+        .map(|(op, n)| format!("{op} {n:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The private containerd of `--containerd`.

@@ -168,6 +168,9 @@ pub struct Collector {
     /// Each pod's cgroup (relative to the hierarchy roots), found under the `pods` system
     /// container, by pod UID.
     pod_cgroups: HashMap<String, PathBuf>,
+    /// Sandboxes found in the agent's own network namespace (host network), by pod UID: a
+    /// sandbox keeps its namespace for life, so they are not looked up again.
+    host_network_sandboxes: HashMap<String, String>,
     /// Previous cumulative CPU figure per key (`node`, `kubelet`, a container ID, a pod UID).
     cpu: HashMap<String, (u64, Timestamp)>,
     /// Each pod's volume figures and when they were measured.
@@ -207,6 +210,7 @@ impl Collector {
             own_cgroup,
             own_cpu_from_proc,
             pod_cgroups: HashMap::new(),
+            host_network_sandboxes: HashMap::new(),
             cpu: HashMap::new(),
             volumes: HashMap::new(),
             logs: HashMap::new(),
@@ -250,6 +254,8 @@ impl Collector {
         let live: HashSet<&str> = pods.iter().map(|p| p.pod_ref.uid.as_str()).collect();
         self.volumes.retain(|uid, _| live.contains(uid.as_str()));
         self.pod_cgroups
+            .retain(|uid, _| live.contains(uid.as_str()));
+        self.host_network_sandboxes
             .retain(|uid, _| live.contains(uid.as_str()));
         let log_seen = std::mem::take(&mut self.log_seen);
         self.logs.retain(|id, _| log_seen.contains(id));
@@ -610,6 +616,9 @@ impl Collector {
         sandbox: &model::PodSandbox,
         now: Timestamp,
     ) -> Option<NetworkStats> {
+        if self.host_network_sandboxes.get(uid) == Some(&sandbox.id) {
+            return None;
+        }
         let setup = self.config.cgroup.as_ref()?;
         let pod = self.pod_cgroups.get(uid)?;
         let cgroup = crate::cgroup::find_container_cgroup(setup, pod, &sandbox.id)?;
@@ -618,6 +627,8 @@ impl Collector {
         let netns = |p: &Path| std::fs::read_link(p.join("ns/net")).ok();
         let own = netns(&proc_root.join("self"))?;
         if netns(&proc_root.join(pid.to_string()))? == own {
+            self.host_network_sandboxes
+                .insert(uid.to_string(), sandbox.id.clone());
             return None;
         }
         let dev = procfs::read(&proc_root.join(pid.to_string()).join("net/dev"))?;
