@@ -442,7 +442,7 @@ fn static_phase(agent: &Path, args: &Args, run: usize) -> anyhow::Result<Phase> 
         .tempdir()?;
     let manifests = tmp.path().join("manifests");
     fs::create_dir_all(&manifests)?;
-    let mut guard = AgentGuard::start(agent, tmp.path(), Some(&manifests), None)?;
+    let mut guard = AgentGuard::start(agent, tmp.path(), Some(&manifests), None, args.pods)?;
     guard.wait_healthz(Duration::from_secs(30))?;
     let label = format!("static-{run}");
     let t0 = Instant::now();
@@ -493,7 +493,13 @@ fn api_phase(
     let tmp = tempfile::Builder::new()
         .prefix("apiserver-bench-")
         .tempdir()?;
-    let mut guard = AgentGuard::start(agent, tmp.path(), None, Some(env.node_kubeconfig()))?;
+    let mut guard = AgentGuard::start(
+        agent,
+        tmp.path(),
+        None,
+        Some(env.node_kubeconfig()),
+        args.pods,
+    )?;
     guard.wait_healthz(Duration::from_secs(30))?;
     wait_node_ready(api, &mut guard, Duration::from_secs(60))?;
     let seen = audit_ids(env);
@@ -620,6 +626,7 @@ fn mirror_phase(
         tmp.path(),
         Some(&manifests),
         Some(env.node_kubeconfig()),
+        args.pods,
     )?;
     guard.wait_healthz(Duration::from_secs(30))?;
     wait_node_ready(api, &mut guard, Duration::from_secs(60))?;
@@ -803,10 +810,15 @@ impl AgentGuard {
         dir: &Path,
         manifests: Option<&Path>,
         kubeconfig: Option<&Path>,
+        pods: usize,
     ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let log = dir.join("agent.log");
         let mut cmd = Command::new(agent);
+        // The node admits `maxPods` (110 by default); beyond it pods are rejected (OutOfpods).
+        if pods > 110 {
+            cmd.args(["--max-pods", &pods.to_string()]);
+        }
         cmd.arg("--root-dir")
             .arg(dir.join("root"))
             .arg("--pod-log-dir")

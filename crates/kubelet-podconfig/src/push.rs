@@ -31,6 +31,10 @@
 //! unknown token, another scheme) gets `403 Forbidden`. Neither changes anything.
 //!
 //! Pushed pods live in memory: after a restart of the agent the pusher sends them again.
+//!
+//! A request is answered once the endpoint's set of pods has changed; a task of the endpoint
+//! then delivers the set to the merge. Requests that arrive while the merge is busy with the
+//! previous set are delivered together, so a burst of pushes costs a few snapshots.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
@@ -277,53 +281,82 @@ impl PodSource for PushSource {
             validation: self.config.validation,
             tokens: self.tokens.clone(),
             pods: AsyncMutex::new(BTreeMap::new()),
-            out,
+            changed: tokio::sync::Notify::new(),
+            out: out.clone(),
         });
         // Nothing pushed yet: an empty snapshot marks the source as seen.
-        if handler.out.snapshot(Vec::new()).await.is_err() {
+        if out.snapshot(Vec::new()).await.is_err() {
             return;
         }
+        // Requests change the set and return; this task sends the set as it is then. While the
+        // merge takes one snapshot, the requests that arrive meanwhile collect into the next,
+        // so a burst of N pushes costs a few snapshots, not N snapshots of up to N pods each.
+        let sending = {
+            let handler = handler.clone();
+            let shutdown = shutdown.clone();
+            async move {
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return,
+                        _ = handler.changed.notified() => {}
+                    }
+                    let pods: Vec<Pod> = handler.pods.lock().await.values().cloned().collect();
+                    if out.snapshot(pods).await.is_err() {
+                        tracing::debug!(
+                            "pod config receiver closed; pushed pods are not delivered"
+                        );
+                        return;
+                    }
+                }
+            }
+        };
         tracing::info!(address = %self.local_addr, tls = self.tls.is_some(), "pod push endpoint listening");
         let limits = self.config.acceptor;
         let tls = self.tls.clone();
-        kubelet_net::listener::accept_loop(listener, limits, shutdown, move |tcp, admission| {
-            let handler = handler.clone();
-            let tls = tls.clone();
-            async move {
-                let peer = match tcp.peer_addr() {
-                    Ok(p) => p,
-                    Err(_) => return,
-                };
-                match tls {
-                    #[cfg(not(feature = "tls"))]
-                    Some(never) => match never {},
-                    #[cfg(feature = "tls")]
-                    Some(config) => {
-                        let handshake = kubelet_net::listener::tls_handshake(
-                            config,
-                            tcp,
-                            &admission,
-                            limits.handshake_timeout,
-                        );
-                        match handshake.await {
-                            Ok(stream) => {
-                                let client_cert = stream
-                                    .get_ref()
-                                    .1
-                                    .peer_certificates()
-                                    .is_some_and(|c| !c.is_empty());
-                                serve(stream, handler, client_cert, peer, limits, admission).await
-                            }
-                            Err(e) => {
-                                tracing::debug!(%peer, error = %kubelet_api::chain(&e), "pod push TLS handshake failed")
+        let accepting = kubelet_net::listener::accept_loop(
+            listener,
+            limits,
+            shutdown,
+            move |tcp, admission| {
+                let handler = handler.clone();
+                let tls = tls.clone();
+                async move {
+                    let peer = match tcp.peer_addr() {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    };
+                    match tls {
+                        #[cfg(not(feature = "tls"))]
+                        Some(never) => match never {},
+                        #[cfg(feature = "tls")]
+                        Some(config) => {
+                            let handshake = kubelet_net::listener::tls_handshake(
+                                config,
+                                tcp,
+                                &admission,
+                                limits.handshake_timeout,
+                            );
+                            match handshake.await {
+                                Ok(stream) => {
+                                    let client_cert = stream
+                                        .get_ref()
+                                        .1
+                                        .peer_certificates()
+                                        .is_some_and(|c| !c.is_empty());
+                                    serve(stream, handler, client_cert, peer, limits, admission)
+                                        .await
+                                }
+                                Err(e) => {
+                                    tracing::debug!(%peer, error = %kubelet_api::chain(&e), "pod push TLS handshake failed")
+                                }
                             }
                         }
+                        None => serve(tcp, handler, false, peer, limits, admission).await,
                     }
-                    None => serve(tcp, handler, false, peer, limits, admission).await,
                 }
-            }
-        })
-        .await;
+            },
+        );
+        tokio::join!(accepting, sending);
     }
 }
 
@@ -367,6 +400,9 @@ struct Handler {
     validation: ValidationOptions,
     tokens: Vec<String>,
     pods: AsyncMutex<BTreeMap<(String, String), Pod>>,
+    /// Woken after each change of `pods`; the sending task delivers the set.
+    changed: tokio::sync::Notify,
+    /// For the merge's name index (which source holds a name).
     out: SourceSender,
 }
 
@@ -502,7 +538,7 @@ impl Handler {
             return resp;
         }
         pods.insert(key, pod.clone());
-        self.send(&pods).await;
+        self.send();
         json_response(StatusCode::CREATED, &pod)
     }
 
@@ -535,7 +571,7 @@ impl Handler {
         }
         let mut pods = self.pods.lock().await;
         let created = pods.insert(key, pod.clone()).is_none();
-        self.send(&pods).await;
+        self.send();
         let code = if created {
             StatusCode::CREATED
         } else {
@@ -554,7 +590,7 @@ impl Handler {
                 Some(details(name, None)),
             );
         }
-        self.send(&pods).await;
+        self.send();
         let status = Status {
             status: Some("Success".to_string()),
             code: Some(200),
@@ -602,15 +638,9 @@ impl Handler {
         }
     }
 
-    async fn send(&self, pods: &BTreeMap<(String, String), Pod>) {
-        if self
-            .out
-            .snapshot(pods.values().cloned().collect())
-            .await
-            .is_err()
-        {
-            tracing::debug!("pod config receiver closed; pushed pods are not delivered");
-        }
+    /// The set changed: the sending task delivers it (with any changes made meanwhile).
+    fn send(&self) {
+        self.changed.notify_one();
     }
 }
 

@@ -579,3 +579,52 @@ async fn a_pushed_pod_whose_name_a_file_pod_holds_gets_a_409_naming_the_source()
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
+
+/// Requests do not wait for the merge: while the consumer is busy, a burst of pushes is
+/// answered at once and delivered in a few snapshots, the last one holding every pod (one
+/// snapshot of up to N pods per push made a burst of N pushes quadratic).
+#[tokio::test]
+async fn a_burst_of_pushes_is_answered_at_once_and_delivered_in_a_few_snapshots() {
+    use kubelet_api::{PodSource, SourceSender};
+    let (source, _dir) = token_source().await;
+    let addr = source.local_addr();
+    // Room for one snapshot, and nobody reads until the burst is over.
+    let (tx, mut rx) = mpsc::channel(1);
+    let out = SourceSender::new("push", tx, EventRecorder::log_only());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { source.run(out, shutdown).await }
+    });
+    for i in 0..50 {
+        let r = tokio::time::timeout(
+            ARRIVAL,
+            http(
+                addr,
+                "POST",
+                "/pods",
+                Some(BEARER),
+                &pod_json(&format!("p{i}"), "busybox"),
+            ),
+        )
+        .await
+        .expect("answered while the consumer is busy");
+        assert_eq!(r.status, 201, "{}", r.body);
+    }
+    let mut sizes = Vec::new();
+    while let Ok(Some(s)) = tokio::time::timeout(QUIET, rx.recv()).await {
+        sizes.push(s.pods.len());
+    }
+    assert_eq!(
+        sizes.first(),
+        Some(&0),
+        "the empty first snapshot: {sizes:?}"
+    );
+    assert_eq!(sizes.last(), Some(&50), "{sizes:?}");
+    assert!(sizes.len() <= 3, "{sizes:?}");
+    shutdown.cancel();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the endpoint stops")
+        .expect("no panic");
+}
