@@ -74,7 +74,7 @@ pub struct ProcessRuntime {
     cgroups: Option<CgroupDriver>,
     no_cgroup_reason: &'static str,
     recorder: EventRecorder,
-    containers: Mutex<HashMap<String, Arc<ContainerRecord>>>,
+    containers: Mutex<Records<ContainerRecord>>,
     ledger: Mutex<Ledger>,
     sandbox_lock: Mutex<()>,
     /// Held while deciding the exit of a container whose shim is gone.
@@ -100,7 +100,7 @@ struct Ledger {
     exits: HashMap<String, ExitRecord>,
     /// Exits known only here: writing them failed (disk full); retried on every look.
     unsaved_exits: HashSet<String>,
-    sandboxes: HashMap<String, Arc<SandboxRecord>>,
+    sandboxes: Records<SandboxRecord>,
     /// Sandboxes stopped whose record still says ready (disk full); retried on every look.
     unsaved_not_ready: HashSet<String>,
     /// Containers being removed: never restored.
@@ -228,7 +228,7 @@ impl ProcessRuntime {
             cgroups,
             no_cgroup_reason,
             recorder,
-            containers: Mutex::new(HashMap::new()),
+            containers: Mutex::new(Records::default()),
             ledger: Mutex::new(Ledger::default()),
             sandbox_lock: Mutex::new(()),
             exit_lock: Mutex::new(()),
@@ -339,7 +339,7 @@ impl ProcessRuntime {
         if !self.sandboxes_scanned.load(Ordering::Acquire) {
             return self.sandboxes();
         }
-        let ids = ids_of_pod(&self.ledger.lock().sandboxes, uid, |r| &r.labels);
+        let ids = self.ledger.lock().sandboxes.ids_of_pod(uid);
         look_up(
             ids,
             |id| self.sandbox(id),
@@ -352,7 +352,7 @@ impl ProcessRuntime {
         if !self.containers_scanned.load(Ordering::Acquire) {
             return self.all_containers();
         }
-        let ids = ids_of_pod(&self.containers.lock(), uid, |r| &r.labels);
+        let ids = self.containers.lock().ids_of_pod(uid);
         look_up(
             ids,
             |id| self.container(id),
@@ -410,6 +410,7 @@ impl ProcessRuntime {
             let removing = &self.ledger.lock().removing;
             self.containers
                 .lock()
+                .by_id
                 .iter()
                 .filter(|(id, _)| !on_disk.contains(*id) && !removing.contains(*id))
                 .map(|(_, r)| r.clone())
@@ -1560,17 +1561,83 @@ fn mkdir(dir: &Path) -> Result<(), ProcessError> {
     std::fs::create_dir_all(dir).map_err(|source| state_error("creating", dir, source))
 }
 
-/// The IDs of `records` whose `POD_UID` label is `uid`.
-fn ids_of_pod<R>(
-    records: &HashMap<String, Arc<R>>,
-    uid: &str,
-    labels_of: impl Fn(&R) -> &kubelet_api::runtime::Labels,
-) -> Vec<String> {
-    records
-        .iter()
-        .filter(|(_, r)| labels_of(r).get(labels::POD_UID).map(String::as_str) == Some(uid))
-        .map(|(id, _)| id.clone())
-        .collect()
+/// Records by ID, and the IDs of each pod's records (by their `io.kubernetes.pod.uid` label):
+/// the PLEG inspects one pod at a time, and finding its records must not cost a scan of every
+/// pod's (with `N` pods, `N` inspections of `O(N)` made the start of `N` pods quadratic).
+#[derive(Debug)]
+struct Records<R> {
+    by_id: HashMap<String, Arc<R>>,
+    by_pod: HashMap<String, Vec<String>>,
+}
+
+impl<R> Default for Records<R> {
+    fn default() -> Self {
+        Self {
+            by_id: HashMap::new(),
+            by_pod: HashMap::new(),
+        }
+    }
+}
+
+/// A record with the labels its sandbox or container was created with.
+trait Labelled {
+    fn labels(&self) -> &std::collections::BTreeMap<String, String>;
+}
+
+impl Labelled for SandboxRecord {
+    fn labels(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.labels
+    }
+}
+
+impl Labelled for ContainerRecord {
+    fn labels(&self) -> &std::collections::BTreeMap<String, String> {
+        &self.labels
+    }
+}
+
+impl<R: Labelled> Records<R> {
+    fn get(&self, id: &str) -> Option<&Arc<R>> {
+        self.by_id.get(id)
+    }
+
+    fn insert(&mut self, id: String, rec: Arc<R>) {
+        let uid = rec.labels().get(labels::POD_UID).cloned();
+        if let Some(old) = self.by_id.insert(id.clone(), rec) {
+            let old_uid = old.labels().get(labels::POD_UID).cloned();
+            if old_uid == uid {
+                return;
+            }
+            if let Some(old_uid) = old_uid {
+                self.unlink(&old_uid, &id);
+            }
+        }
+        if let Some(uid) = uid {
+            self.by_pod.entry(uid).or_default().push(id);
+        }
+    }
+
+    fn remove(&mut self, id: &str) -> Option<Arc<R>> {
+        let old = self.by_id.remove(id)?;
+        if let Some(uid) = old.labels().get(labels::POD_UID) {
+            self.unlink(uid, id);
+        }
+        Some(old)
+    }
+
+    fn unlink(&mut self, uid: &str, id: &str) {
+        if let Some(ids) = self.by_pod.get_mut(uid) {
+            ids.retain(|i| i != id);
+            if ids.is_empty() {
+                self.by_pod.remove(uid);
+            }
+        }
+    }
+
+    /// The IDs of pod `uid`'s records.
+    fn ids_of_pod(&self, uid: &str) -> Vec<String> {
+        self.by_pod.get(uid).cloned().unwrap_or_default()
+    }
 }
 
 /// Each of `ids` through `get`, leaving out those `gone` says were removed meanwhile.
@@ -1953,6 +2020,49 @@ impl ContainerRuntime for ProcessRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A record type for the index alone.
+    struct Labels(std::collections::BTreeMap<String, String>);
+
+    impl Labelled for Labels {
+        fn labels(&self) -> &std::collections::BTreeMap<String, String> {
+            &self.0
+        }
+    }
+
+    fn of_pod(uid: Option<&str>) -> Arc<Labels> {
+        Arc::new(Labels(
+            uid.map(|u| (labels::POD_UID.to_string(), u.to_string()))
+                .into_iter()
+                .collect(),
+        ))
+    }
+
+    #[test]
+    fn the_index_follows_inserts_replacements_and_removals() {
+        let mut r: Records<Labels> = Records::default();
+        r.insert("a".into(), of_pod(Some("p1")));
+        r.insert("b".into(), of_pod(Some("p1")));
+        r.insert("c".into(), of_pod(Some("p2")));
+        r.insert("d".into(), of_pod(None));
+        let mut p1 = r.ids_of_pod("p1");
+        p1.sort();
+        assert_eq!(p1, ["a", "b"]);
+        assert_eq!(r.ids_of_pod("p2"), ["c"]);
+        // The same record again (a re-read) is listed once; a record relabelled moves.
+        r.insert("a".into(), of_pod(Some("p1")));
+        r.insert("b".into(), of_pod(Some("p2")));
+        assert_eq!(r.ids_of_pod("p1"), ["a"]);
+        let mut p2 = r.ids_of_pod("p2");
+        p2.sort();
+        assert_eq!(p2, ["b", "c"]);
+        assert!(r.remove("a").is_some());
+        assert!(r.remove("a").is_none());
+        assert!(r.ids_of_pod("p1").is_empty());
+        assert!(!r.by_pod.contains_key("p1"), "empty entries are dropped");
+        assert!(r.get("d").is_some() && r.remove("d").is_some());
+        assert_eq!(r.by_id.len(), 2);
+    }
 
     fn ev(n: &str, v: &str) -> EnvVar {
         EnvVar {
