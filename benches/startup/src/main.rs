@@ -805,7 +805,6 @@ fn run_once(
 
     // Runtime calls so far (the agent's start), so a size's count is its pods' alone.
     let calls_at_start = runtime_calls_by_op(&get_metrics(port)?);
-    let t_calls: f64 = calls_at_start.values().sum();
 
     // Write the manifests.
     let names: Vec<String> = (0..pods).map(|i| format!("bench-{run}-{i}")).collect();
@@ -898,14 +897,14 @@ fn run_once(
 
     // Where the time went, from the agent's own start-stage histograms.
     let metrics = get_metrics(port)?;
-    let calls_started = runtime_calls(&metrics);
+    let calls_running = runtime_calls_by_op(&metrics);
     out.insert(
         "runtime_calls_per_pod_start",
-        (calls_started - t_calls) / pods as f64,
+        (calls_total(&calls_running) - calls_total(&calls_at_start)) / pods as f64,
     );
     eprintln!(
         "runtime calls per pod to start: {}",
-        calls_per_pod(&calls_at_start, &runtime_calls_by_op(&metrics), pods)
+        calls_per_pod(&calls_at_start, &calls_running, pods)
     );
     stages.clear();
     for &(key, family, labels, _) in STAGES {
@@ -992,7 +991,6 @@ fn run_once(
 
     // Teardown: delete manifests, wait for the pods to leave /pods.
     let ops_before = runtime_calls_by_op(&get_metrics(port)?);
-    let calls_before: f64 = ops_before.values().sum();
     let td = Instant::now();
     for name in &names {
         match &push {
@@ -1014,14 +1012,13 @@ fn run_once(
     }
     out.insert("teardown_ms", ms(Instant::now() - td));
     let ops_after = runtime_calls_by_op(&get_metrics(port)?);
-    let calls_after: f64 = ops_after.values().sum();
     eprintln!(
         "runtime calls per pod to remove: {}",
         calls_per_pod(&ops_before, &ops_after, pods)
     );
     out.insert(
         "runtime_calls_per_pod_removal",
-        (calls_after - calls_before) / pods as f64,
+        (calls_total(&ops_after) - calls_total(&ops_before)) / pods as f64,
     );
     let leftover = guard.stop();
     out.insert("leftover_processes", leftover as f64);
@@ -1144,9 +1141,9 @@ fn runtime_calls_by_op(metrics: &str) -> BTreeMap<String, f64> {
         .collect()
 }
 
-/// The sum of `kubelet_runtime_operations_total` over every operation type.
-fn runtime_calls(metrics: &str) -> f64 {
-    runtime_calls_by_op(metrics).values().sum()
+/// All calls of a [`runtime_calls_by_op`] reading.
+fn calls_total(by_op: &BTreeMap<String, f64>) -> f64 {
+    by_op.values().sum()
 }
 
 /// Per pod, the calls of each operation type between two readings, largest first.

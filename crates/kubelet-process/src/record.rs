@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use jiff::Timestamp;
-use kubelet_stats::procfs::read_small_bytes;
+use kubelet_stats::procfs::{read_small, read_small_bytes};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::cgroup::CgroupPaths;
@@ -330,7 +330,7 @@ pub(crate) fn new_id() -> String {
 
 /// `starttime` (field 22) and state (field 3) of `/proc/<pid>/stat`, if the process exists.
 pub(crate) fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = kubelet_stats::procfs::read_small(Path::new(&format!("/proc/{pid}/stat"))).ok()?;
+    let text = read_small(Path::new(&format!("/proc/{pid}/stat"))).ok()?;
     parse_proc_stat(&text)
 }
 
