@@ -70,7 +70,7 @@ impl std::fmt::Debug for ApiServer {
 /// Load a kube client from a kubeconfig file (token, client certificate, exec plugins: whatever
 /// the file's current context names).
 pub async fn client_from_kubeconfig(path: &Path) -> Result<Client, ApiServerError> {
-    let kubeconfig = kube::config::Kubeconfig::read_from(path).map_err(|source| {
+    let kubeconfig = crate::kubeconfig::read_kubeconfig(path).map_err(|source| {
         ApiServerError::ReadKubeconfig {
             path: path.to_path_buf(),
             source,

@@ -281,7 +281,7 @@ fn current_context(kc: &kube::config::Kubeconfig) -> Option<&kube::config::Conte
 fn kubeconfig_pair(path: &Path) -> Result<(Vec<u8>, Option<PathBuf>), String> {
     use base64::Engine as _;
     use secrecy::ExposeSecret as _;
-    let kc = kube::config::Kubeconfig::read_from(path).map_err(|e| e.to_string())?;
+    let kc = crate::kubeconfig::read_kubeconfig(path).map_err(|e| kubelet_api::chain(&e).to_string())?;
     let context = current_context(&kc).ok_or("no current context")?;
     let user = kc
         .auth_infos
@@ -372,7 +372,8 @@ fn write_kubeconfig(path: &Path, bootstrap: &Path, current: &Path) -> Result<(),
         path: bootstrap.to_path_buf(),
         reason: e,
     };
-    let kc = kube::config::Kubeconfig::read_from(bootstrap).map_err(|e| invalid(e.to_string()))?;
+    let kc = crate::kubeconfig::read_kubeconfig(bootstrap)
+        .map_err(|e| invalid(kubelet_api::chain(&e).to_string()))?;
     let cluster_name = current_context(&kc)
         .map(|c| c.cluster.clone())
         .ok_or_else(|| invalid("no current context".into()))?;
@@ -657,7 +658,7 @@ async fn rotating_client(
     identity: Arc<ReloadingIdentity>,
     generations: Generations,
 ) -> Result<Client, ApiServerError> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig).map_err(|source| {
+    let kc = crate::kubeconfig::read_kubeconfig(kubeconfig).map_err(|source| {
         ApiServerError::ReadKubeconfig {
             path: kubeconfig.to_path_buf(),
             source,

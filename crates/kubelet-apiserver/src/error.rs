@@ -14,7 +14,7 @@ pub enum ApiServerError {
         path: PathBuf,
         /// Why.
         #[source]
-        source: kube::config::KubeconfigError,
+        source: crate::kubeconfig::KubeconfigFileError,
     },
     /// The kubeconfig names no usable cluster, user or credentials.
     #[error("loading kubeconfig {path}")]

@@ -66,6 +66,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub mod events;
+pub mod kubeconfig;
 pub mod lease;
 pub mod machine;
 pub mod mirror;
