@@ -1,8 +1,19 @@
-//! Small helpers over `k8s-openapi` pods: identity, restart policy, container kinds, hashing.
+//! Small helpers over `k8s-openapi` pods: identity, restart policy, container kinds, hashing,
+//! decoding.
 
 use k8s_openapi::api::core::v1::{Container, Pod, PodCondition};
 
 use crate::source::{annotations, sources};
+
+/// Decode a `Pod` from JSON text.
+///
+/// The SDK's crates decode pods through this one function (manifests, the API server's answers
+/// and watch events, checkpoints), so a binary holds one copy of the `Pod` decoder, a few hundred
+/// kilobytes of generated code, instead of one per crate and input type.
+#[inline(never)]
+pub fn from_json(text: &str) -> Result<Pod, serde_json::Error> {
+    serde_json::from_str(text)
+}
 
 /// The pod's UID, empty if unset.
 pub fn uid(pod: &Pod) -> &str {

@@ -281,7 +281,8 @@ fn current_context(kc: &kube::config::Kubeconfig) -> Option<&kube::config::Conte
 fn kubeconfig_pair(path: &Path) -> Result<(Vec<u8>, Option<PathBuf>), String> {
     use base64::Engine as _;
     use secrecy::ExposeSecret as _;
-    let kc = crate::kubeconfig::read_kubeconfig(path).map_err(|e| kubelet_api::chain(&e).to_string())?;
+    let kc =
+        crate::kubeconfig::read_kubeconfig(path).map_err(|e| kubelet_api::chain(&e).to_string())?;
     let context = current_context(&kc).ok_or("no current context")?;
     let user = kc
         .auth_infos

@@ -500,10 +500,14 @@ impl Checkpoint {
             }
         };
         let (header, body) = self.decode(&path, &bytes)?;
-        let value = serde_json::from_slice(body).map_err(|e| CheckpointError::Corrupt {
-            path: path.clone(),
-            reason: format!("unreadable {}: {e}", header.kind),
-        })?;
+        // From text, as the API client decodes: one deserializer of each type in the binary.
+        let value = std::str::from_utf8(body)
+            .map_err(|e| e.to_string())
+            .and_then(|text| serde_json::from_str(text).map_err(|e| e.to_string()))
+            .map_err(|e| CheckpointError::Corrupt {
+                path: path.clone(),
+                reason: format!("unreadable {}: {e}", header.kind),
+            })?;
         Ok(Some((value, header.saved_at)))
     }
 

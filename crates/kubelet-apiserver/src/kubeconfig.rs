@@ -13,7 +13,7 @@
 
 use std::path::Path;
 
-use kube::config::{KubeconfigError, Kubeconfig};
+use kube::config::{Kubeconfig, KubeconfigError};
 use serde_json::Value;
 
 /// Why a kubeconfig file could not be read.
@@ -61,8 +61,8 @@ pub fn parse_kubeconfig(text: &str, dir: Option<&Path>) -> Result<Kubeconfig, Ku
             Value::Null => Value::Object(Default::default()),
             other => other,
         };
-        let mut config: Kubeconfig = serde_json::from_value(document)
-            .map_err(|source| KubeconfigFileError::Decode {
+        let mut config: Kubeconfig =
+            serde_json::from_value(document).map_err(|source| KubeconfigFileError::Decode {
                 document: i + 1,
                 source,
             })?;
@@ -106,10 +106,18 @@ fn make_absolute(config: &mut Kubeconfig, dir: &Path) {
             *field = Some(joined.to_owned());
         }
     };
-    for cluster in config.clusters.iter_mut().filter_map(|c| c.cluster.as_mut()) {
+    for cluster in config
+        .clusters
+        .iter_mut()
+        .filter_map(|c| c.cluster.as_mut())
+    {
         absolute(&mut cluster.certificate_authority);
     }
-    for user in config.auth_infos.iter_mut().filter_map(|a| a.auth_info.as_mut()) {
+    for user in config
+        .auth_infos
+        .iter_mut()
+        .filter_map(|a| a.auth_info.as_mut())
+    {
         absolute(&mut user.client_certificate);
         absolute(&mut user.client_key);
         absolute(&mut user.token_file);
@@ -166,14 +174,23 @@ users:
         assert_eq!(kc.auth_infos.len(), 2);
         let node = kc.auth_infos[0].auth_info.as_ref().unwrap();
         assert_eq!(node.client_certificate.as_deref(), Some("/abs/node.crt"));
-        assert_eq!(node.client_key.as_deref(), Some("/etc/kubelet/keys/node.key"));
+        assert_eq!(
+            node.client_key.as_deref(),
+            Some("/etc/kubelet/keys/node.key")
+        );
         assert_eq!(node.token_file.as_deref(), Some("/etc/kubelet/token"));
         assert!(node.token.is_none(), "the first document's user wins whole");
         let exec = node.exec.as_ref().unwrap();
         assert_eq!(exec.command.as_deref(), Some("/etc/kubelet/./bin/helper"));
         let other = kc.auth_infos[1].auth_info.as_ref().unwrap();
-        assert_eq!(other.exec.as_ref().unwrap().command.as_deref(), Some("helper"));
-        assert_eq!(kc.contexts[0].context.as_ref().unwrap().user.as_deref(), Some("node"));
+        assert_eq!(
+            other.exec.as_ref().unwrap().command.as_deref(),
+            Some("helper")
+        );
+        assert_eq!(
+            kc.contexts[0].context.as_ref().unwrap().user.as_deref(),
+            Some("node")
+        );
     }
 
     #[test]

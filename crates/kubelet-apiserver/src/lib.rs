@@ -78,6 +78,7 @@ pub mod review;
 pub mod services;
 pub mod sink;
 pub mod source;
+mod wire;
 
 pub use agent::{ApiServer, MAX_RETRY, client_from_kubeconfig};
 pub use config::{ApiServerConfig, KUBELET_VERSION, parse_node_labels, parse_taints};

@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::error::{ApiServerError, is_status};
 use crate::lease::node_owner;
 use crate::patch::write_pod_status;
+use crate::wire::Decoded;
 
 /// How long a mirror pod without a static pod must stay orphaned before it is deleted (the
 /// agent's sources deliver their static pods first; the kubelet waits for all sources instead).
@@ -293,10 +294,10 @@ impl MirrorPods {
         let Some(node_uid) = node_uid else {
             return Ok(()); // the Node is not registered yet; the next round creates it
         };
-        let api: Api<Pod> = Api::namespaced(client.clone(), podutil::namespace(&s.pod));
-        let mirror = mirror_pod(&s.pod, node_name, node_uid);
+        let api: Api<Decoded<Pod>> = Api::namespaced(client.clone(), podutil::namespace(&s.pod));
+        let mirror = Decoded(mirror_pod(&s.pod, node_name, node_uid));
         match api.create(&PostParams::default(), &mirror).await {
-            Ok(created) => {
+            Ok(Decoded(created)) => {
                 tracing::info!(pod = %key(&s.pod), "created mirror pod");
                 let uid = created.metadata.uid.clone().unwrap_or_default();
                 if s.status.is_some() {
@@ -362,7 +363,7 @@ pub(crate) async fn delete_pod(
     pod: &Pod,
     uid: &str,
 ) -> Result<(), ApiServerError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), podutil::namespace(pod));
+    let api: Api<Decoded<Pod>> = Api::namespaced(client.clone(), podutil::namespace(pod));
     let dp = DeleteParams {
         grace_period_seconds: Some(0),
         preconditions: Some(Preconditions {

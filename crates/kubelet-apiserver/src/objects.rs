@@ -32,6 +32,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use crate::wire::Decoded;
 use async_trait::async_trait;
 use futures::StreamExt;
 use k8s_openapi::api::authentication::v1::TokenRequest;
@@ -211,7 +212,7 @@ impl State {
 trait WatchedKind:
     kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
     + Clone
-    + serde::de::DeserializeOwned
+    + crate::wire::FromJsonText
     + std::fmt::Debug
     + Send
     + Sync
@@ -247,14 +248,14 @@ async fn watch_object<K: WatchedKind>(
     state: Weak<Mutex<State>>,
     synced: Arc<Notify>,
 ) {
-    let api: Api<K> = Api::namespaced(client, &key.1);
+    let api: Api<Decoded<K>> = Api::namespaced(client, &key.1);
     let config = watcher::Config::default().fields(&format!("metadata.name={}", key.2));
     let stream = watcher::watcher(api, config).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut listed: Option<K> = None;
     let mut last_error: Option<Instant> = None;
     while let Some(event) = stream.next().await {
-        let seen = match event {
+        let seen = match event.map(crate::wire::event) {
             Ok(Event::Init) => {
                 listed = None;
                 continue;

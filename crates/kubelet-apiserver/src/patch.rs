@@ -7,6 +7,8 @@
 use k8s_openapi::api::core::v1::PodStatus;
 use serde_json::{Map, Value, json};
 
+use crate::wire::Decoded;
+
 /// Lists of `PodStatus` that the API merges by a key, and the key.
 const MERGED_LISTS: [(&str, &str); 3] =
     [("conditions", "type"), ("podIPs", "ip"), ("hostIPs", "ip")];
@@ -92,7 +94,7 @@ pub(crate) async fn patch_pod_status(
     patch: Value,
     unknown: &parking_lot::RwLock<std::collections::HashSet<String>>,
 ) -> Result<(), kube::Error> {
-    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+    let api: kube::Api<Decoded<k8s_openapi::api::core::v1::Pod>> =
         kube::Api::namespaced(client.clone(), namespace);
     for _ in 0..8 {
         let p = without_fields(patch.clone(), &unknown.read());
@@ -163,10 +165,10 @@ pub(crate) async fn write_pod_status(
     if !crate::error::is_status(&refused, 422) {
         return Err(refused);
     }
-    let api: kube::Api<k8s_openapi::api::core::v1::Pod> =
+    let api: kube::Api<Decoded<k8s_openapi::api::core::v1::Pod>> =
         kube::Api::namespaced(client.clone(), namespace);
     let fresh = match api.get(name).await {
-        Ok(p) if p.metadata.uid.as_deref() == Some(uid) => p,
+        Ok(Decoded(p)) if p.metadata.uid.as_deref() == Some(uid) => p,
         _ => return Err(refused),
     };
     tracing::debug!(pod = %format!("{namespace}/{name}"), "status patch refused; patching again from the API server's copy");

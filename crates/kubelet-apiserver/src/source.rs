@@ -30,6 +30,7 @@ use kubelet_api::{EventRecorder, InvolvedObject};
 
 use crate::agent::Shared;
 use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::wire::Decoded;
 
 /// The API server as a pod source (`api`).
 #[derive(Clone)]
@@ -101,7 +102,7 @@ impl PodSource for ApiPodSource {
 
     async fn run(&self, out: SourceSender, shutdown: CancellationToken) {
         let node = &self.shared.node_name;
-        let api: Api<Pod> = Api::all(self.shared.client.clone());
+        let api: Api<Decoded<Pod>> = Api::all(self.shared.client.clone());
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let stream = watcher::watcher(api, config).default_backoff();
         futures::pin_mut!(stream);
@@ -135,9 +136,11 @@ impl PodSource for ApiPodSource {
                 return;
             };
             let mut changed = false;
-            let mut handle = |item: Result<Event<Pod>, watcher::Error>, failing: &mut bool| {
+            let mut handle = |item: Result<Event<Decoded<Pod>>, watcher::Error>,
+                              failing: &mut bool| {
                 match item {
                     Ok(ev) => {
+                        let ev = crate::wire::event(ev);
                         if *failing {
                             tracing::info!(node = %node, "pod watch recovered");
                             *failing = false;

@@ -99,13 +99,13 @@ pub fn decode_pod(path: &Path, data: &[u8]) -> Result<Pod, PodConfigError> {
     pod_from_value(&value).map_err(|e| decode_err(format!("not a valid Pod: {e}")))
 }
 
-/// The `Pod` in `value`, decoded from JSON text as the API client decodes pods (one
+/// The `Pod` in `value`, decoded from JSON text by [`kubelet_api::pod::from_json`] (one
 /// deserializer of the whole `Pod` type in the binary, not a second one over `Value`). The
 /// error names what is wrong without a position: a line and column of the re-encoded text
 /// would not point into the manifest.
 fn pod_from_value(value: &serde_json::Value) -> Result<Pod, String> {
-    let text = serde_json::to_vec(value).map_err(|e| e.to_string())?;
-    serde_json::from_slice(&text).map_err(|e| {
+    let text = serde_json::to_string(value).map_err(|e| e.to_string())?;
+    kubelet_api::pod::from_json(&text).map_err(|e| {
         let mut message = e.to_string();
         if e.line() != 0
             && let Some(at) = message.rfind(" at line ")
