@@ -15,6 +15,29 @@ pub fn from_json(text: &str) -> Result<Pod, serde_json::Error> {
     serde_json::from_str(text)
 }
 
+/// Encode a `Pod` as JSON text: the encoding counterpart of [`from_json`], one copy of the `Pod`
+/// encoder for the SDK's crates (the kubelet API's `/pods`, the push source, static pod UIDs,
+/// mirror pods).
+#[inline(never)]
+pub fn to_json(pod: &Pod) -> Vec<u8> {
+    // A pod has no map with non-string keys and no fallible field, so encoding cannot fail;
+    // an empty result would still be handled by every caller.
+    serde_json::to_vec(pod).unwrap_or_default()
+}
+
+/// A `v1` `PodList` of `pods` as JSON text, each item encoded by [`to_json`].
+pub fn list_to_json<'a>(pods: &mut dyn Iterator<Item = &'a Pod>) -> Vec<u8> {
+    let mut out = br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#.to_vec();
+    for (i, pod) in pods.enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&to_json(pod));
+    }
+    out.extend_from_slice(b"]}");
+    out
+}
+
 /// The pod's UID, empty if unset.
 pub fn uid(pod: &Pod) -> &str {
     pod.metadata.uid.as_deref().unwrap_or("")
@@ -311,6 +334,26 @@ pub fn disruption_condition(message: &str) -> PodCondition {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pods_and_lists_round_trip_through_json_text() {
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("p".into());
+        pod.metadata.namespace = Some("ns".into());
+        let text = String::from_utf8(to_json(&pod)).unwrap();
+        assert_eq!(from_json(&text).unwrap(), pod);
+        let mut other = pod.clone();
+        other.metadata.name = Some("q".into());
+        let list = list_to_json(&mut [&pod, &other].into_iter());
+        let v: serde_json::Value = serde_json::from_slice(&list).unwrap();
+        assert_eq!(v["kind"], "PodList");
+        assert_eq!(v["apiVersion"], "v1");
+        assert_eq!(v["items"][1]["metadata"]["name"], "q");
+        let empty: serde_json::Value =
+            serde_json::from_slice(&list_to_json(&mut std::iter::empty())).unwrap();
+        assert_eq!(empty["items"], serde_json::json!([]));
+        assert!(from_json(r#"{"metadata":{"name":1}}"#).is_err());
+    }
 
     #[test]
     fn pull_policy_defaults_like_the_api() {

@@ -212,7 +212,7 @@ impl State {
 trait WatchedKind:
     kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
     + Clone
-    + crate::wire::FromJsonText
+    + crate::wire::JsonText
     + std::fmt::Debug
     + Send
     + Sync

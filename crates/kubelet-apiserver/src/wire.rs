@@ -21,6 +21,7 @@ use kube::Resource;
 use kube::api::ObjectMeta;
 use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 
 /// A `K` read from the JSON text of a list item or a watch event's object. It is the resource
 /// `K` for `kube` (same kind, group, version and metadata), so an `Api<Decoded<K>>` lists and
@@ -28,35 +29,44 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug)]
 pub(crate) struct Decoded<K>(pub(crate) K);
 
-/// How a type is decoded from JSON text: through one function per type, so that its decoder is
-/// compiled once in a binary whichever crate decodes it (a `Pod` through
-/// [`kubelet_api::pod::from_json`], which the manifest sources use too).
-pub(crate) trait FromJsonText: Sized {
+/// How a type is decoded from and encoded to JSON text: through one function per type, so that
+/// its code is compiled once in a binary whichever crate uses it (a `Pod` through
+/// [`kubelet_api::pod::from_json`] and [`kubelet_api::pod::to_json`], which the manifest
+/// sources and the kubelet API use too).
+pub(crate) trait JsonText: Sized {
     /// Decode `text`.
     fn from_json_text(text: &str) -> Result<Self, serde_json::Error>;
+    /// Encode `self`.
+    fn to_json_text(&self) -> Result<String, serde_json::Error>;
 }
 
-impl FromJsonText for Pod {
+impl JsonText for Pod {
     fn from_json_text(text: &str) -> Result<Self, serde_json::Error> {
         kubelet_api::pod::from_json(text)
     }
+    fn to_json_text(&self) -> Result<String, serde_json::Error> {
+        String::from_utf8(kubelet_api::pod::to_json(self)).map_err(serde::ser::Error::custom)
+    }
 }
 
-macro_rules! from_json_text {
+macro_rules! json_text {
     ($($t:ty),*) => {$(
-        impl FromJsonText for $t {
+        impl JsonText for $t {
             fn from_json_text(text: &str) -> Result<Self, serde_json::Error> {
                 serde_json::from_str(text)
+            }
+            fn to_json_text(&self) -> Result<String, serde_json::Error> {
+                serde_json::to_string(self)
             }
         }
     )*};
 }
-from_json_text!(ConfigMap, Secret, Service);
+json_text!(ConfigMap, Secret, Service);
 
 /// The name `serde_json` gives the newtype whose deserialization hands over the JSON text.
 const RAW_VALUE_TOKEN: &str = "$serde_json::private::RawValue";
 
-impl<'de, K: FromJsonText> Deserialize<'de> for Decoded<K> {
+impl<'de, K: JsonText> Deserialize<'de> for Decoded<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         deserializer.deserialize_newtype_struct(RAW_VALUE_TOKEN, TextVisitor(PhantomData))
     }
@@ -65,7 +75,7 @@ impl<'de, K: FromJsonText> Deserialize<'de> for Decoded<K> {
 /// Decodes a `K` from the JSON text the raw-value protocol hands over, or from a value.
 struct TextVisitor<K>(PhantomData<K>);
 
-impl<'de, K: FromJsonText> Visitor<'de> for TextVisitor<K> {
+impl<'de, K: JsonText> Visitor<'de> for TextVisitor<K> {
     type Value = Decoded<K>;
 
     fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -91,7 +101,7 @@ impl<'de, K: FromJsonText> Visitor<'de> for TextVisitor<K> {
     }
 }
 
-impl<'de, K: FromJsonText> DeserializeSeed<'de> for TextVisitor<K> {
+impl<'de, K: JsonText> DeserializeSeed<'de> for TextVisitor<K> {
     type Value = Decoded<K>;
 
     fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
@@ -99,9 +109,13 @@ impl<'de, K: FromJsonText> DeserializeSeed<'de> for TextVisitor<K> {
     }
 }
 
-impl<K: Serialize> Serialize for Decoded<K> {
+/// Encoded through [`JsonText`] and handed to the serializer as raw JSON text.
+impl<K: JsonText> Serialize for Decoded<K> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        self.0.serialize(serializer)
+        use serde::ser::Error as _;
+        let text = self.0.to_json_text().map_err(S::Error::custom)?;
+        let raw = RawValue::from_string(text).map_err(S::Error::custom)?;
+        raw.serialize(serializer)
     }
 }
 
@@ -194,6 +208,13 @@ mod tests {
         let from_value: Decoded<Pod> =
             serde_json::from_value(serde_json::from_str(POD).unwrap()).unwrap();
         assert_eq!(from_value.0.metadata.namespace.as_deref(), Some("ns"));
+    }
+
+    #[test]
+    fn an_object_is_sent_as_its_json_text() {
+        let pod: Pod = serde_json::from_str(POD).unwrap();
+        let sent = serde_json::to_vec(&Decoded(pod.clone())).unwrap();
+        assert_eq!(sent, serde_json::to_vec(&pod).unwrap());
     }
 
     #[test]

@@ -295,9 +295,7 @@ pub fn apply_defaults_with(
     };
     if pod.metadata.uid.as_deref().is_none_or(str::is_empty) {
         let mut h = Fnv128a::new();
-        // Serializing a decoded pod cannot fail (no non-string map keys); an empty hash input
-        // would still give a stable UID.
-        h.write(&serde_json::to_vec(pod).unwrap_or_default());
+        h.write(&kubelet_api::pod::to_json(pod));
         match origin {
             ManifestOrigin::File(p) => {
                 h.write(format!("host:{node_name}").as_bytes());

@@ -510,13 +510,10 @@ impl Handler {
 
     async fn list(&self) -> Resp {
         let pods = self.pods.lock().await;
-        let body = serde_json::json!({
-            "apiVersion": "v1",
-            "kind": "PodList",
-            "metadata": {},
-            "items": pods.values().collect::<Vec<_>>(),
-        });
-        json_response(StatusCode::OK, &body)
+        json_bytes_response(
+            StatusCode::OK,
+            kubelet_api::pod::list_to_json(&mut pods.values()),
+        )
     }
 
     async fn create(&self, pod: Pod) -> Resp {
@@ -539,7 +536,7 @@ impl Handler {
         }
         pods.insert(key, pod.clone());
         self.send();
-        json_response(StatusCode::CREATED, &pod)
+        json_bytes_response(StatusCode::CREATED, kubelet_api::pod::to_json(&pod))
     }
 
     async fn replace(&self, ns: String, name: String, pod: Pod) -> Resp {
@@ -577,7 +574,7 @@ impl Handler {
         } else {
             StatusCode::OK
         };
-        json_response(code, &pod)
+        json_bytes_response(code, kubelet_api::pod::to_json(&pod))
     }
 
     async fn delete(&self, ns: &str, name: &str) -> Resp {
@@ -822,8 +819,12 @@ fn status_response(
     json_response(code, &status_json(&status))
 }
 
-fn json_response(code: StatusCode, body: &impl serde::Serialize) -> Resp {
-    let bytes = serde_json::to_vec(body).unwrap_or_default();
+fn json_response(code: StatusCode, body: &serde_json::Value) -> Resp {
+    json_bytes_response(code, serde_json::to_vec(body).unwrap_or_default())
+}
+
+/// A response of JSON text (pods are encoded by `kubelet_api::pod`).
+fn json_bytes_response(code: StatusCode, bytes: Vec<u8>) -> Resp {
     let mut resp = Response::new(Full::new(Bytes::from(bytes)));
     *resp.status_mut() = code;
     resp.headers_mut()

@@ -320,16 +320,6 @@ fn healthz(ctx: &Context, only: Option<&str>, query: &str) -> Response<Body> {
     }
 }
 
-/// A `v1` `PodList`, serialised straight from the pods.
-#[derive(serde::Serialize)]
-struct PodList<'a> {
-    kind: &'static str,
-    #[serde(rename = "apiVersion")]
-    api_version: &'static str,
-    metadata: serde_json::Map<String, serde_json::Value>,
-    items: &'a [Pod],
-}
-
 fn pods(handle: &dyn AgentHandle) -> Response<Body> {
     let items: Vec<Pod> = handle
         .statuses()
@@ -341,19 +331,8 @@ fn pods(handle: &dyn AgentHandle) -> Response<Body> {
             pod
         })
         .collect();
-    let list = PodList {
-        kind: "PodList",
-        api_version: "v1",
-        metadata: serde_json::Map::new(),
-        items: &items,
-    };
-    match serde_json::to_vec(&list) {
-        Ok(body) => with_type(full(StatusCode::OK, body), "application/json"),
-        Err(e) => plain(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            format!("Internal Error: {e}\n"),
-        ),
-    }
+    let body = kubelet_api::pod::list_to_json(&mut items.iter());
+    with_type(full(StatusCode::OK, body), "application/json")
 }
 
 async fn running_pods(ctx: &Context) -> Response<Body> {
