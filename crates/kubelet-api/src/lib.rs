@@ -51,6 +51,7 @@ pub mod pod;
 pub mod quantity;
 pub mod resources;
 pub mod runtime;
+pub mod sort;
 pub mod stats;
 
 mod admission;

@@ -26,7 +26,7 @@ pub fn to_json(pod: &Pod) -> Vec<u8> {
 }
 
 /// A `v1` `PodList` of `pods` as JSON text, each item encoded by [`to_json`].
-pub fn list_to_json<'a>(pods: &mut dyn Iterator<Item = &'a Pod>) -> Vec<u8> {
+pub fn list_to_json(pods: &mut dyn Iterator<Item = &Pod>) -> Vec<u8> {
     let mut out = br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#.to_vec();
     for (i, pod) in pods.enumerate() {
         if i > 0 {
@@ -332,6 +332,7 @@ pub fn disruption_condition(message: &str) -> PodCondition {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

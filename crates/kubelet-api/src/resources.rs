@@ -161,7 +161,7 @@ pub fn pod_requests(pod: &Pod) -> Result<BTreeMap<String, i64>, QuantityError> {
     let apps = per(podutil::containers(pod))?;
     let inits = per(podutil::init_containers(pod))?;
     let mut names: Vec<&String> = apps.iter().chain(&inits).flat_map(|m| m.keys()).collect();
-    names.sort();
+    crate::sort::by(&mut names, Ord::cmp);
     names.dedup();
     let mut out = BTreeMap::new();
     for name in names {

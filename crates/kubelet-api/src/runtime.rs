@@ -1037,7 +1037,7 @@ pub async fn get_pods(runtime: &dyn ContainerRuntime) -> Result<Vec<RuntimePod>>
     }
     let mut out: Vec<RuntimePod> = pods.into_values().collect();
     for p in &mut out {
-        p.sandboxes.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+        crate::sort::by_key(&mut p.sandboxes, |s| std::cmp::Reverse(s.created_at));
     }
     Ok(out)
 }
@@ -1067,7 +1067,7 @@ pub async fn get_pod_status(
             Err(e) => return Err(e),
         }
     }
-    sandbox_statuses.sort_by_key(|s| std::cmp::Reverse(s.created_at));
+    crate::sort::by_key(&mut sandbox_statuses, |s| std::cmp::Reverse(s.created_at));
     let containers = runtime
         .list_containers(&ContainerFilter {
             label_selector: selector,
@@ -1082,7 +1082,7 @@ pub async fn get_pod_status(
             Err(e) => return Err(e),
         }
     }
-    container_statuses.sort_by(|a, b| {
+    crate::sort::by(&mut container_statuses, |a, b| {
         (b.created_at, b.metadata.attempt).cmp(&(a.created_at, a.metadata.attempt))
     });
     let ips = sandbox_statuses

@@ -34,7 +34,7 @@ impl StatusReader {
     /// Every pod with its status, sorted by namespace and name.
     pub fn list(&self) -> Vec<PodWithStatus> {
         let mut v: Vec<PodWithStatus> = self.inner.read().values().cloned().collect();
-        v.sort_by(|a, b| {
+        crate::sort::by(&mut v, |a, b| {
             (
                 a.pod.metadata.namespace.as_deref(),
                 a.pod.metadata.name.as_deref(),

@@ -753,7 +753,9 @@ impl Checkpoint {
                 pods.push((pod, saved));
             }
         }
-        pods.sort_by(|a, b| kubelet_api::pod::uid(&a.0).cmp(kubelet_api::pod::uid(&b.0)));
+        kubelet_api::sort::by(&mut pods, |a, b| {
+            kubelet_api::pod::uid(&a.0).cmp(kubelet_api::pod::uid(&b.0))
+        });
         idx.pods = pods
             .iter()
             .map(|(p, _)| (kubelet_api::pod::uid(p).to_string(), PodRefs::of(p)))
@@ -906,7 +908,7 @@ impl Checkpoint {
             .map(|s| s.as_ref())
             .filter(|s| namespaces.contains(s.metadata.namespace.as_deref().unwrap_or("")))
             .collect();
-        kept.sort_by(|a, b| {
+        kubelet_api::sort::by(&mut kept, |a, b| {
             (&a.metadata.namespace, &a.metadata.name)
                 .cmp(&(&b.metadata.namespace, &b.metadata.name))
         });

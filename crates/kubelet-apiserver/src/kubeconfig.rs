@@ -28,7 +28,7 @@ pub enum KubeconfigFileError {
     Encoding,
     /// The text is not YAML.
     #[error("invalid YAML")]
-    Yaml(#[source] serde_saphyr::Error),
+    Yaml(#[source] Box<serde_saphyr::Error>),
     /// A document is YAML but not a kubeconfig (a field of the wrong type, say).
     #[error("document {document} is not a kubeconfig")]
     Decode {
@@ -53,7 +53,7 @@ pub fn read_kubeconfig(path: &Path) -> Result<Kubeconfig, KubeconfigFileError> {
 /// Parse kubeconfig text; relative paths in it are resolved against `dir` when given.
 pub fn parse_kubeconfig(text: &str, dir: Option<&Path>) -> Result<Kubeconfig, KubeconfigFileError> {
     let documents: Vec<Value> =
-        serde_saphyr::from_multiple(text).map_err(KubeconfigFileError::Yaml)?;
+        serde_saphyr::from_multiple(text).map_err(|e| KubeconfigFileError::Yaml(Box::new(e)))?;
     let mut merged: Option<Kubeconfig> = None;
     for (i, document) in documents.into_iter().enumerate() {
         let document = match document {
@@ -80,7 +80,7 @@ pub fn parse_kubeconfig(text: &str, dir: Option<&Path>) -> Result<Kubeconfig, Ku
 /// The file's text: UTF-8 (a leading byte order mark dropped) or UTF-16 with a byte order mark.
 fn decode_text(bytes: Vec<u8>) -> Result<String, KubeconfigFileError> {
     let utf16 = |rest: &[u8], from: fn([u8; 2]) -> u16| {
-        if rest.len() % 2 != 0 {
+        if !rest.len().is_multiple_of(2) {
             return Err(KubeconfigFileError::Encoding);
         }
         let units: Vec<u16> = rest.chunks_exact(2).map(|c| from([c[0], c[1]])).collect();
@@ -130,6 +130,7 @@ fn make_absolute(config: &mut Kubeconfig, dir: &Path) {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -164,6 +164,7 @@ pub(crate) fn event<K>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
     use kube::core::ObjectList;

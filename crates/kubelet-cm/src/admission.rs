@@ -125,7 +125,9 @@ impl PodAdmitHandler for ResourceAdmitHandler {
             drop(cache);
             let order = ["cpu", "memory", "ephemeral-storage"];
             let mut names: Vec<&String> = requested.keys().collect();
-            names.sort_by_key(|n| order.iter().position(|o| o == n).unwrap_or(order.len()));
+            kubelet_api::sort::by_key(&mut names, |n| {
+                order.iter().position(|o| o == n).unwrap_or(order.len())
+            });
             for name in names {
                 let want = requested[name];
                 // A resource the node does not advertise (a cluster-level extended resource)

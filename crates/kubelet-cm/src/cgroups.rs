@@ -247,7 +247,7 @@ impl Hierarchy {
         if dirs.is_empty() {
             dirs = self.roots().into_iter().map(|(_, r)| r.join(rel)).collect();
         }
-        dirs.sort();
+        kubelet_api::sort::by(&mut dirs, Ord::cmp);
         dirs.dedup();
         dirs
     }

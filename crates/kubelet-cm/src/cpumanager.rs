@@ -173,7 +173,7 @@ impl Topology {
             .flat_map(|(k, ids)| ids.iter().map(move |id| (ids.len(), *k, *id)))
             .filter(|(_, _, id)| !taken.contains(id))
             .collect();
-        rest.sort();
+        kubelet_api::sort::by(&mut rest, Ord::cmp);
         for (_, _, id) in rest {
             if taken.len() == n {
                 break;

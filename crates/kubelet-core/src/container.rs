@@ -292,7 +292,7 @@ pub fn make_environment(
             set_var(&mut out, &mut values, &k, v);
         }
         if !invalid.is_empty() {
-            invalid.sort();
+            kubelet_api::sort::by(&mut invalid, Ord::cmp);
             if let Some(recorder) = ctx.recorder {
                 recorder.warning(
                     InvolvedObject::pod(pod),

@@ -338,7 +338,7 @@ impl Keyring {
             self.entries.push((key, loc, auth));
         }
         // Most specific first; a stable sort keeps the secrets' order for equal keys.
-        self.entries.sort_by(|a, b| b.0.cmp(&a.0));
+        kubelet_api::sort::by(&mut self.entries, |a, b| b.0.cmp(&a.0));
         Ok(())
     }
 

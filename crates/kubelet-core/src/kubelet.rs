@@ -495,7 +495,7 @@ impl SyncLoop {
         match u.op {
             PodOp::Add => {
                 let mut pods = u.pods;
-                pods.sort_by(|a, b| {
+                kubelet_api::sort::by(&mut pods, |a, b| {
                     a.metadata
                         .creation_timestamp
                         .as_ref()

@@ -64,7 +64,7 @@ pub fn bands(c: &KubeletConfiguration) -> Vec<Band> {
                 period: Duration::from_secs(e.shutdown_grace_period_seconds.max(0).unsigned_abs()),
             })
             .collect();
-        b.sort_by_key(|b| b.priority);
+        kubelet_api::sort::by_key(&mut b, |b| b.priority);
         return b;
     }
     let total = c.shutdown_grace_period.as_duration();

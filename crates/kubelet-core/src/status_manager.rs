@@ -873,11 +873,11 @@ pub fn normalize_status(pod: &Pod, status: &mut PodStatus) {
         }
     }
     if let Some(list) = status.container_statuses.as_mut() {
-        list.sort_by(|a, b| a.name.cmp(&b.name));
+        kubelet_api::sort::by(list, |a, b| a.name.cmp(&b.name));
     }
     if let Some(list) = status.init_container_statuses.as_mut() {
         let inits = podutil::init_containers(pod);
-        list.sort_by_key(|s| {
+        kubelet_api::sort::by_key(list, |s| {
             inits
                 .iter()
                 .position(|c| c.name == s.name)
@@ -898,7 +898,7 @@ fn kubelet_view_equal(a: &PodStatus, b: &PodStatus) -> bool {
             .flatten()
             .filter(|c| is_kubelet_condition(&c.type_) || is_shared_condition(&c.type_))
             .collect();
-        conds.sort_by(|x, y| x.type_.cmp(&y.type_));
+        kubelet_api::sort::by(&mut conds, |x, y| x.type_.cmp(&y.type_));
         s.conditions = Some(conds);
         s
     };

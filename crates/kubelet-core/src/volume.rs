@@ -208,7 +208,7 @@ pub(crate) fn unmount_all_below(dir: &Path) {
         .map(|p| PathBuf::from(unescape_mount_path(p)))
         .filter(|p| p.starts_with(dir) && p != dir)
         .collect();
-    below.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    kubelet_api::sort::by_key(&mut below, |p| std::cmp::Reverse(p.components().count()));
     for p in below {
         if let Err(e) = nix::mount::umount2(&p, nix::mount::MntFlags::empty()) {
             tracing::warn!(path = %p.display(), error = %kubelet_api::chain(&e), "unmounting below a removed pod directory failed");

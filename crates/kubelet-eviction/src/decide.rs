@@ -250,7 +250,7 @@ pub fn rank<'a, T>(
     pod_of: impl Fn(&T) -> &'a Pod,
     usage_of: impl Fn(&T) -> Option<&'a PodUsage>,
 ) {
-    pods.sort_by(|a, b| {
+    kubelet_api::sort::by(pods, |a, b| {
         let (pa, pb) = (pod_of(a), pod_of(b));
         let ua = usage_of(a).and_then(|u| usage_for(resource, u));
         let ub = usage_of(b).and_then(|u| usage_for(resource, u));
@@ -469,7 +469,7 @@ pub fn local_storage_violation(pod: &Pod, usage: &PodUsage) -> Option<LocalStora
 
 /// Sort thresholds memory first (`byEvictionPriority`), keeping the order otherwise.
 pub fn sort_by_eviction_priority(thresholds: &mut [Threshold]) {
-    thresholds.sort_by_key(|t| !t.signal.is_memory());
+    kubelet_api::sort::by_key(thresholds, |t| !t.signal.is_memory());
 }
 
 /// Signals whose node-level reclaim may help (`buildSignalToNodeReclaimFuncs`): disk signals.

@@ -75,7 +75,9 @@ pub fn plan_dead_containers(
             .push(c);
     }
     for list in units.values_mut() {
-        list.sort_by(|a, b| b.attempt.cmp(&a.attempt).then(b.created.cmp(&a.created)));
+        kubelet_api::sort::by(list, |a, b| {
+            b.attempt.cmp(&a.attempt).then(b.created.cmp(&a.created))
+        });
     }
     let mut remove = Vec::new();
     units.retain(|(uid, _), list| {
@@ -104,7 +106,7 @@ pub fn plan_dead_containers(
             }
             let mut rest: Vec<DeadContainer> = units.into_values().flatten().collect();
             if rest.len() > max {
-                rest.sort_by_key(|c| std::cmp::Reverse(c.created));
+                kubelet_api::sort::by_key(&mut rest, |c| std::cmp::Reverse(c.created));
                 remove.extend(rest.drain(max..));
             }
         }
@@ -266,7 +268,7 @@ impl ContainerGc {
             by_pod.entry(uid).or_default().push(s);
         }
         for (uid, mut list) in by_pod {
-            list.sort_by(|a, b| {
+            kubelet_api::sort::by(&mut list, |a, b| {
                 b.metadata
                     .attempt
                     .cmp(&a.metadata.attempt)

@@ -86,7 +86,7 @@ pub struct ImageGc {
 /// Candidates in the kubelet's eviction order: never used first, then least recently used,
 /// ties by first detection.
 pub fn eviction_order(mut candidates: Vec<Candidate>) -> Vec<Candidate> {
-    candidates.sort_by(|a, b| {
+    kubelet_api::sort::by(&mut candidates, |a, b| {
         a.last_used
             .cmp(&b.last_used)
             .then(a.first_detected.cmp(&b.first_detected))
@@ -132,7 +132,9 @@ pub const MAX_NAMES_PER_IMAGE: usize = 5;
 /// first, at most `max` (0: all), each with its digest references then its tags (at most
 /// [`MAX_NAMES_PER_IMAGE`]); images without a name are left out.
 pub fn node_images(mut images: Vec<Image>, max: usize) -> Vec<ContainerImage> {
-    images.sort_by(|a, b| b.size.cmp(&a.size).then_with(|| a.id.cmp(&b.id)));
+    kubelet_api::sort::by(&mut images, |a, b| {
+        b.size.cmp(&a.size).then_with(|| a.id.cmp(&b.id))
+    });
     let out = images.into_iter().filter_map(|i| {
         let names: Vec<String> = i
             .repo_digests

@@ -91,7 +91,7 @@ fn rotated_files(log: &Path) -> Result<Vec<PathBuf>, GcError> {
             out.push(e.path());
         }
     }
-    out.sort();
+    kubelet_api::sort::by(&mut out, Ord::cmp);
     Ok(out)
 }
 

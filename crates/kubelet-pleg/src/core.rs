@@ -715,7 +715,7 @@ impl Core {
                 running_for: f.launched.elapsed(),
             })
             .collect();
-        v.sort_by(|a, b| a.uid.cmp(&b.uid));
+        kubelet_api::sort::by(&mut v, |a, b| a.uid.cmp(&b.uid));
         v
     }
 

@@ -168,7 +168,7 @@ impl PodRecords {
     /// UIDs of every record, sorted.
     pub(crate) fn uids(&self) -> Vec<String> {
         let mut v: Vec<String> = self.records.keys().cloned().collect();
-        v.sort();
+        kubelet_api::sort::by(&mut v, Ord::cmp);
         v
     }
 

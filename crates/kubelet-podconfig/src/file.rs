@@ -373,7 +373,7 @@ fn list(path: &Path, node_name: &str, options: &ValidationOptions) -> Listing {
             }
         }
     }
-    names.sort();
+    kubelet_api::sort::by(&mut names, Ord::cmp);
     let mut files = Vec::with_capacity(names.len());
     for name in names {
         let file = path.join(&name);

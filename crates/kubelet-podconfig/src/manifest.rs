@@ -171,7 +171,21 @@ fn parse_value(text: &str) -> Result<serde_json::Value, String> {
         serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
     } else {
         check_yaml_nesting(text)?;
-        serde_saphyr::from_str(text).map_err(|e| format!("invalid YAML: {e}"))
+        // Through `from_multiple`, as the configuration file and the kubeconfig are read: one
+        // YAML-to-value decoder in the binary. A manifest holds one pod, so one document.
+        let mut documents: Vec<serde_json::Value> =
+            serde_saphyr::from_multiple::<serde_json::Value>(text)
+                .map_err(|e| format!("invalid YAML: {e}"))?
+                .into_iter()
+                .filter(|d| !d.is_null())
+                .collect();
+        match documents.len() {
+            0 => Ok(serde_json::Value::Null),
+            1 => Ok(documents.remove(0)),
+            n => Err(format!(
+                "invalid YAML: {n} documents; a manifest holds one pod"
+            )),
+        }
     }
 }
 

@@ -151,7 +151,7 @@ impl EncodeLabelSet for DurationLabels<'_> {
 impl Collector for ProberMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> Result<(), fmt::Error> {
         let mut all: Vec<Arc<WorkerMetrics>> = self.workers.lock().values().cloned().collect();
-        all.sort_by(|a, b| {
+        kubelet_api::sort::by(&mut all, |a, b| {
             let key = |m: &WorkerMetrics| {
                 let l = &m.labels;
                 (

@@ -557,7 +557,7 @@ impl Prober {
                 Err(e) => tracing::error!(error = %kubelet_api::chain(&e), "prober shard failed"),
             }
         }
-        back.sort_by_key(|(i, _)| *i);
+        kubelet_api::sort::by_key(&mut back, |(i, _)| *i);
         self.shared.metrics.clear();
         self.shared.workers.store(0, Ordering::Relaxed);
         // Results stay readable; a later run starts the workers again from the pods added.

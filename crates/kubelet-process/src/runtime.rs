@@ -1763,7 +1763,7 @@ fn process_cgroup_dirs(pid: u32) -> Vec<PathBuf> {
         }
     }
     out.retain(|d| d.is_dir());
-    out.sort();
+    kubelet_api::sort::by(&mut out, Ord::cmp);
     out.dedup();
     out
 }

@@ -261,7 +261,7 @@ fn newest_rotated(log: &Path) -> Option<PathBuf> {
         })
         .map(|e| e.path())
         .collect();
-    rotated.sort();
+    kubelet_api::sort::by(&mut rotated, Ord::cmp);
     rotated.pop()
 }
 

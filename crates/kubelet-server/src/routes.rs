@@ -655,7 +655,7 @@ async fn system_logs(root: &Path, path: &str) -> Response<Body> {
             }
             names.push(name);
         }
-        names.sort();
+        kubelet_api::sort::by(&mut names, Ord::cmp);
         let mut body = String::from("<pre>\n");
         for n in names {
             body.push_str(&format!(

@@ -875,7 +875,7 @@ fn measure_volumes(volumes: &Path, now: Timestamp) -> Vec<MeasuredVolume> {
             });
         }
     }
-    out.sort_by(|a, b| a.stats.name.cmp(&b.stats.name));
+    kubelet_api::sort::by(&mut out, |a, b| a.stats.name.cmp(&b.stats.name));
     out
 }
 

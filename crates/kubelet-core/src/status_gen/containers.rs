@@ -140,7 +140,9 @@ pub(super) fn instances<'a>(
         .iter()
         .filter(|c| c.metadata.name == name)
         .collect();
-    v.sort_by_key(|c| std::cmp::Reverse((c.created_at, c.metadata.attempt)));
+    kubelet_api::sort::by_key(&mut v, |c| {
+        std::cmp::Reverse((c.created_at, c.metadata.attempt))
+    });
     v
 }
 
@@ -274,7 +276,7 @@ pub(super) fn convert_container_statuses(
         out.push(status);
     }
     if !is_init {
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        kubelet_api::sort::by(&mut out, |a, b| a.name.cmp(&b.name));
     }
     out
 }
