@@ -1,7 +1,8 @@
 //! [`LogRotator`]: the kubelet's container log rotation (`container_log_manager.go`).
 //!
 //! Every check lists the running containers and, for each whose log file (`log_path` of its
-//! status) has reached `containerLogMaxSize`:
+//! status, asked once per container: the path is fixed at creation) has reached
+//! `containerLogMaxSize`:
 //!
 //! 1. renames the log to `<log>.<YYYYMMDD-hhmmss>` and asks the runtime to reopen it
 //!    ([`ContainerRuntime::reopen_container_log`]); if that fails, renames it back;
@@ -64,6 +65,10 @@ pub struct LogRotator {
     /// Logs whose rotated files are being compressed and pruned, and whether they were rotated
     /// again meanwhile (then the job runs once more).
     busy: std::sync::Arc<Mutex<std::collections::HashMap<PathBuf, bool>>>,
+    /// The log path of each running container seen, by ID: a container's log path is fixed
+    /// when it is created, so its status is asked once, not on every check (entries go with
+    /// their containers).
+    log_paths: Mutex<std::collections::HashMap<String, PathBuf>>,
 }
 
 fn log_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> GcError + 'a {
@@ -152,6 +157,7 @@ impl LogRotator {
             policy,
             unsupported: Mutex::new(false),
             busy: std::sync::Arc::default(),
+            log_paths: Mutex::default(),
         }
     }
 
@@ -177,11 +183,27 @@ impl LogRotator {
             .list_containers(&filter)
             .await
             .map_err(GcError::runtime("list_containers"))?;
+        {
+            let ids: std::collections::HashSet<&str> =
+                running.iter().map(|c| c.id.as_str()).collect();
+            self.log_paths
+                .lock()
+                .retain(|id, _| ids.contains(id.as_str()));
+        }
         for c in running {
-            let Ok(status) = runtime.container_status(&c.id).await else {
-                continue;
+            let known = self.log_paths.lock().get(&c.id).cloned();
+            let log = match known {
+                Some(log) => log,
+                None => {
+                    let Ok(status) = runtime.container_status(&c.id).await else {
+                        continue;
+                    };
+                    self.log_paths
+                        .lock()
+                        .insert(c.id.clone(), status.log_path.clone());
+                    status.log_path
+                }
             };
-            let log = status.log_path;
             if log.as_os_str().is_empty() {
                 continue;
             }

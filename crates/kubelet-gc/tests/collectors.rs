@@ -459,6 +459,50 @@ async fn a_removed_log_directory_is_recreated_reopened_and_reported_once() {
     assert!(rotator.rotate_all(&rt).await.unwrap().recreated.is_empty());
 }
 
+/// A container's status is asked once for its log path, not on every check; a new container's
+/// is asked when it appears, and a rotation still follows the log's size.
+#[tokio::test]
+async fn each_containers_log_path_is_asked_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dirs(tmp.path());
+    let rt = FakeRuntime::new();
+    let (_, ids) = instances(&rt, &d.pod_log_dir, "p1", "app", 1, true).await;
+    let log = rt.container_status(&ids[0]).await.unwrap().log_path;
+    let statuses = |rt: &FakeRuntime| {
+        rt.calls()
+            .iter()
+            .filter(|c| c.starts_with("container_status"))
+            .count()
+    };
+    let mut policy = LogRotationPolicy::default();
+    policy.max_size = 1024;
+    let rotator = LogRotator::new(policy);
+    let before = statuses(&rt);
+    for _ in 0..3 {
+        assert!(rotator.rotate_all(&rt).await.unwrap().rotated.is_empty());
+    }
+    assert_eq!(statuses(&rt), before + 1, "one status for three checks");
+
+    let (_, more) = instances(&rt, &d.pod_log_dir, "p2", "app", 1, true).await;
+    let before = statuses(&rt);
+    rotator.rotate_all(&rt).await.unwrap();
+    rotator.rotate_all(&rt).await.unwrap();
+    assert_eq!(
+        statuses(&rt),
+        before + 1,
+        "the new container's status, once"
+    );
+
+    std::fs::write(&log, vec![b'x'; 2048]).unwrap();
+    let out = rotator.rotate_all(&rt).await.unwrap();
+    assert_eq!(
+        out.rotated.len(),
+        1,
+        "the known path is still checked: {out:?}"
+    );
+    assert!(!more.is_empty());
+}
+
 #[tokio::test]
 async fn a_log_at_its_size_is_rotated_and_put_back_when_the_runtime_cannot_reopen() {
     let tmp = tempfile::tempdir().unwrap();
