@@ -1372,7 +1372,9 @@ fn disk_pressure_on_a_small_image_filesystem_is_relieved_by_image_gc_with_no_pod
     for f in &fillers {
         import_filler_image(&env, f, 24);
     }
-    assert!(available_mib() < before - 60, "the fillers take room");
+    // No check of the room the fillers took on the filesystem's free space here: the other
+    // tests of this binary write and free room on the same filesystem meanwhile, and the
+    // reclaim may already be under way. The agent's reclaim lines below show the pressure.
     wait_until("the fillers removed by reclaim", || {
         let images = runtime_images(&env);
         fillers.iter().all(|f| !images.contains(f)).then_some(())
