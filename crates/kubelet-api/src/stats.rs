@@ -14,18 +14,31 @@ use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
 /// What a stats collector offers the agent's other plugins: the latest sample, cheap to read
-/// (no collection on the caller's path), a fresh one on demand, and the machine's capacity.
+/// (no collection on the caller's path), the pods' figures when a reader needs them, a fresh
+/// sample on demand, and the machine's capacity.
 ///
 /// Provided as `Arc<dyn StatsService>` through [`Services`](crate::Services); see
-/// `kubelet-stats` for the SDK's implementation.
+/// `kubelet-stats` for the SDK's implementation, which samples the node periodically and the
+/// pods when [`summary_with_pods`](Self::summary_with_pods) asks for them.
 #[async_trait]
 pub trait StatsService: Send + Sync + 'static {
     /// The latest sample. Before the first collection: a summary with the node's name and no
-    /// figures.
+    /// figures. Its node figures are at most one sampling period old; its pods are those of
+    /// the last collection that included them (each figure carries its time), and may be
+    /// none: readers of the pods' figures call
+    /// [`summary_with_pods`](Self::summary_with_pods).
     fn summary(&self) -> Arc<Summary>;
 
-    /// Collect now and return the new sample (eviction's on-demand refresh). The default
+    /// A sample whose pods were collected at most one sampling period ago: the latest when
+    /// they were, after a collection of the pods otherwise. What the kubelet API's
+    /// `/stats/summary` and `/metrics/resource` and eviction's per-pod usage read. The default
     /// returns [`summary`](Self::summary).
+    async fn summary_with_pods(&self) -> Arc<Summary> {
+        self.summary()
+    }
+
+    /// Collect the node and the pods now and return the new sample (eviction's on-demand
+    /// refresh). The default returns [`summary`](Self::summary).
     async fn refresh(&self) -> Arc<Summary> {
         self.summary()
     }

@@ -21,9 +21,10 @@ use crate::stats::{
 /// of the kubelet's 10 s housekeeping periods).
 pub const MAX_SAMPLE_AGE: Duration = Duration::from_secs(20);
 
-/// A [`StatsProvider`] over the agent's [`StatsService`]: filesystem and PID signals and the
-/// pods' usage come from the service's latest sample (refreshed when older than
-/// [`MAX_SAMPLE_AGE`]), as the kubelet's eviction manager reads its summary provider; memory
+/// A [`StatsProvider`] over the agent's [`StatsService`]: filesystem and PID signals come from
+/// the service's latest sample (refreshed when older than [`MAX_SAMPLE_AGE`]) and the pods'
+/// usage from [`StatsService::summary_with_pods`], as the kubelet's eviction manager reads its
+/// summary provider; memory
 /// signals and the memory cgroup for kernel notifications come from [`MachineStats`], so the
 /// sub-second memory path reads one cgroup file and never waits for a collection.
 #[derive(Clone)]
@@ -117,12 +118,19 @@ impl StatsProvider for ServiceStats {
         self.machine.observe_memory().await
     }
 
+    /// The pods' figures of a sample whose pods are at most one sampling period old (the
+    /// stats service collects them when they are older).
     async fn pod_usage(&self, pods: &[ActivePod]) -> HashMap<String, PodUsage> {
-        let summary = self.sample().await;
+        let summary = self.service.summary_with_pods().await;
+        let by_uid: HashMap<&str, &kubelet_api::stats::PodStats> = summary
+            .pods
+            .iter()
+            .map(|p| (p.pod_ref.uid.as_str(), p))
+            .collect();
         let mut out = HashMap::new();
         for p in pods {
             let uid = kubelet_api::pod::uid(&p.pod);
-            let Some(stats) = summary.pod(uid) else {
+            let Some(stats) = by_uid.get(uid).copied() else {
                 continue;
             };
             let empty_dirs: Vec<&str> = p

@@ -15,6 +15,8 @@ use kubelet_eviction::{
     ActivePod, MachineStats, MachineStatsConfig, ServiceStats, Signal, StatsProvider,
 };
 
+/// A stats service with one sample; like `kubelet-stats`' service, its latest sample has no
+/// pods until a reader asks for them.
 struct Fixed {
     summary: Arc<Summary>,
     refreshes: AtomicUsize,
@@ -23,6 +25,11 @@ struct Fixed {
 #[async_trait::async_trait]
 impl StatsService for Fixed {
     fn summary(&self) -> Arc<Summary> {
+        let mut node_only = Summary::new("n");
+        node_only.node = self.summary.node.clone();
+        Arc::new(node_only)
+    }
+    async fn summary_with_pods(&self) -> Arc<Summary> {
         self.summary.clone()
     }
     async fn refresh(&self) -> Arc<Summary> {

@@ -178,7 +178,7 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
     if let Some(r) = get_only(req.method()) {
         // `/stats/summary` also answers POST, as the kubelet's.
         if path == "/stats/summary" && req.method() == Method::POST {
-            return stats_summary(ctx, query);
+            return stats_summary(ctx, query).await;
         }
         let known = path == "/healthz"
             || path.starts_with("/healthz/")
@@ -203,12 +203,12 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
             ctx.handle.as_ref(),
             Some(&["prober_probe", "process_start_time_seconds"]),
         ),
-        "/stats/summary" => stats_summary(ctx, query),
+        "/stats/summary" => stats_summary(ctx, query).await,
         "/metrics/resource" => match &ctx.stats {
             Some(stats) => with_type(
                 full(
                     StatusCode::OK,
-                    crate::stats::resource_metrics(&stats.summary()),
+                    crate::stats::resource_metrics(&*stats.summary_with_pods().await),
                 ),
                 crate::stats::PROMETHEUS_TEXT,
             ),
@@ -218,7 +218,10 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
             Some(stats) => with_type(
                 full(
                     StatusCode::OK,
-                    crate::stats::cadvisor_metrics(&stats.summary(), stats.machine()),
+                    crate::stats::cadvisor_metrics(
+                        &*stats.summary_with_pods().await,
+                        stats.machine(),
+                    ),
                 ),
                 crate::stats::PROMETHEUS_TEXT,
             ),
@@ -245,13 +248,14 @@ pub(crate) async fn route<B>(ctx: &Context, port: Port, req: &Request<B>) -> Res
     }
 }
 
-/// `/stats/summary` (GET and POST): the latest sample, whole or `only_cpu_and_memory`.
-fn stats_summary(ctx: &Context, query: &str) -> Response<Body> {
+/// `/stats/summary` (GET and POST): a sample whose pods are at most one sampling period old,
+/// whole or `only_cpu_and_memory`.
+async fn stats_summary(ctx: &Context, query: &str) -> Response<Body> {
     let Some(stats) = &ctx.stats else {
         return plain(StatusCode::NOT_FOUND, "404 page not found\n");
     };
     let reduced = crate::stats::only_cpu_and_memory(query);
-    match crate::stats::summary_json(&stats.summary(), reduced) {
+    match crate::stats::summary_json(&*stats.summary_with_pods().await, reduced) {
         Ok(body) => with_type(full(StatusCode::OK, body), "application/json"),
         Err(e) => plain(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -29,6 +29,9 @@ pub const RUNTIME_CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the runtime may take to list every container's stats (CRI `ListContainerStats`,
 /// or one call per container for a runtime without a listing call).
 pub const LIST_STATS_TIMEOUT: Duration = Duration::from_secs(10);
+/// A CPU figure older than this is no base for a rate (the kubelet's CRI stats provider drops
+/// its CPU cache entries after 10 minutes, `defaultCachePeriod`).
+const CPU_RATE_MAX_GAP: Duration = Duration::from_secs(600);
 
 /// Volume plugins whose directories count as the pod's local ephemeral storage when they are
 /// not memory-backed (the kubelet's emptyDir, configMap, downwardAPI, …).
@@ -171,8 +174,10 @@ pub struct Collector {
     /// Sandboxes found in the agent's own network namespace (host network), by pod UID: a
     /// sandbox keeps its namespace for life, so they are not looked up again.
     host_network_sandboxes: HashMap<String, String>,
-    /// Previous cumulative CPU figure per key (`node`, `kubelet`, a container ID, a pod UID).
-    cpu: HashMap<String, (u64, Timestamp)>,
+    /// Previous cumulative CPU figure of the node and its system containers, by name.
+    node_cpu: HashMap<String, (u64, Timestamp)>,
+    /// Previous cumulative CPU figure of each container (by ID) and pod (`pod <uid>`).
+    pod_cpu: HashMap<String, (u64, Timestamp)>,
     /// Each pod's volume figures and when they were measured.
     volumes: HashMap<String, (Instant, Vec<MeasuredVolume>)>,
     /// Each container's log usage and when it was measured.
@@ -211,7 +216,8 @@ impl Collector {
             own_cpu_from_proc,
             pod_cgroups: HashMap::new(),
             host_network_sandboxes: HashMap::new(),
-            cpu: HashMap::new(),
+            node_cpu: HashMap::new(),
+            pod_cpu: HashMap::new(),
             volumes: HashMap::new(),
             logs: HashMap::new(),
             log_seen: HashSet::new(),
@@ -235,22 +241,48 @@ impl Collector {
         &self.config
     }
 
-    /// One sample. Without a runtime only the node is sampled. Nothing here fails: an item
-    /// that cannot be read (a cgroup that vanished, a runtime call that failed or timed out, a
-    /// directory that is gone) is left out and logged once.
+    /// One whole sample: [the node](Self::collect_node), then [the pods](Self::collect_pods).
+    /// Without a runtime only the node is sampled. Nothing here fails: an item that cannot be
+    /// read (a cgroup that vanished, a runtime call that failed or timed out, a directory that
+    /// is gone) is left out and logged once.
     pub async fn collect(&mut self, runtime: Option<&dyn ContainerRuntime>) -> Summary {
+        let node = self.collect_node(runtime).await;
+        let pods = match runtime {
+            Some(rt) => self.collect_pods(rt).await,
+            None => Vec::new(),
+        };
+        let mut summary = Summary::new(self.node_name.clone());
+        summary.node = node;
+        summary.pods = pods;
+        summary
+    }
+
+    /// The node's figures: the root cgroup, `/proc`, the filesystems, the system containers
+    /// and the runtime's image filesystem (one runtime call). Its cost does not grow with the
+    /// pods. CPU rates are against the previous node collection.
+    pub async fn collect_node(&mut self, runtime: Option<&dyn ContainerRuntime>) -> NodeStats {
         let now = Timestamp::now();
-        let mut seen_cpu = HashSet::new();
+        let mut seen = HashSet::new();
         let image_fs = match runtime {
             Some(rt) => self.image_fs(rt).await,
             None => None,
         };
-        let node = self.node(now, image_fs.as_ref(), &mut seen_cpu);
-        let pods = match runtime {
-            Some(rt) => self.pods(rt, now, image_fs.as_ref(), &mut seen_cpu).await,
-            None => Vec::new(),
-        };
-        self.cpu.retain(|k, _| seen_cpu.contains(k));
+        let node = self.node(now, image_fs.as_ref(), &mut seen);
+        self.node_cpu.retain(|k, _| seen.contains(k));
+        node
+    }
+
+    /// Every running pod's figures: the runtime's pods and container stats, the pods' and
+    /// containers' cgroups, volumes and logs. Its cost grows with the pods. CPU rates are
+    /// against the previous collection of the pods (none when that is older than 10 minutes,
+    /// as the kubelet's CRI stats provider); writable layers are placed on the image
+    /// filesystem of the last [node collection](Self::collect_node).
+    pub async fn collect_pods(&mut self, rt: &dyn ContainerRuntime) -> Vec<PodStats> {
+        let now = Timestamp::now();
+        let mut seen = HashSet::new();
+        let image_fs = self.last_image_fs.clone();
+        let pods = self.pods(rt, now, image_fs.as_ref(), &mut seen).await;
+        self.pod_cpu.retain(|k, _| seen.contains(k));
         let live: HashSet<&str> = pods.iter().map(|p| p.pod_ref.uid.as_str()).collect();
         self.volumes.retain(|uid, _| live.contains(uid.as_str()));
         self.pod_cgroups
@@ -259,33 +291,7 @@ impl Collector {
             .retain(|uid, _| live.contains(uid.as_str()));
         let log_seen = std::mem::take(&mut self.log_seen);
         self.logs.retain(|id, _| log_seen.contains(id));
-        let mut summary = Summary::new(self.node_name.clone());
-        summary.node = node;
-        summary.pods = pods;
-        summary
-    }
-
-    /// CPU figures with the rate since the previous sample of `key`.
-    fn cpu(
-        &mut self,
-        key: &str,
-        cumulative: Option<u64>,
-        at: Timestamp,
-        seen: &mut HashSet<String>,
-    ) -> Option<CpuStats> {
-        let cum = cumulative?;
-        seen.insert(key.to_string());
-        let mut c = CpuStats::new(at);
-        c.usage_core_nano_seconds = Some(cum);
-        if let Some((prev, prev_at)) = self.cpu.get(key) {
-            let dt = at.duration_since(*prev_at).as_nanos();
-            if dt > 0 && cum >= *prev {
-                c.usage_nano_cores =
-                    Some(((cum - prev) as u128 * 1_000_000_000 / dt as u128) as u64);
-            }
-        }
-        self.cpu.insert(key.to_string(), (cum, at));
-        Some(c)
+        pods
     }
 
     fn node(
@@ -306,7 +312,7 @@ impl Collector {
         let cpu_ns = root
             .and_then(|r| r.cpu_usage_ns)
             .or_else(|| stat.as_deref().and_then(procfs::parse_stat_cpu_ns));
-        n.cpu = self.cpu("node", cpu_ns, now, seen);
+        n.cpu = cpu_rate(&mut self.node_cpu, "node", cpu_ns, now, seen);
         n.memory = self.node_memory(now, root.as_ref());
         n.network = self.node_network(now);
         n.fs = fs::capacity(&self.dirs.root_dir).map(|c| fs_stats(now, &c, None, None));
@@ -358,7 +364,7 @@ impl Collector {
             } else {
                 s.cpu_usage_ns
             };
-            c.cpu = self.cpu(&name, cpu_ns, now, seen);
+            c.cpu = cpu_rate(&mut self.node_cpu, &name, cpu_ns, now, seen);
             c.memory = Some(memory_stats(now, &s));
             n.system_containers.push(c);
         }
@@ -698,7 +704,13 @@ impl Collector {
             cs.image = c.image.clone();
             // A container the runtime had no figures for is reported without them.
             if let Some(s) = stats.remove(&c.id) {
-                cs.cpu = self.cpu(&c.id, s.cpu_usage_core_nanoseconds, s.timestamp, seen);
+                cs.cpu = cpu_rate(
+                    &mut self.pod_cpu,
+                    &c.id,
+                    s.cpu_usage_core_nanoseconds,
+                    s.timestamp,
+                    seen,
+                );
                 let mut m = MemoryStats::new(s.timestamp);
                 m.usage_bytes = s.memory_usage_bytes;
                 m.working_set_bytes = s.memory_working_set_bytes;
@@ -767,7 +779,13 @@ impl Collector {
                 .or(s.pids)
                 .or(processes);
         }
-        p.cpu = self.cpu(&format!("pod {}", pod.uid), cpu_sum, now, seen);
+        p.cpu = cpu_rate(
+            &mut self.pod_cpu,
+            &format!("pod {}", pod.uid),
+            cpu_sum,
+            now,
+            seen,
+        );
         if any_memory {
             p.memory = Some(memory);
         }
@@ -879,6 +897,31 @@ fn measure_volumes(volumes: &Path, now: Timestamp) -> Vec<MeasuredVolume> {
     out
 }
 
+/// CPU figures with the rate since `previous`'s sample of `key` (none when that is more than
+/// [`CPU_RATE_MAX_GAP`] old); records this sample as the next one's base.
+fn cpu_rate(
+    previous: &mut HashMap<String, (u64, Timestamp)>,
+    key: &str,
+    cumulative: Option<u64>,
+    at: Timestamp,
+    seen: &mut HashSet<String>,
+) -> Option<CpuStats> {
+    let cum = cumulative?;
+    seen.insert(key.to_string());
+    let mut c = CpuStats::new(at);
+    c.usage_core_nano_seconds = Some(cum);
+    if let Some((prev, prev_at)) = previous.get(key) {
+        let dt = at.duration_since(*prev_at);
+        let recent = dt.as_secs() < CPU_RATE_MAX_GAP.as_secs() as i64;
+        let dt = dt.as_nanos();
+        if dt > 0 && recent && cum >= *prev {
+            c.usage_nano_cores = Some(((cum - prev) as u128 * 1_000_000_000 / dt as u128) as u64);
+        }
+    }
+    previous.insert(key.to_string(), (cum, at));
+    Some(c)
+}
+
 fn add(sum: &mut Option<u64>, v: Option<u64>) {
     if let Some(v) = v {
         *sum = Some(sum.unwrap_or(0).saturating_add(v));
@@ -968,4 +1011,34 @@ fn interface_stats(i: procfs::InterfaceCounters) -> InterfaceStats {
     s.tx_bytes = Some(i.tx_bytes);
     s.tx_errors = Some(i.tx_errors);
     s
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_needs_a_previous_figure_no_older_than_ten_minutes() {
+        let mut previous = HashMap::new();
+        let mut seen = HashSet::new();
+        let t0 = Timestamp::from_second(1_000_000).unwrap();
+        let first = cpu_rate(&mut previous, "c", Some(1_000), t0, &mut seen).unwrap();
+        assert_eq!(first.usage_nano_cores, None, "one figure: no rate");
+        // Half a core over 10 s.
+        let t1 = t0 + jiff::SignedDuration::from_secs(10);
+        let second = cpu_rate(&mut previous, "c", Some(5_000_001_000), t1, &mut seen).unwrap();
+        assert_eq!(second.usage_nano_cores, Some(500_000_000));
+        assert_eq!(second.usage_core_nano_seconds, Some(5_000_001_000));
+        // Eleven minutes later: too old a base, as the kubelet's CRI stats provider.
+        let t2 = t1 + jiff::SignedDuration::from_secs(660);
+        let late = cpu_rate(&mut previous, "c", Some(6_000_000_000), t2, &mut seen).unwrap();
+        assert_eq!(late.usage_nano_cores, None);
+        // A counter that went back (a restarted container): no rate either.
+        let t3 = t2 + jiff::SignedDuration::from_secs(10);
+        let reset = cpu_rate(&mut previous, "c", Some(10), t3, &mut seen).unwrap();
+        assert_eq!(reset.usage_nano_cores, None);
+        assert!(seen.contains("c"));
+        assert_eq!(cpu_rate(&mut previous, "d", None, t3, &mut seen), None);
+    }
 }

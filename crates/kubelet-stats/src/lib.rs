@@ -16,10 +16,12 @@
 //! warning event on the Node for every system OOM kill, with the victim's name and PID.
 //!
 //! The result is the kubelet's `stats/v1alpha1` [`Summary`](kubelet_api::stats::Summary).
-//! [`StatsPlugin`] samples every `housekeepingInterval` (10 s) in an agent and provides
-//! [`Stats`] as the agent's [`StatsService`](kubelet_api::stats::StatsService): the kubelet
-//! API serves it as `/stats/summary`, `/metrics/resource` and `/metrics/cadvisor`. Readers get
-//! the latest sample (an `Arc` clone): nothing is collected on a request's path.
+//! [`StatsPlugin`] samples the node every `housekeepingInterval` (10 s) in an agent, the pods
+//! when a reader asks for them (at most once per interval, as the kubelet's CRI stats provider
+//! asks the runtime on each request), and provides [`Stats`] as the agent's
+//! [`StatsService`](kubelet_api::stats::StatsService): the kubelet API serves it as
+//! `/stats/summary`, `/metrics/resource` and `/metrics/cadvisor`. An idle node pays for the
+//! node's figures only, whatever its pod count.
 //!
 //! In an agent it is one line of the builder (the facade's `AgentBuilder` adds it by default;
 //! `without_stats()` leaves it out):
@@ -63,4 +65,4 @@ pub use collector::{
     Collector, DEFAULT_HOUSEKEEPING_INTERVAL, DEFAULT_VOLUME_STATS_AGG_PERIOD, LIST_STATS_TIMEOUT,
     RUNTIME_CALL_TIMEOUT, StatsConfig, read_machine,
 };
-pub use plugin::{REFRESH_TIMEOUT, Stats, StatsPlugin};
+pub use plugin::{PODS_TIMEOUT, REFRESH_TIMEOUT, Stats, StatsPlugin};

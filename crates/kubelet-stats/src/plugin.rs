@@ -17,13 +17,49 @@ use crate::collector::{Collector, StatsConfig, read_machine};
 /// How long [`Stats::refresh`] waits for the collector before answering with the latest
 /// sample.
 pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long [`Stats::summary_with_pods`] waits for the collector (a collection of every pod:
+/// the runtime's listing and container stats, each with its own timeout) before answering
+/// with the latest sample.
+pub const PODS_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What a reader asks the plugin's loop for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Pods collected within the last sampling period.
+    Pods,
+    /// The node and the pods, collected now.
+    All,
+}
+
+type Request = (Want, oneshot::Sender<Arc<Summary>>);
 
 struct Shared {
     latest: RwLock<Arc<Summary>>,
     /// The plugin's loop is collecting (a refresh can be answered).
     running: std::sync::atomic::AtomicBool,
     machine: Machine,
-    refresh: mpsc::Sender<oneshot::Sender<Arc<Summary>>>,
+    requests: mpsc::Sender<Request>,
+}
+
+impl Stats {
+    /// Ask the plugin's loop; the latest sample when the loop does not run or does not
+    /// answer within `timeout`.
+    async fn ask(&self, want: Want, timeout: Duration) -> Arc<Summary> {
+        if !self
+            .shared
+            .running
+            .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return self.summary();
+        }
+        let (tx, rx) = oneshot::channel();
+        if self.shared.requests.send((want, tx)).await.is_ok()
+            && let Ok(Ok(s)) = tokio::time::timeout(timeout, rx).await
+        {
+            return s;
+        }
+        self.summary()
+    }
 }
 
 /// The agent's stats: the latest sample (a cheap `Arc` clone) and an on-demand refresh.
@@ -47,23 +83,19 @@ impl StatsService for Stats {
         self.shared.latest.read().clone()
     }
 
-    /// Ask the collector for a sample now; the latest one at once when the plugin's loop does
-    /// not run, or when the collector does not answer within [`REFRESH_TIMEOUT`].
+    /// The latest sample when its pods were collected within the last
+    /// `housekeeping_interval`; otherwise the collector samples the pods now. The latest one
+    /// at once when the plugin's loop does not run, or when the collector does not answer
+    /// within [`PODS_TIMEOUT`].
+    async fn summary_with_pods(&self) -> Arc<Summary> {
+        self.ask(Want::Pods, PODS_TIMEOUT).await
+    }
+
+    /// Ask the collector for a sample of the node and the pods now; the latest one at once
+    /// when the plugin's loop does not run, or when the collector does not answer within
+    /// [`REFRESH_TIMEOUT`].
     async fn refresh(&self) -> Arc<Summary> {
-        if !self
-            .shared
-            .running
-            .load(std::sync::atomic::Ordering::Acquire)
-        {
-            return self.summary();
-        }
-        let (tx, rx) = oneshot::channel();
-        if self.shared.refresh.send(tx).await.is_ok()
-            && let Ok(Ok(s)) = tokio::time::timeout(REFRESH_TIMEOUT, rx).await
-        {
-            return s;
-        }
-        self.summary()
+        self.ask(Want::All, REFRESH_TIMEOUT).await
     }
 
     fn machine(&self) -> Machine {
@@ -71,13 +103,16 @@ impl StatsService for Stats {
     }
 }
 
-/// The stats subsystem as an agent plugin: samples every `housekeeping_interval` with the
-/// agent's runtime and directories, answers refreshes, and provides [`Stats`] to the other
-/// plugins (the kubelet API's `/stats/summary` and `/metrics/resource`, eviction).
+/// The stats subsystem as an agent plugin: samples the node every `housekeeping_interval`
+/// with the agent's runtime and directories, the pods when a reader asks for them (at most
+/// once per `housekeeping_interval`, as the kubelet's CRI stats provider asks the runtime on
+/// each `/stats/summary`), answers refreshes, and provides [`Stats`] to the other plugins
+/// (the kubelet API's `/stats/summary` and `/metrics/resource`, eviction). An idle node whose
+/// stats nobody reads pays for the node's figures only, whatever its pod count.
 pub struct StatsPlugin {
     config: StatsConfig,
     stats: Stats,
-    requests: Mutex<Option<mpsc::Receiver<oneshot::Sender<Arc<Summary>>>>>,
+    requests: Mutex<Option<mpsc::Receiver<Request>>>,
 }
 
 impl std::fmt::Debug for StatsPlugin {
@@ -99,7 +134,7 @@ impl StatsPlugin {
                     latest: RwLock::new(Arc::new(Summary::default())),
                     running: std::sync::atomic::AtomicBool::new(false),
                     machine,
-                    refresh: tx,
+                    requests: tx,
                 }),
             },
             config,
@@ -158,27 +193,65 @@ impl AgentPlugin for StatsPlugin {
             Collector::new(ctx.node_name(), ctx.dirs().clone(), self.config.clone());
         let runtime = ctx.runtime();
         let boot_time = collector.boot_time();
+        let interval = self.config.housekeeping_interval;
         let collecting = async {
-            let mut tick = tokio::time::interval(self.config.housekeeping_interval);
+            let mut tick = tokio::time::interval(interval);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // When the pods were last collected.
+            let mut pods_at: Option<tokio::time::Instant> = None;
             loop {
-                let waiting = tokio::select! {
+                let first = tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = tick.tick() => None,
-                    Some(reply) = requests.recv() => Some(reply),
+                    Some(request) = requests.recv() => Some(request),
                 };
-                // A collection waits for the runtime at most its timeouts; shutdown does not.
-                let summary = tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    s = collector.collect(Some(runtime.as_ref())) => Arc::new(s),
+                let mut waiting = Vec::new();
+                let mut want = Wanted {
+                    node: first.is_none(),
+                    pods: false,
+                    all: false,
                 };
-                *self.stats.shared.latest.write() = summary.clone();
-                if let Some(reply) = waiting {
+                // Everyone who asked meanwhile is answered by this collection too.
+                let mut next = first;
+                while let Some((w, reply)) = next.take().or_else(|| requests.try_recv().ok()) {
+                    want.add(w);
+                    waiting.push(reply);
+                }
+                let pods_fresh = pods_at.is_some_and(|t| t.elapsed() < interval);
+                let collect_pods = want.all || (want.pods && !pods_fresh);
+                let latest = self.stats.shared.latest.read().clone();
+                let summary = if want.node || collect_pods {
+                    // A collection waits for the runtime at most its timeouts; shutdown does
+                    // not.
+                    let node = if want.node {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            n = collector.collect_node(Some(runtime.as_ref())) => n,
+                        }
+                    } else {
+                        latest.node.clone()
+                    };
+                    let pods = if collect_pods {
+                        let pods = tokio::select! {
+                            _ = shutdown.cancelled() => return,
+                            p = collector.collect_pods(runtime.as_ref()) => p,
+                        };
+                        pods_at = Some(tokio::time::Instant::now());
+                        pods
+                    } else {
+                        latest.pods.clone()
+                    };
+                    let mut s = Summary::new(ctx.node_name());
+                    s.node = node;
+                    s.pods = pods;
+                    let s = Arc::new(s);
+                    *self.stats.shared.latest.write() = s.clone();
+                    s
+                } else {
+                    latest
+                };
+                for reply in waiting {
                     let _ = reply.send(summary.clone());
-                    // Everyone who asked meanwhile gets this sample too.
-                    while let Ok(reply) = requests.try_recv() {
-                        let _ = reply.send(summary.clone());
-                    }
                 }
             }
         };
@@ -198,6 +271,27 @@ impl AgentPlugin for StatsPlugin {
             .running
             .store(false, std::sync::atomic::Ordering::Release);
         Ok(())
+    }
+}
+
+/// What one round of the plugin's loop collects.
+#[derive(Debug, Clone, Copy)]
+struct Wanted {
+    /// The node's figures (every tick, and a refresh).
+    node: bool,
+    /// Pods no older than a sampling period.
+    pods: bool,
+    /// The pods collected now (a refresh).
+    all: bool,
+}
+
+impl Wanted {
+    fn add(&mut self, w: Want) {
+        self.pods = true;
+        if w == Want::All {
+            self.node = true;
+            self.all = true;
+        }
     }
 }
 

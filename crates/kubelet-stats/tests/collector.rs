@@ -197,8 +197,16 @@ impl kubelet_api::AgentHandle for NoAgent {
     }
 }
 
+/// The runtime's per-container stats calls so far.
+fn stats_calls(rt: &FakeRuntime) -> usize {
+    rt.calls()
+        .iter()
+        .filter(|c| c.starts_with("container_stats"))
+        .count()
+}
+
 #[tokio::test]
-async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() {
+async fn the_plugin_samples_the_node_periodically_and_the_pods_when_asked() {
     use kubelet_api::AgentPlugin;
     use kubelet_api::stats::StatsService;
     let dir = tempfile::tempdir().unwrap();
@@ -208,6 +216,7 @@ async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() 
         root_dir: dir.path().join("root"),
         pod_log_dir: dir.path().join("logs"),
     };
+    std::fs::create_dir_all(&dirs.root_dir).unwrap();
     let ctx = kubelet_api::PluginContext::new(
         "n",
         dirs,
@@ -217,7 +226,7 @@ async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() 
         kubelet_api::NodeConditionReader::default(),
         Arc::default(),
     );
-    // An hour between housekeeping rounds: only the first round and refreshes collect.
+    // An hour between housekeeping rounds: only the first round and the readers collect.
     let plugin = Arc::new(kubelet_stats::StatsPlugin::new(
         StatsConfig::default()
             .kmsg(None)
@@ -232,7 +241,7 @@ async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() 
     let first = tokio::time::timeout(Duration::from_secs(10), async {
         loop {
             let s = stats.summary();
-            if s.pod(UID).is_some() {
+            if s.node.fs.is_some() {
                 return s;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -240,9 +249,26 @@ async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() 
     })
     .await
     .expect("the first round");
-    // Figures that change after the first round show only through a refresh.
+    // The periodic round samples the node only: nobody asked for the pods.
+    assert!(first.pods.is_empty());
+    assert_eq!(stats_calls(&rt), 0, "no container was sampled");
+
+    // A reader of the pods' figures gets them collected now …
     let ids = rt.containers();
-    assert_eq!(first.pod(UID).unwrap().containers.len(), ids.len());
+    let with_pods = tokio::time::timeout(kubelet_stats::PODS_TIMEOUT, stats.summary_with_pods())
+        .await
+        .unwrap();
+    assert_eq!(with_pods.pod(UID).unwrap().containers.len(), ids.len());
+    assert_eq!(with_pods.node, first.node, "with the node's latest figures");
+    assert!(Arc::ptr_eq(&with_pods, &stats.summary()), "and published");
+    let calls = stats_calls(&rt);
+    assert_eq!(calls, ids.len());
+    // … and the next reader within the sampling period gets the same sample.
+    let again = stats.summary_with_pods().await;
+    assert!(Arc::ptr_eq(&again, &with_pods));
+    assert_eq!(stats_calls(&rt), calls, "no second collection");
+
+    // Figures that change show through a refresh, which collects anew.
     rt.set_container_stats(&ids[0].id, figures(&ids[0].id, 7, 4242));
     let fresh = tokio::time::timeout(kubelet_stats::REFRESH_TIMEOUT, stats.refresh())
         .await
@@ -268,8 +294,12 @@ async fn the_plugin_answers_a_refresh_with_a_new_sample_and_stops_at_shutdown() 
         .expect("stops at shutdown")
         .unwrap()
         .unwrap();
-    // Stopped: a refresh answers at once with the latest sample.
+    // Stopped: a refresh and a reader of the pods answer at once with the latest sample.
     let after = tokio::time::timeout(Duration::from_millis(500), stats.refresh())
+        .await
+        .unwrap();
+    assert!(Arc::ptr_eq(&after, &fresh));
+    let after = tokio::time::timeout(Duration::from_millis(500), stats.summary_with_pods())
         .await
         .unwrap();
     assert!(Arc::ptr_eq(&after, &fresh));

@@ -479,7 +479,8 @@ impl AgentBuilder {
         self
     }
 
-    /// `--housekeeping-interval`: how often the stats collector samples (default 10 s).
+    /// `--housekeeping-interval`: how often the stats collector samples the node, and the
+    /// longest it reuses a collection of the pods for their readers (default 10 s).
     pub fn housekeeping_interval(mut self, interval: std::time::Duration) -> Self {
         self.housekeeping_interval = interval;
         self
