@@ -190,6 +190,7 @@ impl LogRotator {
                 .lock()
                 .retain(|id, _| ids.contains(id.as_str()));
         }
+        let mut logs = Vec::with_capacity(running.len());
         for c in running {
             let known = self.log_paths.lock().get(&c.id).cloned();
             let log = match known {
@@ -204,7 +205,28 @@ impl LogRotator {
                     status.log_path
                 }
             };
-            if log.as_os_str().is_empty() {
+            if !log.as_os_str().is_empty() {
+                logs.push((c, log));
+            }
+        }
+        // Every log's size in one blocking task (not one per log): most are below the limit
+        // and need nothing more. A log that is missing or unreadable is looked at again below.
+        let paths: Vec<PathBuf> = logs.iter().map(|(_, log)| log.clone()).collect();
+        let sizes = tokio::task::spawn_blocking(move || {
+            paths
+                .iter()
+                .map(|p| std::fs::metadata(p).ok().map(|m| m.len()))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        for (i, (c, log)) in logs.into_iter().enumerate() {
+            if sizes
+                .get(i)
+                .copied()
+                .flatten()
+                .is_some_and(|size| size < self.policy.max_size)
+            {
                 continue;
             }
             if let Err(e) = self.check(runtime, &c, &log, &mut out).await {
