@@ -317,25 +317,22 @@ impl Inner {
     async fn cleanup(&self, ctx: &PluginContext) {
         let Some(h) = &self.hierarchy else { return };
         let handle = ctx.handle();
-        let statuses: HashMap<String, bool> = handle
-            .statuses()
-            .list()
-            .into_iter()
-            .map(|p| {
-                let terminal = matches!(
-                    p.status.phase.as_deref(),
-                    Some("Succeeded") | Some("Failed")
-                );
-                (kubelet_api::pod::uid(&p.pod).to_string(), terminal)
-            })
-            .collect();
+        let statuses = handle.statuses();
         let ready = handle.sources_ready();
         for (uid, qos) in h.list_pods() {
             // Only this agent's: another agent sharing the hierarchy keeps its pods.
             if !self.is_owned(&uid) {
                 continue;
             }
-            match statuses.get(&uid) {
+            // Whether the pod is known and terminal: one lookup per pod cgroup, not a listing
+            // of every status every 2 s.
+            let terminal = statuses.get(&uid).map(|p| {
+                matches!(
+                    p.status.phase.as_deref(),
+                    Some("Succeeded") | Some("Failed")
+                )
+            });
+            match terminal {
                 Some(false) => continue,
                 // Not known yet: it may still arrive from a source.
                 None if !ready => continue,
