@@ -1501,14 +1501,23 @@ impl Engine {
         ok
     }
 
-    async fn remove_container(&self, id: &str) {
+    /// Remove container `c` of pod `p`, and its log link.
+    async fn remove_container(&self, p: &Pod, c: &ContainerStatus) {
+        let id = c.id.as_str();
         if let Err(e) = self.runtime.remove_container(id).await
             && !e.is_not_found()
         {
             tracing::warn!(containerID = %id, error = %kubelet_api::chain(&e), "removing container failed");
         }
         self.exits.lock().remove(id);
-        self.remove_log_link(id).await;
+        // The link's name is known from the pod and the container: no listing of the
+        // directory, which holds every container's link.
+        let link = self.log_link(p, &c.metadata.name, id);
+        if let Err(e) = tokio::fs::remove_file(&link).await
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(link = %link.display(), error = %e, "removing the container log link failed");
+        }
     }
 
     /// The kubelet's legacy log link of a container (`logSymlink`):
@@ -1592,23 +1601,10 @@ impl Engine {
         }
     }
 
-    /// Remove the log link of container `id` (found by its `-<id>.log` suffix).
-    async fn remove_log_link(&self, id: &str) {
-        let suffix = format!("-{id}.log");
-        let Ok(mut dir) = tokio::fs::read_dir(&self.config.container_log_dir).await else {
-            return;
-        };
-        while let Ok(Some(entry)) = dir.next_entry().await {
-            if entry.file_name().to_string_lossy().ends_with(&suffix) {
-                let _ = tokio::fs::remove_file(entry.path()).await;
-            }
-        }
-    }
-
     async fn purge_init_containers(&self, p: &Pod, rt: &PodRuntimeStatus) {
         for c in pod::init_containers(p) {
             for inst in rt.container_instances(&c.name) {
-                self.remove_container(&inst.id).await;
+                self.remove_container(p, inst).await;
             }
         }
     }
@@ -1626,7 +1622,7 @@ impl Engine {
                 .filter(|c| c.state == ContainerState::Exited)
                 .collect();
             for old in dead.iter().skip(1) {
-                self.remove_container(&old.id).await;
+                self.remove_container(p, old).await;
             }
         }
     }
@@ -1747,7 +1743,7 @@ impl Engine {
         self.start_metrics.forget(&uid);
         if let Some(rt) = self.fresh_status(p).await {
             for c in &rt.container_statuses {
-                self.remove_container(&c.id).await;
+                self.remove_container(p, c).await;
             }
             for s in &rt.sandbox_statuses {
                 if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await
