@@ -360,6 +360,24 @@ impl ProcessRuntime {
         )
     }
 
+    /// Sandbox `id`'s containers: from the index by sandbox once every record was listed (no
+    /// listing of every record per stopped or removed sandbox), from a full listing before.
+    fn containers_of_sandbox(&self, id: &str) -> Result<Vec<Arc<ContainerRecord>>, ProcessError> {
+        if !self.containers_scanned.load(Ordering::Acquire) {
+            return Ok(self
+                .all_containers()?
+                .into_iter()
+                .filter(|c| c.sandbox_id == id)
+                .collect());
+        }
+        let ids = self.containers.lock().ids_of_sandbox(id);
+        look_up(
+            ids,
+            |cid| self.container(cid),
+            |e| matches!(e, ProcessError::ContainerNotFound(_)),
+        )
+    }
+
     fn container(&self, id: &str) -> Result<Arc<ContainerRecord>, ProcessError> {
         if !valid_id(id) {
             return Err(ProcessError::InvalidId(id.to_string()));
@@ -371,8 +389,15 @@ impl ProcessRuntime {
         {
             return Ok(r);
         }
-        if !dir.exists() && self.restore_lost()? > 0 && dir.exists() {
-            return self.container(id);
+        if !dir.exists() {
+            // Being removed: gone, and not to be restored (that would list every record on
+            // each look-up while a teardown runs).
+            if self.ledger.lock().removing.contains(id) {
+                return Err(ProcessError::ContainerNotFound(id.to_string()));
+            }
+            if self.restore_lost()? > 0 && dir.exists() {
+                return self.container(id);
+            }
         }
         match read_json::<ContainerRecord>(&dir.join(CONFIG_FILE))? {
             Some(r) => {
@@ -1412,11 +1437,7 @@ impl ProcessRuntime {
             Err(ProcessError::SandboxNotFound(_)) => return Ok(()),
             Err(e) => return Err(e),
         }
-        let members: Vec<_> = self
-            .all_containers()?
-            .into_iter()
-            .filter(|c| c.sandbox_id == id)
-            .collect();
+        let members = self.containers_of_sandbox(id)?;
         let timeout = self.config.stop_timeout;
         let results =
             futures::future::join_all(members.iter().map(|c| self.stop(&c.id, timeout))).await;
@@ -1453,11 +1474,7 @@ impl ProcessRuntime {
         if !valid_id(id) {
             return Err(ProcessError::InvalidId(id.to_string()));
         }
-        let members: Vec<_> = self
-            .all_containers()?
-            .into_iter()
-            .filter(|c| c.sandbox_id == id)
-            .collect();
+        let members = self.containers_of_sandbox(id)?;
         for c in members {
             self.remove(&c.id).await?;
         }
@@ -1568,6 +1585,9 @@ fn mkdir(dir: &Path) -> Result<(), ProcessError> {
 struct Records<R> {
     by_id: HashMap<String, Arc<R>>,
     by_pod: HashMap<String, Vec<String>>,
+    /// Container IDs by sandbox ID (containers only): stopping or removing a sandbox finds
+    /// its containers without listing every record.
+    by_sandbox: HashMap<String, Vec<String>>,
 }
 
 impl<R> Default for Records<R> {
@@ -1575,6 +1595,7 @@ impl<R> Default for Records<R> {
         Self {
             by_id: HashMap::new(),
             by_pod: HashMap::new(),
+            by_sandbox: HashMap::new(),
         }
     }
 }
@@ -1582,17 +1603,43 @@ impl<R> Default for Records<R> {
 /// A record with the labels its sandbox or container was created with.
 trait Labelled {
     fn labels(&self) -> &std::collections::BTreeMap<String, String>;
+    /// The sandbox a container belongs to; `None` for a sandbox.
+    fn sandbox(&self) -> Option<&str>;
 }
 
 impl Labelled for SandboxRecord {
     fn labels(&self) -> &std::collections::BTreeMap<String, String> {
         &self.labels
     }
+    fn sandbox(&self) -> Option<&str> {
+        None
+    }
 }
 
 impl Labelled for ContainerRecord {
     fn labels(&self) -> &std::collections::BTreeMap<String, String> {
         &self.labels
+    }
+    fn sandbox(&self) -> Option<&str> {
+        Some(&self.sandbox_id)
+    }
+}
+
+/// Add `id` to `key`'s list in `index`.
+fn link(index: &mut HashMap<String, Vec<String>>, key: &str, id: &str) {
+    index
+        .entry(key.to_string())
+        .or_default()
+        .push(id.to_string());
+}
+
+/// Take `id` out of `key`'s list in `index`.
+fn unlink(index: &mut HashMap<String, Vec<String>>, key: &str, id: &str) {
+    if let Some(ids) = index.get_mut(key) {
+        ids.retain(|i| i != id);
+        if ids.is_empty() {
+            index.remove(key);
+        }
     }
 }
 
@@ -1602,36 +1649,35 @@ impl<R: Labelled> Records<R> {
     }
 
     fn insert(&mut self, id: String, rec: Arc<R>) {
-        let uid = rec.labels().get(labels::POD_UID).cloned();
-        if let Some(old) = self.by_id.insert(id.clone(), rec) {
-            let old_uid = old.labels().get(labels::POD_UID).cloned();
-            if old_uid == uid {
-                return;
-            }
-            if let Some(old_uid) = old_uid {
-                self.unlink(&old_uid, &id);
-            }
+        if let Some(old) = self.by_id.insert(id.clone(), rec.clone()) {
+            self.unlink_record(&id, &old);
         }
-        if let Some(uid) = uid {
-            self.by_pod.entry(uid).or_default().push(id);
+        if let Some(uid) = rec.labels().get(labels::POD_UID) {
+            link(&mut self.by_pod, uid, &id);
+        }
+        if let Some(sandbox) = rec.sandbox() {
+            link(&mut self.by_sandbox, sandbox, &id);
         }
     }
 
     fn remove(&mut self, id: &str) -> Option<Arc<R>> {
         let old = self.by_id.remove(id)?;
-        if let Some(uid) = old.labels().get(labels::POD_UID) {
-            self.unlink(uid, id);
-        }
+        self.unlink_record(id, &old);
         Some(old)
     }
 
-    fn unlink(&mut self, uid: &str, id: &str) {
-        if let Some(ids) = self.by_pod.get_mut(uid) {
-            ids.retain(|i| i != id);
-            if ids.is_empty() {
-                self.by_pod.remove(uid);
-            }
+    fn unlink_record(&mut self, id: &str, rec: &R) {
+        if let Some(uid) = rec.labels().get(labels::POD_UID) {
+            unlink(&mut self.by_pod, uid, id);
         }
+        if let Some(sandbox) = rec.sandbox() {
+            unlink(&mut self.by_sandbox, sandbox, id);
+        }
+    }
+
+    /// The IDs of sandbox `id`'s containers.
+    fn ids_of_sandbox(&self, id: &str) -> Vec<String> {
+        self.by_sandbox.get(id).cloned().unwrap_or_default()
     }
 
     /// The IDs of pod `uid`'s records.
@@ -2021,21 +2067,49 @@ impl ContainerRuntime for ProcessRuntime {
 mod tests {
     use super::*;
 
-    /// A record type for the index alone.
-    struct Labels(std::collections::BTreeMap<String, String>);
+    /// A record type for the index alone: labels and, for a container, its sandbox.
+    struct Labels(std::collections::BTreeMap<String, String>, Option<String>);
 
     impl Labelled for Labels {
         fn labels(&self) -> &std::collections::BTreeMap<String, String> {
             &self.0
         }
+        fn sandbox(&self) -> Option<&str> {
+            self.1.as_deref()
+        }
     }
 
     fn of_pod(uid: Option<&str>) -> Arc<Labels> {
+        in_sandbox(uid, None)
+    }
+
+    fn in_sandbox(uid: Option<&str>, sandbox: Option<&str>) -> Arc<Labels> {
         Arc::new(Labels(
             uid.map(|u| (labels::POD_UID.to_string(), u.to_string()))
                 .into_iter()
                 .collect(),
+            sandbox.map(str::to_string),
         ))
+    }
+
+    #[test]
+    fn containers_are_indexed_by_sandbox_whatever_their_labels() {
+        let mut r: Records<Labels> = Records::default();
+        r.insert("a".into(), in_sandbox(Some("p1"), Some("s1")));
+        r.insert("b".into(), in_sandbox(None, Some("s1")));
+        r.insert("c".into(), in_sandbox(Some("p1"), Some("s2")));
+        r.insert("s1".into(), in_sandbox(Some("p1"), None));
+        let mut s1 = r.ids_of_sandbox("s1");
+        s1.sort();
+        assert_eq!(s1, ["a", "b"], "a container without the pod's label too");
+        assert_eq!(r.ids_of_sandbox("s2"), ["c"]);
+        // A re-read lists it once; a removal takes it out, and the empty entry goes.
+        r.insert("c".into(), in_sandbox(Some("p1"), Some("s2")));
+        assert_eq!(r.ids_of_sandbox("s2"), ["c"]);
+        assert!(r.remove("c").is_some());
+        assert!(r.ids_of_sandbox("s2").is_empty());
+        assert!(!r.by_sandbox.contains_key("s2"));
+        assert!(r.ids_of_sandbox("s1").len() == 2 && r.by_sandbox.len() == 1);
     }
 
     #[test]
