@@ -71,6 +71,23 @@ pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
         let _ = (uid, name, namespace);
     }
 
+    /// Pod `uid`'s worker is about to change it in the runtime (a sync): a PLEG that inspects
+    /// pods on runtime events may hold the pod's events until [`release`](Self::release),
+    /// whose inspection sees everything they report, instead of inspecting the pod for each
+    /// change the worker makes. The default does nothing.
+    fn hold(&self, uid: &str) {
+        let _ = uid;
+    }
+
+    /// Pod `uid`'s worker is done changing it (`changed`: the sync changed the runtime). The
+    /// pod is inspected once when it changed or when events arrived while it was held. The
+    /// default asks for [`request_reinspect`](Self::request_reinspect) when `changed`.
+    fn release(&self, uid: &str, name: &str, namespace: &str, changed: bool) {
+        if changed {
+            self.request_reinspect(uid, name, namespace);
+        }
+    }
+
     /// Register the PLEG's metrics (`kubelet_pleg_*`) in the agent's registry; called once by
     /// the engine's `KubeletBuilder::build`. The default registers nothing.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

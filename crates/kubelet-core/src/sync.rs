@@ -273,10 +273,26 @@ impl Engine {
         self
     }
 
-    /// Ask the PLEG to inspect pod `p` again now (after a sync that changed it).
+    /// Ask the PLEG to inspect pod `p` again now.
     pub(crate) fn request_reinspect(&self, p: &Pod) {
         if let Some(pleg) = &self.pleg {
             pleg.request_reinspect(pod::uid(p), pod::name(p), pod::namespace(p));
+        }
+    }
+
+    /// Hold pod `p`'s runtime events at the PLEG while its worker syncs it; the returned
+    /// guard releases them (with one inspection when the sync changed the pod or events
+    /// arrived) when dropped, also when the sync is cancelled.
+    pub(crate) fn hold_pod(&self, p: &Pod) -> PodHold<'_> {
+        if let Some(pleg) = &self.pleg {
+            pleg.hold(pod::uid(p));
+        }
+        PodHold {
+            engine: self,
+            uid: pod::uid(p).to_string(),
+            name: pod::name(p).to_string(),
+            namespace: pod::namespace(p).to_string(),
+            changed: false,
         }
     }
 
@@ -1837,6 +1853,25 @@ fn kill_grace(
 fn jitter(d: Duration) -> Duration {
     let f: f64 = rand::rng().random_range(0.0..0.5);
     d + d.mul_f64(f)
+}
+
+/// A pod whose runtime events the PLEG holds while its worker syncs it; see
+/// [`Engine::hold_pod`].
+pub(crate) struct PodHold<'a> {
+    engine: &'a Engine,
+    uid: String,
+    name: String,
+    namespace: String,
+    /// The sync changed the pod in the runtime: the release asks for an inspection.
+    pub(crate) changed: bool,
+}
+
+impl Drop for PodHold<'_> {
+    fn drop(&mut self) {
+        if let Some(pleg) = &self.engine.pleg {
+            pleg.release(&self.uid, &self.name, &self.namespace, self.changed);
+        }
+    }
 }
 
 #[cfg(test)]

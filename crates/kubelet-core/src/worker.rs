@@ -69,7 +69,7 @@ pub(crate) enum Action {
     Wait {
         /// When to wake up by itself.
         requeue: Option<Duration>,
-        /// The sync changed the runtime: ask the PLEG to inspect the pod now.
+        /// The sync changed the runtime (its release asked the PLEG to inspect the pod now).
         reinspect: bool,
     },
     /// Sync the pod.
@@ -177,15 +177,10 @@ pub(crate) async fn worker_loop(
     loop {
         let input = match action {
             Action::Finish => return,
-            Action::Wait { requeue, reinspect } => {
-                if reinspect {
-                    // As the kubelet's post-sync relist request: an inspection that starts now
-                    // is newer than `last_sync`, so the next sync (woken by the PLEG event of
-                    // the change) need not wait for a relist or, with the evented PLEG, for the
-                    // global timestamp (2 to 4 s away).
-                    let pod = state.lock().pod.clone();
-                    engine.request_reinspect(&pod);
-                }
+            Action::Wait {
+                requeue,
+                reinspect: _,
+            } => {
                 let wake = async {
                     match requeue {
                         Some(d) => tokio::time::sleep(d).await,
@@ -239,13 +234,24 @@ pub(crate) async fn worker_loop(
                         Ok(entry) => {
                             let operation = engine.start_metrics().sync_begins(&uid);
                             let began = std::time::Instant::now();
+                            // The PLEG holds the pod's runtime events during the sync: the
+                            // changes the sync makes are inspected once, at the release, not
+                            // once per event. As the kubelet's post-sync relist request, that
+                            // inspection starts after the sync, so it is newer than
+                            // `last_sync` and the next sync (woken by its PLEG event) need not
+                            // wait for a relist or, with the evented PLEG, for the global
+                            // timestamp (2 to 4 s away).
+                            let mut hold = engine.hold_pod(&pod);
                             // Boxed, as the calls below: an idle worker then holds no room for
                             // a sync's state.
                             let outcome = Box::pin(engine.sync_pod(&pod, entry)).await;
                             engine.start_metrics().sync_done(operation, began);
                             // As the kubelet: the next sync waits for a runtime view observed
-                            // after this sync finished, so it sees what this sync created.
+                            // after this sync finished, so it sees what this sync created. Taken
+                            // before the release, whose inspection must start after it.
                             last_sync = Some(Instant::now());
+                            hold.changed = matches!(outcome, SyncOutcome::Changed(_));
+                            drop(hold);
                             Input::Synced(outcome)
                         }
                     }

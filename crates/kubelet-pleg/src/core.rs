@@ -75,6 +75,9 @@ struct State {
     inflight: HashMap<String, Inflight>,
     /// Pods asked to be refreshed while an inspection was in flight: refreshed once it ends.
     dirty: HashSet<String>,
+    /// Pods whose worker is changing them (a sync): their runtime events are held until the
+    /// worker releases them (`true` once one arrived).
+    held: HashMap<String, bool>,
     next_id: u64,
 }
 
@@ -287,6 +290,29 @@ impl Core {
         self.launch(&mut st, uid, name, namespace, JobKind::Refresh)
     }
 
+    /// Hold pod `uid`'s runtime events until [`release`](Self::release).
+    pub(crate) fn hold(&self, uid: &str) {
+        self.state.lock().held.insert(uid.to_string(), false);
+    }
+
+    /// Stop holding pod `uid`'s events; whether one arrived while it was held.
+    pub(crate) fn release(&self, uid: &str) -> bool {
+        self.state.lock().held.remove(uid).unwrap_or(false)
+    }
+
+    /// A runtime event for pod `uid`: held (and noted) while its worker changes it, otherwise
+    /// a refresh.
+    pub(crate) fn event_for(&self, uid: String, name: String, namespace: String) {
+        {
+            let mut st = self.state.lock();
+            if let Some(arrived) = st.held.get_mut(&uid) {
+                *arrived = true;
+                return;
+            }
+        }
+        self.refresh(uid, name, namespace);
+    }
+
     /// Refresh every pod whose last inspection failed and that is not being inspected.
     pub(crate) fn refresh_failed(&self) {
         let mut st = self.state.lock();
@@ -444,7 +470,7 @@ impl Core {
             Done::Resolved { container_id, pod } => {
                 match pod {
                     Some((uid, name, namespace)) => {
-                        self.refresh(uid, name, namespace);
+                        self.event_for(uid, name, namespace);
                     }
                     None => tracing::debug!(
                         containerID = %container_id,

@@ -263,11 +263,11 @@ impl EventedPleg {
         match ev.pod_uid.filter(|u| !u.is_empty()) {
             Some(uid) => {
                 let (name, namespace) = self.core.names_of(&uid);
-                self.core.refresh(uid, name, namespace);
+                self.core.event_for(uid, name, namespace);
             }
             None => match self.core.pod_of(&ev.container_id) {
                 Some((uid, name, namespace)) => {
-                    self.core.refresh(uid, name, namespace);
+                    self.core.event_for(uid, name, namespace);
                 }
                 None => self.core.resolve(ev.container_id),
             },
@@ -316,6 +316,23 @@ impl PodLifecycleEventGenerator for EventedPleg {
     /// relist gives it, as with the relist PLEG.
     fn request_reinspect(&self, uid: &str, name: &str, namespace: &str) {
         if self.mode() == PlegMode::Events {
+            self.core
+                .refresh(uid.to_string(), name.to_string(), namespace.to_string());
+        }
+    }
+
+    /// While the worker syncs the pod, its runtime events (the sandbox, the containers it
+    /// creates and starts) are noted, not inspected one by one: the release's one inspection
+    /// sees them all.
+    fn hold(&self, uid: &str) {
+        self.core.hold(uid);
+    }
+
+    /// One inspection when the sync changed the pod or events arrived meanwhile (while events
+    /// flow; in the other modes the 1 s relist sees the change).
+    fn release(&self, uid: &str, name: &str, namespace: &str, changed: bool) {
+        let arrived = self.core.release(uid);
+        if (changed || arrived) && self.mode() == PlegMode::Events {
             self.core
                 .refresh(uid.to_string(), name.to_string(), namespace.to_string());
         }
@@ -726,18 +743,28 @@ mod tests {
     use std::collections::BTreeMap;
 
     use kubelet_api::runtime::{
-        Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStatus,
-        ExecResult, PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
-        RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
+        Container, ContainerConfig, ContainerEventKind, ContainerFilter, ContainerMetadata,
+        ContainerStatus, ExecResult, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
+        PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
     };
     use kubelet_api::{PodLifecycleEventType, Result};
     use kubelet_core::testing::FakeRuntime;
 
     use super::*;
 
-    /// The in-memory runtime with an event stream that stays open and says nothing: the PLEG is
-    /// in [`PlegMode::Events`] and learns of a change only from a relist or a request.
-    struct Silent(FakeRuntime);
+    /// The in-memory runtime with an event stream that stays open and says nothing (or, with
+    /// a receiver, says what the test sends): the PLEG is in [`PlegMode::Events`] and learns of
+    /// a change only from a relist, a request or the test's events.
+    struct Silent(
+        FakeRuntime,
+        parking_lot::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<ContainerEvent>>>,
+    );
+
+    impl Silent {
+        fn new(rt: FakeRuntime) -> Self {
+            Self(rt, parking_lot::Mutex::new(None))
+        }
+    }
 
     #[async_trait]
     impl ContainerRuntime for Silent {
@@ -799,7 +826,15 @@ mod tests {
             self.0.images()
         }
         async fn container_events(&self) -> Result<ContainerEventStream> {
-            Ok(Box::pin(futures::stream::pending()))
+            match self.1.lock().take() {
+                Some(rx) => Ok(Box::pin(
+                    futures::stream::unfold(rx, |mut rx| async move {
+                        rx.recv().await.map(|e| (Ok(e), rx))
+                    })
+                    .chain(futures::stream::pending()),
+                )),
+                None => Ok(Box::pin(futures::stream::pending())),
+            }
         }
     }
 
@@ -973,7 +1008,7 @@ mod tests {
     #[tokio::test]
     async fn a_requested_reinspection_stores_a_status_newer_than_the_request_and_sends_its_events()
     {
-        let rt = Arc::new(Silent(FakeRuntime::new()));
+        let rt = Arc::new(Silent::new(FakeRuntime::new()));
         let (pleg, mut events) = EventedPleg::new(
             rt.clone(),
             EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
@@ -1053,6 +1088,142 @@ mod tests {
         .await
         .expect("ContainerStarted from the requested inspection");
         assert_eq!(started.pod_uid, "u1");
+        shutdown.cancel();
+        let _ = task.await;
+    }
+
+    /// The pod's inspections (each lists its sandboxes once) among the fake's calls.
+    fn inspections(rt: &Silent) -> usize {
+        rt.0.calls()
+            .iter()
+            .filter(|c| c.starts_with("list_pod_sandboxes"))
+            .count()
+    }
+
+    #[tokio::test]
+    async fn events_of_a_held_pod_wait_for_its_release_which_inspects_it_once() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let rt = Arc::new(Silent(
+            FakeRuntime::new(),
+            parking_lot::Mutex::new(Some(rx)),
+        ));
+        let (pleg, mut events) = EventedPleg::new(
+            rt.clone(),
+            EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+        );
+        let pleg = Arc::new(pleg);
+        let shutdown = CancellationToken::new();
+        let task = {
+            let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
+            tokio::spawn(async move { pleg.run(shutdown).await })
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pleg.mode() != PlegMode::Events || pleg.last_relist().is_none() {
+            assert!(Instant::now() < deadline, "the PLEG did not start");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let sandbox = {
+            let mut v = PodSandboxConfig::default();
+            v.metadata = PodSandboxMetadata {
+                name: "pod-u1".into(),
+                namespace: "default".into(),
+                uid: "u1".into(),
+                attempt: 0,
+            };
+            v.labels = BTreeMap::from([
+                (labels::POD_UID.to_string(), "u1".to_string()),
+                (labels::POD_NAME.to_string(), "pod-u1".to_string()),
+                (labels::POD_NAMESPACE.to_string(), "default".to_string()),
+            ]);
+            v.host_network = true;
+            v
+        };
+        let config = {
+            let mut v = ContainerConfig::default();
+            v.metadata = ContainerMetadata {
+                name: "app".into(),
+                attempt: 0,
+            };
+            v.image = "busybox:1".into();
+            v.labels = sandbox.labels.clone();
+            v.labels.insert(labels::CONTAINER_NAME.into(), "app".into());
+            v
+        };
+        let event = |id: &str, kind| {
+            ContainerEvent::new(id, kind, Some("u1".to_string()), jiff::Timestamp::now())
+        };
+
+        // As a pod worker's sync: the pod is held while the sync creates and starts it, and
+        // the runtime's events for each step are noted, not inspected.
+        rt.0.clear_calls();
+        pleg.hold("u1");
+        let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
+        tx.send(event(&sandbox_id, ContainerEventKind::Created))
+            .unwrap();
+        let id = rt
+            .create_container(&sandbox_id, &config, &sandbox)
+            .await
+            .expect("create");
+        tx.send(event(&id, ContainerEventKind::Created)).unwrap();
+        rt.start_container(&id).await.expect("start");
+        tx.send(event(&id, ContainerEventKind::Started)).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), 0, "held: {:?}", rt.0.calls());
+
+        // The release: one inspection, newer than the sync, which sends the start.
+        let synced = Instant::now();
+        pleg.release("u1", "pod-u1", "default", true);
+        let entry = tokio::time::timeout(
+            Duration::from_secs(30),
+            pleg.cache().get_newer_than("u1", synced),
+        )
+        .await
+        .expect("a status newer than the sync");
+        let status = entry.status.expect("inspected");
+        assert!(status.container_statuses.iter().any(|c| c.id == id));
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let ev = events.recv().await.expect("event channel open");
+                if ev.kind == PodLifecycleEventType::ContainerStarted && ev.container_id == id {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("ContainerStarted");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), 1, "{:?}", rt.0.calls());
+
+        // A sync that changed nothing still inspects the pod when an event arrived while it
+        // was held (here the container's exit); one that saw no event inspects nothing.
+        pleg.hold("u1");
+        pleg.release("u1", "pod-u1", "default", false);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), 1, "{:?}", rt.0.calls());
+        pleg.hold("u1");
+        rt.0.exit_container(&id, 3).unwrap();
+        tx.send(event(&id, ContainerEventKind::Stopped)).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), 1, "held");
+        pleg.release("u1", "pod-u1", "default", false);
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let ev = events.recv().await.expect("event channel open");
+                if ev.kind == PodLifecycleEventType::ContainerDied && ev.container_id == id {
+                    return;
+                }
+            }
+        })
+        .await
+        .expect("ContainerDied after the release");
+        assert_eq!(inspections(&rt), 2, "{:?}", rt.0.calls());
+        // Not held: an event is inspected at once.
+        tx.send(event(&id, ContainerEventKind::Stopped)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while inspections(&rt) < 3 {
+            assert!(Instant::now() < deadline, "no inspection of an event");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         shutdown.cancel();
         let _ = task.await;
     }
