@@ -262,6 +262,9 @@ pub(crate) async fn worker_loop(
                     let st = state.lock();
                     (st.pod.clone(), st.kill.clone().unwrap_or_default())
                 };
+                // Held as a sync: the stops' events are inspected once, at the release.
+                let mut hold = engine.hold_pod(&pod);
+                hold.changed = true;
                 match Box::pin(engine.sync_terminating_pod(&pod, &opts, orphan)).await {
                     Ok(()) => {
                         Box::pin(engine.sync_terminated_pod(&pod, &opts, orphan)).await;
@@ -283,7 +286,11 @@ pub(crate) async fn worker_loop(
             }
             Action::Cleanup => {
                 let pod = state.lock().pod.clone();
+                // Held as a sync: the removals' events are inspected once, at the release.
+                let mut hold = engine.hold_pod(&pod);
+                hold.changed = true;
                 Box::pin(engine.cleanup_pod(&pod, orphan)).await;
+                drop(hold);
                 let restart = {
                     let mut st = state.lock();
                     let restart = std::mem::take(&mut st.restart_requested);
