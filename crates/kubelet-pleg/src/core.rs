@@ -64,6 +64,8 @@ pub(crate) struct Inspected {
 struct Inflight {
     id: u64,
     launched: Instant,
+    /// The wall-clock time of the launch: the inspection sees every change made before it.
+    launched_at: jiff::Timestamp,
     /// Reported as slow (it outlived its relist's wait).
     slow: bool,
 }
@@ -78,6 +80,9 @@ struct State {
     /// Pods whose worker is changing them (a sync): their runtime events are held until the
     /// worker releases them (`true` once one arrived).
     held: HashMap<String, bool>,
+    /// When the last successful inspection of each pod was launched (wall clock): a runtime
+    /// event stamped before it reports a change that inspection saw.
+    inspected_at: HashMap<String, jiff::Timestamp>,
     next_id: u64,
 }
 
@@ -300,13 +305,26 @@ impl Core {
         self.state.lock().held.remove(uid).unwrap_or(false)
     }
 
-    /// A runtime event for pod `uid`: held (and noted) while its worker changes it, otherwise
-    /// a refresh.
-    pub(crate) fn event_for(&self, uid: String, name: String, namespace: String) {
+    /// A runtime event for pod `uid` that happened at `at` (by the runtime's stamp): held (and
+    /// noted) while its worker changes it; nothing when an inspection launched after `at` (in
+    /// flight, or the last that succeeded) sees the change; otherwise a refresh.
+    pub(crate) fn event_for(
+        &self,
+        uid: String,
+        name: String,
+        namespace: String,
+        at: Option<jiff::Timestamp>,
+    ) {
         {
             let mut st = self.state.lock();
             if let Some(arrived) = st.held.get_mut(&uid) {
                 *arrived = true;
+                return;
+            }
+            let seen = |launched: jiff::Timestamp| at.is_some_and(|at| launched > at);
+            if st.inflight.get(&uid).is_some_and(|f| seen(f.launched_at))
+                || st.inspected_at.get(&uid).is_some_and(|t| seen(*t))
+            {
                 return;
             }
         }
@@ -418,6 +436,7 @@ impl Core {
             Inflight {
                 id,
                 launched: Instant::now(),
+                launched_at: jiff::Timestamp::now(),
                 slow: false,
             },
         );
@@ -470,7 +489,7 @@ impl Core {
             Done::Resolved { container_id, pod } => {
                 match pod {
                     Some((uid, name, namespace)) => {
-                        self.event_for(uid, name, namespace);
+                        self.event_for(uid, name, namespace, None);
                     }
                     None => tracing::debug!(
                         containerID = %container_id,
@@ -497,15 +516,16 @@ impl Core {
         if st.inflight.get(&uid).is_none_or(|f| f.id != id) {
             return 0;
         }
-        if let Some(f) = st.inflight.remove(&uid)
-            && f.slow
-        {
-            tracing::info!(
-                podUID = %uid,
-                took = ?f.launched.elapsed(),
-                "PLEG: slow pod inspection finished"
-            );
-        }
+        let launched_at = st.inflight.remove(&uid).map(|f| {
+            if f.slow {
+                tracing::info!(
+                    podUID = %uid,
+                    took = ?f.launched.elapsed(),
+                    "PLEG: slow pod inspection finished"
+                );
+            }
+            f.launched_at
+        });
         match result {
             Ok(status) => {
                 let status = fill_names(self.preserve_pod_ips(status));
@@ -520,8 +540,14 @@ impl Core {
                 match &view {
                     Some(_) => {
                         self.cache.set(&uid, Ok(status), started);
+                        if let Some(t) = launched_at {
+                            st.inspected_at.insert(uid.clone(), t);
+                        }
                     }
-                    None => self.cache.delete(&uid),
+                    None => {
+                        self.cache.delete(&uid);
+                        st.inspected_at.remove(&uid);
+                    }
                 }
                 st.records.set_old(&uid, view);
                 st.reinspect.remove(&uid);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use futures::future::BoxFuture;
-use kubelet_api::runtime::{ContainerEvent, ContainerEventStream};
+use kubelet_api::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream};
 use kubelet_api::{
     ContainerRuntime, ErrorKind, PlegEvents, PlegHealth, PodCache, PodLifecycleEventGenerator,
 };
@@ -260,14 +260,23 @@ impl EventedPleg {
     /// Turn one runtime event into an inspection of its pod.
     fn handle_event(&self, ev: ContainerEvent) {
         tracing::trace!(containerID = %ev.container_id, kind = ?ev.kind, "PLEG: runtime event");
+        // A creation or start stamped before an inspection of the pod was launched is what
+        // that inspection saw (containerd's events of a sync often arrive after the sync's own
+        // inspection began). Exits and removals are always inspected: containerd's exit hints
+        // are stamped with the exit, which its CRI plugin may not show yet.
+        let at = matches!(
+            ev.kind,
+            ContainerEventKind::Created | ContainerEventKind::Started
+        )
+        .then_some(ev.created_at);
         match ev.pod_uid.filter(|u| !u.is_empty()) {
             Some(uid) => {
                 let (name, namespace) = self.core.names_of(&uid);
-                self.core.event_for(uid, name, namespace);
+                self.core.event_for(uid, name, namespace, at);
             }
             None => match self.core.pod_of(&ev.container_id) {
                 Some((uid, name, namespace)) => {
-                    self.core.event_for(uid, name, namespace);
+                    self.core.event_for(uid, name, namespace, at);
                 }
                 None => self.core.resolve(ev.container_id),
             },
@@ -743,9 +752,9 @@ mod tests {
     use std::collections::BTreeMap;
 
     use kubelet_api::runtime::{
-        Container, ContainerConfig, ContainerEventKind, ContainerFilter, ContainerMetadata,
-        ContainerStatus, ExecResult, PodSandbox, PodSandboxConfig, PodSandboxMetadata,
-        PodSandboxStatus, RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
+        Container, ContainerConfig, ContainerFilter, ContainerMetadata, ContainerStatus,
+        ExecResult, PodSandbox, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatus,
+        RuntimeStatus, RuntimeVersion, SandboxFilter, labels,
     };
     use kubelet_api::{PodLifecycleEventType, Result};
     use kubelet_core::testing::FakeRuntime;
@@ -1217,8 +1226,17 @@ mod tests {
         .await
         .expect("ContainerDied after the release");
         assert_eq!(inspections(&rt), 2, "{:?}", rt.0.calls());
-        // Not held: an event is inspected at once.
-        tx.send(event(&id, ContainerEventKind::Stopped)).unwrap();
+        // Not held: a start stamped before the last inspection was launched reports what it
+        // saw (containerd's events arriving after the inspection of their sync) …
+        let mut late = event(&id, ContainerEventKind::Started);
+        late.created_at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
+        tx.send(late).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), 2, "{:?}", rt.0.calls());
+        // … and an exit is inspected at once, whatever its stamp (exit hints).
+        let mut hint = event(&id, ContainerEventKind::Stopped);
+        hint.created_at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
+        tx.send(hint).unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         while inspections(&rt) < 3 {
             assert!(Instant::now() < deadline, "no inspection of an event");
