@@ -748,6 +748,7 @@ fn link_step(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use std::collections::BTreeMap;
 
