@@ -1015,12 +1015,18 @@ mod tests {
         assert_eq!(state.step(Tick, t(2.0), &cfg), none);
     }
 
-    #[tokio::test]
-    async fn a_requested_reinspection_stores_a_status_newer_than_the_request_and_sends_its_events()
-    {
-        let rt = Arc::new(Silent::new(FakeRuntime::new()));
-        let (pleg, mut events) = EventedPleg::new(
-            rt.clone(),
+    /// An evented PLEG over `rt`, running, subscribed and relisted once (the next relist is an
+    /// hour away).
+    async fn started(
+        rt: Arc<Silent>,
+    ) -> (
+        Arc<EventedPleg>,
+        tokio::sync::mpsc::Receiver<kubelet_api::PodLifecycleEvent>,
+        CancellationToken,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (pleg, events) = EventedPleg::new(
+            rt,
             EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
         );
         let pleg = Arc::new(pleg);
@@ -1029,42 +1035,48 @@ mod tests {
             let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
             tokio::spawn(async move { pleg.run(shutdown).await })
         };
-        // Subscribed and relisted once: nothing more is relisted for an hour.
         let deadline = Instant::now() + Duration::from_secs(30);
         while pleg.mode() != PlegMode::Events || pleg.last_relist().is_none() {
             assert!(Instant::now() < deadline, "the PLEG did not start");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        (pleg, events, shutdown, task)
+    }
 
-        let pod_labels = BTreeMap::from([
+    /// Pod `u1`'s sandbox and its container `app`, with the labels the engine gives them.
+    fn pod_u1() -> (PodSandboxConfig, ContainerConfig) {
+        let mut sandbox = PodSandboxConfig::default();
+        sandbox.metadata = PodSandboxMetadata {
+            name: "pod-u1".into(),
+            namespace: "default".into(),
+            uid: "u1".into(),
+            attempt: 0,
+        };
+        sandbox.labels = BTreeMap::from([
             (labels::POD_UID.to_string(), "u1".to_string()),
             (labels::POD_NAME.to_string(), "pod-u1".to_string()),
             (labels::POD_NAMESPACE.to_string(), "default".to_string()),
         ]);
-        let sandbox = {
-            let mut v = PodSandboxConfig::default();
-            v.metadata = PodSandboxMetadata {
-                name: "pod-u1".into(),
-                namespace: "default".into(),
-                uid: "u1".into(),
-                attempt: 0,
-            };
-            v.labels = pod_labels.clone();
-            v.host_network = true;
-            v
+        sandbox.host_network = true;
+        let mut config = ContainerConfig::default();
+        config.metadata = ContainerMetadata {
+            name: "app".into(),
+            attempt: 0,
         };
-        let mut container_labels = pod_labels;
-        container_labels.insert(labels::CONTAINER_NAME.into(), "app".into());
-        let config = {
-            let mut v = ContainerConfig::default();
-            v.metadata = ContainerMetadata {
-                name: "app".into(),
-                attempt: 0,
-            };
-            v.image = "busybox:1".into();
-            v.labels = container_labels;
-            v
-        };
+        config.image = "busybox:1".into();
+        config.labels = sandbox.labels.clone();
+        config
+            .labels
+            .insert(labels::CONTAINER_NAME.into(), "app".into());
+        (sandbox, config)
+    }
+
+    #[tokio::test]
+    async fn a_requested_reinspection_stores_a_status_newer_than_the_request_and_sends_its_events()
+    {
+        let rt = Arc::new(Silent::new(FakeRuntime::new()));
+        let (pleg, mut events, shutdown, task) = started(rt.clone()).await;
+        let (sandbox, config) = pod_u1();
         let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
         let id = rt
             .create_container(&sandbox_id, &config, &sandbox)
@@ -1117,48 +1129,8 @@ mod tests {
             FakeRuntime::new(),
             parking_lot::Mutex::new(Some(rx)),
         ));
-        let (pleg, mut events) = EventedPleg::new(
-            rt.clone(),
-            EventedPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-        );
-        let pleg = Arc::new(pleg);
-        let shutdown = CancellationToken::new();
-        let task = {
-            let (pleg, shutdown) = (pleg.clone(), shutdown.clone());
-            tokio::spawn(async move { pleg.run(shutdown).await })
-        };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while pleg.mode() != PlegMode::Events || pleg.last_relist().is_none() {
-            assert!(Instant::now() < deadline, "the PLEG did not start");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let sandbox = {
-            let mut v = PodSandboxConfig::default();
-            v.metadata = PodSandboxMetadata {
-                name: "pod-u1".into(),
-                namespace: "default".into(),
-                uid: "u1".into(),
-                attempt: 0,
-            };
-            v.labels = BTreeMap::from([
-                (labels::POD_UID.to_string(), "u1".to_string()),
-                (labels::POD_NAME.to_string(), "pod-u1".to_string()),
-                (labels::POD_NAMESPACE.to_string(), "default".to_string()),
-            ]);
-            v.host_network = true;
-            v
-        };
-        let config = {
-            let mut v = ContainerConfig::default();
-            v.metadata = ContainerMetadata {
-                name: "app".into(),
-                attempt: 0,
-            };
-            v.image = "busybox:1".into();
-            v.labels = sandbox.labels.clone();
-            v.labels.insert(labels::CONTAINER_NAME.into(), "app".into());
-            v
-        };
+        let (pleg, mut events, shutdown, task) = started(rt.clone()).await;
+        let (sandbox, config) = pod_u1();
         let event = |id: &str, kind| {
             ContainerEvent::new(id, kind, Some("u1".to_string()), jiff::Timestamp::now())
         };
