@@ -280,6 +280,7 @@ impl Core {
                     tracing::debug!(podUID = %uid, "PLEG: pod is gone from the runtime");
                     self.cache.delete(&uid);
                     st.reinspect.remove(&uid);
+                    st.inspected_at.remove(&uid);
                     st.records.update(&uid);
                     self.send_events(events, report);
                 }
