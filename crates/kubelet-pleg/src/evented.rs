@@ -1043,6 +1043,24 @@ mod tests {
         (pleg, events, shutdown, task)
     }
 
+    /// Wait (30 s at most) for a `kind` event about container `id`.
+    async fn next_of(
+        events: &mut tokio::sync::mpsc::Receiver<kubelet_api::PodLifecycleEvent>,
+        kind: PodLifecycleEventType,
+        id: &str,
+    ) -> Option<kubelet_api::PodLifecycleEvent> {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let ev = events.recv().await.expect("event channel open");
+                if ev.kind == kind && ev.container_id == id {
+                    return ev;
+                }
+            }
+        })
+        .await
+        .ok()
+    }
+
     /// Pod `u1`'s sandbox and its container `app`, with the labels the engine gives them.
     fn pod_u1() -> (PodSandboxConfig, ContainerConfig) {
         let mut sandbox = PodSandboxConfig::default();
@@ -1099,16 +1117,9 @@ mod tests {
             status.container_statuses.iter().any(|c| c.id == id),
             "{status:?}"
         );
-        let started = tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                let ev = events.recv().await.expect("event channel open");
-                if ev.kind == PodLifecycleEventType::ContainerStarted && ev.container_id == id {
-                    return ev;
-                }
-            }
-        })
-        .await
-        .expect("ContainerStarted from the requested inspection");
+        let started = next_of(&mut events, PodLifecycleEventType::ContainerStarted, &id)
+            .await
+            .expect("ContainerStarted from the requested inspection");
         assert_eq!(started.pod_uid, "u1");
         shutdown.cancel();
         let _ = task.await;
@@ -1163,16 +1174,9 @@ mod tests {
         .expect("a status newer than the sync");
         let status = entry.status.expect("inspected");
         assert!(status.container_statuses.iter().any(|c| c.id == id));
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                let ev = events.recv().await.expect("event channel open");
-                if ev.kind == PodLifecycleEventType::ContainerStarted && ev.container_id == id {
-                    return;
-                }
-            }
-        })
-        .await
-        .expect("ContainerStarted");
+        next_of(&mut events, PodLifecycleEventType::ContainerStarted, &id)
+            .await
+            .expect("ContainerStarted");
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(inspections(&rt), 1, "{:?}", rt.0.calls());
 
@@ -1188,16 +1192,9 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(inspections(&rt), 1, "held");
         pleg.release("u1", "pod-u1", "default", false);
-        tokio::time::timeout(Duration::from_secs(30), async {
-            loop {
-                let ev = events.recv().await.expect("event channel open");
-                if ev.kind == PodLifecycleEventType::ContainerDied && ev.container_id == id {
-                    return;
-                }
-            }
-        })
-        .await
-        .expect("ContainerDied after the release");
+        next_of(&mut events, PodLifecycleEventType::ContainerDied, &id)
+            .await
+            .expect("ContainerDied after the release");
         assert_eq!(inspections(&rt), 2, "{:?}", rt.0.calls());
         // Not held: a start stamped before the last inspection was launched reports what it
         // saw (containerd's events arriving after the inspection of their sync) …
