@@ -39,10 +39,14 @@ impl Tmpfs {
     }
 
     /// Fill the filesystem to the last byte with one file; returns its path (remove it to give
-    /// the space back).
+    /// the space back). A second call tops the same file up, taking whatever was freed since.
     pub fn fill(&self) -> PathBuf {
         let path = self.dir.join(".filler");
-        if let Ok(mut f) = std::fs::File::create(&path) {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path);
+        if let Ok(mut f) = file {
             let chunk = vec![0x55u8; 64 * 1024];
             while f.write_all(&chunk).is_ok() {}
             while f.write(&[0u8]).is_ok_and(|n| n == 1) {}

@@ -1975,6 +1975,15 @@ fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
     let filler = fs.fill();
     let lines_before = env.stderr().lines().count();
 
+    // A pod removed from its source goes, disk full or not.
+    env.remove_manifest("gone.json");
+    env.wait_pod_gone(&static_name("gone"));
+    wait_until("the removed pod's process to go", || {
+        container_pids(&gone).is_empty().then_some(())
+    });
+    // Its removal freed its files' space: take that too, or the restart below may fit in it.
+    fs.fill();
+
     // A crashed container is reported exited with its code; its restart cannot be created yet.
     std::fs::write(&trigger, b"").expect("trigger the crash");
     let name = static_name("crash");
@@ -1983,12 +1992,6 @@ fn a_full_root_dir_keeps_the_status_true_and_recovers_when_space_returns() {
         c["lastState"]["terminated"]["exitCode"] == 3 || c["state"]["terminated"]["exitCode"] == 3
     });
     assert!(!cmdline_has(crash_pid, &crash), "{p:#}");
-    // A pod removed from its source goes, disk full or not.
-    env.remove_manifest("gone.json");
-    env.wait_pod_gone(&static_name("gone"));
-    wait_until("the removed pod's process to go", || {
-        container_pids(&gone).is_empty().then_some(())
-    });
     let p = env.wait_pod(&name, "a waiting state naming the full disk", |p| {
         main_status(p, "main")["state"]["waiting"]["message"]
             .as_str()
