@@ -834,6 +834,12 @@ impl Engine {
             if let Some(s) = rt.sandbox_statuses.iter().find(|s| s.id == id) {
                 self.check_sandbox_network(p, s);
             }
+            // The config (and the host resolver it reads) is only for containers to start: a
+            // periodic resync of a running pod, every `syncFrequency` per pod, forms none.
+            if changes.init_containers_to_start.is_empty() && changes.containers_to_start.is_empty()
+            {
+                return out;
+            }
             sandbox_id = id;
             sandbox_config = self.sandbox_config(p, changes.attempt);
         } else {

@@ -18,8 +18,14 @@
 //!   [`FileSourceConfig::debounce`] (100 ms), and while a file is still open for writing
 //!   (`IN_MODIFY` without `IN_CLOSE_WRITE`) up to [`FileSourceConfig::max_write_wait`] (2 s), so
 //!   a file written in several chunks or saved by rename yields one snapshot.
-//! - Every change re-reads the whole path and sends the full current set of pods; the merge
-//!   ([`kubelet_core::merge::PodStorage`]) turns it into ADD / REMOVE / UPDATE operations.
+//! - Every change lists the whole path and sends the full current set of pods; the merge
+//!   ([`kubelet_core::merge::PodStorage`]) turns it into ADD / REMOVE / UPDATE operations. A
+//!   file whose device, inode, size, modification and change times are those of its last
+//!   good read is not read again: its pod is reused (only when that read happened at least a
+//!   second after the file's last modification, so that a rewrite within the timestamps'
+//!   granularity cannot go unseen). A re-list that finds every file as it was, all of them
+//!   valid, sends nothing: at 1,000 static pods a periodic re-list is a directory listing and
+//!   1,000 `stat`s, not 1,000 parses and a snapshot for the merge to compare.
 //! - A missing path gives an empty snapshot (so the source counts as seen) and is retried every
 //!   [`FileSourceConfig::missing_path_retry`] (1 s). A watch that cannot be set up is retried
 //!   with backoff from 1 s to 20 s; the periodic re-list goes on meanwhile.
@@ -35,8 +41,9 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -286,14 +293,27 @@ impl FileSource {
         let path = self.path.clone();
         let node = self.node_name.clone();
         let options = self.config.validation;
-        let listing = match tokio::task::spawn_blocking(move || list(&path, &node, &options)).await
-        {
-            Ok(listing) => listing,
+        let mut cache = std::mem::take(&mut state.cache);
+        let listed = tokio::task::spawn_blocking(move || {
+            let listing = list(&path, &node, &options, &mut cache);
+            (listing, cache)
+        })
+        .await;
+        let listing = match listed {
+            Ok((listing, cache)) => {
+                state.cache = cache;
+                listing
+            }
             Err(e) => {
                 tracing::error!(error = %kubelet_api::chain(&e), "static pod listing task failed");
                 return Some(false);
             }
         };
+        if state.unchanged(&listing) {
+            tracing::trace!(path = %self.path.display(), ?trigger, "static pods unchanged");
+            return Some(false);
+        }
+        let listing = listing.into_listing();
         let missing = matches!(listing, Listing::Missing);
         let Some(pods) = state.apply(listing, trigger) else {
             return Some(missing);
@@ -329,24 +349,146 @@ enum Listing {
     Files(Vec<(PathBuf, Result<Pod, ManifestFailure>)>),
 }
 
-/// Read every manifest under `path` (blocking).
-fn list(path: &Path, node_name: &str, options: &ValidationOptions) -> Listing {
+/// What identifies a manifest file's content without reading it (of the file a symlink
+/// points to: a ConfigMap-style swap changes it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileKey {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileKey {
+    fn of(m: &std::fs::Metadata) -> Self {
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        }
+    }
+}
+
+/// How long after a file's last modification its read is trusted for later re-lists: a
+/// rewrite within the file system's timestamp granularity of the read could keep every field
+/// of its [`FileKey`].
+const SETTLED: Duration = Duration::from_secs(1);
+
+/// The pods of manifest files read before, by file, with the key they had then.
+#[derive(Debug, Default)]
+struct ReadCache {
+    files: HashMap<PathBuf, (FileKey, Pod)>,
+}
+
+/// A [`Listing`] and whether every file in it was a valid, unchanged one of the cache.
+#[derive(Debug)]
+struct Listed {
+    listing: Listing,
+    /// Every file was found in the cache as it was, and the cache held no other file.
+    all_cached: bool,
+}
+
+impl Listed {
+    fn into_listing(self) -> Listing {
+        self.listing
+    }
+}
+
+/// Read every manifest under `path` (blocking), reusing the pods of files `cache` holds
+/// unchanged; `cache` is left with the files of this listing.
+fn list(
+    path: &Path,
+    node_name: &str,
+    options: &ValidationOptions,
+    cache: &mut ReadCache,
+) -> Listed {
+    let fresh = |listing| Listed {
+        listing,
+        all_cached: false,
+    };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Listing::Missing,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            cache.files.clear();
+            return fresh(Listing::Missing);
+        }
         Err(source) => {
-            return Listing::Failed(PodConfigError::ListManifestDir {
+            return fresh(Listing::Failed(PodConfigError::ListManifestDir {
                 path: path.to_path_buf(),
                 source,
-            });
+            }));
         }
     };
+    let started = SystemTime::now();
     if !meta.is_dir() {
-        return Listing::Files(vec![(
-            path.to_path_buf(),
-            manifest::load(path, node_name, options),
-        )]);
+        let mut hits = 0;
+        let result = read_cached(path, &meta, started, node_name, options, cache, &mut hits);
+        cache.files.retain(|p, _| p == path);
+        return Listed {
+            all_cached: hits == 1 && cache.files.len() == 1,
+            listing: Listing::Files(vec![(path.to_path_buf(), result)]),
+        };
     }
+    let mut hits = 0;
+    let listed = list_dir(path, node_name, options, cache, started, &mut hits);
+    let Listing::Files(files) = &listed else {
+        return fresh(listed);
+    };
+    let present: HashSet<&PathBuf> = files.iter().map(|(p, _)| p).collect();
+    cache.files.retain(|p, _| present.contains(p));
+    Listed {
+        all_cached: hits == files.len() && cache.files.len() == files.len(),
+        listing: listed,
+    }
+}
+
+/// One manifest file: its cached pod when its key is unchanged, else read (and cached when
+/// valid and settled).
+fn read_cached(
+    file: &Path,
+    meta: &std::fs::Metadata,
+    started: SystemTime,
+    node_name: &str,
+    options: &ValidationOptions,
+    cache: &mut ReadCache,
+    hits: &mut usize,
+) -> Result<Pod, ManifestFailure> {
+    let key = FileKey::of(meta);
+    if let Some((cached, pod)) = cache.files.get(file)
+        && *cached == key
+    {
+        *hits += 1;
+        return Ok(pod.clone());
+    }
+    let result = manifest::load(file, node_name, options);
+    let settled = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.checked_add(SETTLED))
+        .is_some_and(|m| m <= started);
+    match &result {
+        Ok(pod) if settled => {
+            cache.files.insert(file.to_path_buf(), (key, pod.clone()));
+        }
+        _ => {
+            cache.files.remove(file);
+        }
+    }
+    result
+}
+
+/// Read every manifest in directory `path` (blocking), counting the cache's `hits`.
+fn list_dir(
+    path: &Path,
+    node_name: &str,
+    options: &ValidationOptions,
+    cache: &mut ReadCache,
+    started: SystemTime,
+    hits: &mut usize,
+) -> Listing {
     let entries = match std::fs::read_dir(path) {
         Ok(rd) => rd,
         Err(source) => {
@@ -384,7 +526,10 @@ fn list(path: &Path, node_name: &str, options: &ValidationOptions) -> Listing {
             Ok(m) if !m.is_file() => {
                 tracing::debug!(path = %file.display(), "manifest path is not a regular file; skipping");
             }
-            Ok(_) => files.push((file.clone(), manifest::load(&file, node_name, options))),
+            Ok(m) => {
+                let result = read_cached(&file, &m, started, node_name, options, cache, hits);
+                files.push((file, result));
+            }
             // Deleted between listing and stat: it is simply gone.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(source) => files.push((
@@ -405,6 +550,10 @@ struct State {
     reported: HashMap<PathBuf, String>,
     /// Which file each pod full name (`name_namespace`) belongs to.
     owners: HashMap<String, PathBuf>,
+    /// The pods of the files read before, for the next listing.
+    cache: ReadCache,
+    /// Set once a listing has been applied (and its snapshot sent).
+    applied: bool,
 }
 
 impl State {
@@ -415,7 +564,23 @@ impl State {
             pods: BTreeMap::new(),
             reported: HashMap::new(),
             owners: HashMap::new(),
+            cache: ReadCache::default(),
+            applied: false,
         }
+    }
+
+    /// Whether `listed` would give the snapshot last sent: every file unchanged and valid,
+    /// the same files as the last snapshot's, and nothing reported that the listing would
+    /// clear.
+    fn unchanged(&self, listed: &Listed) -> bool {
+        let Listing::Files(files) = &listed.listing else {
+            return false;
+        };
+        self.applied
+            && listed.all_cached
+            && self.reported.is_empty()
+            && files.len() == self.pods.len()
+            && files.iter().all(|(p, _)| self.pods.contains_key(p))
     }
 
     /// Two files naming the same pod: the file that already had the name keeps it, else the
@@ -485,6 +650,7 @@ impl State {
             Listing::Files(files) => files,
         };
         self.reported.remove(&self.root);
+        self.applied = true;
         let mut pods = BTreeMap::new();
         let mut present = HashSet::new();
         for (file, result) in files {

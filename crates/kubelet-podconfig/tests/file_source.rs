@@ -738,3 +738,97 @@ async fn five_thousand_files_and_a_deletion_burst_report_each_invalid_file_once(
     assert!(reported.values().all(|&n| n == 1), "{reported:?}");
     h.stop().await;
 }
+
+async fn next_snapshot(
+    rx: &mut mpsc::Receiver<kubelet_api::SourceSnapshot>,
+) -> kubelet_api::SourceSnapshot {
+    tokio::time::timeout(ARRIVAL, rx.recv())
+        .await
+        .expect("a snapshot")
+        .expect("open")
+}
+
+/// A periodic re-list of files that are as they were (read at least a second after their last
+/// write) reads none of them and sends nothing; any change still arrives: a rewrite that keeps
+/// the size and the modification time (its change time moves), a new file, a deleted one.
+#[tokio::test]
+async fn unchanged_files_are_not_read_again_and_no_snapshot_is_sent_for_them() {
+    use kubelet_api::{PodSource, SourceSender};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let past = std::time::SystemTime::now() - Duration::from_secs(10);
+    let settled = |path: &Path, text: &str| {
+        write(path, text);
+        std::fs::File::options()
+            .write(true)
+            .open(path)
+            .and_then(|f| f.set_modified(past))
+            .expect("set the modification time");
+    };
+    for name in ["a", "b", "c"] {
+        settled(
+            &dir.path().join(format!("{name}.yaml")),
+            &manifest(name, "busybox:1.36"),
+        );
+    }
+    let source = FileSource::new(dir.path(), NODE).with_config(
+        FileSourceConfig::default()
+            .check_frequency(Duration::from_millis(100))
+            .debounce(Duration::from_millis(20)),
+    );
+    let (tx, mut rx) = mpsc::channel(16);
+    let out = SourceSender::new("file", tx, EventRecorder::log_only());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move { source.run(out, shutdown).await }
+    });
+    let images = |s: &kubelet_api::SourceSnapshot| -> Vec<String> {
+        s.pods
+            .iter()
+            .map(|p| {
+                let spec = p.spec.as_ref().expect("spec");
+                format!(
+                    "{}={}",
+                    p.metadata.name.as_deref().unwrap_or_default(),
+                    spec.containers[0].image.as_deref().unwrap_or_default()
+                )
+            })
+            .collect()
+    };
+    assert_eq!(next_snapshot(&mut rx).await.pods.len(), 3);
+    // More than ten periods: not one snapshot.
+    assert!(
+        tokio::time::timeout(QUIET, rx.recv()).await.is_err(),
+        "a snapshot of unchanged files was sent"
+    );
+
+    // Rewritten in place, same size, modification time put back: seen through the change time.
+    settled(&dir.path().join("b.yaml"), &manifest("b", "busybox:1.37"));
+    let s = next_snapshot(&mut rx).await;
+    assert_eq!(
+        images(&s),
+        [
+            "a-node1=busybox:1.36",
+            "b-node1=busybox:1.37",
+            "c-node1=busybox:1.36"
+        ]
+    );
+    // A new file and a deleted one.
+    write(&dir.path().join("d.yaml"), &manifest("d", "busybox:1.36"));
+    std::fs::remove_file(dir.path().join("a.yaml")).expect("delete");
+    let deadline = tokio::time::Instant::now() + ARRIVAL;
+    loop {
+        let s = next_snapshot(&mut rx).await;
+        let names: Vec<String> = s
+            .pods
+            .iter()
+            .map(|p| p.metadata.name.clone().unwrap_or_default())
+            .collect();
+        if names == ["b-node1", "c-node1", "d-node1"] {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{names:?}");
+    }
+    shutdown.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}

@@ -19,6 +19,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -26,6 +27,7 @@ use futures::stream::FuturesUnordered;
 use inotify::{EventMask, EventStream, Inotify, WatchDescriptor, WatchMask};
 use jiff::Timestamp;
 use kubelet_api::runtime::{ContainerEvent, ContainerEventKind, ContainerEventStream, labels};
+use parking_lot::Mutex;
 
 use crate::error::ProcessError;
 use crate::record::{
@@ -54,8 +56,27 @@ struct Watcher {
     /// One future per watched shim, resolving to its container's ID when the shim exits.
     shims: FuturesUnordered<BoxFuture<'static, String>>,
     shim_watched: HashSet<String>,
+    /// Shared with the runtime: the containers whose shim a stream watches and has not seen
+    /// exit (nor their exit record). See [`WatchedShims`].
+    vouched: WatchedShims,
     /// Set when a top-level state directory vanished: the stream fails with it.
     lost: Option<PathBuf>,
+}
+
+/// The containers some event stream vouches for as running: their shim is alive under a pidfd
+/// watch and no exit record was seen. The runtime's list answers their state from it without
+/// reading their exit files and `/proc`; any doubt (an exit, a removal, the stream gone) takes
+/// the ID out, and the runtime reads the files again.
+pub(crate) type WatchedShims = Arc<Mutex<HashSet<String>>>;
+
+impl Drop for Watcher {
+    /// A dropped stream sees no more exits: what it vouched for is unknown again.
+    fn drop(&mut self) {
+        let mut vouched = self.vouched.lock();
+        for id in &self.shim_watched {
+            vouched.remove(id);
+        }
+    }
 }
 
 fn watch_err(path: &Path, source: std::io::Error) -> ProcessError {
@@ -81,7 +102,10 @@ const ROOT_MASK: WatchMask = WatchMask::DELETE
     .union(WatchMask::ONLYDIR);
 
 /// The event stream over the runtime's state under `root`.
-pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, ProcessError> {
+pub(crate) fn container_events(
+    root: &Path,
+    vouched: WatchedShims,
+) -> Result<ContainerEventStream, ProcessError> {
     for sub in ["containers", "sandboxes"] {
         std::fs::create_dir_all(root.join(sub))
             .map_err(|e| crate::record::state_error("creating", &root.join(sub), e))?;
@@ -98,6 +122,7 @@ pub(crate) fn container_events(root: &Path) -> Result<ContainerEventStream, Proc
         queue: VecDeque::new(),
         shims: FuturesUnordered::new(),
         shim_watched: HashSet::new(),
+        vouched,
         lost: None,
     };
     for (kind, dir, mask) in [
@@ -240,7 +265,10 @@ impl Watcher {
                 self.push(id, ContainerEventKind::Started);
                 self.watch_shim(id);
             }
-            (Kind::Container, EXIT_FILE) => self.push(id, ContainerEventKind::Stopped),
+            (Kind::Container, EXIT_FILE) => {
+                self.vouched.lock().remove(id);
+                self.push(id, ContainerEventKind::Stopped);
+            }
             (Kind::Sandbox, SANDBOX_FILE) => match self.learn_sandbox(id) {
                 Some(rec) if rec.ready => self.push(id, ContainerEventKind::Started),
                 Some(_) => self.push(id, ContainerEventKind::Stopped),
@@ -266,6 +294,7 @@ impl Watcher {
             return;
         };
         self.shim_watched.insert(id.to_string());
+        self.vouched.lock().insert(id.to_string());
         let id = id.to_string();
         self.shims.push(Box::pin(async move {
             // An error from the reactor ends the watch just the same.
@@ -278,6 +307,7 @@ impl Watcher {
     /// without one the shim was killed: report the container stopped now.
     fn shim_exited(&mut self, id: &str) {
         self.shim_watched.remove(id);
+        self.vouched.lock().remove(id);
         let dir = self.dir_of(Kind::Container, id);
         if dir.exists() && matches!(read_exit(&dir), Ok(None)) {
             self.push(id, ContainerEventKind::Stopped);
@@ -341,6 +371,7 @@ impl Watcher {
                         self.watch_object(object, &name, true);
                     }
                 } else if mask.contains(EventMask::DELETE) && mask.contains(EventMask::ISDIR) {
+                    self.vouched.lock().remove(&name);
                     self.push(&name, ContainerEventKind::Deleted);
                     self.pods.remove(&name);
                 }
@@ -355,6 +386,7 @@ impl Watcher {
                         && crate::record::read_exit_slot(&self.dir_of(kind, &id)).is_some()
                     {
                         // The disk was full: the shim recorded the exit in place.
+                        self.vouched.lock().remove(&id);
                         self.push(&id, ContainerEventKind::Stopped);
                     }
                 }

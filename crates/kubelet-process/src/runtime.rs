@@ -88,6 +88,9 @@ pub struct ProcessRuntime {
     sandboxes_scanned: AtomicBool,
     /// The same for container records.
     containers_scanned: AtomicBool,
+    /// Containers an event stream watches as running (their shim under a pidfd, no exit seen):
+    /// a list answers their state without reading their files.
+    vouched: crate::events::WatchedShims,
     host_ip: String,
 }
 
@@ -235,6 +238,7 @@ impl ProcessRuntime {
             restore_lock: Mutex::new(()),
             sandboxes_scanned: AtomicBool::new(false),
             containers_scanned: AtomicBool::new(false),
+            vouched: Arc::default(),
             host_ip: host_ip(),
         })
     }
@@ -415,6 +419,7 @@ impl ProcessRuntime {
     /// Drop everything remembered about container `id`.
     fn forget(&self, id: &str) {
         self.containers.lock().remove(id);
+        self.vouched.lock().remove(id);
         let mut ledger = self.ledger.lock();
         ledger.started.remove(id);
         ledger.exits.remove(id);
@@ -543,6 +548,8 @@ impl ProcessRuntime {
             None => self.unsaved_exit(&rec.id, &dir),
         };
         if let Some(e) = exit {
+            // Seen here before any stream saw it (a stop waits for it): lists read it too.
+            self.vouched.lock().remove(&rec.id);
             let mut ledger = self.ledger.lock();
             if !ledger.exits.contains_key(&rec.id) {
                 ledger.exits.insert(rec.id.clone(), e.clone());
@@ -572,6 +579,7 @@ impl ProcessRuntime {
                 exit: None,
             });
         }
+        self.vouched.lock().remove(&rec.id);
         let exit = self.supervisor_gone(rec, &s)?;
         Ok(Observed {
             state: ContainerState::Exited,
@@ -1976,8 +1984,16 @@ impl ContainerRuntime for ProcessRuntime {
             {
                 continue;
             }
-            let state = match self.observe(&rec) {
-                Ok(o) => o.state,
+            // A container a stream vouches for is running: no files or `/proc` to read (the
+            // log rotation and the GC list every running container every few seconds).
+            let vouched = self.vouched.lock().contains(&rec.id);
+            let state = if vouched {
+                Ok(ContainerState::Running)
+            } else {
+                self.observe(&rec).map(|o| o.state)
+            };
+            let state = match state {
+                Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(containerID = %rec.id, error = %kubelet_api::chain(&e), "container state unreadable");
                     ContainerState::Unknown
@@ -2041,7 +2057,10 @@ impl ContainerRuntime for ProcessRuntime {
     /// Container and sandbox events from inotify on the state directory; see the
     /// [crate documentation](crate#events).
     async fn container_events(&self) -> kubelet_api::Result<ContainerEventStream> {
-        Ok(crate::events::container_events(&self.config.root_dir)?)
+        Ok(crate::events::container_events(
+            &self.config.root_dir,
+            self.vouched.clone(),
+        )?)
     }
 
     async fn container_stats(&self, container_id: &str) -> kubelet_api::Result<ContainerStats> {

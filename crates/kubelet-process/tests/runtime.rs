@@ -1339,3 +1339,86 @@ async fn a_pods_records_are_listed_by_its_uid_label_before_and_after_a_full_list
     );
     cleanup(&rt).await;
 }
+
+/// The state of container `cid` in a full list (`None`: not listed).
+async fn listed_state(rt: &ProcessRuntime, cid: &str) -> Option<ContainerState> {
+    rt.list_containers(&ContainerFilter::default())
+        .await
+        .expect("list")
+        .into_iter()
+        .find(|c| c.id == cid)
+        .map(|c| c.state)
+}
+
+/// A list answers the state of a container an event stream watches from the watch (no file of
+/// it is read), and from its files again as soon as anything casts doubt: the runtime's own
+/// stop, an exit the stream reported, the stream dropped.
+#[tokio::test]
+async fn a_list_trusts_a_live_event_streams_watch_until_an_exit_or_the_stream_goes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let rt = runtime(tmp.path());
+    let (_, stopped, _) = run(&rt, tmp.path(), "u-vouch-stop", |sb| {
+        container_config(sb, "app", "sleep 300")
+    })
+    .await;
+    let (_, exits, _) = run(&rt, tmp.path(), "u-vouch-exit", |sb| {
+        container_config(sb, "app", "sleep 300")
+    })
+    .await;
+    let (_, unwatched, _) = run(&rt, tmp.path(), "u-vouch-drop", |sb| {
+        container_config(sb, "app", "sleep 300")
+    })
+    .await;
+    assert_eq!(
+        listed_state(&rt, &stopped).await,
+        Some(ContainerState::Running)
+    );
+    let mut events = rt.container_events().await.expect("events");
+
+    // Watched: the list does not read the container's exit record (a broken one here, which
+    // the status, reading it, reports).
+    let exit_file = tmp
+        .path()
+        .join("state/containers")
+        .join(&stopped)
+        .join("exit.json");
+    std::fs::write(&exit_file, b"{").expect("write a broken exit record");
+    assert_eq!(
+        listed_state(&rt, &stopped).await,
+        Some(ContainerState::Running)
+    );
+    assert!(rt.container_status(&stopped).await.is_err());
+    std::fs::remove_file(&exit_file).expect("remove it");
+
+    // The runtime's own stop: listed as exited at once, the stream not polled since.
+    rt.stop_container(&stopped, Duration::ZERO)
+        .await
+        .expect("stop");
+    assert_eq!(
+        listed_state(&rt, &stopped).await,
+        Some(ContainerState::Exited)
+    );
+
+    // An exit from outside: listed as exited once the stream reported it.
+    let pid = rt.container_pid(&exits).expect("pid").expect("running");
+    send(pid, nix::sys::signal::Signal::SIGKILL);
+    stopped_event(&mut events, &exits).await;
+    assert_eq!(
+        listed_state(&rt, &exits).await,
+        Some(ContainerState::Exited)
+    );
+
+    // The stream dropped: nothing vouches any more, the list reads the files again.
+    drop(events);
+    let pid = rt.container_pid(&unwatched).expect("pid").expect("running");
+    send(pid, nix::sys::signal::Signal::SIGKILL);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while listed_state(&rt, &unwatched).await != Some(ContainerState::Exited) {
+        assert!(
+            Instant::now() < deadline,
+            "a container killed after its stream was dropped is still listed running"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cleanup(&rt).await;
+}
