@@ -293,27 +293,33 @@ impl FileSource {
         let path = self.path.clone();
         let node = self.node_name.clone();
         let options = self.config.validation;
+        // The listing takes the pods last sent (to reuse those of unchanged files) and gives
+        // them back.
         let mut cache = std::mem::take(&mut state.cache);
+        let known = std::mem::take(&mut state.pods);
+        let may_skip = state.applied && state.reported.is_empty();
         let listed = tokio::task::spawn_blocking(move || {
-            let listing = list(&path, &node, &options, &mut cache);
-            (listing, cache)
+            let listed = list(&path, &node, &options, &mut cache, &known, may_skip);
+            (listed, cache, known)
         })
         .await;
         let listing = match listed {
-            Ok((listing, cache)) => {
+            Ok((listed, cache, known)) => {
                 state.cache = cache;
-                listing
+                state.pods = known;
+                match listed {
+                    Listed::Unchanged => {
+                        tracing::trace!(path = %self.path.display(), ?trigger, "static pods unchanged");
+                        return Some(false);
+                    }
+                    Listed::Changed(listing) => listing,
+                }
             }
             Err(e) => {
                 tracing::error!(error = %kubelet_api::chain(&e), "static pod listing task failed");
                 return Some(false);
             }
         };
-        if state.unchanged(&listing) {
-            tracing::trace!(path = %self.path.display(), ?trigger, "static pods unchanged");
-            return Some(false);
-        }
-        let listing = listing.into_listing();
         let missing = matches!(listing, Listing::Missing);
         let Some(pods) = state.apply(listing, trigger) else {
             return Some(missing);
@@ -377,76 +383,93 @@ impl FileKey {
 /// of its [`FileKey`].
 const SETTLED: Duration = Duration::from_secs(1);
 
-/// The pods of manifest files read before, by file, with the key they had then.
+/// The key every manifest file had when the pod [`State`] keeps for it was read.
 #[derive(Debug, Default)]
 struct ReadCache {
-    files: HashMap<PathBuf, (FileKey, Pod)>,
+    keys: HashMap<PathBuf, FileKey>,
 }
 
-/// A [`Listing`] and whether every file in it was a valid, unchanged one of the cache.
+/// What [`list`] found.
 #[derive(Debug)]
-struct Listed {
-    listing: Listing,
-    /// Every file was found in the cache as it was, and the cache held no other file.
-    all_cached: bool,
+enum Listed {
+    /// Every file is one the cache holds, with its key, and there is no other: the pods last
+    /// sent stand.
+    Unchanged,
+    /// Something changed (or the caller asked for the listing anyway).
+    Changed(Listing),
 }
 
-impl Listed {
-    fn into_listing(self) -> Listing {
-        self.listing
-    }
-}
+/// A regular file of the manifest path, or one whose `stat` failed.
+type Entry = (PathBuf, std::io::Result<std::fs::Metadata>);
 
-/// Read every manifest under `path` (blocking), reusing the pods of files `cache` holds
-/// unchanged; `cache` is left with the files of this listing.
+/// Read every manifest under `path` (blocking), taking the pod of a file whose key the cache
+/// holds from `known` (the pods last sent, by file) instead of reading it again. With
+/// `may_skip`, a listing where nothing changed is [`Listed::Unchanged`]. `cache` is left with
+/// the keys of this listing's settled, valid files.
 fn list(
     path: &Path,
     node_name: &str,
     options: &ValidationOptions,
     cache: &mut ReadCache,
+    known: &BTreeMap<PathBuf, Pod>,
+    may_skip: bool,
 ) -> Listed {
-    let fresh = |listing| Listed {
-        listing,
-        all_cached: false,
-    };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            cache.files.clear();
-            return fresh(Listing::Missing);
+            cache.keys.clear();
+            return Listed::Changed(Listing::Missing);
         }
         Err(source) => {
-            return fresh(Listing::Failed(PodConfigError::ListManifestDir {
+            return Listed::Changed(Listing::Failed(PodConfigError::ListManifestDir {
                 path: path.to_path_buf(),
                 source,
             }));
         }
     };
     let started = SystemTime::now();
-    if !meta.is_dir() {
-        let mut hits = 0;
-        let result = read_cached(path, &meta, started, node_name, options, cache, &mut hits);
-        cache.files.retain(|p, _| p == path);
-        return Listed {
-            all_cached: hits == 1 && cache.files.len() == 1,
-            listing: Listing::Files(vec![(path.to_path_buf(), result)]),
-        };
-    }
-    let mut hits = 0;
-    let listed = list_dir(path, node_name, options, cache, started, &mut hits);
-    let Listing::Files(files) = &listed else {
-        return fresh(listed);
+    let entries = if meta.is_dir() {
+        match entries(path) {
+            Ok(e) => e,
+            Err(e) => return Listed::Changed(Listing::Failed(e)),
+        }
+    } else {
+        vec![(path.to_path_buf(), Ok(meta))]
     };
-    let present: HashSet<&PathBuf> = files.iter().map(|(p, _)| p).collect();
-    cache.files.retain(|p, _| present.contains(p));
-    Listed {
-        all_cached: hits == files.len() && cache.files.len() == files.len(),
-        listing: listed,
+    let hit = |file: &Path, m: &std::fs::Metadata| {
+        cache.keys.get(file) == Some(&FileKey::of(m)) && known.contains_key(file)
+    };
+    if may_skip
+        && entries.len() == cache.keys.len()
+        && entries.len() == known.len()
+        && entries
+            .iter()
+            .all(|(file, m)| m.as_ref().is_ok_and(|m| hit(file, m)))
+    {
+        return Listed::Unchanged;
     }
+    let mut files = Vec::with_capacity(entries.len());
+    for (file, meta) in entries {
+        let result = match meta {
+            Ok(m) => read_cached(&file, &m, started, node_name, options, cache, known),
+            Err(source) => {
+                cache.keys.remove(&file);
+                Err(PodConfigError::ReadManifest {
+                    path: file.clone(),
+                    source,
+                }
+                .into())
+            }
+        };
+        files.push((file, result));
+    }
+    let present: HashSet<&PathBuf> = files.iter().map(|(p, _)| p).collect();
+    cache.keys.retain(|p, _| present.contains(p));
+    Listed::Changed(Listing::Files(files))
 }
 
-/// One manifest file: its cached pod when its key is unchanged, else read (and cached when
-/// valid and settled).
+/// One manifest file: its known pod when its key is the cached one, else read (and its key
+/// cached when it is valid and settled).
 fn read_cached(
     file: &Path,
     meta: &std::fs::Metadata,
@@ -454,13 +477,12 @@ fn read_cached(
     node_name: &str,
     options: &ValidationOptions,
     cache: &mut ReadCache,
-    hits: &mut usize,
+    known: &BTreeMap<PathBuf, Pod>,
 ) -> Result<Pod, ManifestFailure> {
     let key = FileKey::of(meta);
-    if let Some((cached, pod)) = cache.files.get(file)
-        && *cached == key
+    if cache.keys.get(file) == Some(&key)
+        && let Some(pod) = known.get(file)
     {
-        *hits += 1;
         return Ok(pod.clone());
     }
     let result = manifest::load(file, node_name, options);
@@ -469,50 +491,25 @@ fn read_cached(
         .ok()
         .and_then(|m| m.checked_add(SETTLED))
         .is_some_and(|m| m <= started);
-    match &result {
-        Ok(pod) if settled => {
-            cache.files.insert(file.to_path_buf(), (key, pod.clone()));
-        }
-        _ => {
-            cache.files.remove(file);
-        }
+    if result.is_ok() && settled {
+        cache.keys.insert(file.to_path_buf(), key);
+    } else {
+        cache.keys.remove(file);
     }
     result
 }
 
-/// Read every manifest in directory `path` (blocking), counting the cache's `hits`.
-fn list_dir(
-    path: &Path,
-    node_name: &str,
-    options: &ValidationOptions,
-    cache: &mut ReadCache,
-    started: SystemTime,
-    hits: &mut usize,
-) -> Listing {
-    let entries = match std::fs::read_dir(path) {
-        Ok(rd) => rd,
-        Err(source) => {
-            return Listing::Failed(PodConfigError::ListManifestDir {
-                path: path.to_path_buf(),
-                source,
-            });
-        }
+/// The regular files of directory `path`, in lexical order, with their metadata (blocking).
+fn entries(path: &Path) -> Result<Vec<Entry>, PodConfigError> {
+    let failed = |source| PodConfigError::ListManifestDir {
+        path: path.to_path_buf(),
+        source,
     };
     let mut names: Vec<OsString> = Vec::new();
-    for entry in entries {
-        match entry {
-            Ok(e) => {
-                let name = e.file_name();
-                if !is_ignored_name(&name.to_string_lossy()) {
-                    names.push(name);
-                }
-            }
-            Err(source) => {
-                return Listing::Failed(PodConfigError::ListManifestDir {
-                    path: path.to_path_buf(),
-                    source,
-                });
-            }
+    for entry in std::fs::read_dir(path).map_err(failed)? {
+        let name = entry.map_err(failed)?.file_name();
+        if !is_ignored_name(&name.to_string_lossy()) {
+            names.push(name);
         }
     }
     kubelet_api::sort::by(&mut names, Ord::cmp);
@@ -526,19 +523,12 @@ fn list_dir(
             Ok(m) if !m.is_file() => {
                 tracing::debug!(path = %file.display(), "manifest path is not a regular file; skipping");
             }
-            Ok(m) => {
-                let result = read_cached(&file, &m, started, node_name, options, cache, hits);
-                files.push((file, result));
-            }
             // Deleted between listing and stat: it is simply gone.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => files.push((
-                file.clone(),
-                Err(PodConfigError::ReadManifest { path: file, source }.into()),
-            )),
+            m => files.push((file, m)),
         }
     }
-    Listing::Files(files)
+    Ok(files)
 }
 
 /// The file source's memory: the last good pod of every manifest file, and the errors already
@@ -567,20 +557,6 @@ impl State {
             cache: ReadCache::default(),
             applied: false,
         }
-    }
-
-    /// Whether `listed` would give the snapshot last sent: every file unchanged and valid,
-    /// the same files as the last snapshot's, and nothing reported that the listing would
-    /// clear.
-    fn unchanged(&self, listed: &Listed) -> bool {
-        let Listing::Files(files) = &listed.listing else {
-            return false;
-        };
-        self.applied
-            && listed.all_cached
-            && self.reported.is_empty()
-            && files.len() == self.pods.len()
-            && files.iter().all(|(p, _)| self.pods.contains_key(p))
     }
 
     /// Two files naming the same pod: the file that already had the name keeps it, else the

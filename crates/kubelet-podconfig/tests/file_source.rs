@@ -829,6 +829,16 @@ async fn unchanged_files_are_not_read_again_and_no_snapshot_is_sent_for_them() {
         }
         assert!(tokio::time::Instant::now() < deadline, "{names:?}");
     }
+    // A file deleted while it is still too new to be trusted unread: its pod goes too.
+    std::fs::remove_file(dir.path().join("d.yaml")).expect("delete");
+    let deadline = tokio::time::Instant::now() + ARRIVAL;
+    loop {
+        let s = next_snapshot(&mut rx).await;
+        if s.pods.len() == 2 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{:?}", s.pods.len());
+    }
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
