@@ -69,8 +69,6 @@ pub(crate) enum Action {
     Wait {
         /// When to wake up by itself.
         requeue: Option<Duration>,
-        /// The sync changed the runtime (its release asked the PLEG to inspect the pod now).
-        reinspect: bool,
     },
     /// Sync the pod.
     Sync,
@@ -83,10 +81,7 @@ pub(crate) enum Action {
 }
 
 const fn wait(requeue: Option<Duration>) -> Action {
-    Action::Wait {
-        requeue,
-        reinspect: false,
-    }
+    Action::Wait { requeue }
 }
 
 /// The worker's decision: the next stage and action for an input in a stage.
@@ -98,13 +93,8 @@ pub(crate) fn step(stage: Lifecycle, input: &Input) -> (Lifecycle, Action) {
         (Syncing, Input::Woke { stop: false, .. }) => (Syncing, Action::Sync),
         (Syncing, Input::PredecessorRunning(d)) => (Syncing, wait(Some(*d))),
         (Syncing, Input::Synced(SyncOutcome::Requeue(d))) => (Syncing, wait(Some(*d))),
-        (Syncing, Input::Synced(SyncOutcome::Changed(d))) => (
-            Syncing,
-            Action::Wait {
-                requeue: Some(*d),
-                reinspect: true,
-            },
-        ),
+        // A sync that changed the runtime has had the PLEG inspect the pod at its release.
+        (Syncing, Input::Synced(SyncOutcome::Changed(d))) => (Syncing, wait(Some(*d))),
         (Syncing, Input::Synced(SyncOutcome::Terminal)) => (Terminating, Action::Terminate),
         (Terminating, Input::Woke { .. }) => (Terminating, Action::Terminate),
         (Terminating, Input::TerminationPending(d)) => (Terminating, wait(Some(*d))),
@@ -177,10 +167,7 @@ pub(crate) async fn worker_loop(
     loop {
         let input = match action {
             Action::Finish => return,
-            Action::Wait {
-                requeue,
-                reinspect: _,
-            } => {
+            Action::Wait { requeue } => {
                 let wake = async {
                     match requeue {
                         Some(d) => tokio::time::sleep(d).await,
@@ -334,10 +321,6 @@ mod tests {
 
     #[test]
     fn the_worker_steps_through_a_pods_life_as_the_kubelets_pod_workers() {
-        let reinspect = Action::Wait {
-            requeue: Some(D),
-            reinspect: true,
-        };
         let table: Vec<(Lifecycle, Input, Lifecycle, Action)> = vec![
             // Syncing: a wake-up syncs, unless a kill or deletion is pending.
             (Syncing, woke(false, false), Syncing, Action::Sync),
@@ -359,7 +342,7 @@ mod tests {
                 Syncing,
                 Input::Synced(SyncOutcome::Changed(D)),
                 Syncing,
-                reinspect,
+                wait(Some(D)),
             ),
             (
                 Syncing,
