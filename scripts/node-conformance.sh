@@ -431,8 +431,12 @@ cmd_run() {
     log "starting containerd"
     CNTR_ENV="$WORK/containerd"
     in_ns "$HERE/containerd-test-env.sh" start "$CNTR_ENV" >/dev/null
-    local sock tar
+    local sock tar sandbox_image
     sock=$(sed -n 's/^CONTAINERD_SOCKET=//p' "$CNTR_ENV/env")
+    # containerd's sandbox_image: imported, never pullable. Named to the agent as kubeadm does,
+    # so that the image GC keeps it when the disk fills up (containerd 1.6 does not report it
+    # pinned).
+    sandbox_image=$(sed -n 's/^PAUSE_IMAGE=//p' "$CNTR_ENV/env")
     for tar in "$CACHE"/images/*.tar; do
         in_ns ctr -a "$sock" -n k8s.io images import "$tar" >/dev/null
     done
@@ -456,7 +460,8 @@ cmd_run() {
     # shellcheck disable=SC2086
     nsenter --net="/run/netns/$NETNS" -- "$agent" --config "$WORK/kubelet-config.yaml" --kubeconfig "$node_kubeconfig" \
         --container-runtime-endpoint "unix://$sock" --node-ip "$NODE_IP" \
-        --hostname-override "$NODE_NAME" --root-dir "$WORK/root" ${AGENT_ARGS:-} \
+        --hostname-override "$NODE_NAME" --root-dir "$WORK/root" \
+        --pod-infra-container-image "$sandbox_image" ${AGENT_ARGS:-} \
         >"$OUT/agent.log" 2>&1 </dev/null &
     AGENT_PID=$!
     wait_for "Ready node" 120 in_ns sh -c "'$kubectl' --kubeconfig '$admin_kubeconfig' get node '$NODE_NAME' \
