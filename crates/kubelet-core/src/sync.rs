@@ -515,7 +515,14 @@ impl Engine {
         if self.place_pod(p).await.is_err() {
             return SyncOutcome::Requeue(ERROR_BACKOFF);
         }
-        if let Err(e) = tokio::fs::create_dir_all(self.pod_dir(p).join("volumes")).await {
+        // Every resync of every pod passes here: a directory that is there costs one `stat`,
+        // not a blocking task.
+        let volumes_dir = self.pod_dir(p).join("volumes");
+        let made = match std::fs::metadata(&volumes_dir) {
+            Ok(m) if m.is_dir() => Ok(()),
+            _ => tokio::fs::create_dir_all(&volumes_dir).await,
+        };
+        if let Err(e) = made {
             self.recorder.warning(
                 InvolvedObject::pod(p),
                 "FailedSync",
