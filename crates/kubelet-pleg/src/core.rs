@@ -44,6 +44,8 @@ pub(crate) enum Done {
     Resolved {
         container_id: String,
         pod: Option<(String, String, String)>,
+        /// The event's stamp, as [`Core::event_for`] takes it.
+        at: Option<jiff::Timestamp>,
     },
 }
 
@@ -369,8 +371,9 @@ impl Core {
 
     /// Find the pod of a container or sandbox ID that the records do not know (a container
     /// created since the last relist), in the background; the answer arrives as
-    /// [`Done::Resolved`].
-    pub(crate) fn resolve(&self, container_id: String) {
+    /// [`Done::Resolved`], with the event's stamp `at` (so that a start the pod's last
+    /// inspection saw is not inspected again once its pod is known).
+    pub(crate) fn resolve(&self, container_id: String, at: Option<jiff::Timestamp>) {
         let runtime = self.runtime.clone();
         let tx = self.done_tx.clone();
         let cancel = self.cancel.clone();
@@ -414,7 +417,11 @@ impl Core {
                 _ = cancel.cancelled() => return,
                 r = tokio::time::timeout(timeout, work) => r.ok().flatten(),
             };
-            let _ = tx.send(Done::Resolved { container_id, pod });
+            let _ = tx.send(Done::Resolved {
+                container_id,
+                pod,
+                at,
+            });
         });
     }
 
@@ -487,10 +494,14 @@ impl Core {
     /// the pod's record, send its events. Returns the job ID it completed (0 for none).
     pub(crate) fn apply(&self, done: Done, report: &mut RelistReport) -> u64 {
         let (id, uid, name, namespace, kind, started, result) = match done {
-            Done::Resolved { container_id, pod } => {
+            Done::Resolved {
+                container_id,
+                pod,
+                at,
+            } => {
                 match pod {
                     Some((uid, name, namespace)) => {
-                        self.event_for(uid, name, namespace, None);
+                        self.event_for(uid, name, namespace, at);
                     }
                     None => tracing::debug!(
                         containerID = %container_id,

@@ -278,7 +278,7 @@ impl EventedPleg {
                 Some((uid, name, namespace)) => {
                     self.core.event_for(uid, name, namespace, at);
                 }
-                None => self.core.resolve(ev.container_id),
+                None => self.core.resolve(ev.container_id, at),
             },
         }
     }
@@ -1201,6 +1201,40 @@ mod tests {
         let mut late = event(&id, ContainerEventKind::Started);
         late.created_at = jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600);
         tx.send(late).unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), 2, "{:?}", rt.0.calls());
+        // The same for a container the PLEG has not seen (containerd's own events name no
+        // pod): once its pod is found, its start stamped before the last inspection is not
+        // inspected either.
+        let mut unseen_config = config.clone();
+        unseen_config.metadata.name = "unseen".into();
+        let unseen = rt
+            .create_container(&sandbox_id, &unseen_config, &sandbox)
+            .await
+            .expect("create");
+        let mut late = ContainerEvent::new(
+            unseen.as_str(),
+            ContainerEventKind::Started,
+            None,
+            jiff::Timestamp::now() - jiff::SignedDuration::from_secs(3600),
+        );
+        late.pod_uid = None;
+        let lists = |rt: &Silent| {
+            rt.0.calls()
+                .iter()
+                .filter(|c| c.starts_with("list_containers"))
+                .count()
+        };
+        let before = lists(&rt);
+        tx.send(late).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while lists(&rt) == before {
+            assert!(
+                Instant::now() < deadline,
+                "the container's pod was not looked up"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(inspections(&rt), 2, "{:?}", rt.0.calls());
         // … and an exit is inspected at once, whatever its stamp (exit hints).
