@@ -126,7 +126,9 @@ fn admission(rounds: usize) -> anyhow::Result<()> {
         .into(),
     };
     let handler = ResourceAdmitHandler::new(Arc::new(parking_lot::RwLock::new(facts)));
-    let active: Vec<Pod> = (0..109).map(|i| pod(i, "100m", "128Mi")).collect();
+    let active: Vec<Arc<Pod>> = (0..109)
+        .map(|i| Arc::new(pod(i, "100m", "128Mi")))
+        .collect();
     for p in &active {
         assert!(handler.admit(p, &[]).admit);
     }

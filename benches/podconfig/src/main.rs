@@ -9,6 +9,7 @@
 //! ```
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -135,7 +136,7 @@ fn main() {
         storage.merge(
             SourceSnapshot {
                 source: s.to_string(),
-                pods: pods.clone(),
+                pods: pods.iter().cloned().map(Arc::new).collect(),
             },
             &recorder,
         );
@@ -158,7 +159,8 @@ fn main() {
         cursor = (cursor + changing) % per_source;
 
         // Baseline 1: the deep copy of a full snapshot.
-        let (pods, sample) = measure(|| state[si].clone());
+        let (pods, sample) =
+            measure(|| state[si].iter().cloned().map(Arc::new).collect::<Vec<_>>());
         clone_samples.push(sample);
 
         let (updates, sample) = measure(|| {
@@ -177,7 +179,7 @@ fn main() {
         drop(updates);
 
         // Baseline 2: the same snapshot again (nothing changed).
-        let pods = state[si].clone();
+        let pods: Vec<Arc<Pod>> = state[si].iter().cloned().map(Arc::new).collect();
         let (updates, sample) = measure(|| {
             storage.merge(
                 SourceSnapshot {

@@ -1,5 +1,7 @@
 //! The admission and eviction seams.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Pod, PodCondition};
 
 /// Decision of one admission handler.
@@ -42,8 +44,9 @@ impl AdmitResult {
 /// kills pods through [`AgentHandle::kill_pod`](crate::AgentHandle::kill_pod) with
 /// [`KillPodOptions`].
 pub trait PodAdmitHandler: Send + Sync + 'static {
-    /// Decide for `pod`, given the pods already admitted and not terminated.
-    fn admit(&self, pod: &Pod, active_pods: &[Pod]) -> AdmitResult;
+    /// Decide for `pod`, given the pods already admitted and not terminated (shared with the
+    /// pod workers, not copied for each decision).
+    fn admit(&self, pod: &Pod, active_pods: &[Arc<Pod>]) -> AdmitResult;
 }
 
 fn _assert_admit_dyn(_: &dyn PodAdmitHandler) {}

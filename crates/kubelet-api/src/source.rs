@@ -1,5 +1,7 @@
 //! Pod configuration: the vocabulary of pod sources ([`PodSource`], [`SourceSender`]) and of the
 
+use std::sync::Arc;
+
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::mpsc;
@@ -49,8 +51,9 @@ pub enum PodOp {
 pub struct PodUpdate {
     /// What happened.
     pub op: PodOp,
-    /// The pods it happened to.
-    pub pods: Vec<Pod>,
+    /// The pods it happened to. They are the merge's own copies, shared: the pod workers and the
+    /// status manager hold these same allocations.
+    pub pods: Vec<Arc<Pod>>,
     /// Name of the source.
     pub source: String,
 }
@@ -60,8 +63,9 @@ pub struct PodUpdate {
 pub struct SourceSnapshot {
     /// Name of the source.
     pub source: String,
-    /// Every pod the source currently has.
-    pub pods: Vec<Pod>,
+    /// Every pod the source currently has. A source that keeps its pods as `Arc`s sends clones
+    /// of those, so a snapshot costs no deep copy of the pods.
+    pub pods: Vec<Arc<Pod>>,
 }
 
 /// The sending side a [`PodSource`] writes snapshots to.
@@ -76,9 +80,7 @@ pub struct SourceSender {
 /// Which source holds each pod full name (`name_namespace`), as of the last merge: written by
 /// the merge, read through [`SourceSender::other_owner`]. Cloning shares the index.
 #[derive(Debug, Clone, Default)]
-pub struct NameIndex(
-    std::sync::Arc<parking_lot::RwLock<std::collections::HashMap<String, String>>>,
-);
+pub struct NameIndex(Arc<parking_lot::RwLock<std::collections::HashMap<String, String>>>);
 
 impl NameIndex {
     /// `source` now holds exactly `names`.
@@ -129,7 +131,13 @@ impl SourceSender {
     }
 
     /// Deliver a full snapshot. An empty snapshot is meaningful: it marks the source as seen.
-    pub async fn snapshot(&self, pods: Vec<Pod>) -> Result<(), SourceClosed> {
+    ///
+    /// Takes owned pods or shared ones (`Vec<Pod>` or `Vec<Arc<Pod>>`).
+    pub async fn snapshot<P: Into<Arc<Pod>>>(
+        &self,
+        pods: impl IntoIterator<Item = P>,
+    ) -> Result<(), SourceClosed> {
+        let pods = pods.into_iter().map(Into::into).collect();
         self.tx
             .send(SourceSnapshot {
                 source: self.source.clone(),

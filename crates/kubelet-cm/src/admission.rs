@@ -65,7 +65,7 @@ fn reject(reason: &str, message: impl Into<String>) -> AdmitResult {
 }
 
 impl PodAdmitHandler for ResourceAdmitHandler {
-    fn admit(&self, pod: &Pod, active_pods: &[Pod]) -> AdmitResult {
+    fn admit(&self, pod: &Pod, active_pods: &[std::sync::Arc<Pod>]) -> AdmitResult {
         let facts = self.facts.read();
         // The node OS, from the pod's `kubernetes.io/os` label and `spec.os`.
         if let Some(os) = pod
@@ -160,7 +160,7 @@ impl PodAdmitHandler for ResourceAdmitHandler {
         }
         let wanted = host_ports(pod);
         if !wanted.is_empty() {
-            let taken: HashSet<HostPort> = active_pods.iter().flat_map(host_ports).collect();
+            let taken: HashSet<HostPort> = active_pods.iter().flat_map(|p| host_ports(p)).collect();
             if wanted.iter().any(|w| taken.iter().any(|t| t.conflicts(w))) {
                 return reject(
                     "NodePorts",
@@ -342,6 +342,7 @@ mod tests {
         let h = handler(2);
         let a = pod("a", "1500m", "");
         assert!(h.admit(&a, &[]).admit);
+        let a = std::sync::Arc::new(a);
         let r = h.admit(&pod("b", "600m", ""), std::slice::from_ref(&a));
         assert_eq!(r.reason, "OutOfcpu");
         assert_eq!(
@@ -350,7 +351,10 @@ mod tests {
         );
         let r = h.admit(&pod("c", "", "2Gi"), &[]);
         assert_eq!(r.reason, "OutOfmemory");
-        let r = h.admit(&pod("d", "", ""), &[a.clone(), pod("x", "", "")]);
+        let r = h.admit(
+            &pod("d", "", ""),
+            &[a.clone(), std::sync::Arc::new(pod("x", "", ""))],
+        );
         assert_eq!(r.reason, "OutOfpods");
         let requesting = |uid: &str, name: &str, n: &str| {
             let mut p = pod(uid, "", "");
@@ -404,7 +408,7 @@ mod tests {
             }]);
             p
         };
-        let first = with_port("p1", None);
+        let first = std::sync::Arc::new(with_port("p1", None));
         assert!(h.admit(&first, &[]).admit);
         let r = h.admit(
             &with_port("p2", Some("127.0.0.1")),

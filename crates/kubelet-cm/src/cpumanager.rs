@@ -501,7 +501,7 @@ impl CpuAdmitHandler {
 }
 
 impl PodAdmitHandler for CpuAdmitHandler {
-    fn admit(&self, pod: &Pod, _active_pods: &[Pod]) -> AdmitResult {
+    fn admit(&self, pod: &Pod, _active_pods: &[std::sync::Arc<Pod>]) -> AdmitResult {
         match self.policy.allocate(pod, crate::cgroups::pod_qos(pod)) {
             Ok(()) => AdmitResult::admit(),
             Err(e) => AdmitResult::reject(

@@ -479,13 +479,13 @@ impl SyncLoop {
         }
     }
 
-    fn active_pods(&self) -> Vec<Pod> {
+    fn active_pods(&self) -> Vec<Arc<Pod>> {
         self.workers
             .values()
             .filter(|w| !w.done.load(std::sync::atomic::Ordering::Relaxed))
             .filter_map(|w| {
                 let st = w.state.lock();
-                (!st.terminated() && !st.orphan).then(|| (*st.pod).clone())
+                (!st.terminated() && !st.orphan).then(|| Arc::clone(&st.pod))
             })
             .collect()
     }
@@ -552,7 +552,7 @@ impl SyncLoop {
             PodOp::Reconcile => {
                 for p in u.pods {
                     if let Some(w) = self.workers.get(pod::uid(&p)) {
-                        w.state.lock().pod = Arc::new(p);
+                        w.state.lock().pod = p;
                     }
                 }
             }
@@ -586,7 +586,7 @@ impl SyncLoop {
 
     /// Start a worker for `p` or hand it the newer pod. `added` marks a pod (re)added by its
     /// source: a worker tearing the same UID down runs it again afterwards.
-    fn dispatch(&mut self, p: Pod, orphan: bool, added: bool) {
+    fn dispatch(&mut self, p: Arc<Pod>, orphan: bool, added: bool) {
         let uid = pod::uid(&p).to_string();
         if let Some(w) = self.workers.get(&uid) {
             if w.done.load(std::sync::atomic::Ordering::Relaxed) {
@@ -596,7 +596,7 @@ impl SyncLoop {
                 if added && st.removed && !st.orphan {
                     st.restart_requested = true;
                 }
-                st.pod = Arc::new(p);
+                st.pod = p;
                 drop(st);
                 w.notify.notify_one();
                 return;
@@ -668,7 +668,7 @@ impl SyncLoop {
             p.metadata.uid = Some(uid.clone());
             p.metadata.name = Some(st.name.clone());
             p.metadata.namespace = Some(st.namespace.clone());
-            self.dispatch(p, true, false);
+            self.dispatch(Arc::new(p), true, false);
         }
     }
 }

@@ -20,7 +20,7 @@
 //! pod.metadata.name = Some("web".into());
 //! pod.metadata.uid = Some("uid-1".into());
 //! let updates = storage.merge(
-//!     SourceSnapshot { source: "file".into(), pods: vec![pod] },
+//!     SourceSnapshot { source: "file".into(), pods: vec![pod.into()] },
 //!     &EventRecorder::log_only(),
 //! );
 //! assert_eq!(updates[0].op, PodOp::Add);
@@ -64,7 +64,8 @@ const SOURCE_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug, Default, Clone)]
 struct SourcePods {
     order: Vec<String>,
-    by_uid: HashMap<String, Pod>,
+    /// Shared with the updates sent for them (and so with the pod workers).
+    by_uid: HashMap<String, Arc<Pod>>,
 }
 
 /// Per-source pod state and the merge of snapshots into incremental updates (the kubelet's
@@ -81,7 +82,7 @@ impl PodStorage {
     pub fn full_names(&self, source: &str) -> Vec<String> {
         self.pods
             .get(source)
-            .map(|s| s.by_uid.values().map(pod::full_name).collect())
+            .map(|s| s.by_uid.values().map(|p| pod::full_name(p)).collect())
             .unwrap_or_default()
     }
 
@@ -121,10 +122,11 @@ impl PodStorage {
         let mut deletes = Vec::new();
         let mut reconciles = Vec::new();
 
-        for mut incoming in pods {
-            set_annotation(&mut incoming, annotations::CONFIG_SOURCE, &source);
+        for incoming in pods {
             let uid = pod::uid(&incoming).to_string();
             match old_by_uid.remove(&uid) {
+                // The stored pod already carries the source annotation, and the comparison
+                // ignores it: an unchanged pod is neither copied nor written.
                 Some(mut existing) => {
                     match check_and_update_pod(&mut existing, incoming) {
                         Change::Update => updates.push(existing.clone()),
@@ -136,7 +138,10 @@ impl PodStorage {
                     new.by_uid.insert(uid, existing);
                 }
                 None => {
-                    set_annotation(&mut incoming, annotations::CONFIG_SEEN, &seen_timestamp());
+                    let mut incoming = incoming;
+                    let p = Arc::make_mut(&mut incoming);
+                    set_annotation(p, annotations::CONFIG_SOURCE, &source);
+                    set_annotation(p, annotations::CONFIG_SEEN, &seen_timestamp());
                     adds.push(incoming.clone());
                     new.order.push(uid.clone());
                     new.by_uid.insert(uid, incoming);
@@ -145,7 +150,7 @@ impl PodStorage {
         }
 
         // Whatever is left of the old map is gone from the source, in the order it was listed.
-        let removes: Vec<Pod> = old
+        let removes: Vec<Arc<Pod>> = old
             .order
             .iter()
             .filter_map(|uid| old_by_uid.remove(uid))
@@ -154,7 +159,7 @@ impl PodStorage {
         self.pods.insert(source.clone(), new);
 
         let mut out = Vec::new();
-        let mut emit = |op: PodOp, pods: Vec<Pod>| {
+        let mut emit = |op: PodOp, pods: Vec<Arc<Pod>>| {
             out.push(PodUpdate {
                 op,
                 pods,
@@ -196,7 +201,7 @@ impl PodStorage {
 
     /// All current pods, source by source (sources in name order, pods in the order their source
     /// last listed them).
-    pub fn pods(&self) -> Vec<Pod> {
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
         self.pods
             .values()
             .flat_map(|s| s.order.iter().filter_map(|uid| s.by_uid.get(uid)).cloned())
@@ -204,7 +209,7 @@ impl PodStorage {
     }
 
     /// The current pods of one source.
-    pub fn source_pods(&self, source: &str) -> Vec<Pod> {
+    pub fn source_pods(&self, source: &str) -> Vec<Arc<Pod>> {
         self.pods
             .get(source)
             .map(|s| {
@@ -228,15 +233,18 @@ enum Change {
 }
 
 /// The kubelet's `checkAndUpdatePod`: compare the stored pod with the incoming one and update
-/// the stored pod in place.
-fn check_and_update_pod(existing: &mut Pod, incoming: Pod) -> Change {
+/// the stored pod. A changed pod becomes a new allocation (the updates already sent keep the
+/// old one); an unchanged one is left as it is.
+fn check_and_update_pod(existing: &mut Arc<Pod>, incoming: Arc<Pod>) -> Change {
     if !pods_differ_semantically(existing, &incoming) {
         if existing.status != incoming.status {
-            existing.status = incoming.status;
+            Arc::make_mut(existing).status = incoming.status.clone();
             return Change::Reconcile;
         }
         return Change::None;
     }
+    let incoming = Arc::unwrap_or_clone(incoming);
+    let existing = Arc::make_mut(existing);
     let deleting = incoming.metadata.deletion_timestamp.is_some();
     existing.spec = incoming.spec;
     existing.metadata.labels = incoming.metadata.labels;
@@ -293,7 +301,11 @@ fn annotations_equal_ignoring_local(a: &Pod, b: &Pod) -> bool {
 }
 
 /// Drop pods without UID and later copies of a full name or UID, with a warning event each.
-fn filter_invalid_pods(pods: Vec<Pod>, source: &str, recorder: &EventRecorder) -> Vec<Pod> {
+fn filter_invalid_pods(
+    pods: Vec<Arc<Pod>>,
+    source: &str,
+    recorder: &EventRecorder,
+) -> Vec<Arc<Pod>> {
     let mut names = HashSet::new();
     let mut uids = HashSet::new();
     let mut out = Vec::with_capacity(pods.len());
@@ -571,7 +583,7 @@ mod tests {
     fn snap(source: &str, pods: Vec<Pod>) -> SourceSnapshot {
         SourceSnapshot {
             source: source.into(),
-            pods,
+            pods: pods.into_iter().map(Arc::new).collect(),
         }
     }
 
@@ -948,12 +960,12 @@ mod tests {
                             PodOp::Add => {
                                 prop_assert!(!applied.contains_key(&uid));
                                 first_seen.insert(uid.clone(), seen.unwrap_or_default());
-                                applied.insert(uid, p);
+                                applied.insert(uid, Pod::clone(&p));
                             }
                             _ => {
                                 prop_assert!(applied.contains_key(&uid));
                                 prop_assert_eq!(first_seen.get(&uid), seen.as_ref());
-                                applied.insert(uid, p);
+                                applied.insert(uid, Pod::clone(&p));
                             }
                         }
                     }

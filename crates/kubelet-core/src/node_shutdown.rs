@@ -264,7 +264,7 @@ impl NodeShutdown {
 }
 
 impl PodAdmitHandler for NodeShutdown {
-    fn admit(&self, _pod: &Pod, _active: &[Pod]) -> AdmitResult {
+    fn admit(&self, _pod: &Pod, _active: &[Arc<Pod>]) -> AdmitResult {
         if self.is_shutting_down() {
             AdmitResult::reject(REJECT_REASON, REJECT_MESSAGE)
         } else {

@@ -188,7 +188,7 @@ impl StatusManager {
     ///
     /// Never blocks on the sinks. The status is dropped when it equals the cached one, unless the
     /// pod has a `deletionTimestamp`.
-    pub fn set_pod_status(&self, pod: &Pod, status: PodStatus) {
+    pub fn set_pod_status(&self, pod: &Arc<Pod>, status: PodStatus) {
         let forced = podutil::is_deleted(pod);
         self.update(pod, status, forced);
     }
@@ -199,7 +199,7 @@ impl StatusManager {
     /// reason `TerminationByKubelet`) is added at that moment.
     pub fn set_terminal(
         &self,
-        pod: &Pod,
+        pod: &Arc<Pod>,
         phase_reason: Option<(String, String)>,
         extra_condition: Option<PodCondition>,
     ) {
@@ -208,7 +208,7 @@ impl StatusManager {
             let n = self.shared.sinks.len();
             let entry = pods
                 .entry(podutil::uid(pod).to_string())
-                .or_insert_with(|| Entry::new(Arc::new(pod.clone()), n));
+                .or_insert_with(|| Entry::new(Arc::clone(pod), n));
             entry.forced_failure = Some(phase_reason.unwrap_or_default());
             if let Some(mut c) = extra_condition {
                 if c.last_transition_time.is_none() {
@@ -229,7 +229,7 @@ impl StatusManager {
     /// The agent has killed `pod`: containers without a terminated state are reported as
     /// terminated (exit code 137, reason `ContainerStatusUnknown`), and a non-static pod in a
     /// non-terminal phase becomes `Failed`. Static pods keep their computed phase.
-    pub fn terminate_pod(&self, pod: &Pod) {
+    pub fn terminate_pod(&self, pod: &Arc<Pod>) {
         let base = {
             let pods = self.shared.pods.lock();
             match pods
@@ -246,7 +246,7 @@ impl StatusManager {
 
     /// The pod finished and left every source: drop it from the cache and the reader, and tell
     /// every sink (`pod_removed`) once its last status was delivered.
-    pub fn remove_pod(&self, pod: &Pod) {
+    pub fn remove_pod(&self, pod: &Arc<Pod>) {
         let uid = podutil::uid(pod).to_string();
         self.shared.reader.remove(&uid);
         {
@@ -254,9 +254,9 @@ impl StatusManager {
             let n = self.shared.sinks.len();
             let entry = pods
                 .entry(uid)
-                .or_insert_with(|| Entry::new(Arc::new(pod.clone()), n));
+                .or_insert_with(|| Entry::new(Arc::clone(pod), n));
             entry.removed = true;
-            entry.pod = Arc::new(pod.clone());
+            entry.pod = Arc::clone(pod);
             entry.forced_failure = None;
             entry.pending_conditions.clear();
             for slot in &mut entry.sinks {
@@ -275,7 +275,7 @@ impl StatusManager {
     }
 
     /// The kubelet's `updateStatusInternal` + `mergePodStatus` + `normalizeStatus`.
-    fn update(&self, pod: &Pod, mut status: PodStatus, forced: bool) {
+    fn update(&self, pod: &Arc<Pod>, mut status: PodStatus, forced: bool) {
         let uid = podutil::uid(pod).to_string();
         let full_name = podutil::full_name(pod);
         let now = Timestamp::now();
@@ -283,10 +283,10 @@ impl StatusManager {
         let n = self.shared.sinks.len();
         let entry = pods
             .entry(uid.clone())
-            .or_insert_with(|| Entry::new(Arc::new(pod.clone()), n));
+            .or_insert_with(|| Entry::new(Arc::clone(pod), n));
         if entry.removed {
             // Same UID again (re-added after removal): start afresh.
-            *entry = Entry::new(Arc::new(pod.clone()), n);
+            *entry = Entry::new(Arc::clone(pod), n);
         }
         let cached = (entry.version > 0).then(|| Arc::clone(&entry.status));
         let default_old = PodStatus::default();
@@ -409,12 +409,12 @@ impl StatusManager {
             && kubelet_view_equal(cached, &status)
         {
             tracing::trace!(pod = %full_name, podUID = %uid, "ignoring same status");
-            entry.pod = Arc::new(pod.clone());
+            entry.pod = Arc::clone(pod);
             return;
         }
         entry.version += 1;
         entry.status = Arc::new(status);
-        entry.pod = Arc::new(pod.clone());
+        entry.pod = Arc::clone(pod);
         tracing::debug!(
             pod = %full_name, podUID = %uid, version = entry.version,
             phase = entry.status.phase.as_deref().unwrap_or(""),
@@ -1028,8 +1028,8 @@ mod tests {
         }
     }
 
-    fn pod(uid: &str, policy: &str) -> Pod {
-        Pod {
+    fn pod(uid: &str, policy: &str) -> Arc<Pod> {
+        Arc::new(Pod {
             metadata: ObjectMeta {
                 name: Some(format!("pod-{uid}")),
                 namespace: Some("default".into()),
@@ -1051,7 +1051,7 @@ mod tests {
                 ..Default::default()
             }),
             status: None,
-        }
+        })
     }
 
     fn ts(secs: i64) -> Timestamp {
@@ -1244,7 +1244,7 @@ mod tests {
     async fn deletion_timestamp_forces_an_update() {
         let m = manager(&[]);
         let mut p = pod("u1", "Always");
-        p.metadata.deletion_timestamp = Some(Time(ts(10)));
+        Arc::make_mut(&mut p).metadata.deletion_timestamp = Some(Time(ts(10)));
         m.set_pod_status(
             &p,
             status(PodPhase::Running.as_str(), vec![running_cs("a")]),
@@ -1423,7 +1423,7 @@ mod tests {
     async fn terminate_pod_keeps_the_phase_of_static_pods() {
         let m = manager(&[]);
         let mut p = pod("u1", "Always");
-        p.metadata.annotations = Some(
+        Arc::make_mut(&mut p).metadata.annotations = Some(
             [(
                 kubelet_api::annotations::CONFIG_SOURCE.to_string(),
                 "file".to_string(),

@@ -385,7 +385,7 @@ impl Engine {
     }
 
     /// A pod an admission handler rejected: it ends `Failed` with the handler's reason.
-    pub(crate) fn reject_pod(&self, p: &Pod, reason: &str, message: &str) {
+    pub(crate) fn reject_pod(&self, p: &Arc<Pod>, reason: &str, message: &str) {
         // The kubelet's `rejectPod` prefixes the handler's message.
         let mut st = k8s_openapi::api::core::v1::PodStatus {
             phase: Some("Failed".into()),
@@ -400,7 +400,7 @@ impl Engine {
     }
 
     /// A rejected pod left its source.
-    pub(crate) fn forget_rejected(&self, p: &Pod) {
+    pub(crate) fn forget_rejected(&self, p: &Arc<Pod>) {
         if self.status.get(pod::uid(p)).is_some() {
             self.status.remove_pod(p);
         }
@@ -439,7 +439,7 @@ impl Engine {
     /// `activeDeadlineHandler`): a pod active longer than its deadline fails with reason
     /// `DeadlineExceeded` and is killed; before that, the pod is synced again when the deadline
     /// passes (an update that changes the deadline syncs the pod at once).
-    pub(crate) async fn sync_pod(&self, p: &Pod, entry: CacheEntry) -> SyncOutcome {
+    pub(crate) async fn sync_pod(&self, p: &Arc<Pod>, entry: CacheEntry) -> SyncOutcome {
         let has_deadline = p
             .spec
             .as_ref()
@@ -484,7 +484,7 @@ impl Engine {
         }
     }
 
-    async fn sync_pod_toward_spec(&self, p: &Pod, entry: CacheEntry) -> SyncOutcome {
+    async fn sync_pod_toward_spec(&self, p: &Arc<Pod>, entry: CacheEntry) -> SyncOutcome {
         let uid = pod::uid(p).to_string();
         let rt = match entry.status {
             Ok(s) => s,
@@ -1676,7 +1676,7 @@ impl Engine {
     /// Kill the pod. `Err(wait)` asks the worker to retry.
     pub(crate) async fn sync_terminating_pod(
         &self,
-        p: &Pod,
+        p: &Arc<Pod>,
         opts: &KillPodOptions,
         orphan: bool,
     ) -> Result<(), Duration> {
@@ -1729,7 +1729,12 @@ impl Engine {
     }
 
     /// After termination: tear down volumes and finalize the status.
-    pub(crate) async fn sync_terminated_pod(&self, p: &Pod, opts: &KillPodOptions, orphan: bool) {
+    pub(crate) async fn sync_terminated_pod(
+        &self,
+        p: &Arc<Pod>,
+        opts: &KillPodOptions,
+        orphan: bool,
+    ) {
         if orphan {
             return;
         }
@@ -1767,7 +1772,7 @@ impl Engine {
 
     /// The pod terminated and left every source: remove its containers, sandboxes, directories
     /// and status.
-    pub(crate) async fn cleanup_pod(&self, p: &Pod, orphan: bool) {
+    pub(crate) async fn cleanup_pod(&self, p: &Arc<Pod>, orphan: bool) {
         let uid = pod::uid(p).to_string();
         self.start_metrics.forget(&uid);
         if let Some(rt) = self.fresh_status(p).await {

@@ -131,9 +131,9 @@ pub(crate) struct WorkerState {
 }
 
 impl WorkerState {
-    pub(crate) fn new(pod: Pod, orphan: bool) -> Self {
+    pub(crate) fn new(pod: Arc<Pod>, orphan: bool) -> Self {
         Self {
-            pod: Arc::new(pod),
+            pod,
             kill: orphan.then(KillPodOptions::default),
             kill_waiters: Vec::new(),
             removed: orphan,

@@ -59,7 +59,7 @@ impl PodSource for Pods {
 struct DenyNamed;
 
 impl PodAdmitHandler for DenyNamed {
-    fn admit(&self, pod: &Pod, _: &[Pod]) -> AdmitResult {
+    fn admit(&self, pod: &Pod, _: &[std::sync::Arc<Pod>]) -> AdmitResult {
         if pod.metadata.name.as_deref() == Some("denied") {
             AdmitResult::reject("Denied", "the test plugin says no")
         } else {

@@ -75,7 +75,7 @@ pub struct EvictionAdmitHandler {
 }
 
 impl PodAdmitHandler for EvictionAdmitHandler {
-    fn admit(&self, pod: &Pod, _active_pods: &[Pod]) -> AdmitResult {
+    fn admit(&self, pod: &Pod, _active_pods: &[Arc<Pod>]) -> AdmitResult {
         let conditions = self.conditions.read().clone();
         admit(pod, &conditions, self.static_pods_are_critical)
     }

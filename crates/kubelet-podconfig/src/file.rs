@@ -43,6 +43,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
@@ -352,7 +353,7 @@ enum Listing {
     /// The directory could not be listed.
     Failed(PodConfigError),
     /// Every manifest file, in lexical order, with its pod or its failure.
-    Files(Vec<(PathBuf, Result<Pod, ManifestFailure>)>),
+    Files(Vec<(PathBuf, Result<Arc<Pod>, ManifestFailure>)>),
 }
 
 /// What identifies a manifest file's content without reading it (of the file a symlink
@@ -411,7 +412,7 @@ fn list(
     node_name: &str,
     options: &ValidationOptions,
     cache: &mut ReadCache,
-    known: &BTreeMap<PathBuf, Pod>,
+    known: &BTreeMap<PathBuf, Arc<Pod>>,
     may_skip: bool,
 ) -> Listed {
     let meta = match std::fs::metadata(path) {
@@ -477,8 +478,8 @@ fn read_cached(
     node_name: &str,
     options: &ValidationOptions,
     cache: &mut ReadCache,
-    known: &BTreeMap<PathBuf, Pod>,
-) -> Result<Pod, ManifestFailure> {
+    known: &BTreeMap<PathBuf, Arc<Pod>>,
+) -> Result<Arc<Pod>, ManifestFailure> {
     let key = FileKey::of(meta);
     if cache.keys.get(file) == Some(&key)
         && let Some(pod) = known.get(file)
@@ -496,7 +497,7 @@ fn read_cached(
     } else {
         cache.keys.remove(file);
     }
-    result
+    result.map(Arc::new)
 }
 
 /// The regular files of directory `path`, in lexical order, with their metadata (blocking).
@@ -536,7 +537,7 @@ fn entries(path: &Path) -> Result<Vec<Entry>, PodConfigError> {
 struct State {
     root: PathBuf,
     recorder: EventRecorder,
-    pods: BTreeMap<PathBuf, Pod>,
+    pods: BTreeMap<PathBuf, Arc<Pod>>,
     reported: HashMap<PathBuf, String>,
     /// Which file each pod full name (`name_namespace`) belongs to.
     owners: HashMap<String, PathBuf>,
@@ -562,7 +563,7 @@ impl State {
     /// Two files naming the same pod: the file that already had the name keeps it, else the
     /// first in lexical order; the other is left out with a warning that names both files (so a
     /// new file can never replace a running pod by reusing its name).
-    fn resolve_duplicates(&mut self, pods: &mut BTreeMap<PathBuf, Pod>) {
+    fn resolve_duplicates(&mut self, pods: &mut BTreeMap<PathBuf, Arc<Pod>>) {
         let mut owners: HashMap<String, PathBuf> = HashMap::new();
         for (file, pod) in pods.iter() {
             let name = kubelet_api::pod::full_name(pod);
@@ -606,7 +607,7 @@ impl State {
 
     /// Fold a listing into the state; returns the snapshot to send, or `None` when the listing
     /// failed and nothing should be sent.
-    fn apply(&mut self, listing: Listing, trigger: Trigger) -> Option<Vec<Pod>> {
+    fn apply(&mut self, listing: Listing, trigger: Trigger) -> Option<Vec<Arc<Pod>>> {
         let files = match listing {
             Listing::Missing => {
                 if self
@@ -852,13 +853,13 @@ mod tests {
         assert_eq!(FileSource::new("rel//", "n").path(), Path::new("rel"));
     }
 
-    fn pod(name: &str) -> Pod {
+    fn pod(name: &str) -> Arc<Pod> {
         let mut p = Pod::default();
         p.metadata.name = Some(name.into());
-        p
+        Arc::new(p)
     }
 
-    fn bad(path: &Path) -> Result<Pod, ManifestFailure> {
+    fn bad(path: &Path) -> Result<Arc<Pod>, ManifestFailure> {
         Err(PodConfigError::EmptyManifest {
             path: path.to_path_buf(),
         }
@@ -871,7 +872,7 @@ mod tests {
         let mut state = State::new(PathBuf::from("/m"), recorder);
         let a = PathBuf::from("/m/a.yaml");
         let b = PathBuf::from("/m/b.yaml");
-        let names = |pods: Option<Vec<Pod>>| -> Vec<String> {
+        let names = |pods: Option<Vec<Arc<Pod>>>| -> Vec<String> {
             pods.unwrap_or_default()
                 .iter()
                 .map(|p| p.metadata.name.clone().unwrap_or_default())

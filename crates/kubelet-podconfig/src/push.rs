@@ -285,7 +285,7 @@ impl PodSource for PushSource {
             out: out.clone(),
         });
         // Nothing pushed yet: an empty snapshot marks the source as seen.
-        if out.snapshot(Vec::new()).await.is_err() {
+        if out.snapshot(Vec::<Pod>::new()).await.is_err() {
             return;
         }
         // Requests change the set and return; this task sends the set as it is then. While the
@@ -300,7 +300,8 @@ impl PodSource for PushSource {
                         _ = shutdown.cancelled() => return,
                         _ = handler.changed.notified() => {}
                     }
-                    let pods: Vec<Pod> = handler.pods.lock().await.values().cloned().collect();
+                    // Clones of the shared pods: no deep copy per snapshot.
+                    let pods: Vec<Arc<Pod>> = handler.pods.lock().await.values().cloned().collect();
                     if out.snapshot(pods).await.is_err() {
                         tracing::debug!(
                             "pod config receiver closed; pushed pods are not delivered"
@@ -399,7 +400,7 @@ struct Handler {
     node_name: String,
     validation: ValidationOptions,
     tokens: Vec<String>,
-    pods: AsyncMutex<BTreeMap<(String, String), Pod>>,
+    pods: AsyncMutex<BTreeMap<(String, String), Arc<Pod>>>,
     /// Woken after each change of `pods`; the sending task delivers the set.
     changed: tokio::sync::Notify,
     /// For the merge's name index (which source holds a name).
@@ -512,7 +513,7 @@ impl Handler {
         let pods = self.pods.lock().await;
         json_bytes_response(
             StatusCode::OK,
-            kubelet_api::pod::list_to_json(&mut pods.values()),
+            kubelet_api::pod::list_to_json(&mut pods.values().map(|p| &**p)),
         )
     }
 
@@ -534,9 +535,10 @@ impl Handler {
         if let Some(resp) = self.owned_elsewhere(&pod) {
             return resp;
         }
-        pods.insert(key, pod.clone());
+        let body = kubelet_api::pod::to_json(&pod);
+        pods.insert(key, Arc::new(pod));
         self.send();
-        json_bytes_response(StatusCode::CREATED, kubelet_api::pod::to_json(&pod))
+        json_bytes_response(StatusCode::CREATED, body)
     }
 
     async fn replace(&self, ns: String, name: String, pod: Pod) -> Resp {
@@ -567,14 +569,15 @@ impl Handler {
             return resp;
         }
         let mut pods = self.pods.lock().await;
-        let created = pods.insert(key, pod.clone()).is_none();
+        let body = kubelet_api::pod::to_json(&pod);
+        let created = pods.insert(key, Arc::new(pod)).is_none();
         self.send();
         let code = if created {
             StatusCode::CREATED
         } else {
             StatusCode::OK
         };
-        json_bytes_response(code, kubelet_api::pod::to_json(&pod))
+        json_bytes_response(code, body)
     }
 
     async fn delete(&self, ns: &str, name: &str) -> Resp {
