@@ -93,7 +93,7 @@ pub use services::{ServiceConflict, Services};
 pub use sink::StatusSink;
 pub use source::{
     NameIndex, PodOp, PodSource, PodUpdate, SourceClosed, SourceSender, SourceSnapshot,
-    annotations, sources,
+    annotations, is_marked_seen, mark_seen, sources,
 };
 pub use status::{PodWithStatus, StatusReader, StatusWriter};
 pub use streaming::{

@@ -31,6 +31,34 @@ pub mod annotations {
     pub const CONFIG_MIRROR: &str = "kubernetes.io/config.mirror";
 }
 
+/// Mark `pod` as first seen now by `source`: `kubernetes.io/config.source` is set to `source` and
+/// `kubernetes.io/config.seen` to the current time (RFC 3339 with nanoseconds, UTC), replacing
+/// any values the pod carried.
+///
+/// The merge does this to each pod new to it. A source that marks the pods it loads itself (the
+/// file source does) lets the merge keep the source's allocation instead of copying the pod to
+/// annotate it: the merge leaves a new pod alone when it already names its source and carries a
+/// seen time.
+pub fn mark_seen(pod: &mut Pod, source: &str) {
+    let annotations = pod
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default);
+    annotations.insert(annotations::CONFIG_SOURCE.to_string(), source.to_string());
+    annotations.insert(
+        annotations::CONFIG_SEEN.to_string(),
+        jiff::Timestamp::now().to_string(),
+    );
+}
+
+/// Whether `pod` is marked as seen by `source` (see [`mark_seen`]).
+pub fn is_marked_seen(pod: &Pod, source: &str) -> bool {
+    pod.metadata.annotations.as_ref().is_some_and(|a| {
+        a.get(annotations::CONFIG_SOURCE).map(String::as_str) == Some(source)
+            && a.contains_key(annotations::CONFIG_SEEN)
+    })
+}
+
 /// Operation of a merged pod update, in the kubelet's semantics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PodOp {

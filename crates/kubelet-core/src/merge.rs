@@ -138,10 +138,12 @@ impl PodStorage {
                     new.by_uid.insert(uid, existing);
                 }
                 None => {
+                    // A pod its source marked already is kept as it is: the merge and the
+                    // source share one allocation.
                     let mut incoming = incoming;
-                    let p = Arc::make_mut(&mut incoming);
-                    set_annotation(p, annotations::CONFIG_SOURCE, &source);
-                    set_annotation(p, annotations::CONFIG_SEEN, &seen_timestamp());
+                    if !kubelet_api::is_marked_seen(&incoming, &source) {
+                        kubelet_api::mark_seen(Arc::make_mut(&mut incoming), &source);
+                    }
                     adds.push(incoming.clone());
                     new.order.push(uid.clone());
                     new.by_uid.insert(uid, incoming);
@@ -359,18 +361,6 @@ fn filter_invalid_pods(
 /// `format.Pod`: `name_namespace(uid)`.
 fn format_pod(p: &Pod) -> String {
     format!("{}({})", pod::full_name(p), pod::uid(p))
-}
-
-fn set_annotation(p: &mut Pod, key: &str, value: &str) {
-    p.metadata
-        .annotations
-        .get_or_insert_with(Default::default)
-        .insert(key.to_string(), value.to_string());
-}
-
-/// Now, in RFC 3339 with nanoseconds (Go's `RFC3339Nano`, trailing zeros trimmed), UTC.
-fn seen_timestamp() -> String {
-    jiff::Timestamp::now().to_string()
 }
 
 /// Which sources have delivered their first snapshot: a cheap, cloneable reader that
@@ -638,6 +628,73 @@ mod tests {
         }
         assert_eq!(out[0].source, "file");
         assert_eq!(s.pods().len(), 2);
+    }
+
+    #[test]
+    fn pods_are_shared_not_copied_unless_they_must_be_annotated_or_changed() {
+        let mut s = PodStorage::new(["file", "api"]);
+        let mut marked = mk("a", "1");
+        kubelet_api::mark_seen(&mut marked, "file");
+        let marked = Arc::new(marked);
+        let plain = Arc::new(mk("b", "2"));
+        let out = s.merge(
+            SourceSnapshot {
+                source: "file".into(),
+                pods: vec![marked.clone(), plain.clone()],
+            },
+            &log(),
+        );
+        // The marked pod is the source's allocation, in the update and in the storage.
+        assert!(Arc::ptr_eq(&out[0].pods[0], &marked));
+        assert!(!Arc::ptr_eq(&out[0].pods[1], &plain));
+        let stored = s.source_pods("file");
+        assert!(Arc::ptr_eq(&stored[0], &marked));
+        assert!(Arc::ptr_eq(&stored[1], &out[0].pods[1]));
+        // A pod marked by another source is annotated afresh for this one.
+        let out = s.merge(
+            SourceSnapshot {
+                source: "api".into(),
+                pods: vec![Arc::new({
+                    let mut p = Pod::clone(&marked);
+                    p.metadata.uid = Some("3".into());
+                    p.metadata.name = Some("c".into());
+                    p
+                })],
+            },
+            &log(),
+        );
+        assert_eq!(
+            ann(&out[0].pods[0], annotations::CONFIG_SOURCE),
+            Some("api")
+        );
+        // Unchanged pods sent again (as new allocations): the stored ones stay.
+        let again = s.merge(
+            snap("file", vec![Pod::clone(&marked), Pod::clone(&plain)]),
+            &log(),
+        );
+        assert!(again.is_empty());
+        let after = s.source_pods("file");
+        assert!(Arc::ptr_eq(&after[0], &marked));
+        assert!(Arc::ptr_eq(&after[1], &stored[1]));
+        // A change replaces the stored pod; the update sent before keeps the old one.
+        let mut changed = Pod::clone(&plain);
+        if let Some(spec) = changed.spec.as_mut() {
+            spec.containers[0].image = Some("busybox:2".into());
+        }
+        let out2 = s.merge(snap("file", vec![Pod::clone(&marked), changed]), &log());
+        assert_eq!(ops(&out2), vec![(PodOp::Update, vec!["2".into()])]);
+        assert!(!Arc::ptr_eq(&out2[0].pods[0], &stored[1]));
+        assert_eq!(
+            stored[1]
+                .spec
+                .as_ref()
+                .map(|s| s.containers[0].image.clone()),
+            Some(Some("busybox".into()))
+        );
+        assert_eq!(
+            ann(&out2[0].pods[0], annotations::CONFIG_SEEN),
+            ann(&stored[1], annotations::CONFIG_SEEN)
+        );
     }
 
     #[test]

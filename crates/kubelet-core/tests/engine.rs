@@ -1096,3 +1096,88 @@ async fn three_hundred_pods_run_and_a_deletion_burst_during_starts_leaves_nothin
     assert_eq!(owners.len(), 150, "one container per remaining pod");
     h.stop().await;
 }
+
+/// A source that sends shared pods as they are, to follow one allocation through the engine.
+struct SharedSource {
+    rx: watch::Receiver<Vec<Arc<Pod>>>,
+}
+
+#[async_trait]
+impl kubelet_api::PodSource for SharedSource {
+    fn name(&self) -> &str {
+        kubelet_api::sources::FILE
+    }
+
+    async fn run(&self, out: kubelet_api::SourceSender, shutdown: CancellationToken) {
+        let mut rx = self.rx.clone();
+        loop {
+            let pods = rx.borrow_and_update().clone();
+            if out.snapshot(pods).await.is_err() {
+                return;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_its_source_marked_is_one_allocation_from_the_source_to_the_status_reader() {
+    let mut marked = pod("u1", "Always", vec![], vec![container("app")]);
+    kubelet_api::mark_seen(&mut marked, kubelet_api::sources::FILE);
+    let marked = Arc::new(marked);
+    let unmarked = Arc::new(pod("u2", "Always", vec![], vec![container("app")]));
+    let (tx, rx) = watch::channel(vec![marked.clone(), unmarked.clone()]);
+
+    let rt = Arc::new(FakeRuntime::new());
+    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
+    let sink = Arc::new(RecordingSink::new());
+    let kubelet = KubeletBuilder::new("node-1")
+        .config(engine_config())
+        .runtime(runtime)
+        .pleg(Arc::new(pleg), pleg_events)
+        .pod_source(Arc::new(SharedSource { rx }))
+        .status_sink(sink.clone())
+        .build()
+        .expect("build");
+    let reader = kubelet.status_reader();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(kubelet.run(shutdown.clone()));
+    for uid in ["u1", "u2"] {
+        let running = sink
+            .wait_for(
+                |r| r.uid == uid && phase(&r.status) == "Running",
+                Duration::from_secs(600),
+            )
+            .await;
+        assert!(running.is_some(), "{uid} never ran");
+    }
+
+    // The marked pod is the source's allocation in the worker, the status manager and the
+    // reader; the unmarked one was copied once, to annotate it.
+    let first = |uid: &str| reader.get(uid).expect("status").pod;
+    assert!(Arc::ptr_eq(&first("u1"), &marked));
+    let u2 = first("u2");
+    assert!(!Arc::ptr_eq(&u2, &unmarked));
+    let annotations = u2.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get(kubelet_api::annotations::CONFIG_SOURCE)
+            .map(String::as_str),
+        Some(kubelet_api::sources::FILE)
+    );
+    assert!(annotations.contains_key(kubelet_api::annotations::CONFIG_SEEN));
+
+    // The same snapshot again, then a resync: nothing is copied or replaced.
+    tx.send_modify(|_| {});
+    tokio::time::sleep(Duration::from_secs(90)).await;
+    assert!(Arc::ptr_eq(&first("u1"), &marked));
+    assert!(Arc::ptr_eq(&first("u2"), &u2));
+    assert_eq!(calls_matching(&rt, "create_container").len(), 2);
+
+    shutdown.cancel();
+    let _ = task.await;
+}

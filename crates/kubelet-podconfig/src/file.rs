@@ -497,7 +497,11 @@ fn read_cached(
     } else {
         cache.keys.remove(file);
     }
-    result.map(Arc::new)
+    // Marked here, the pod the source keeps is the one the merge stores (no copy per pod).
+    result.map(|mut pod| {
+        kubelet_api::mark_seen(&mut pod, sources::FILE);
+        Arc::new(pod)
+    })
 }
 
 /// The regular files of directory `path`, in lexical order, with their metadata (blocking).

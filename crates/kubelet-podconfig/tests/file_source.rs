@@ -795,7 +795,15 @@ async fn unchanged_files_are_not_read_again_and_no_snapshot_is_sent_for_them() {
             })
             .collect()
     };
-    assert_eq!(next_snapshot(&mut rx).await.pods.len(), 3);
+    let first = next_snapshot(&mut rx).await;
+    assert_eq!(first.pods.len(), 3);
+    // Marked as seen by the source itself, so the merge keeps these allocations.
+    assert!(
+        first
+            .pods
+            .iter()
+            .all(|p| kubelet_api::is_marked_seen(p, "file"))
+    );
     // More than ten periods: not one snapshot.
     assert!(
         tokio::time::timeout(QUIET, rx.recv()).await.is_err(),
@@ -813,6 +821,11 @@ async fn unchanged_files_are_not_read_again_and_no_snapshot_is_sent_for_them() {
             "c-node1=busybox:1.36"
         ]
     );
+    // The unchanged files' pods are sent as the allocations sent before, not as copies.
+    let same: Vec<bool> = (0..3)
+        .map(|i| std::sync::Arc::ptr_eq(&first.pods[i], &s.pods[i]))
+        .collect();
+    assert_eq!(same, [true, false, true]);
     // A new file and a deleted one.
     write(&dir.path().join("d.yaml"), &manifest("d", "busybox:1.36"));
     std::fs::remove_file(dir.path().join("a.yaml")).expect("delete");
