@@ -159,7 +159,7 @@ async fn run() {
     let api = ApiServer::new(node, NODE, ApiServerConfig::default().root_dir(&root))
         .with_recorder(builder.recorder());
     let kubelet = builder
-        .runtime(runtime)
+        .runtime(runtime.clone())
         .pleg(pleg, pleg_events)
         .pod_source(api.pod_source())
         .status_sink(sink.clone())
@@ -232,4 +232,20 @@ async fn run() {
     );
     shutdown.cancel();
     let _ = agent.await;
+    // Containers outlive the agent by design: stop and remove them, so the test leaves no
+    // shim or `sleep` behind.
+    let sandboxes = runtime
+        .list_pod_sandboxes(&Default::default())
+        .await
+        .expect("list sandboxes");
+    for sb in sandboxes {
+        runtime
+            .stop_pod_sandbox(&sb.id)
+            .await
+            .expect("stop sandbox");
+        runtime
+            .remove_pod_sandbox(&sb.id)
+            .await
+            .expect("remove sandbox");
+    }
 }

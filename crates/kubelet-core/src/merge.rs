@@ -238,6 +238,10 @@ enum Change {
 /// the stored pod. A changed pod becomes a new allocation (the updates already sent keep the
 /// old one); an unchanged one is left as it is.
 fn check_and_update_pod(existing: &mut Arc<Pod>, incoming: Arc<Pod>) -> Change {
+    // The very pod stored (a source that keeps its pods and marks them): nothing to compare.
+    if Arc::ptr_eq(existing, &incoming) {
+        return Change::None;
+    }
     if !pods_differ_semantically(existing, &incoming) {
         if existing.status != incoming.status {
             Arc::make_mut(existing).status = incoming.status.clone();

@@ -395,6 +395,13 @@ async fn serve<S>(
     }
 }
 
+/// `pod` marked as seen by this source now: the merge then stores the endpoint's own allocation
+/// (and finds it unchanged in later snapshots by identity, without comparing it).
+fn marked(mut pod: Pod) -> Pod {
+    kubelet_api::mark_seen(&mut pod, PUSH_SOURCE);
+    pod
+}
+
 /// The endpoint's state: pushed pods by submitted `(namespace, name)`.
 struct Handler {
     node_name: String,
@@ -536,7 +543,7 @@ impl Handler {
             return resp;
         }
         let body = kubelet_api::pod::to_json(&pod);
-        pods.insert(key, Arc::new(pod));
+        pods.insert(key, Arc::new(marked(pod)));
         self.send();
         json_bytes_response(StatusCode::CREATED, body)
     }
@@ -570,7 +577,7 @@ impl Handler {
         }
         let mut pods = self.pods.lock().await;
         let body = kubelet_api::pod::to_json(&pod);
-        let created = pods.insert(key, Arc::new(pod)).is_none();
+        let created = pods.insert(key, Arc::new(marked(pod))).is_none();
         self.send();
         let code = if created {
             StatusCode::CREATED
