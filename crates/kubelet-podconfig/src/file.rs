@@ -294,20 +294,19 @@ impl FileSource {
         let path = self.path.clone();
         let node = self.node_name.clone();
         let options = self.config.validation;
-        // The listing takes the pods last sent (to reuse those of unchanged files) and gives
-        // them back.
+        // The listing reads the pods last sent (to reuse those of unchanged files), and takes
+        // the read cache and gives it back.
         let mut cache = std::mem::take(&mut state.cache);
-        let known = std::mem::take(&mut state.pods);
+        let known = Arc::clone(&state.pods);
         let may_skip = state.applied && state.reported.is_empty();
         let listed = tokio::task::spawn_blocking(move || {
             let listed = list(&path, &node, &options, &mut cache, &known, may_skip);
-            (listed, cache, known)
+            (listed, cache)
         })
         .await;
         let listing = match listed {
-            Ok((listed, cache, known)) => {
+            Ok((listed, cache)) => {
                 state.cache = cache;
-                state.pods = known;
                 match listed {
                     Listed::Unchanged => {
                         tracing::trace!(path = %self.path.display(), ?trigger, "static pods unchanged");
@@ -390,6 +389,23 @@ struct ReadCache {
     keys: HashMap<PathBuf, FileKey>,
 }
 
+impl ReadCache {
+    /// The pod `known` holds for `file` when the file's key is the cached one: the file has not
+    /// changed since that pod was read from it.
+    fn hit<'a>(
+        &self,
+        file: &Path,
+        meta: &std::fs::Metadata,
+        known: &'a BTreeMap<PathBuf, Arc<Pod>>,
+    ) -> Option<&'a Arc<Pod>> {
+        if self.keys.get(file) == Some(&FileKey::of(meta)) {
+            known.get(file)
+        } else {
+            None
+        }
+    }
+}
+
 /// What [`list`] found.
 #[derive(Debug)]
 enum Listed {
@@ -437,15 +453,13 @@ fn list(
     } else {
         vec![(path.to_path_buf(), Ok(meta))]
     };
-    let hit = |file: &Path, m: &std::fs::Metadata| {
-        cache.keys.get(file) == Some(&FileKey::of(m)) && known.contains_key(file)
-    };
     if may_skip
         && entries.len() == cache.keys.len()
         && entries.len() == known.len()
-        && entries
-            .iter()
-            .all(|(file, m)| m.as_ref().is_ok_and(|m| hit(file, m)))
+        && entries.iter().all(|(file, m)| {
+            m.as_ref()
+                .is_ok_and(|m| cache.hit(file, m, known).is_some())
+        })
     {
         return Listed::Unchanged;
     }
@@ -480,10 +494,7 @@ fn read_cached(
     cache: &mut ReadCache,
     known: &BTreeMap<PathBuf, Arc<Pod>>,
 ) -> Result<Arc<Pod>, ManifestFailure> {
-    let key = FileKey::of(meta);
-    if cache.keys.get(file) == Some(&key)
-        && let Some(pod) = known.get(file)
-    {
+    if let Some(pod) = cache.hit(file, meta, known) {
         return Ok(pod.clone());
     }
     let result = manifest::load(file, node_name, options);
@@ -493,7 +504,7 @@ fn read_cached(
         .and_then(|m| m.checked_add(SETTLED))
         .is_some_and(|m| m <= started);
     if result.is_ok() && settled {
-        cache.keys.insert(file.to_path_buf(), key);
+        cache.keys.insert(file.to_path_buf(), FileKey::of(meta));
     } else {
         cache.keys.remove(file);
     }
@@ -541,7 +552,9 @@ fn entries(path: &Path) -> Result<Vec<Entry>, PodConfigError> {
 struct State {
     root: PathBuf,
     recorder: EventRecorder,
-    pods: BTreeMap<PathBuf, Arc<Pod>>,
+    /// Shared with the blocking listing task, which reuses the pods of unchanged files: a
+    /// listing that fails (or panics) leaves them in place.
+    pods: Arc<BTreeMap<PathBuf, Arc<Pod>>>,
     reported: HashMap<PathBuf, String>,
     /// Which file each pod full name (`name_namespace`) belongs to.
     owners: HashMap<String, PathBuf>,
@@ -556,7 +569,7 @@ impl State {
         Self {
             root,
             recorder,
-            pods: BTreeMap::new(),
+            pods: Arc::default(),
             reported: HashMap::new(),
             owners: HashMap::new(),
             cache: ReadCache::default(),
@@ -621,7 +634,7 @@ impl State {
                 {
                     tracing::info!(path = %self.root.display(), "static pod path does not exist; retrying");
                 }
-                self.pods.clear();
+                self.pods = Arc::default();
                 return Some(Vec::new());
             }
             Listing::Failed(err) => {
@@ -645,7 +658,7 @@ impl State {
                 }
                 Err(failure) => {
                     self.report(failure.pod.as_deref(), &failure.error);
-                    match (trigger, self.pods.remove(&file)) {
+                    match (trigger, self.pods.get(&file).cloned()) {
                         (Trigger::Watch, Some(old)) => {
                             tracing::info!(path = %file.display(), "keeping the last good pod of the invalid manifest until the next periodic re-list");
                             pods.insert(file, old);
@@ -661,8 +674,9 @@ impl State {
         self.reported
             .retain(|path, _| present.contains(path) || *path == self.root);
         self.resolve_duplicates(&mut pods);
-        self.pods = pods;
-        Some(self.pods.values().cloned().collect())
+        let snapshot = pods.values().cloned().collect();
+        self.pods = Arc::new(pods);
+        Some(snapshot)
     }
 
     /// Log and record a failure once per distinct message.
