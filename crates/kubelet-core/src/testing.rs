@@ -1199,22 +1199,28 @@ struct SinkState {
 /// A pod source named `file` that the test drives through a `watch` channel: every value sent is
 /// a snapshot of the source's pods; `None` sends nothing, so the source has not been seen yet
 /// (orphan cleanup waits for it).
+///
+/// The pods are `Pod`s, or `Arc<Pod>`s sent as they are (to follow one allocation through the
+/// engine).
 #[derive(Debug, Clone)]
-pub struct WatchSource {
-    rx: watch::Receiver<Option<Vec<Pod>>>,
+pub struct WatchSource<P = Pod> {
+    rx: watch::Receiver<Option<Vec<P>>>,
 }
 
-impl WatchSource {
+impl<P> WatchSource<P> {
     /// A source starting with `pods` (`None`: no first snapshot yet) and the sender that
     /// replaces them.
-    pub fn new(pods: Option<Vec<Pod>>) -> (Self, watch::Sender<Option<Vec<Pod>>>) {
+    pub fn new(pods: Option<Vec<P>>) -> (Self, watch::Sender<Option<Vec<P>>>) {
         let (tx, rx) = watch::channel(pods);
         (Self { rx }, tx)
     }
 }
 
 #[async_trait]
-impl kubelet_api::PodSource for WatchSource {
+impl<P> kubelet_api::PodSource for WatchSource<P>
+where
+    P: Into<Arc<Pod>> + Clone + Send + Sync + 'static,
+{
     fn name(&self) -> &str {
         kubelet_api::sources::FILE
     }

@@ -1097,39 +1097,13 @@ async fn three_hundred_pods_run_and_a_deletion_burst_during_starts_leaves_nothin
     h.stop().await;
 }
 
-/// A source that sends shared pods as they are, to follow one allocation through the engine.
-struct SharedSource {
-    rx: watch::Receiver<Vec<Arc<Pod>>>,
-}
-
-#[async_trait]
-impl kubelet_api::PodSource for SharedSource {
-    fn name(&self) -> &str {
-        kubelet_api::sources::FILE
-    }
-
-    async fn run(&self, out: kubelet_api::SourceSender, shutdown: CancellationToken) {
-        let mut rx = self.rx.clone();
-        loop {
-            let pods = rx.borrow_and_update().clone();
-            if out.snapshot(pods).await.is_err() {
-                return;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                r = rx.changed() => if r.is_err() { return },
-            }
-        }
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_pod_its_source_marked_is_one_allocation_from_the_source_to_the_status_reader() {
     let mut marked = pod("u1", "Always", vec![], vec![container("app")]);
     kubelet_api::mark_seen(&mut marked, kubelet_api::sources::FILE);
     let marked = Arc::new(marked);
     let unmarked = Arc::new(pod("u2", "Always", vec![], vec![container("app")]));
-    let (tx, rx) = watch::channel(vec![marked.clone(), unmarked.clone()]);
+    let (source, tx) = WatchSource::new(Some(vec![marked.clone(), unmarked.clone()]));
 
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
@@ -1139,7 +1113,7 @@ async fn a_pod_its_source_marked_is_one_allocation_from_the_source_to_the_status
         .config(engine_config())
         .runtime(runtime)
         .pleg(Arc::new(pleg), pleg_events)
-        .pod_source(Arc::new(SharedSource { rx }))
+        .pod_source(Arc::new(source))
         .status_sink(sink.clone())
         .build()
         .expect("build");
