@@ -46,6 +46,8 @@ struct Harness {
     pods: watch::Sender<Option<Vec<Pod>>>,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// The engine's directories, removed with the harness.
+    dir: tempfile::TempDir,
 }
 
 /// The node IP of engines built with [`build_on_node_ip`].
@@ -56,18 +58,24 @@ fn build_on(
     sink: Arc<RecordingSink>,
     source: WatchSource,
     node_ip: Option<&str>,
-) -> Kubelet {
+) -> (Kubelet, tempfile::TempDir) {
     let runtime: Arc<dyn ContainerRuntime> = rt;
     let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
     let pleg = std::sync::Arc::new(pleg);
-    let mut config = engine_config();
+    let (mut config, dir) = engine_config();
     config.node_ip = node_ip.map(str::to_string);
-    build_with_config(runtime, pleg, pleg_events, sink, source, config)
+    let kubelet = build_with_config(runtime, pleg, pleg_events, sink, source, config);
+    (kubelet, dir)
 }
 
-fn engine_config() -> KubeletConfig {
-    let dir = std::env::temp_dir().join(format!("kubelet-core-engine-{}", std::process::id()));
-    KubeletConfig::with_dirs(dir.join("root"), dir.join("logs"))
+/// The engine's configuration on directories of its own, removed when the returned guard drops.
+fn engine_config() -> (KubeletConfig, tempfile::TempDir) {
+    let dir = tempfile::Builder::new()
+        .prefix("kubelet-core-engine-")
+        .tempdir()
+        .expect("tempdir");
+    let config = KubeletConfig::with_dirs(dir.path().join("root"), dir.path().join("logs"));
+    (config, dir)
 }
 
 fn build_with(
@@ -76,8 +84,10 @@ fn build_with(
     pleg_events: kubelet_api::PlegEvents,
     sink: Arc<RecordingSink>,
     source: WatchSource,
-) -> Kubelet {
-    build_with_config(runtime, pleg, pleg_events, sink, source, engine_config())
+) -> (Kubelet, tempfile::TempDir) {
+    let (config, dir) = engine_config();
+    let kubelet = build_with_config(runtime, pleg, pleg_events, sink, source, config);
+    (kubelet, dir)
 }
 
 fn build_with_config(
@@ -110,7 +120,7 @@ impl Harness {
     fn start_on(rt: Arc<FakeRuntime>, pods: Option<Vec<Pod>>, node_ip: Option<&str>) -> Self {
         let sink = Arc::new(RecordingSink::new());
         let (source, tx) = WatchSource::new(pods);
-        let kubelet = build_on(rt.clone(), sink.clone(), source, node_ip);
+        let (kubelet, dir) = build_on(rt.clone(), sink.clone(), source, node_ip);
         let shutdown = CancellationToken::new();
         let task = tokio::spawn(kubelet.run(shutdown.clone()));
         Self {
@@ -119,6 +129,7 @@ impl Harness {
             pods: tx,
             shutdown,
             task,
+            dir,
         }
     }
 
@@ -657,7 +668,7 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
         vec![],
         vec![container("app")],
     )]));
-    let kubelet = build_with(runtime, pleg.clone(), pleg_events, sink.clone(), source);
+    let (kubelet, _dir) = build_with(runtime, pleg.clone(), pleg_events, sink.clone(), source);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(kubelet.run(shutdown.clone()));
 
@@ -717,7 +728,7 @@ async fn a_removed_pod_is_killed_while_its_worker_waits_for_a_newer_runtime_view
         vec![],
         vec![container("app")],
     )]));
-    let kubelet = build_with(runtime, pleg, pleg_events, sink.clone(), source);
+    let (kubelet, _dir) = build_with(runtime, pleg, pleg_events, sink.clone(), source);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(kubelet.run(shutdown.clone()));
 
@@ -849,8 +860,9 @@ async fn empty_dirs_are_world_writable_and_memory_ones_are_sized_tmpfs_mounts() 
     }
     let other = pod("ed2", "Always", vec![], vec![container("app")]);
     let h = Harness::start(Some(vec![p, other.clone()]));
-    let volumes = std::env::temp_dir()
-        .join(format!("kubelet-core-engine-{}", std::process::id()))
+    let volumes = h
+        .dir
+        .path()
         .join("root/pods/ed1/volumes/kubernetes.io~empty-dir");
     h.wait_status("ed2", "the other pod Running", |s| phase(s) == "Running")
         .await;
@@ -1109,8 +1121,9 @@ async fn a_pod_its_source_marked_is_one_allocation_from_the_source_to_the_status
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
     let (pleg, pleg_events) = GenericPleg::new(runtime.clone(), GenericPlegConfig::default());
     let sink = Arc::new(RecordingSink::new());
+    let (config, _dir) = engine_config();
     let kubelet = KubeletBuilder::new("node-1")
-        .config(engine_config())
+        .config(config)
         .runtime(runtime)
         .pleg(Arc::new(pleg), pleg_events)
         .pod_source(Arc::new(source))
