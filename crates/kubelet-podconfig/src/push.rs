@@ -10,7 +10,7 @@
 //!
 //! | Request | Effect | Success |
 //! |---|---|---|
-//! | `GET /pods` | list the pushed pods (as defaulted) | 200, a `v1` `PodList` |
+//! | `GET /pods` | list the pushed pods (as defaulted and accepted) | 200, a `v1` `PodList` |
 //! | `POST /pods` | add a pod; 409 `AlreadyExists` if its namespace/name is taken, here or by another source | 201, the pod |
 //! | `PUT /pods/{namespace}/{name}` | add or replace that pod | 201 (added) or 200 (replaced) |
 //! | `DELETE /pods/{namespace}/{name}` | remove it; 404 `NotFound` if absent | 200, a `Success` `Status` |
@@ -21,7 +21,9 @@
 //! the manifest, the node and `push:<namespace>/<name>`) and the same validation as every other
 //! source; a pod that fails validation is answered `422 Unprocessable Entity` with a Kubernetes
 //! `Status` (`reason: Invalid`, one `cause` per field error) and changes nothing. Every error is
-//! a `Status` of the API server's shape.
+//! a `Status` of the API server's shape. An accepted pod carries
+//! `kubernetes.io/config.source: push` and `kubernetes.io/config.seen` (the time it was
+//! accepted), the annotations the merge gives every pod; the responses and `GET /pods` show them.
 //!
 //! # Authentication
 //!
@@ -542,8 +544,9 @@ impl Handler {
         if let Some(resp) = self.owned_elsewhere(&pod) {
             return resp;
         }
+        let pod = marked(pod);
         let body = kubelet_api::pod::to_json(&pod);
-        pods.insert(key, Arc::new(marked(pod)));
+        pods.insert(key, Arc::new(pod));
         self.send();
         json_bytes_response(StatusCode::CREATED, body)
     }
@@ -576,8 +579,9 @@ impl Handler {
             return resp;
         }
         let mut pods = self.pods.lock().await;
+        let pod = marked(pod);
         let body = kubelet_api::pod::to_json(&pod);
-        let created = pods.insert(key, Arc::new(marked(pod))).is_none();
+        let created = pods.insert(key, Arc::new(pod)).is_none();
         self.send();
         let code = if created {
             StatusCode::CREATED

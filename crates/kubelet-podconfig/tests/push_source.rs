@@ -196,9 +196,25 @@ async fn pods_are_added_replaced_and_deleted_with_a_token() {
     .await;
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["metadata"]["name"], "web-node1");
+    // Accepted as the merge will store it: marked with this source and the time it was seen.
+    let seen = r.body["metadata"]["annotations"]["kubernetes.io/config.seen"].clone();
+    assert_eq!(
+        r.body["metadata"]["annotations"]["kubernetes.io/config.source"],
+        "push"
+    );
+    assert!(seen.is_string(), "{}", r.body);
     let u = h.next().await;
     assert_eq!(u.op, PodOp::Add);
     assert_eq!(u.pods[0].metadata.name.as_deref(), Some("web-node1"));
+    assert_eq!(
+        u.pods[0]
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get("kubernetes.io/config.seen"))
+            .map(String::as_str),
+        seen.as_str()
+    );
     let uid1 = u.pods[0].metadata.uid.clone().expect("uid");
 
     // The same name again: a conflict, nothing changes.
