@@ -316,7 +316,7 @@ impl Kubelet {
                 }
                 Some(ev) = pleg_events.recv() => loop_state.handle_pleg_event(ev),
                 Some(pu) = async { match probe_updates.as_mut() { Some(r) => r.recv().await, None => std::future::pending().await } } => {
-                    loop_state.notify(&pu.pod_uid);
+                    loop_state.probe_result_changed(&pu);
                 }
                 uids = sync_requests.wait() => {
                     for uid in uids {
@@ -438,6 +438,14 @@ impl SyncLoop {
         if let Some(w) = self.workers.get(uid) {
             w.notify.notify_one();
         }
+    }
+
+    /// A probe result changed: readiness and startup show in the status at once, and the pod
+    /// is synced on a fresh runtime view (so a liveness failure's kill does not wait for the
+    /// PLEG's next relist or global timestamp; the kubelet's generic PLEG relists every second).
+    fn probe_result_changed(&self, u: &ProbeUpdate) {
+        self.engine.probe_result_changed(u);
+        self.sync_requested(&u.pod_uid);
     }
 
     /// [`KubeletHandle::sync_pod`]: wake the worker and, since nothing changed in the runtime,

@@ -193,6 +193,93 @@ impl StatusManager {
         self.update(pod, status, forced);
     }
 
+    /// A readiness probe result for container instance `container_id` (without the runtime
+    /// prefix) of pod `uid`, shown at once (the kubelet's `SetContainerReadiness`): the
+    /// container's `ready` and the pod's `ContainersReady` and `Ready` conditions are updated in
+    /// the latest status, without waiting for the pod's next sync. Nothing happens when the pod
+    /// has no status, the status does not list that instance, or `ready` is already so.
+    pub fn set_container_readiness(&self, uid: &str, container_id: &str, ready: bool) {
+        self.set_container_flag(uid, container_id, |pod, status, i| {
+            let Some(c) = container_at(status, i) else {
+                return false;
+            };
+            if c.ready == ready {
+                return false;
+            }
+            c.ready = ready;
+            let phase = status.phase.clone().unwrap_or_default();
+            let containers_ready = status_gen::containers_ready_condition(
+                pod,
+                status.init_container_statuses.as_deref().unwrap_or(&[]),
+                status.container_statuses.as_deref().unwrap_or(&[]),
+                &phase,
+            );
+            let conditions = status.conditions.get_or_insert_with(Vec::new);
+            let ready_condition = status_gen::ready_condition(pod, conditions, &containers_ready);
+            for c in [containers_ready, ready_condition] {
+                match conditions.iter_mut().find(|x| x.type_ == c.type_) {
+                    Some(x) => *x = c,
+                    None => conditions.push(c),
+                }
+            }
+            true
+        });
+    }
+
+    /// A startup probe result for container instance `container_id` (without the runtime
+    /// prefix) of pod `uid`, shown at once (the kubelet's `SetContainerStartup`): the container's
+    /// `started` is updated in the latest status, without waiting for the pod's next sync.
+    /// Nothing happens when the pod has no status, the status does not list that instance, or
+    /// `started` is already so.
+    pub fn set_container_startup(&self, uid: &str, container_id: &str, started: bool) {
+        self.set_container_flag(uid, container_id, |_, status, i| {
+            let Some(c) = container_at(status, i) else {
+                return false;
+            };
+            if c.started == Some(started) {
+                return false;
+            }
+            c.started = Some(started);
+            true
+        });
+    }
+
+    /// Apply `change` to a copy of pod `uid`'s latest status, given the position of container
+    /// instance `container_id` in it; accept the copy when `change` says it changed something.
+    fn set_container_flag(
+        &self,
+        uid: &str,
+        container_id: &str,
+        change: impl Fn(&Pod, &mut PodStatus, ContainerAt) -> bool,
+    ) {
+        // A sync may accept a status between the copy and the update: then the change is
+        // made again on that status.
+        for _ in 0..FLAG_ATTEMPTS {
+            let (pod, mut status, at, version) = {
+                let pods = self.shared.pods.lock();
+                let Some(entry) = pods.get(uid).filter(|e| e.version > 0 && !e.removed) else {
+                    return;
+                };
+                let Some(at) = find_container(&entry.status, container_id) else {
+                    return;
+                };
+                (
+                    Arc::clone(&entry.pod),
+                    PodStatus::clone(&entry.status),
+                    at,
+                    entry.version,
+                )
+            };
+            if !change(&pod, &mut status, at) {
+                return;
+            }
+            if self.update_from(&pod, status, false, Some(version)) {
+                return;
+            }
+        }
+        tracing::debug!(podUID = %uid, containerID = %container_id, "probe result not applied: the status kept changing; the next sync applies it");
+    }
+
     /// Force the pod to `Failed` (eviction, activeDeadlineSeconds): the current and every later
     /// status get phase `Failed` with `reason`/`message` from `phase_reason` (empty if `None`),
     /// published once no container runs. `extra_condition` (typically `DisruptionTarget`,
@@ -275,11 +362,28 @@ impl StatusManager {
     }
 
     /// The kubelet's `updateStatusInternal` + `mergePodStatus` + `normalizeStatus`.
-    fn update(&self, pod: &Arc<Pod>, mut status: PodStatus, forced: bool) {
+    fn update(&self, pod: &Arc<Pod>, status: PodStatus, forced: bool) {
+        self.update_from(pod, status, forced, None);
+    }
+
+    /// [`update`](Self::update), when `based_on` is `None` or the accepted version is still
+    /// `based_on` (the status was derived from that version); `false` when it is not.
+    fn update_from(
+        &self,
+        pod: &Arc<Pod>,
+        mut status: PodStatus,
+        forced: bool,
+        based_on: Option<u64>,
+    ) -> bool {
         let uid = podutil::uid(pod).to_string();
         let full_name = podutil::full_name(pod);
         let now = Timestamp::now();
         let mut pods = self.shared.pods.lock();
+        if let Some(v) = based_on
+            && pods.get(&uid).is_none_or(|e| e.removed || e.version != v)
+        {
+            return false;
+        }
         let n = self.shared.sinks.len();
         let entry = pods
             .entry(uid.clone())
@@ -303,7 +407,7 @@ impl StatusManager {
 
         if let Err(msg) = check_container_state_transition(old, &status, pod) {
             tracing::error!(pod = %full_name, podUID = %uid, "status update on pod aborted: {msg}");
-            return;
+            return true;
         }
 
         // Terminal phases are sticky.
@@ -410,7 +514,7 @@ impl StatusManager {
         {
             tracing::trace!(pod = %full_name, podUID = %uid, "ignoring same status");
             entry.pod = Arc::clone(pod);
-            return;
+            return true;
         }
         entry.version += 1;
         entry.status = Arc::new(status);
@@ -425,6 +529,7 @@ impl StatusManager {
             .put(Arc::clone(&entry.pod), Arc::clone(&entry.status));
         drop(pods);
         self.notify();
+        true
     }
 
     /// Deliver statuses and events to the sinks until `shutdown` is cancelled.
@@ -659,6 +764,40 @@ async fn event_worker(
             },
         }
     }
+}
+
+/// How often a probe result is applied again when a sync keeps replacing the status it was
+/// applied to.
+const FLAG_ATTEMPTS: usize = 3;
+
+/// Where a container instance is in a pod status.
+#[derive(Debug, Clone, Copy)]
+enum ContainerAt {
+    Init(usize),
+    App(usize),
+}
+
+/// The position of container instance `id` (without the runtime prefix) in `status`.
+fn find_container(status: &PodStatus, id: &str) -> Option<ContainerAt> {
+    let pos = |list: &Option<Vec<ContainerStatus>>| {
+        list.iter().flatten().position(|c| {
+            c.container_id
+                .as_deref()
+                .is_some_and(|cid| status_gen::strip_container_id(cid) == id)
+        })
+    };
+    pos(&status.container_statuses)
+        .map(ContainerAt::App)
+        .or_else(|| pos(&status.init_container_statuses).map(ContainerAt::Init))
+}
+
+/// The container status at `at`, found by [`find_container`] in the same status.
+fn container_at(status: &mut PodStatus, at: ContainerAt) -> Option<&mut ContainerStatus> {
+    let (list, i) = match at {
+        ContainerAt::App(i) => (&mut status.container_statuses, i),
+        ContainerAt::Init(i) => (&mut status.init_container_statuses, i),
+    };
+    list.as_mut()?.get_mut(i)
 }
 
 fn any_running(status: &PodStatus) -> bool {
@@ -1254,6 +1393,150 @@ mod tests {
             status(PodPhase::Running.as_str(), vec![running_cs("a")]),
         );
         assert_eq!(m.version("u1"), 2);
+    }
+
+    /// Pod `uid` running containers `b` and `a` (instances `rt://b1`, `rt://a1`), neither
+    /// started nor ready, as a sync reports them while startup and readiness probes run.
+    fn probed_status() -> PodStatus {
+        let cs = |name: &str| ContainerStatus {
+            container_id: Some(format!("rt://{name}1")),
+            ready: false,
+            started: Some(false),
+            ..running_cs(name)
+        };
+        let mut st = status(PodPhase::Running.as_str(), vec![cs("b"), cs("a")]);
+        let not_ready = |t: PodConditionType| PodCondition {
+            type_: t.into(),
+            status: "False".into(),
+            reason: Some("ContainersNotReady".into()),
+            message: Some("containers with unready status: [b a]".into()),
+            ..Default::default()
+        };
+        st.conditions = Some(vec![
+            not_ready(PodConditionType::Ready),
+            not_ready(PodConditionType::ContainersReady),
+        ]);
+        st
+    }
+
+    fn cs<'a>(s: &'a PodStatus, name: &str) -> &'a ContainerStatus {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .find(|c| c.name == name)
+            .expect("container listed")
+    }
+
+    fn cond(s: &PodStatus, t: PodConditionType) -> &PodCondition {
+        s.conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == t)
+            .expect("condition listed")
+    }
+
+    #[tokio::test]
+    async fn startup_results_show_in_the_status_before_the_next_sync() {
+        let sink = Arc::new(TestSink::default());
+        let m = manager(std::slice::from_ref(&sink));
+        let p = pod("u1", "Always");
+        m.set_pod_status(&p, probed_status());
+        assert_eq!(m.version("u1"), 1);
+
+        m.set_container_startup("u1", "a1", true);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(cs(&got, "a").started, Some(true));
+        assert_eq!(cs(&got, "b").started, Some(false));
+        assert!(!cs(&got, "a").ready, "started is not ready");
+        assert_eq!(m.version("u1"), 2, "an accepted change");
+        let (token, _rec) = start(&m);
+        eventually("delivered", || {
+            sink.calls()
+                .last()
+                .is_some_and(|(_, s)| cs(s, "a").started == Some(true))
+        })
+        .await;
+        token.cancel();
+
+        // The same result again, an instance the status does not list, an unknown pod: nothing.
+        m.set_container_startup("u1", "a1", true);
+        m.set_container_startup("u1", "a0", false);
+        m.set_container_startup("u2", "a1", false);
+        assert_eq!(m.version("u1"), 2);
+        assert!(m.get("u2").is_none());
+
+        // A failure (a restarted instance's) takes `started` back.
+        m.set_container_startup("u1", "a1", false);
+        assert_eq!(cs(&m.get("u1").expect("cached"), "a").started, Some(false));
+    }
+
+    #[tokio::test]
+    async fn readiness_results_update_ready_and_the_conditions_before_the_next_sync() {
+        let m = manager(&[]);
+        let p = pod("u1", "Always");
+        m.set_pod_status(&p, probed_status());
+        let before = m.get("u1").expect("cached");
+        let since = cond(&before, PodConditionType::Ready)
+            .last_transition_time
+            .clone();
+
+        m.set_container_readiness("u1", "b1", true);
+        let got = m.get("u1").expect("cached");
+        assert!(cs(&got, "b").ready);
+        for t in [PodConditionType::Ready, PodConditionType::ContainersReady] {
+            let c = cond(&got, t);
+            assert_eq!(c.status, "False");
+            assert_eq!(
+                c.message.as_deref(),
+                Some("containers with unready status: [a]"),
+                "{t:?}"
+            );
+        }
+        assert_eq!(
+            cond(&got, PodConditionType::Ready).last_transition_time,
+            since,
+            "still False: the transition time stays"
+        );
+
+        m.set_container_readiness("u1", "a1", true);
+        let got = m.get("u1").expect("cached");
+        for t in [PodConditionType::Ready, PodConditionType::ContainersReady] {
+            let c = cond(&got, t);
+            assert_eq!(c.status, "True", "{t:?}");
+            assert_eq!(c.reason, None);
+            assert_eq!(c.message, None);
+        }
+        assert_eq!(m.version("u1"), 3);
+
+        m.set_container_readiness("u1", "a1", false);
+        let got = m.get("u1").expect("cached");
+        assert!(!cs(&got, "a").ready);
+        assert_eq!(cond(&got, PodConditionType::Ready).status, "False");
+        assert_eq!(
+            cond(&got, PodConditionType::ContainersReady)
+                .reason
+                .as_deref(),
+            Some("ContainersNotReady")
+        );
+    }
+
+    #[tokio::test]
+    async fn readiness_results_respect_the_readiness_gates() {
+        let m = manager(&[]);
+        let mut p = pod("u1", "Always");
+        if let Some(spec) = Arc::make_mut(&mut p).spec.as_mut() {
+            spec.readiness_gates = Some(vec![k8s_openapi::api::core::v1::PodReadinessGate {
+                condition_type: "example.com/lb".into(),
+            }]);
+        }
+        m.set_pod_status(&p, probed_status());
+        m.set_container_readiness("u1", "a1", true);
+        m.set_container_readiness("u1", "b1", true);
+        let got = m.get("u1").expect("cached");
+        assert_eq!(cond(&got, PodConditionType::ContainersReady).status, "True");
+        let ready = cond(&got, PodConditionType::Ready);
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("ReadinessGatesNotReady"));
     }
 
     #[tokio::test]

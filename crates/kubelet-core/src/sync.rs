@@ -280,6 +280,25 @@ impl Engine {
         }
     }
 
+    /// A probe result changed. Readiness and startup show in the pod's status at once, as the
+    /// kubelet's sync loop has the status manager do (`SetContainerReadiness`,
+    /// `SetContainerStartup`); the pod's sync the result also triggers acts on it (a liveness
+    /// kill) and keeps the status consistent.
+    pub(crate) fn probe_result_changed(&self, u: &kubelet_api::ProbeUpdate) {
+        let success = u.result == ProbeResult::Success;
+        match u.probe_type {
+            ProbeType::Readiness => {
+                self.status
+                    .set_container_readiness(&u.pod_uid, &u.container_id, success);
+            }
+            ProbeType::Startup => {
+                self.status
+                    .set_container_startup(&u.pod_uid, &u.container_id, success);
+            }
+            ProbeType::Liveness => {}
+        }
+    }
+
     /// Hold pod `p`'s runtime events at the PLEG while its worker syncs it; the returned
     /// guard releases them (with one inspection when the sync changed the pod or events
     /// arrived) when dropped, also when the sync is cancelled.

@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, PodStatus};
-use kubelet_api::{ContainerRuntime, PlegHealth, PodLifecycleEventGenerator};
+use kubelet_api::{
+    ContainerRuntime, PlegHealth, PodLifecycleEventGenerator, ProbeContext, ProbeManager,
+    ProbeResult, ProbeType, ProbeUpdate,
+};
 use kubelet_core::testing::{FakeRuntime, RecordingSink, SandboxNetworkReport, WatchSource};
 use kubelet_core::{Kubelet, KubeletBuilder, KubeletConfig};
 use kubelet_pleg::{GenericPleg, GenericPlegConfig};
@@ -621,6 +624,20 @@ struct OnRequestPleg {
     inner: GenericPleg,
     requested: tokio::sync::Notify,
     requests: parking_lot::Mutex<Vec<String>>,
+    /// Requests are recorded but no longer relist: the pod cache stops getting newer, so no
+    /// pod worker syncs again.
+    frozen: std::sync::atomic::AtomicBool,
+}
+
+impl OnRequestPleg {
+    fn new(inner: GenericPleg) -> Self {
+        Self {
+            inner,
+            requested: tokio::sync::Notify::new(),
+            requests: parking_lot::Mutex::new(Vec::new()),
+            frozen: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
 }
 
 #[async_trait]
@@ -633,7 +650,9 @@ impl PodLifecycleEventGenerator for OnRequestPleg {
     }
     async fn run(&self, shutdown: CancellationToken) {
         loop {
-            let _ = self.inner.relist().await;
+            if !self.frozen.load(std::sync::atomic::Ordering::SeqCst) {
+                let _ = self.inner.relist().await;
+            }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = self.requested.notified() => {}
@@ -656,11 +675,7 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
         runtime.clone(),
         GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
     );
-    let pleg = Arc::new(OnRequestPleg {
-        inner,
-        requested: tokio::sync::Notify::new(),
-        requests: parking_lot::Mutex::new(Vec::new()),
-    });
+    let pleg = Arc::new(OnRequestPleg::new(inner));
     let sink = Arc::new(RecordingSink::new());
     let (source, _tx) = WatchSource::new(Some(vec![pod(
         "u1",
@@ -690,6 +705,153 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
     );
     assert!(pleg.requests.lock().iter().any(|u| u == "u1"));
     assert_eq!(calls_matching(&rt, "create_container").len(), 1);
+    shutdown.cancel();
+    let _ = task.await;
+}
+
+/// A prober double: the results the test sets, and the updates the test sends.
+#[derive(Default)]
+struct SetProber {
+    results: parking_lot::Mutex<std::collections::HashMap<(String, ProbeType), ProbeResult>>,
+}
+
+#[async_trait]
+impl ProbeManager for SetProber {
+    fn add_pod(&self, _pod: &Pod) {}
+    fn remove_pod(&self, _pod_uid: &str) {}
+    fn stop_liveness_and_startup(&self, _pod_uid: &str) {}
+    fn result(&self, container_id: &str, probe_type: ProbeType) -> Option<ProbeResult> {
+        self.results
+            .lock()
+            .get(&(container_id.to_string(), probe_type))
+            .copied()
+    }
+    async fn run(&self, _ctx: ProbeContext, shutdown: CancellationToken) {
+        shutdown.cancelled().await;
+    }
+}
+
+// Real time, as the test above: the PLEG is driven by requests.
+#[tokio::test]
+async fn startup_and_readiness_results_show_in_the_status_at_once_and_sync_the_pod() {
+    let rt = Arc::new(FakeRuntime::new());
+    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let (inner, pleg_events) = GenericPleg::new(
+        runtime.clone(),
+        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+    );
+    let pleg = Arc::new(OnRequestPleg::new(inner));
+    let sink = Arc::new(RecordingSink::new());
+    let mut app = container("app");
+    let probe = k8s_openapi::api::core::v1::Probe {
+        exec: Some(k8s_openapi::api::core::v1::ExecAction {
+            command: Some(vec!["true".into()]),
+        }),
+        ..Default::default()
+    };
+    app.startup_probe = Some(probe.clone());
+    app.readiness_probe = Some(probe);
+    let (source, _tx) = WatchSource::new(Some(vec![pod("u1", "Always", vec![], vec![app])]));
+    let (config, _dir) = engine_config();
+    let prober = Arc::new(SetProber::default());
+    let (updates, probe_updates) = tokio::sync::mpsc::channel(8);
+    let kubelet = KubeletBuilder::new("node-1")
+        .config(config)
+        .runtime(runtime)
+        .pleg(pleg.clone(), pleg_events)
+        .pod_source(Arc::new(source))
+        .status_sink(sink.clone())
+        .prober(prober.clone(), probe_updates)
+        .build()
+        .expect("build");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(kubelet.run(shutdown.clone()));
+
+    let app_status = |s: &PodStatus| {
+        s.container_statuses
+            .iter()
+            .flatten()
+            .find(|c| c.name == "app")
+            .cloned()
+    };
+    let running = sink
+        .wait_for(
+            |r| {
+                r.uid == "u1"
+                    && app_status(&r.status)
+                        .and_then(|c| c.state)
+                        .is_some_and(|st| st.running.is_some())
+            },
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("the container was never reported running");
+    let app = app_status(&running.status).expect("listed");
+    assert_eq!(app.started, Some(false), "no startup result yet: {app:#?}");
+    assert!(!app.ready);
+    let id =
+        kubelet_core::status_gen::strip_container_id(app.container_id.as_deref().unwrap_or(""))
+            .to_string();
+
+    // From here on the pod is never synced again: whatever changes its status now is the
+    // probe result itself.
+    pleg.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    let requests = pleg.requests.lock().len();
+    let send = |t: ProbeType| {
+        prober
+            .results
+            .lock()
+            .insert((id.clone(), t), ProbeResult::Success);
+        updates.try_send(ProbeUpdate {
+            pod_uid: "u1".into(),
+            container_name: "app".into(),
+            container_id: id.clone(),
+            probe_type: t,
+            result: ProbeResult::Success,
+        })
+    };
+    send(ProbeType::Startup).expect("queued");
+    let started = sink
+        .wait_for(
+            |r| r.uid == "u1" && app_status(&r.status).and_then(|c| c.started) == Some(true),
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        started.is_some(),
+        "the startup result never showed; latest: {:#?}",
+        sink.latest("u1")
+    );
+    send(ProbeType::Readiness).expect("queued");
+    let ready = sink
+        .wait_for(
+            |r| {
+                r.uid == "u1"
+                    && app_status(&r.status).is_some_and(|c| c.ready)
+                    && r.status
+                        .conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == "Ready" && c.status == "True")
+            },
+            Duration::from_secs(30),
+        )
+        .await;
+    assert!(
+        ready.is_some(),
+        "the readiness result never showed; latest: {:#?}",
+        sink.latest("u1")
+    );
+    // Each result also asked for the pod to be synced on a fresh runtime view.
+    let asked = pleg.requests.lock()[requests..]
+        .iter()
+        .filter(|u| *u == "u1")
+        .count();
+    assert!(
+        asked >= 2,
+        "reinspections requested: {:?}",
+        pleg.requests.lock()
+    );
     shutdown.cancel();
     let _ = task.await;
 }

@@ -470,8 +470,9 @@ fn startup_probe_holds_liveness_back_until_it_succeeds() {
             &token,
             json!({
                 "startupProbe": exec_probe(&format!("test -e {}", started.display()), 60),
-                // Always fails, and leaves a trace each time it runs.
-                "livenessProbe": exec_probe(&format!("echo x >> {}; exit 1", calls.display()), 1),
+                // Always fails, and leaves a trace each time it runs; three failures (2 s or
+                // more) before the kill, so `started` shows long enough for the poll to see it.
+                "livenessProbe": exec_probe(&format!("echo x >> {}; exit 1", calls.display()), 3),
             }),
         ),
     );
