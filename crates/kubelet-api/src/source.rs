@@ -107,21 +107,63 @@ pub struct SourceSender {
 
 /// Which source holds each pod full name (`name_namespace`), as of the last merge: written by
 /// the merge, read through [`SourceSender::other_owner`]. Cloning shares the index.
+///
+/// A name two sources hold belongs to the one that took it first, until that one lets it go.
 #[derive(Debug, Clone, Default)]
-pub struct NameIndex(Arc<parking_lot::RwLock<std::collections::HashMap<String, String>>>);
+pub struct NameIndex(Arc<parking_lot::RwLock<std::collections::HashMap<String, Vec<String>>>>);
 
 impl NameIndex {
     /// `source` now holds exactly `names`.
     pub fn set(&self, source: &str, names: Vec<String>) {
         let mut map = self.0.write();
-        map.retain(|_, s| s != source);
+        map.retain(|_, holders| {
+            holders.retain(|s| s != source);
+            !holders.is_empty()
+        });
         for n in names {
-            map.entry(n).or_insert_with(|| source.to_string());
+            Self::add_one(&mut map, n, source);
+        }
+    }
+
+    /// `source` now also holds `names` (the pods a merge added). Cheaper than [`set`](Self::set)
+    /// when a source changes a few of many pods.
+    pub fn add(&self, source: &str, names: impl IntoIterator<Item = String>) {
+        let mut map = self.0.write();
+        for n in names {
+            Self::add_one(&mut map, n, source);
+        }
+    }
+
+    /// `source` no longer holds `names` (the pods a merge removed).
+    pub fn remove<S: AsRef<str>>(&self, source: &str, names: impl IntoIterator<Item = S>) {
+        let mut map = self.0.write();
+        for n in names {
+            if let Some(holders) = map.get_mut(n.as_ref()) {
+                holders.retain(|s| s != source);
+                if holders.is_empty() {
+                    map.remove(n.as_ref());
+                }
+            }
+        }
+    }
+
+    fn add_one(
+        map: &mut std::collections::HashMap<String, Vec<String>>,
+        name: String,
+        source: &str,
+    ) {
+        let holders = map.entry(name).or_default();
+        if !holders.iter().any(|s| s == source) {
+            holders.push(source.to_string());
         }
     }
 
     fn owner(&self, full_name: &str) -> Option<String> {
-        self.0.read().get(full_name).cloned()
+        self.0
+            .read()
+            .get(full_name)
+            .and_then(|holders| holders.first())
+            .cloned()
     }
 }
 
@@ -207,3 +249,43 @@ pub trait PodSource: Send + Sync + 'static {
 }
 
 fn _assert_source_dyn(_: &dyn PodSource) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sender(source: &str, names: &NameIndex) -> SourceSender {
+        let (tx, _rx) = mpsc::channel(1);
+        SourceSender::new(source, tx, EventRecorder::log_only()).with_names(names.clone())
+    }
+
+    #[test]
+    fn a_name_belongs_to_the_source_that_took_it_first_until_it_lets_it_go() {
+        let names = NameIndex::default();
+        let (file, push) = (sender("file", &names), sender("push", &names));
+        names.add(
+            "file",
+            ["web_default".to_string(), "db_default".to_string()],
+        );
+        names.add(
+            "push",
+            ["web_default".to_string(), "api_default".to_string()],
+        );
+        assert_eq!(push.other_owner("web_default").as_deref(), Some("file"));
+        assert_eq!(file.other_owner("web_default"), None, "its own");
+        assert_eq!(file.other_owner("api_default").as_deref(), Some("push"));
+
+        names.remove("file", ["web_default"]);
+        assert_eq!(push.other_owner("web_default"), None, "push holds it now");
+        assert_eq!(file.other_owner("web_default").as_deref(), Some("push"));
+        names.remove("push", ["web_default", "unknown_default"]);
+        assert_eq!(file.other_owner("web_default"), None);
+
+        // `set` replaces what one source holds and leaves the others'.
+        names.set("file", vec!["api_default".to_string()]);
+        assert_eq!(push.other_owner("db_default"), None);
+        assert_eq!(push.other_owner("api_default"), None, "push took it first");
+        names.remove("push", ["api_default"]);
+        assert_eq!(push.other_owner("api_default").as_deref(), Some("file"));
+    }
+}

@@ -60,12 +60,36 @@ const LOCAL_ANNOTATIONS: [&str; 3] = [
 /// them.
 const SOURCE_STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// The pods of one source, in the order the source last listed them.
+/// One stored pod of a source.
+#[derive(Debug, Clone)]
+struct Stored {
+    /// Shared with the updates sent for it (and so with the pod workers).
+    pod: Arc<Pod>,
+    /// Its position in the source's last snapshot that listed it.
+    index: usize,
+    /// The source's snapshot that last listed it (see [`SourcePods::round`]).
+    round: u64,
+}
+
+/// The pods of one source. A snapshot updates the stored pods in place: it looks each
+/// incoming pod up by its UID, allocates only for pods new to the source, and takes out the
+/// ones it no longer lists, so a snapshot of N unchanged pods costs N lookups and no
+/// allocation (a burst of N deletions, each answered with a snapshot of the rest, used to
+/// rebuild the map N times).
 #[derive(Debug, Default, Clone)]
 struct SourcePods {
-    order: Vec<String>,
-    /// Shared with the updates sent for them (and so with the pod workers).
-    by_uid: HashMap<String, Arc<Pod>>,
+    by_uid: HashMap<String, Stored>,
+    /// Snapshots merged so far.
+    round: u64,
+}
+
+impl SourcePods {
+    /// The pods in the order the source last listed them.
+    fn listed(&self) -> Vec<Arc<Pod>> {
+        let mut pods: Vec<&Stored> = self.by_uid.values().collect();
+        kubelet_api::sort::by_key(&mut pods, |s| s.index);
+        pods.into_iter().map(|s| Arc::clone(&s.pod)).collect()
+    }
 }
 
 /// Per-source pod state and the merge of snapshots into incremental updates (the kubelet's
@@ -82,7 +106,7 @@ impl PodStorage {
     pub fn full_names(&self, source: &str) -> Vec<String> {
         self.pods
             .get(source)
-            .map(|s| s.by_uid.values().map(|p| pod::full_name(p)).collect())
+            .map(|s| s.by_uid.values().map(|p| pod::full_name(&p.pod)).collect())
             .unwrap_or_default()
     }
 
@@ -113,29 +137,28 @@ impl PodStorage {
         let first_set = self.seen.insert(source.clone());
         let pods = filter_invalid_pods(pods, &source, recorder);
 
-        let old = self.pods.remove(&source).unwrap_or_default();
-        let mut old_by_uid = old.by_uid;
-        let mut new = SourcePods::default();
+        let stored = self.pods.entry(source.clone()).or_default();
+        stored.round += 1;
+        let round = stored.round;
 
         let mut adds = Vec::new();
         let mut updates = Vec::new();
         let mut deletes = Vec::new();
         let mut reconciles = Vec::new();
 
-        for incoming in pods {
-            let uid = pod::uid(&incoming).to_string();
-            match old_by_uid.remove(&uid) {
+        for (index, incoming) in pods.into_iter().enumerate() {
+            match stored.by_uid.get_mut(pod::uid(&incoming)) {
                 // The stored pod already carries the source annotation, and the comparison
                 // ignores it: an unchanged pod is neither copied nor written.
-                Some(mut existing) => {
-                    match check_and_update_pod(&mut existing, incoming) {
-                        Change::Update => updates.push(existing.clone()),
-                        Change::Delete => deletes.push(existing.clone()),
-                        Change::Reconcile => reconciles.push(existing.clone()),
+                Some(existing) => {
+                    existing.index = index;
+                    existing.round = round;
+                    match check_and_update_pod(&mut existing.pod, incoming) {
+                        Change::Update => updates.push(Arc::clone(&existing.pod)),
+                        Change::Delete => deletes.push(Arc::clone(&existing.pod)),
+                        Change::Reconcile => reconciles.push(Arc::clone(&existing.pod)),
                         Change::None => {}
                     }
-                    new.order.push(uid.clone());
-                    new.by_uid.insert(uid, existing);
                 }
                 None => {
                     // A pod its source marked already is kept as it is: the merge and the
@@ -144,21 +167,28 @@ impl PodStorage {
                     if !kubelet_api::is_marked_seen(&incoming, &source) {
                         kubelet_api::mark_seen(Arc::make_mut(&mut incoming), &source);
                     }
-                    adds.push(incoming.clone());
-                    new.order.push(uid.clone());
-                    new.by_uid.insert(uid, incoming);
+                    adds.push(Arc::clone(&incoming));
+                    stored.by_uid.insert(
+                        pod::uid(&incoming).to_string(),
+                        Stored {
+                            pod: incoming,
+                            index,
+                            round,
+                        },
+                    );
                 }
             }
         }
 
-        // Whatever is left of the old map is gone from the source, in the order it was listed.
-        let removes: Vec<Arc<Pod>> = old
-            .order
-            .iter()
-            .filter_map(|uid| old_by_uid.remove(uid))
+        // The pods this snapshot did not list are gone from the source, in the order it last
+        // listed them.
+        let mut gone: Vec<Stored> = stored
+            .by_uid
+            .extract_if(|_, s| s.round != round)
+            .map(|(_, s)| s)
             .collect();
-
-        self.pods.insert(source.clone(), new);
+        kubelet_api::sort::by_key(&mut gone, |s| s.index);
+        let removes: Vec<Arc<Pod>> = gone.into_iter().map(|s| s.pod).collect();
 
         let mut out = Vec::new();
         let mut emit = |op: PodOp, pods: Vec<Arc<Pod>>| {
@@ -204,23 +234,14 @@ impl PodStorage {
     /// All current pods, source by source (sources in name order, pods in the order their source
     /// last listed them).
     pub fn pods(&self) -> Vec<Arc<Pod>> {
-        self.pods
-            .values()
-            .flat_map(|s| s.order.iter().filter_map(|uid| s.by_uid.get(uid)).cloned())
-            .collect()
+        self.pods.values().flat_map(SourcePods::listed).collect()
     }
 
-    /// The current pods of one source.
+    /// The current pods of one source, in the order it last listed them.
     pub fn source_pods(&self, source: &str) -> Vec<Arc<Pod>> {
         self.pods
             .get(source)
-            .map(|s| {
-                s.order
-                    .iter()
-                    .filter_map(|uid| s.by_uid.get(uid))
-                    .cloned()
-                    .collect()
-            })
+            .map(SourcePods::listed)
             .unwrap_or_default()
     }
 }
@@ -307,59 +328,73 @@ fn annotations_equal_ignoring_local(a: &Pod, b: &Pod) -> bool {
 }
 
 /// Drop pods without UID and later copies of a full name or UID, with a warning event each.
+/// Valid pods cost two set insertions of borrowed keys, no allocation.
 fn filter_invalid_pods(
     pods: Vec<Arc<Pod>>,
     source: &str,
     recorder: &EventRecorder,
 ) -> Vec<Arc<Pod>> {
-    let mut names = HashSet::new();
-    let mut uids = HashSet::new();
-    let mut out = Vec::with_capacity(pods.len());
-    for (index, p) in pods.into_iter().enumerate() {
-        let full_name = pod::full_name(&p);
-        let uid = pod::uid(&p).to_string();
-        if uid.is_empty() {
-            tracing::info!(index, pod = %full_name, source, "pod failed validation: no UID, ignoring");
-            recorder.warning(
-                InvolvedObject::pod(&p),
-                REASON_FAILED_VALIDATION,
-                format!(
-                    "Error validating pod {} from {source} due to missing UID, ignoring",
-                    format_pod(&p)
-                ),
-            );
-            continue;
+    let mut invalid = Vec::new();
+    {
+        let mut names: HashSet<(&str, &str)> = HashSet::with_capacity(pods.len());
+        let mut uids: HashSet<&str> = HashSet::with_capacity(pods.len());
+        for (index, p) in pods.iter().enumerate() {
+            let uid = pod::uid(p);
+            if uid.is_empty() {
+                let full_name = pod::full_name(p);
+                tracing::info!(index, pod = %full_name, source, "pod failed validation: no UID, ignoring");
+                recorder.warning(
+                    InvolvedObject::pod(p),
+                    REASON_FAILED_VALIDATION,
+                    format!(
+                        "Error validating pod {} from {source} due to missing UID, ignoring",
+                        format_pod(p)
+                    ),
+                );
+                invalid.push(index);
+                continue;
+            }
+            if !names.insert((pod::namespace(p), pod::name(p))) {
+                let full_name = pod::full_name(p);
+                tracing::info!(index, pod = %full_name, source, "pod failed validation due to duplicate pod name, ignoring");
+                recorder.warning(
+                    InvolvedObject::pod(p),
+                    REASON_FAILED_VALIDATION,
+                    format!(
+                        "Error validating pod {} from {source} due to duplicate pod name {:?}, ignoring",
+                        format_pod(p),
+                        pod::name(p)
+                    ),
+                );
+                invalid.push(index);
+                continue;
+            }
+            if !uids.insert(uid) {
+                let full_name = pod::full_name(p);
+                tracing::info!(index, pod = %full_name, source, podUID = %uid, "pod failed validation due to duplicate UID, ignoring");
+                recorder.warning(
+                    InvolvedObject::pod(p),
+                    REASON_FAILED_VALIDATION,
+                    format!(
+                        "Error validating pod {} from {source} due to duplicate pod UID {uid:?}, ignoring",
+                        format_pod(p)
+                    ),
+                );
+                // Its name is taken by this pod only if no valid pod holds it: the name was
+                // free (the insert above succeeded), so give it back.
+                names.remove(&(pod::namespace(p), pod::name(p)));
+                invalid.push(index);
+            }
         }
-        if names.contains(&full_name) {
-            tracing::info!(index, pod = %full_name, source, "pod failed validation due to duplicate pod name, ignoring");
-            recorder.warning(
-                InvolvedObject::pod(&p),
-                REASON_FAILED_VALIDATION,
-                format!(
-                    "Error validating pod {} from {source} due to duplicate pod name {:?}, ignoring",
-                    format_pod(&p),
-                    pod::name(&p)
-                ),
-            );
-            continue;
-        }
-        if uids.contains(&uid) {
-            tracing::info!(index, pod = %full_name, source, podUID = %uid, "pod failed validation due to duplicate UID, ignoring");
-            recorder.warning(
-                InvolvedObject::pod(&p),
-                REASON_FAILED_VALIDATION,
-                format!(
-                    "Error validating pod {} from {source} due to duplicate pod UID {uid:?}, ignoring",
-                    format_pod(&p)
-                ),
-            );
-            continue;
-        }
-        names.insert(full_name);
-        uids.insert(uid);
-        out.push(p);
     }
-    out
+    if invalid.is_empty() {
+        return pods;
+    }
+    pods.into_iter()
+        .enumerate()
+        .filter(|(i, _)| invalid.binary_search(i).is_err())
+        .map(|(_, p)| p)
+        .collect()
 }
 
 /// `format.Pod`: `name_namespace(uid)`.
@@ -522,7 +557,15 @@ async fn run_config(config: PodConfig, out: mpsc::Sender<PodUpdate>, shutdown: C
                 let n = snapshot.pods.len();
                 let updates = storage.merge(snapshot, &recorder);
                 seen.set(&storage);
-                names.set(&source, storage.full_names(&source));
+                // Only the pods a merge adds or removes change the names a source holds (a
+                // stored pod keeps its name through updates).
+                for u in &updates {
+                    match u.op {
+                        PodOp::Remove => names.remove(&source, u.pods.iter().map(|p| pod::full_name(p))),
+                        PodOp::Add => names.add(&source, u.pods.iter().map(|p| pod::full_name(p))),
+                        _ => {}
+                    }
+                }
                 tracing::debug!(source = %source, pods = n, updates = updates.len(), "merged pod source snapshot");
                 for update in updates {
                     tokio::select! {
@@ -714,6 +757,51 @@ mod tests {
             ]
         );
         assert_eq!(pod::name(&out[0].pods[0]), "a");
+    }
+
+    #[test]
+    fn removed_pods_come_out_in_the_order_their_source_last_listed_them() {
+        let mut s = PodStorage::new(["file"]);
+        s.merge(
+            snap("file", vec![mk("a", "1"), mk("b", "2"), mk("c", "3")]),
+            &log(),
+        );
+        // Listed again in another order: nothing changes, but the order is the new one.
+        let out = s.merge(
+            snap("file", vec![mk("c", "3"), mk("a", "1"), mk("b", "2")]),
+            &log(),
+        );
+        assert!(out.is_empty());
+        let names = |pods: &[Arc<Pod>]| {
+            pods.iter()
+                .map(|p| pod::name(p).to_string())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&s.source_pods("file")), ["c", "a", "b"]);
+        let out = s.merge(snap("file", vec![mk("d", "4")]), &log());
+        assert_eq!(
+            ops(&out),
+            vec![
+                (PodOp::Remove, vec!["3".into(), "1".into(), "2".into()]),
+                (PodOp::Add, vec!["4".into()])
+            ]
+        );
+        assert_eq!(names(&s.pods()), ["d"]);
+    }
+
+    #[test]
+    fn a_pod_dropped_for_its_uid_leaves_its_name_to_the_next_pod() {
+        let (rec, mut events) = EventRecorder::channel(8);
+        let mut s = PodStorage::new(["file"]);
+        let out = s.merge(
+            snap("file", vec![mk("a", "1"), mk("b", "1"), mk("b", "2")]),
+            &rec,
+        );
+        assert_eq!(ops(&out), vec![(PodOp::Add, vec!["1".into(), "2".into()])]);
+        assert_eq!(pod::name(&out[0].pods[1]), "b");
+        let ev = events.try_recv().expect("a warning event");
+        assert!(ev.message.contains("duplicate pod UID"), "{}", ev.message);
+        assert!(events.try_recv().is_err(), "one warning only");
     }
 
     #[test]

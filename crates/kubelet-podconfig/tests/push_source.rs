@@ -592,6 +592,26 @@ async fn a_pushed_pod_whose_name_a_file_pod_holds_gets_a_409_naming_the_source()
     )
     .await;
     assert_eq!(ok.status, 201);
+    // Once the file pod is gone, its name is free.
+    std::fs::remove_file(manifests.path().join("web.yaml")).expect("remove manifest");
+    loop {
+        let u = tokio::time::timeout(ARRIVAL, updates.recv())
+            .await
+            .expect("an update")
+            .expect("open");
+        if u.source == "file" && u.op == kubelet_api::PodOp::Remove {
+            break;
+        }
+    }
+    let freed = http(
+        addr,
+        "POST",
+        "/pods",
+        Some(BEARER),
+        &pod_json("web", "nginx:2"),
+    )
+    .await;
+    assert_eq!(freed.status, 201, "{}", freed.body);
     shutdown.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
