@@ -46,7 +46,10 @@
 //!    while CRI catches up with another container's creation, which after a burst of creations
 //!    takes tens of milliseconds per container). An ID CRI does not know within that time (a
 //!    container made with `ctr` in `k8s.io`) is yielded without a pod UID. At most 8 status
-//!    calls per stream are in flight.
+//!    calls per stream are in flight. A creation or start that the runtime's own
+//!    `RunPodSandbox`, `CreateContainer` or `StartContainer` made is confirmed by that call's
+//!    return instead ([`crate::own`]): no status call, the call's pod UID, and a stamp no later
+//!    than the return (containerd may publish the event after it).
 //!
 //!    **Exits** are the exception, because the CRI plugin records an exit only after it has
 //!    deleted the task (the `TaskDelete` that follows), 40–60 ms after the `TaskExit` on an idle
@@ -95,6 +98,7 @@ use tracing::{debug, warn};
 use crate::CriConfig;
 use crate::error::CriError;
 use crate::exits::{Exit, ExitHints};
+use crate::own::OwnChanges;
 use crate::proto::containerd::events as ctrd_events;
 use crate::proto::containerd::services::events::v1 as ctrd;
 use crate::proto::containerd::services::events::v1::events_client::EventsClient;
@@ -165,6 +169,8 @@ pub(crate) struct EventSubscriber {
     source: Arc<AtomicU8>,
     /// Exits seen on containerd's events that CRI has not recorded yet, shared by clones.
     hints: ExitHints,
+    /// The creations and starts the runtime's own calls made, shared by clones.
+    own: OwnChanges,
     /// [`CriConfig::prefer_containerd_events`].
     prefer_containerd: bool,
 }
@@ -182,8 +188,14 @@ impl EventSubscriber {
             namespace: config.containerd_namespace.clone(),
             source: Arc::new(AtomicU8::new(SOURCE_UNKNOWN)),
             hints: ExitHints::default(),
+            own: OwnChanges::default(),
             prefer_containerd: config.prefer_containerd_events,
         }
+    }
+
+    /// The creations and starts the runtime's own calls made ([`crate::own`]).
+    pub(crate) fn own(&self) -> &OwnChanges {
+        &self.own
     }
 
     /// The exit hints the native streams of this subscriber (and its clones) keep.
@@ -302,7 +314,7 @@ impl EventSubscriber {
             _ => CriError::SubscribeEvents { status },
         };
         let namespace = self.namespace.clone();
-        let confirm = Confirmer::new(self.cri.clone(), self.hints.clone());
+        let confirm = Confirmer::new(self.cri.clone(), self.hints.clone(), self.own.clone());
         match tokio::time::timeout(PROBE, &mut call).await {
             Ok(Ok(resp)) => {
                 self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
@@ -619,17 +631,33 @@ struct Confirmer {
     /// The runtime's exit hints: set on `TaskExit` and `TaskOOM`, dropped once CRI shows the
     /// exit.
     hints: ExitHints,
+    /// The creations and starts of the runtime's own calls: such an event is confirmed by the
+    /// call's return.
+    own: OwnChanges,
 }
 
 impl Confirmer {
-    fn new(cri: RuntimeServiceClient<Channel>, hints: ExitHints) -> Self {
+    fn new(cri: RuntimeServiceClient<Channel>, hints: ExitHints, own: OwnChanges) -> Self {
         Self {
             cri,
             pods: Arc::default(),
             task_deletions: Arc::default(),
             calls: Arc::new(tokio::sync::Semaphore::new(CONFIRM_CALLS)),
             hints,
+            own,
         }
+    }
+
+    /// `event` confirmed by the runtime's own call that made its change, if that call has
+    /// returned: stamped no later than the return, with the call's pod. See [`crate::own`].
+    fn confirmed_by_own_call(&self, event: &mut ContainerEvent) -> bool {
+        let Some((at, uid)) = self.own.returned(&event.container_id, event.kind) else {
+            return false;
+        };
+        event.created_at = event.created_at.min(at);
+        self.remember_uid(&event.container_id, &uid);
+        event.pod_uid = Some(uid);
+        true
     }
 
     /// `event` with its pod UID, without waiting for CRI to show it: the UID remembered from
@@ -649,17 +677,22 @@ impl Confirmer {
 
     /// Remembers the pod UID `view` gives for `id`; returns it, or the one remembered earlier.
     fn remember(&self, id: &str, view: &CriView) -> Option<String> {
-        let mut pods = lock(&self.pods);
         match view.pod_uid() {
             Some(uid) => {
-                if pods.len() >= MAX_REMEMBERED {
-                    pods.clear();
-                }
-                pods.insert(id.to_string(), uid.to_string());
+                self.remember_uid(id, uid);
                 Some(uid.to_string())
             }
-            None => pods.get(id).cloned(),
+            None => lock(&self.pods).get(id).cloned(),
         }
+    }
+
+    /// Remembers `uid` as the pod of `id`.
+    fn remember_uid(&self, id: &str, uid: &str) {
+        let mut pods = lock(&self.pods);
+        if pods.len() >= MAX_REMEMBERED {
+            pods.clear();
+        }
+        pods.insert(id.to_string(), uid.to_string());
     }
 
     /// Waits until CRI shows `event` (at most [`CONFIRM_WITHIN`]) and fills in its pod UID. A
@@ -671,6 +704,9 @@ impl Confirmer {
         mut event: ContainerEvent,
         deleted: Option<Arc<tokio::sync::Notify>>,
     ) -> ContainerEvent {
+        if self.confirmed_by_own_call(&mut event) {
+            return event;
+        }
         let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
         let mut view = self.look_up(&event.container_id, deadline).await;
         if let Some(deleted) = deleted {
@@ -1223,7 +1259,11 @@ mod tests {
             pending: FuturesUnordered::new(),
             chains: HashMap::new(),
             error: Some(Error::new(ErrorKind::Unavailable, "the subscription broke")),
-            confirm: Confirmer::new(RuntimeServiceClient::new(channel), ExitHints::default()),
+            confirm: Confirmer::new(
+                RuntimeServiceClient::new(channel),
+                ExitHints::default(),
+                OwnChanges::default(),
+            ),
             ended: false,
         };
         let event =
@@ -1268,6 +1308,57 @@ mod tests {
                 .values_mut()
                 .all(|done| !matches!(done.try_recv(), Ok(None)))
         );
+    }
+
+    /// A creation or start the runtime's own call made is confirmed by that call's return, with
+    /// its pod and stamp, without asking CRI (unreachable here); others are asked.
+    #[tokio::test]
+    async fn the_runtimes_own_changes_are_confirmed_by_their_calls() {
+        let channel = tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        let own = OwnChanges::default();
+        let confirm = Confirmer::new(
+            RuntimeServiceClient::new(channel),
+            ExitHints::default(),
+            own.clone(),
+        );
+        let returned = Timestamp::now();
+        own.container_created("c1", "pod-a", returned);
+        own.container_started("c1", returned);
+        // Published after the call returned (a shim's late event): stamped with the return.
+        let late = returned + jiff::SignedDuration::from_millis(300);
+        for kind in [ContainerEventKind::Created, ContainerEventKind::Started] {
+            let e = confirm
+                .confirm(ContainerEvent::new("c1", kind, None, late), None)
+                .await;
+            assert_eq!(e.pod_uid.as_deref(), Some("pod-a"), "{kind:?}");
+            assert_eq!(e.created_at, returned, "{kind:?}");
+        }
+        // Published before the return: its own stamp stays.
+        let early = returned - jiff::SignedDuration::from_millis(5);
+        let e = confirm
+            .confirm(
+                ContainerEvent::new("c1", ContainerEventKind::Started, None, early),
+                None,
+            )
+            .await;
+        assert_eq!(e.created_at, early);
+        // An ID the runtime did not make is asked through CRI (which fails here: no pod).
+        let e = confirm
+            .confirm(
+                ContainerEvent::new("other", ContainerEventKind::Started, None, late),
+                None,
+            )
+            .await;
+        assert_eq!(e.pod_uid, None);
+        assert_eq!(e.created_at, late);
+        // A removal is never taken from the calls; the pod remembered for the ID names it.
+        let e = confirm
+            .confirm(
+                ContainerEvent::new("c1", ContainerEventKind::Deleted, None, late),
+                None,
+            )
+            .await;
+        assert_eq!(e.pod_uid.as_deref(), Some("pod-a"));
     }
 
     #[test]

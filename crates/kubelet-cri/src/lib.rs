@@ -42,6 +42,7 @@ pub mod error;
 pub mod events;
 pub mod exits;
 mod metrics;
+pub mod own;
 pub mod proto;
 mod runtime;
 

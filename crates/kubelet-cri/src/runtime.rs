@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use hyper_util::rt::TokioIo;
+use jiff::Timestamp;
 use kubelet_api::ContainerRuntime;
 use kubelet_api::runtime::{
     self as core, ContainerState, ExecResult, ImageSpec, PodSandboxConfig, RuntimeStatus,
@@ -783,6 +784,9 @@ impl ContainerRuntime for CriRuntime {
                 req,
             )
             .await?;
+        self.events
+            .own()
+            .sandbox_ran(&resp.pod_sandbox_id, &config.metadata.uid, Timestamp::now());
         Ok(resp.pod_sandbox_id)
     }
 
@@ -819,7 +823,9 @@ impl ContainerRuntime for CriRuntime {
             )
             .await
             .map(|_| ()),
-        )
+        )?;
+        self.events.own().forget(sandbox_id);
+        Ok(())
     }
 
     async fn pod_sandbox_status(&self, sandbox_id: &str) -> Result<core::PodSandboxStatus> {
@@ -892,6 +898,11 @@ impl ContainerRuntime for CriRuntime {
                 req,
             )
             .await?;
+        self.events.own().container_created(
+            &resp.container_id,
+            &sandbox_config.metadata.uid,
+            Timestamp::now(),
+        );
         Ok(resp.container_id)
     }
 
@@ -907,6 +918,9 @@ impl ContainerRuntime for CriRuntime {
             req,
         )
         .await?;
+        self.events
+            .own()
+            .container_started(container_id, Timestamp::now());
         Ok(())
     }
 
@@ -953,6 +967,7 @@ impl ContainerRuntime for CriRuntime {
             .map(|_| ()),
         )?;
         self.events.exit_hints().forget(container_id);
+        self.events.own().forget(container_id);
         if let Some(status) = status {
             self.remove_termination_message_file(&status);
         }

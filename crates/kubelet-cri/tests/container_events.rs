@@ -53,13 +53,24 @@ async fn container_lifecycle_produces_events_and_a_restart_breaks_the_stream_unt
     )
     .await;
     rt.start_container(&long).await.unwrap();
-    next_matching(
+    let returned = jiff::Timestamp::now();
+    let started = next_matching(
         &mut events,
         &mut seen,
         "Started of the long container",
         is(&long, ContainerEventKind::Started),
     )
     .await;
+    // The runtime's own start: confirmed by its call, with the pod the call was made for and a
+    // stamp no later than the call's return (however late containerd published it).
+    assert_eq!(
+        started.pod_uid.as_deref(),
+        Some(sandbox_cfg.metadata.uid.as_str())
+    );
+    assert!(
+        started.created_at <= returned,
+        "{started:?} after {returned}"
+    );
     let out = rt
         .exec_sync(&long, &["/bin/true".into()], Duration::from_secs(10))
         .await
