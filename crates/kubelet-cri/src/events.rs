@@ -648,6 +648,39 @@ impl Confirmer {
         }
     }
 
+    /// For a creation or a start: whether the runtime's own call that made it confirms it,
+    /// waiting (until `deadline`) while such calls are in flight, since the event may be theirs
+    /// (containerd publishes a creation before the call returns, and CRI shows it only then:
+    /// asking CRI meanwhile only finds it absent, and a burst of such questions held up every
+    /// confirmation). `false` when no call of the runtime is in flight and none confirms it: CRI
+    /// is asked.
+    async fn wait_for_own_call(
+        &self,
+        event: &mut ContainerEvent,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        if !matches!(
+            event.kind,
+            ContainerEventKind::Created | ContainerEventKind::Started
+        ) {
+            return false;
+        }
+        loop {
+            let ended = self.own.call_ended();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.confirmed_by_own_call(event) {
+                return true;
+            }
+            if !self.own.calls_in_flight() {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, ended).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     /// `event` confirmed by the runtime's own call that made its change, if that call has
     /// returned: stamped no later than the return, with the call's pod. See [`crate::own`].
     fn confirmed_by_own_call(&self, event: &mut ContainerEvent) -> bool {
@@ -704,10 +737,10 @@ impl Confirmer {
         mut event: ContainerEvent,
         deleted: Option<Arc<tokio::sync::Notify>>,
     ) -> ContainerEvent {
-        if self.confirmed_by_own_call(&mut event) {
+        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
+        if self.wait_for_own_call(&mut event, deadline).await {
             return event;
         }
-        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
         let mut view = self.look_up(&event.container_id, deadline).await;
         if let Some(deleted) = deleted {
             // Wait only for what CRI knows and has not recorded yet (a task made without CRI
@@ -739,6 +772,9 @@ impl Confirmer {
             }
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_millis(20));
+            if self.confirmed_by_own_call(&mut event) {
+                return event;
+            }
             view = self.look_up(&event.container_id, deadline).await;
         }
         event.pod_uid = self.remember(&event.container_id, &view);
@@ -1341,6 +1377,29 @@ mod tests {
                 None,
             )
             .await;
+        assert_eq!(e.created_at, early);
+        // Published before its call returned: it waits for the call instead of asking CRI.
+        let call = own.call();
+        let waiting = tokio::spawn({
+            let confirm = confirm.clone();
+            async move {
+                confirm
+                    .confirm(
+                        ContainerEvent::new("s9", ContainerEventKind::Created, None, early),
+                        None,
+                    )
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!waiting.is_finished(), "confirmed before the call returned");
+        own.sandbox_ran("s9", "pod-b", returned);
+        drop(call);
+        let e = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("confirmed once the call returned")
+            .expect("no panic");
+        assert_eq!(e.pod_uid.as_deref(), Some("pod-b"));
         assert_eq!(e.created_at, early);
         // An ID the runtime did not make is asked through CRI (which fails here: no pod).
         let e = confirm

@@ -15,7 +15,10 @@
 //! before it); its pod UID is the one the call was made for.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
 
 use jiff::Timestamp;
 use kubelet_api::runtime::ContainerEventKind;
@@ -34,14 +37,35 @@ struct Own {
     started: Option<Timestamp>,
 }
 
+#[derive(Debug, Default)]
+struct Inner {
+    by_id: Mutex<HashMap<String, Own>>,
+    /// The runtime's creating or starting calls in flight.
+    in_flight: AtomicUsize,
+    /// Woken when such a call ends.
+    ended: Notify,
+}
+
 /// The creations and starts of the runtime's own calls, by container or sandbox ID; clones
 /// share them.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct OwnChanges(Arc<Mutex<HashMap<String, Own>>>);
+pub(crate) struct OwnChanges(Arc<Inner>);
+
+/// A creating or starting call of the runtime in flight; its end (also by an error or a
+/// cancellation) wakes the confirmations waiting for it.
+#[derive(Debug)]
+pub(crate) struct InFlight(Arc<Inner>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.notify_waiters();
+    }
+}
 
 impl OwnChanges {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Own>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+        self.0.by_id.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn record(&self, id: &str, pod_uid: Option<&str>, update: impl FnOnce(&mut Own)) {
@@ -54,6 +78,25 @@ impl OwnChanges {
             entry.pod_uid = uid.to_string();
         }
         update(entry);
+    }
+
+    /// A `RunPodSandbox`, `CreateContainer` or `StartContainer` call begins; it ends when the
+    /// returned guard drops (after the call recorded its change).
+    pub(crate) fn call(&self) -> InFlight {
+        self.0.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight(Arc::clone(&self.0))
+    }
+
+    /// Whether such a call is in flight: a creation or start of an ID nobody knows yet may be
+    /// its own, known when it returns.
+    pub(crate) fn calls_in_flight(&self) -> bool {
+        self.0.in_flight.load(Ordering::SeqCst) > 0
+    }
+
+    /// Resolves when one of those calls ends. Enable it (or poll it once) before checking
+    /// [`returned`](Self::returned), so an end in between is not missed.
+    pub(crate) fn call_ended(&self) -> tokio::sync::futures::Notified<'_> {
+        self.0.ended.notified()
     }
 
     /// `RunPodSandbox` returned sandbox `id` of pod `pod_uid` at `at`: created and started.
@@ -102,8 +145,8 @@ impl OwnChanges {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_change_is_known_once_its_call_returned_and_until_the_id_is_removed() {
+    #[tokio::test]
+    async fn a_change_is_known_once_its_call_returned_and_until_the_id_is_removed() {
         let own = OwnChanges::default();
         let t = |s: i64| Timestamp::from_second(1_700_000_000 + s).expect("valid");
         assert_eq!(own.returned("c1", ContainerEventKind::Created), None);
@@ -132,6 +175,19 @@ mod tests {
         // A start the runtime made of a container it did not create names no pod: CRI decides.
         own.container_started("x1", t(3));
         assert_eq!(own.returned("x1", ContainerEventKind::Started), None);
+
+        // Calls in flight, and their end.
+        assert!(!own.calls_in_flight());
+        let call = own.call();
+        assert!(own.calls_in_flight());
+        let ended = own.call_ended();
+        tokio::pin!(ended);
+        ended.as_mut().enable();
+        drop(call);
+        assert!(!own.calls_in_flight());
+        tokio::time::timeout(std::time::Duration::from_secs(5), ended)
+            .await
+            .expect("the end of the call wakes its waiters");
 
         own.forget("c1");
         assert_eq!(own.returned("c1", ContainerEventKind::Created), None);

@@ -776,6 +776,7 @@ impl ContainerRuntime for CriRuntime {
                 config.runtime_handler.clone()
             },
         };
+        let _call = self.events.own().call();
         let resp = self
             .unary(
                 "RunPodSandbox",
@@ -890,6 +891,7 @@ impl ContainerRuntime for CriRuntime {
             config: Some(convert::container_config_in(config, sandbox_config, extra)),
             sandbox_config: Some(convert::sandbox_config_in(sandbox_config)),
         };
+        let _call = self.events.own().call();
         let resp = self
             .unary(
                 "CreateContainer",
@@ -911,6 +913,7 @@ impl ContainerRuntime for CriRuntime {
         let req = cri::StartContainerRequest {
             container_id: container_id.to_string(),
         };
+        let _call = self.events.own().call();
         self.unary(
             "StartContainer",
             self.timeout(),
