@@ -49,7 +49,9 @@
 //!    calls per stream are in flight. A creation or start that the runtime's own
 //!    `RunPodSandbox`, `CreateContainer` or `StartContainer` made is confirmed by that call's
 //!    return instead ([`crate::own`]): no status call, the call's pod UID, and a stamp no later
-//!    than the return (containerd may publish the event after it).
+//!    than the return (containerd may publish the event after it). A creation or start of an
+//!    ID nobody knows yet waits for the runtime's calls in flight (at most
+//!    [`OWN_CALL_WITHIN`]) before CRI is asked.
 //!
 //!    **Exits** are the exception, because the CRI plugin records an exit only after it has
 //!    deleted the task (the `TaskDelete` that follows), 40–60 ms after the `TaskExit` on an idle
@@ -123,6 +125,12 @@ const GET_CONTAINER_EVENTS: &str = "GetContainerEvents";
 /// containerd 1.6's CRI plugin handles exits one at a time (deleting each task takes tens of
 /// milliseconds), so after a burst of exits the last ones are recorded seconds later.
 pub const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long a creation or start of an ID nobody knows yet waits while the runtime's own
+/// creating and starting calls are in flight (it is most likely theirs: containerd publishes a
+/// sandbox's creation seconds before a busy `RunPodSandbox` returns); then CRI is asked, within
+/// [`CONFIRM_WITHIN`]. The kubelet's default CRI request timeout, which bounds those calls.
+pub const OWN_CALL_WITHIN: Duration = Duration::from_secs(120);
 
 /// How many native events may be in confirmation at a time (most of them just wait for their
 /// task's deletion, which comes later in the stream: the buffer must hold a burst of exits).
@@ -737,10 +745,11 @@ impl Confirmer {
         mut event: ContainerEvent,
         deleted: Option<Arc<tokio::sync::Notify>>,
     ) -> ContainerEvent {
-        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
-        if self.wait_for_own_call(&mut event, deadline).await {
+        let own_deadline = tokio::time::Instant::now() + OWN_CALL_WITHIN;
+        if self.wait_for_own_call(&mut event, own_deadline).await {
             return event;
         }
+        let deadline = tokio::time::Instant::now() + CONFIRM_WITHIN;
         let mut view = self.look_up(&event.container_id, deadline).await;
         if let Some(deleted) = deleted {
             // Wait only for what CRI knows and has not recorded yet (a task made without CRI
