@@ -617,6 +617,16 @@ async fn failing_image_pulls_back_off_with_image_pull_backoff() {
     h.stop().await;
 }
 
+/// A relist PLEG whose periodic relist is an hour away (the doubles below drive it).
+fn hourly_relist_pleg(
+    runtime: &Arc<dyn ContainerRuntime>,
+) -> (GenericPleg, kubelet_api::PlegEvents) {
+    GenericPleg::new(
+        runtime.clone(),
+        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
+    )
+}
+
 /// A PLEG that relists once at start and then only when a pod worker asks for a pod's
 /// reinspection (its periodic relist is an hour away): what a worker sees after its own changes
 /// comes only from its request.
@@ -671,10 +681,7 @@ impl PodLifecycleEventGenerator for OnRequestPleg {
 async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again() {
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let (inner, pleg_events) = GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-    );
+    let (inner, pleg_events) = hourly_relist_pleg(&runtime);
     let pleg = Arc::new(OnRequestPleg::new(inner));
     let sink = Arc::new(RecordingSink::new());
     let (source, _tx) = WatchSource::new(Some(vec![pod(
@@ -736,10 +743,7 @@ impl ProbeManager for SetProber {
 async fn startup_and_readiness_results_show_in_the_status_at_once_and_sync_the_pod() {
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let (inner, pleg_events) = GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-    );
+    let (inner, pleg_events) = hourly_relist_pleg(&runtime);
     let pleg = Arc::new(OnRequestPleg::new(inner));
     let sink = Arc::new(RecordingSink::new());
     let mut app = container("app");
@@ -878,10 +882,7 @@ impl PodLifecycleEventGenerator for ListedOncePleg {
 async fn a_removed_pod_is_killed_while_its_worker_waits_for_a_newer_runtime_view() {
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let (inner, pleg_events) = GenericPleg::new(
-        runtime.clone(),
-        GenericPlegConfig::default().with_relist_period(Duration::from_secs(3600)),
-    );
+    let (inner, pleg_events) = hourly_relist_pleg(&runtime);
     let pleg = Arc::new(ListedOncePleg(inner));
     let sink = Arc::new(RecordingSink::new());
     let (source, tx) = WatchSource::new(Some(vec![pod(

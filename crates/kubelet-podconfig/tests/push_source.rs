@@ -530,6 +530,22 @@ async fn an_oversized_body_is_refused_before_it_is_read() {
     h.stop().await;
 }
 
+/// Read merged updates until one satisfies `pred`.
+async fn wait_for_update(
+    updates: &mut tokio::sync::mpsc::Receiver<kubelet_api::PodUpdate>,
+    pred: impl Fn(&kubelet_api::PodUpdate) -> bool,
+) {
+    loop {
+        let u = tokio::time::timeout(ARRIVAL, updates.recv())
+            .await
+            .expect("an update")
+            .expect("open");
+        if pred(&u) {
+            return;
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_pushed_pod_whose_name_a_file_pod_holds_gets_a_409_naming_the_source() {
     let manifests = tempfile::tempdir().expect("tempdir");
@@ -552,15 +568,7 @@ async fn a_pushed_pod_whose_name_a_file_pod_holds_gets_a_409_naming_the_source()
     let (mut updates, run) = config.start(shutdown.clone());
     let task = tokio::spawn(run);
     // Wait until the file pod has been merged.
-    loop {
-        let u = tokio::time::timeout(ARRIVAL, updates.recv())
-            .await
-            .expect("an update")
-            .expect("open");
-        if u.source == "file" && !u.pods.is_empty() {
-            break;
-        }
-    }
+    wait_for_update(&mut updates, |u| u.source == "file" && !u.pods.is_empty()).await;
     let reply = http(
         addr,
         "POST",
@@ -594,15 +602,10 @@ async fn a_pushed_pod_whose_name_a_file_pod_holds_gets_a_409_naming_the_source()
     assert_eq!(ok.status, 201);
     // Once the file pod is gone, its name is free.
     std::fs::remove_file(manifests.path().join("web.yaml")).expect("remove manifest");
-    loop {
-        let u = tokio::time::timeout(ARRIVAL, updates.recv())
-            .await
-            .expect("an update")
-            .expect("open");
-        if u.source == "file" && u.op == kubelet_api::PodOp::Remove {
-            break;
-        }
-    }
+    wait_for_update(&mut updates, |u| {
+        u.source == "file" && u.op == kubelet_api::PodOp::Remove
+    })
+    .await;
     let freed = http(
         addr,
         "POST",
