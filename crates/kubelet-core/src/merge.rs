@@ -334,57 +334,37 @@ fn filter_invalid_pods(
     source: &str,
     recorder: &EventRecorder,
 ) -> Vec<Arc<Pod>> {
+    let reject = |index: usize, p: &Pod, why: String| {
+        tracing::info!(index, pod = %pod::full_name(p), source, "pod failed validation due to {why}, ignoring");
+        recorder.warning(
+            InvolvedObject::pod(p),
+            REASON_FAILED_VALIDATION,
+            format!(
+                "Error validating pod {} from {source} due to {why}, ignoring",
+                format_pod(p)
+            ),
+        );
+    };
     let mut invalid = Vec::new();
     {
         let mut names: HashSet<(&str, &str)> = HashSet::with_capacity(pods.len());
         let mut uids: HashSet<&str> = HashSet::with_capacity(pods.len());
         for (index, p) in pods.iter().enumerate() {
             let uid = pod::uid(p);
-            if uid.is_empty() {
-                let full_name = pod::full_name(p);
-                tracing::info!(index, pod = %full_name, source, "pod failed validation: no UID, ignoring");
-                recorder.warning(
-                    InvolvedObject::pod(p),
-                    REASON_FAILED_VALIDATION,
-                    format!(
-                        "Error validating pod {} from {source} due to missing UID, ignoring",
-                        format_pod(p)
-                    ),
-                );
-                invalid.push(index);
+            let name = (pod::namespace(p), pod::name(p));
+            let why = if uid.is_empty() {
+                "missing UID".to_string()
+            } else if names.contains(&name) {
+                format!("duplicate pod name {:?}", pod::name(p))
+            } else if uids.contains(uid) {
+                format!("duplicate pod UID {uid:?}")
+            } else {
+                names.insert(name);
+                uids.insert(uid);
                 continue;
-            }
-            if !names.insert((pod::namespace(p), pod::name(p))) {
-                let full_name = pod::full_name(p);
-                tracing::info!(index, pod = %full_name, source, "pod failed validation due to duplicate pod name, ignoring");
-                recorder.warning(
-                    InvolvedObject::pod(p),
-                    REASON_FAILED_VALIDATION,
-                    format!(
-                        "Error validating pod {} from {source} due to duplicate pod name {:?}, ignoring",
-                        format_pod(p),
-                        pod::name(p)
-                    ),
-                );
-                invalid.push(index);
-                continue;
-            }
-            if !uids.insert(uid) {
-                let full_name = pod::full_name(p);
-                tracing::info!(index, pod = %full_name, source, podUID = %uid, "pod failed validation due to duplicate UID, ignoring");
-                recorder.warning(
-                    InvolvedObject::pod(p),
-                    REASON_FAILED_VALIDATION,
-                    format!(
-                        "Error validating pod {} from {source} due to duplicate pod UID {uid:?}, ignoring",
-                        format_pod(p)
-                    ),
-                );
-                // Its name is taken by this pod only if no valid pod holds it: the name was
-                // free (the insert above succeeded), so give it back.
-                names.remove(&(pod::namespace(p), pod::name(p)));
-                invalid.push(index);
-            }
+            };
+            reject(index, p, why);
+            invalid.push(index);
         }
     }
     if invalid.is_empty() {

@@ -199,8 +199,8 @@ impl StatusManager {
     /// the latest status, without waiting for the pod's next sync. Nothing happens when the pod
     /// has no status, the status does not list that instance, or `ready` is already so.
     pub fn set_container_readiness(&self, uid: &str, container_id: &str, ready: bool) {
-        self.set_container_flag(uid, container_id, |pod, status, i| {
-            let Some(c) = container_at(status, i) else {
+        self.set_container_flag(uid, |pod, status| {
+            let Some(c) = container_mut(status, container_id) else {
                 return false;
             };
             if c.ready == ready {
@@ -232,8 +232,8 @@ impl StatusManager {
     /// Nothing happens when the pod has no status, the status does not list that instance, or
     /// `started` is already so.
     pub fn set_container_startup(&self, uid: &str, container_id: &str, started: bool) {
-        self.set_container_flag(uid, container_id, |_, status, i| {
-            let Some(c) = container_at(status, i) else {
+        self.set_container_flag(uid, |_, status| {
+            let Some(c) = container_mut(status, container_id) else {
                 return false;
             };
             if c.started == Some(started) {
@@ -244,40 +244,24 @@ impl StatusManager {
         });
     }
 
-    /// Apply `change` to a copy of pod `uid`'s latest status, given the position of container
-    /// instance `container_id` in it; accept the copy when `change` says it changed something.
-    fn set_container_flag(
-        &self,
-        uid: &str,
-        container_id: &str,
-        change: impl Fn(&Pod, &mut PodStatus, ContainerAt) -> bool,
-    ) {
-        // A sync may accept a status between the copy and the update: then the change is
-        // made again on that status.
-        for _ in 0..FLAG_ATTEMPTS {
-            let (pod, mut status, at, version) = {
-                let pods = self.shared.pods.lock();
-                let Some(entry) = pods.get(uid).filter(|e| e.version > 0 && !e.removed) else {
-                    return;
-                };
-                let Some(at) = find_container(&entry.status, container_id) else {
-                    return;
-                };
-                (
-                    Arc::clone(&entry.pod),
-                    PodStatus::clone(&entry.status),
-                    at,
-                    entry.version,
-                )
-            };
-            if !change(&pod, &mut status, at) {
-                return;
-            }
-            if self.update_from(&pod, status, false, Some(version)) {
-                return;
-            }
+    /// Apply `change` to a copy of pod `uid`'s latest status and accept the copy when `change`
+    /// says it changed something. The cache stays locked throughout, as the kubelet's status
+    /// manager holds its lock: a sync's status cannot slip in between.
+    fn set_container_flag(&self, uid: &str, change: impl FnOnce(&Pod, &mut PodStatus) -> bool) {
+        let mut pods = self.shared.pods.lock();
+        let Some(entry) = pods.get(uid).filter(|e| e.version > 0 && !e.removed) else {
+            return;
+        };
+        let pod = Arc::clone(&entry.pod);
+        let mut status = PodStatus::clone(&entry.status);
+        if !change(&pod, &mut status) {
+            return;
         }
-        tracing::debug!(podUID = %uid, containerID = %container_id, "probe result not applied: the status kept changing; the next sync applies it");
+        let accepted = self.update_locked(&mut pods, &pod, status, false);
+        drop(pods);
+        if accepted {
+            self.notify();
+        }
     }
 
     /// Force the pod to `Failed` (eviction, activeDeadlineSeconds): the current and every later
@@ -363,27 +347,26 @@ impl StatusManager {
 
     /// The kubelet's `updateStatusInternal` + `mergePodStatus` + `normalizeStatus`.
     fn update(&self, pod: &Arc<Pod>, status: PodStatus, forced: bool) {
-        self.update_from(pod, status, forced, None);
+        let mut pods = self.shared.pods.lock();
+        let accepted = self.update_locked(&mut pods, pod, status, forced);
+        drop(pods);
+        if accepted {
+            self.notify();
+        }
     }
 
-    /// [`update`](Self::update), when `based_on` is `None` or the accepted version is still
-    /// `based_on` (the status was derived from that version); `false` when it is not.
-    fn update_from(
+    /// [`update`](Self::update) with the cache already locked; whether a new version was
+    /// accepted (the caller then notifies, once the lock is released).
+    fn update_locked(
         &self,
+        pods: &mut HashMap<String, Entry>,
         pod: &Arc<Pod>,
         mut status: PodStatus,
         forced: bool,
-        based_on: Option<u64>,
     ) -> bool {
         let uid = podutil::uid(pod).to_string();
         let full_name = podutil::full_name(pod);
         let now = Timestamp::now();
-        let mut pods = self.shared.pods.lock();
-        if let Some(v) = based_on
-            && pods.get(&uid).is_none_or(|e| e.removed || e.version != v)
-        {
-            return false;
-        }
         let n = self.shared.sinks.len();
         let entry = pods
             .entry(uid.clone())
@@ -407,7 +390,7 @@ impl StatusManager {
 
         if let Err(msg) = check_container_state_transition(old, &status, pod) {
             tracing::error!(pod = %full_name, podUID = %uid, "status update on pod aborted: {msg}");
-            return true;
+            return false;
         }
 
         // Terminal phases are sticky.
@@ -514,7 +497,7 @@ impl StatusManager {
         {
             tracing::trace!(pod = %full_name, podUID = %uid, "ignoring same status");
             entry.pod = Arc::clone(pod);
-            return true;
+            return false;
         }
         entry.version += 1;
         entry.status = Arc::new(status);
@@ -527,8 +510,6 @@ impl StatusManager {
         self.shared
             .reader
             .put(Arc::clone(&entry.pod), Arc::clone(&entry.status));
-        drop(pods);
-        self.notify();
         true
     }
 
@@ -766,38 +747,18 @@ async fn event_worker(
     }
 }
 
-/// How often a probe result is applied again when a sync keeps replacing the status it was
-/// applied to.
-const FLAG_ATTEMPTS: usize = 3;
-
-/// Where a container instance is in a pod status.
-#[derive(Debug, Clone, Copy)]
-enum ContainerAt {
-    Init(usize),
-    App(usize),
-}
-
-/// The position of container instance `id` (without the runtime prefix) in `status`.
-fn find_container(status: &PodStatus, id: &str) -> Option<ContainerAt> {
-    let pos = |list: &Option<Vec<ContainerStatus>>| {
-        list.iter().flatten().position(|c| {
+/// The status of container instance `id` (without the runtime prefix) in `status`.
+fn container_mut<'a>(status: &'a mut PodStatus, id: &str) -> Option<&'a mut ContainerStatus> {
+    status
+        .container_statuses
+        .iter_mut()
+        .flatten()
+        .chain(status.init_container_statuses.iter_mut().flatten())
+        .find(|c| {
             c.container_id
                 .as_deref()
                 .is_some_and(|cid| status_gen::strip_container_id(cid) == id)
         })
-    };
-    pos(&status.container_statuses)
-        .map(ContainerAt::App)
-        .or_else(|| pos(&status.init_container_statuses).map(ContainerAt::Init))
-}
-
-/// The container status at `at`, found by [`find_container`] in the same status.
-fn container_at(status: &mut PodStatus, at: ContainerAt) -> Option<&mut ContainerStatus> {
-    let (list, i) = match at {
-        ContainerAt::App(i) => (&mut status.container_statuses, i),
-        ContainerAt::Init(i) => (&mut status.init_container_statuses, i),
-    };
-    list.as_mut()?.get_mut(i)
 }
 
 fn any_running(status: &PodStatus) -> bool {

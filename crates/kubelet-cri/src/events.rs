@@ -51,7 +51,8 @@
 //!    return instead ([`crate::own`]): no status call, the call's pod UID, and a stamp no later
 //!    than the return (containerd may publish the event after it). A creation or start of an
 //!    ID nobody knows yet waits for the runtime's calls in flight (at most
-//!    [`OWN_CALL_WITHIN`]) before CRI is asked.
+//!    [`CriConfig::request_timeout`], which bounds those calls: containerd publishes a
+//!    sandbox's creation seconds before a busy `RunPodSandbox` returns) before CRI is asked.
 //!
 //!    **Exits** are the exception, because the CRI plugin records an exit only after it has
 //!    deleted the task (the `TaskDelete` that follows), 40–60 ms after the `TaskExit` on an idle
@@ -126,12 +127,6 @@ const GET_CONTAINER_EVENTS: &str = "GetContainerEvents";
 /// milliseconds), so after a burst of exits the last ones are recorded seconds later.
 pub const CONFIRM_WITHIN: Duration = Duration::from_secs(5);
 
-/// How long a creation or start of an ID nobody knows yet waits while the runtime's own
-/// creating and starting calls are in flight (it is most likely theirs: containerd publishes a
-/// sandbox's creation seconds before a busy `RunPodSandbox` returns); then CRI is asked, within
-/// [`CONFIRM_WITHIN`]. The kubelet's default CRI request timeout, which bounds those calls.
-pub const OWN_CALL_WITHIN: Duration = Duration::from_secs(120);
-
 /// How many native events may be in confirmation at a time (most of them just wait for their
 /// task's deletion, which comes later in the stream: the buffer must hold a burst of exits).
 const CONFIRM_BUFFER: usize = 1024;
@@ -179,6 +174,8 @@ pub(crate) struct EventSubscriber {
     hints: ExitHints,
     /// The creations and starts the runtime's own calls made, shared by clones.
     own: OwnChanges,
+    /// [`CriConfig::request_timeout`]: the longest an event waits for the runtime's own calls.
+    request_timeout: Duration,
     /// [`CriConfig::prefer_containerd_events`].
     prefer_containerd: bool,
 }
@@ -197,6 +194,7 @@ impl EventSubscriber {
             source: Arc::new(AtomicU8::new(SOURCE_UNKNOWN)),
             hints: ExitHints::default(),
             own: OwnChanges::default(),
+            request_timeout: config.request_timeout,
             prefer_containerd: config.prefer_containerd_events,
         }
     }
@@ -322,7 +320,12 @@ impl EventSubscriber {
             _ => CriError::SubscribeEvents { status },
         };
         let namespace = self.namespace.clone();
-        let confirm = Confirmer::new(self.cri.clone(), self.hints.clone(), self.own.clone());
+        let confirm = Confirmer::new(
+            self.cri.clone(),
+            self.hints.clone(),
+            self.own.clone(),
+            self.request_timeout,
+        );
         match tokio::time::timeout(PROBE, &mut call).await {
             Ok(Ok(resp)) => {
                 self.source.store(SOURCE_CONTAINERD, Ordering::Relaxed);
@@ -642,10 +645,17 @@ struct Confirmer {
     /// The creations and starts of the runtime's own calls: such an event is confirmed by the
     /// call's return.
     own: OwnChanges,
+    /// How long a creation or start waits for the runtime's calls in flight.
+    own_call_within: Duration,
 }
 
 impl Confirmer {
-    fn new(cri: RuntimeServiceClient<Channel>, hints: ExitHints, own: OwnChanges) -> Self {
+    fn new(
+        cri: RuntimeServiceClient<Channel>,
+        hints: ExitHints,
+        own: OwnChanges,
+        own_call_within: Duration,
+    ) -> Self {
         Self {
             cri,
             pods: Arc::default(),
@@ -653,6 +663,7 @@ impl Confirmer {
             calls: Arc::new(tokio::sync::Semaphore::new(CONFIRM_CALLS)),
             hints,
             own,
+            own_call_within,
         }
     }
 
@@ -745,7 +756,7 @@ impl Confirmer {
         mut event: ContainerEvent,
         deleted: Option<Arc<tokio::sync::Notify>>,
     ) -> ContainerEvent {
-        let own_deadline = tokio::time::Instant::now() + OWN_CALL_WITHIN;
+        let own_deadline = tokio::time::Instant::now() + self.own_call_within;
         if self.wait_for_own_call(&mut event, own_deadline).await {
             return event;
         }
@@ -1308,6 +1319,7 @@ mod tests {
                 RuntimeServiceClient::new(channel),
                 ExitHints::default(),
                 OwnChanges::default(),
+                Duration::from_secs(120),
             ),
             ended: false,
         };
@@ -1365,6 +1377,7 @@ mod tests {
             RuntimeServiceClient::new(channel),
             ExitHints::default(),
             own.clone(),
+            Duration::from_secs(120),
         );
         let returned = Timestamp::now();
         own.container_created("c1", "pod-a", returned);
