@@ -15,6 +15,24 @@ pub fn from_json(text: &str) -> Result<Pod, serde_json::Error> {
     serde_json::from_str(text)
 }
 
+/// The file name of a container's legacy log link in `/var/log/containers` (the kubelet's
+/// `logSymlink`): `<pod>_<namespace>_<container>-<container ID>.log`, cut to 255 bytes. The
+/// engine creates the link, pointing at the container's log file; the log rotation reads it
+/// back instead of asking the runtime for the log path.
+pub fn log_link_name(pod_name: &str, namespace: &str, container: &str, id: &str) -> String {
+    let mut name = format!("{pod_name}_{namespace}_{container}-{id}");
+    let max = 255 - ".log".len();
+    if name.len() > max {
+        let mut cut = max;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        name.truncate(cut);
+    }
+    name.push_str(".log");
+    name
+}
+
 /// Encode a `Pod` as JSON text: the encoding counterpart of [`from_json`], one copy of the `Pod`
 /// encoder for the SDK's crates (the kubelet API's `/pods`, the push source, static pod UIDs,
 /// mirror pods).
@@ -335,6 +353,16 @@ pub fn disruption_condition(message: &str) -> PodCondition {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_link_names_are_the_kubelets_and_fit_a_file_name() {
+        assert_eq!(log_link_name("p", "ns", "c", "abc"), "p_ns_c-abc.log");
+        // Cut to 255 bytes on a character boundary, `.log` kept.
+        let long = "é".repeat(200);
+        let name = log_link_name(&long, "ns", "c", "abc");
+        assert!(name.len() <= 255 && name.len() >= 250, "{}", name.len());
+        assert!(name.ends_with("é.log"));
+    }
 
     #[test]
     fn pods_and_lists_round_trip_through_json_text() {

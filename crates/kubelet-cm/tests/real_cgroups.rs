@@ -366,10 +366,23 @@ async fn run() {
     config.cpu_manager_reconcile_period = Duration::from_secs(1);
     let pinned = pod("pinned", &[], &[("cpu", "1"), ("memory", "64Mi")]);
     let shared = pod("shared", &[], &[]);
+    // A pod cgroup an earlier run made for a pod deleted while the agent was down: the first
+    // housekeeping pass lists the pod cgroups and removes it.
+    let leftover = h.pod(QosClass::BestEffort, "deleted-while-down");
+    h.ensure(&leftover, &Default::default()).unwrap();
+    std::fs::write(config.root_dir.join("pod-cgroups/deleted-while-down"), b"").unwrap();
     let (source, tx) = WatchSource::new(Some(vec![pinned.clone(), shared.clone()]));
     let agent = start(tmp.path(), &config, source.clone());
     agent.running(&uid(&pinned)).await;
     agent.running(&uid(&shared)).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.exists(&leftover) {
+        assert!(
+            Instant::now() < deadline,
+            "an earlier run's pod cgroup was not removed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let g = (QosClass::Guaranteed, &pinned);
     let e = (QosClass::BestEffort, &shared);
     let g_id = agent.container_id(&uid(&pinned)).await;

@@ -1571,16 +1571,12 @@ impl Engine {
     /// The kubelet's legacy log link of a container (`logSymlink`):
     /// `<container_log_dir>/<pod>_<ns>_<container>-<id>.log`, cut to 255 bytes.
     fn log_link(&self, p: &Pod, container: &str, id: &str) -> PathBuf {
-        let mut name = format!("{}_{}_{container}-{id}", pod::name(p), pod::namespace(p));
-        let max = 255 - ".log".len();
-        if name.len() > max {
-            let mut cut = max;
-            while !name.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            name.truncate(cut);
-        }
-        self.config.container_log_dir.join(format!("{name}.log"))
+        self.config.container_log_dir.join(pod::log_link_name(
+            pod::name(p),
+            pod::namespace(p),
+            container,
+            id,
+        ))
     }
 
     /// The kubelet-managed `/etc/hosts` for a container (the kubelet's `makeHostsMount`):

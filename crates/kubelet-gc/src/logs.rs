@@ -1,7 +1,6 @@
 //! [`LogRotator`]: the kubelet's container log rotation (`container_log_manager.go`).
 //!
-//! Every check lists the running containers and, for each whose log file (`log_path` of its
-//! status, asked once per container: the path is fixed at creation) has reached
+//! Every check lists the running containers and, for each whose log file has reached
 //! `containerLogMaxSize`:
 //!
 //! 1. renames the log to `<log>.<YYYYMMDD-hhmmss>` and asks the runtime to reopen it
@@ -19,6 +18,12 @@
 //! removed under a running container) is reopened, its directory recreated first. Deliberate
 //! difference: the timestamp is UTC (the kubelet uses the node's local time). A runtime that
 //! cannot reopen logs is logged once and its logs are left alone.
+//!
+//! A container's log path is fixed when it is created, so it is looked up once per container:
+//! from the log link the engine made for it in `/var/log/containers`
+//! ([`LogRotator::with_log_links`]), or, without one, from `log_path` of the runtime's status.
+//! Deliberate difference: the kubelet asks every running container's status on every check
+//! (every 10 s); on containerd that was a tenth of a pod start's CRI calls.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -69,6 +74,19 @@ pub struct LogRotator {
     /// when it is created, so its status is asked once, not on every check (entries go with
     /// their containers).
     log_paths: Mutex<std::collections::HashMap<String, PathBuf>>,
+    /// The directory of the engine's log links (`/var/log/containers`), where a new
+    /// container's log path is read instead of asked from the runtime.
+    links: Option<PathBuf>,
+}
+
+/// The target of log link `link`, relative targets taken from the link's directory.
+fn read_link(link: &Path) -> Option<PathBuf> {
+    let target = std::fs::read_link(link).ok()?;
+    if target.is_absolute() {
+        Some(target)
+    } else {
+        Some(link.parent()?.join(target))
+    }
 }
 
 fn log_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> GcError + 'a {
@@ -158,7 +176,29 @@ impl LogRotator {
             unsupported: Mutex::new(false),
             busy: std::sync::Arc::default(),
             log_paths: Mutex::default(),
+            links: None,
         }
+    }
+
+    /// Read a new container's log path from its log link in `dir` (the engine's
+    /// `/var/log/containers`, [`kubelet_api::pod::log_link_name`]) instead of asking the runtime
+    /// for its status; containers without a link are still asked. `None`: always ask.
+    pub fn with_log_links(mut self, dir: Option<PathBuf>) -> Self {
+        self.links = dir;
+        self
+    }
+
+    /// Where container `c`'s log link would be, from its labels.
+    fn link_of(&self, c: &kubelet_api::runtime::Container) -> Option<PathBuf> {
+        use kubelet_api::runtime::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE};
+        let dir = self.links.as_ref()?;
+        let get = |k: &str| c.labels.get(k).map(String::as_str);
+        Some(dir.join(kubelet_api::pod::log_link_name(
+            get(POD_NAME)?,
+            get(POD_NAMESPACE)?,
+            get(CONTAINER_NAME)?,
+            &c.id,
+        )))
     }
 
     /// The policy.
@@ -190,12 +230,57 @@ impl LogRotator {
                 .lock()
                 .retain(|id, _| ids.contains(id.as_str()));
         }
-        let mut logs = Vec::with_capacity(running.len());
-        for c in running {
-            let known = self.log_paths.lock().get(&c.id).cloned();
-            let log = match known {
-                Some(log) => log,
-                None => {
+        // Each container's log path: known from an earlier check, else read from the log link
+        // the engine made for it (no runtime call), else from the runtime's status.
+        let mut logs: Vec<(kubelet_api::runtime::Container, Option<PathBuf>)> =
+            Vec::with_capacity(running.len());
+        let mut links = Vec::new();
+        {
+            let known = self.log_paths.lock();
+            for c in running {
+                let log = known.get(&c.id).cloned();
+                if log.is_none()
+                    && let Some(link) = self.link_of(&c)
+                {
+                    links.push((logs.len(), link));
+                }
+                logs.push((c, log));
+            }
+        }
+        // The links' targets and every log's size in one blocking task (not one per log): most
+        // logs are below the limit and need nothing more. A log that is missing or unreadable
+        // is looked at again below.
+        let paths: Vec<Option<PathBuf>> = logs.iter().map(|(_, log)| log.clone()).collect();
+        let (paths, sizes) = tokio::task::spawn_blocking(move || {
+            let mut paths = paths;
+            for (i, link) in links {
+                if let Some(target) = read_link(&link)
+                    && let Some(slot) = paths.get_mut(i)
+                {
+                    *slot = Some(target);
+                }
+            }
+            let sizes: Vec<Option<u64>> = paths
+                .iter()
+                .map(|p| {
+                    p.as_ref()
+                        .and_then(|p| std::fs::metadata(p).ok())
+                        .map(|m| m.len())
+                })
+                .collect();
+            (paths, sizes)
+        })
+        .await
+        .unwrap_or_default();
+        let mut checked = Vec::with_capacity(logs.len());
+        for (i, (c, known)) in logs.into_iter().enumerate() {
+            let log = match (known, paths.get(i).cloned().flatten()) {
+                (Some(log), _) => log,
+                (None, Some(linked)) => {
+                    self.log_paths.lock().insert(c.id.clone(), linked.clone());
+                    linked
+                }
+                (None, None) => {
                     let Ok(status) = runtime.container_status(&c.id).await else {
                         continue;
                     };
@@ -206,27 +291,11 @@ impl LogRotator {
                 }
             };
             if !log.as_os_str().is_empty() {
-                logs.push((c, log));
+                checked.push((c, log, sizes.get(i).copied().flatten()));
             }
         }
-        // Every log's size in one blocking task (not one per log): most are below the limit
-        // and need nothing more. A log that is missing or unreadable is looked at again below.
-        let paths: Vec<PathBuf> = logs.iter().map(|(_, log)| log.clone()).collect();
-        let sizes = tokio::task::spawn_blocking(move || {
-            paths
-                .iter()
-                .map(|p| std::fs::metadata(p).ok().map(|m| m.len()))
-                .collect::<Vec<_>>()
-        })
-        .await
-        .unwrap_or_default();
-        for (i, (c, log)) in logs.into_iter().enumerate() {
-            if sizes
-                .get(i)
-                .copied()
-                .flatten()
-                .is_some_and(|size| size < self.policy.max_size)
-            {
+        for (c, log, size) in checked {
+            if size.is_some_and(|size| size < self.policy.max_size) {
                 continue;
             }
             if let Err(e) = self.check(runtime, &c, &log, &mut out).await {

@@ -128,7 +128,8 @@ impl GcPlugin {
         Ok(Self {
             shared: Arc::new(Shared {
                 images: ImageGc::new(config.images.clone()),
-                logs: LogRotator::new(config.logs.clone()),
+                logs: LogRotator::new(config.logs.clone())
+                    .with_log_links(config.container_log_dir.clone()),
                 config,
                 running: OnceLock::new(),
                 collected: Family::default(),

@@ -503,6 +503,55 @@ async fn each_containers_log_path_is_asked_once() {
     assert!(!more.is_empty());
 }
 
+/// With the engine's log links, a new container's log path is read from its link: no status is
+/// asked, and the linked log is rotated at its size; a container without a link is still asked.
+#[tokio::test]
+async fn log_paths_are_read_from_the_log_links_without_asking_the_runtime() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dirs(tmp.path());
+    let links = tmp.path().join("containers");
+    std::fs::create_dir_all(&links).unwrap();
+    let rt = FakeRuntime::new();
+    let (_, linked) = instances(&rt, &d.pod_log_dir, "p1", "app", 1, true).await;
+    let (_, unlinked) = instances(&rt, &d.pod_log_dir, "p2", "app", 1, true).await;
+    let log = rt.container_status(&linked[0]).await.unwrap().log_path;
+    std::os::unix::fs::symlink(
+        &log,
+        links.join(kubelet_api::pod::log_link_name(
+            "pod-p1", "default", "app", &linked[0],
+        )),
+    )
+    .unwrap();
+    let statuses = |rt: &FakeRuntime, id: &str| {
+        rt.calls()
+            .iter()
+            .filter(|c| c.starts_with("container_status") && c.contains(id))
+            .count()
+    };
+    let mut policy = LogRotationPolicy::default();
+    policy.max_size = 1024;
+    let rotator = LogRotator::new(policy).with_log_links(Some(links));
+    let (before_linked, before_unlinked) = (statuses(&rt, &linked[0]), statuses(&rt, &unlinked[0]));
+    assert!(rotator.rotate_all(&rt).await.unwrap().rotated.is_empty());
+    assert!(rotator.rotate_all(&rt).await.unwrap().rotated.is_empty());
+    assert_eq!(
+        statuses(&rt, &linked[0]),
+        before_linked,
+        "read from the link"
+    );
+    assert_eq!(
+        statuses(&rt, &unlinked[0]),
+        before_unlinked + 1,
+        "no link: asked once"
+    );
+
+    std::fs::write(&log, vec![b'x'; 2048]).unwrap();
+    let out = rotator.rotate_all(&rt).await.unwrap();
+    assert_eq!(out.rotated.len(), 1, "{out:?}");
+    assert!(out.rotated[0].starts_with(log.parent().unwrap()));
+    assert_eq!(statuses(&rt, &linked[0]), before_linked);
+}
+
 #[tokio::test]
 async fn a_log_at_its_size_is_rotated_and_put_back_when_the_runtime_cannot_reopen() {
     let tmp = tempfile::tempdir().unwrap();
