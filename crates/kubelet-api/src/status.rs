@@ -31,6 +31,12 @@ impl StatusReader {
         self.inner.read().get(uid).cloned()
     }
 
+    /// `f` of pod `uid`'s entry, read in place (no copy of the entry): for checks that run
+    /// over many pods, such as the container manager's housekeeping every 2 s.
+    pub fn inspect<R>(&self, uid: &str, f: impl FnOnce(&PodWithStatus) -> R) -> Option<R> {
+        self.inner.read().get(uid).map(f)
+    }
+
     /// Every pod with its status, sorted by namespace and name.
     pub fn list(&self) -> Vec<PodWithStatus> {
         let mut v: Vec<PodWithStatus> = self.inner.read().values().cloned().collect();
@@ -78,5 +84,30 @@ impl StatusWriter {
     /// Forget pod `uid`.
     pub fn remove(&self, uid: &str) {
         self.reader.inner.write().remove(uid);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inspect_reads_an_entry_in_place() {
+        let w = StatusWriter::new();
+        let r = w.reader();
+        assert_eq!(r.inspect("u1", |_| ()), None);
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let status = PodStatus {
+            phase: Some("Running".into()),
+            ..Default::default()
+        };
+        w.put(Arc::new(pod), Arc::new(status));
+        assert_eq!(
+            r.inspect("u1", |p| p.status.phase.clone()),
+            Some(Some("Running".to_string()))
+        );
+        w.remove("u1");
+        assert_eq!(r.inspect("u1", |_| ()), None);
     }
 }

@@ -342,7 +342,7 @@ impl Inner {
         // Whether pod `uid`'s cgroup may go: the pod is gone or terminal.
         let may_go = |uid: &str| {
             // One lookup per pod cgroup, not a listing of every status every 2 s.
-            let terminal = statuses.get(uid).map(|p| {
+            let terminal = statuses.inspect(uid, |p| {
                 matches!(
                     p.status.phase.as_deref(),
                     Some("Succeeded") | Some("Failed")

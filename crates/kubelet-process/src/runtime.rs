@@ -519,7 +519,19 @@ impl ProcessRuntime {
         self.restore_lost()?;
         let ids = list_ids(&self.config.root_dir.join("containers"))?;
         let mut out = Vec::with_capacity(ids.len());
-        for id in &ids {
+        // Listed a moment ago: a record this runtime holds needs no `stat` of its directory
+        // (the log rotation lists every running container every 10 s).
+        let mut unheld = Vec::new();
+        {
+            let held = self.containers.lock();
+            for id in &ids {
+                match held.get(id.as_str()) {
+                    Some(r) => out.push(r.clone()),
+                    None => unheld.push(id),
+                }
+            }
+        }
+        for id in unheld {
             match self.container(id) {
                 Ok(r) => out.push(r),
                 Err(ProcessError::ContainerNotFound(_)) => {}
