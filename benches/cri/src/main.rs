@@ -63,9 +63,10 @@ struct Flags {
     #[arg(long)]
     relist: bool,
     /// Bound each start stage of the agent (RunPodSandbox, CreateContainer, StartContainer) to
-    /// this many concurrent calls (`kubelet_core::layer::StageLimits`); 0 = unbounded.
-    #[arg(long, default_value_t = 0)]
-    stage_limit: usize,
+    /// this many concurrent calls (`kubelet_core::layer::StageLimits`); 0 = unbounded. Default:
+    /// the agent's default on a CRI runtime (`StageLimits::cri_default_max`, two per CPU).
+    #[arg(long)]
+    stage_limit: Option<usize>,
     /// Container counts for the relist benchmark.
     #[arg(long, value_delimiter = ',', default_value = "30,110")]
     relist_sizes: Vec<usize>,
@@ -774,6 +775,10 @@ async fn main() -> anyhow::Result<()> {
     } else {
         PlegKind::Evented
     };
+    let stage_limit = flags
+        .stage_limit
+        .unwrap_or_else(kubelet_core::layer::StageLimits::cri_default_max);
+    println!("agent start stage limit: {stage_limit} (0 = unbounded)");
     let mut floors: Vec<Vec<Duration>> = vec![Vec::new(); flags.widths.len()];
     let mut floor_stops: Vec<Vec<Duration>> = vec![Vec::new(); flags.widths.len()];
     let mut agent = Vec::new();
@@ -791,8 +796,7 @@ async fn main() -> anyhow::Result<()> {
             floors[w].push(d);
             floor_stops[w].push(stop);
         }
-        let (a, stop) =
-            through_agent(&rt, &env, flags.pods, round, pleg, flags.stage_limit).await?;
+        let (a, stop) = through_agent(&rt, &env, flags.pods, round, pleg, stage_limit).await?;
         println!(
             "{line} agent ({pleg:?} PLEG) {:>6.0} ms (teardown {:>5.0} ms)",
             a.as_secs_f64() * 1e3,

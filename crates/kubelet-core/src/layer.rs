@@ -533,6 +533,16 @@ pub struct StageLimits {
 }
 
 impl StageLimits {
+    /// The bound for a CRI runtime when nothing else is asked (the agent facade's default):
+    /// two calls of each start stage per CPU of this machine. Containerd's CRI service does the
+    /// work of a sandbox or container creation on the node's CPUs (runc, the network
+    /// namespace, its metadata store); a burst of 250 pods issued all at once took 1.4–1.6× as
+    /// long as the same calls issued 4 at a time on 2 CPUs, bounded to 4 it took 1.03–1.11×
+    /// (docs/performance.md).
+    pub fn cri_default_max() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get()) * 2
+    }
+
     /// At most `max` (at least 1) concurrent calls of each start stage.
     pub fn new(max: usize) -> Self {
         Self {

@@ -245,7 +245,7 @@ pub struct AgentBuilder {
     inner: KubeletBuilder,
     runtime: Option<Arc<dyn ContainerRuntime>>,
     runtime_layers: bool,
-    start_stage_limit: usize,
+    start_stage_limit: Option<usize>,
     pleg: Option<(
         Arc<dyn kubelet_api::PodLifecycleEventGenerator>,
         kubelet_api::PlegEvents,
@@ -305,7 +305,7 @@ impl AgentBuilder {
             logs_under_root: false,
             runtime: None,
             runtime_layers: true,
-            start_stage_limit: 0,
+            start_stage_limit: None,
             pleg: None,
             prober: None,
             default_prober: true,
@@ -400,9 +400,16 @@ impl AgentBuilder {
     /// At most `max` concurrent calls of each pod-start stage (RunPodSandbox, CreateContainer,
     /// StartContainer; [`kubelet_core::layer::StageLimits`]), outside the deadline and metrics
     /// layers, so a call's deadline and recorded duration start when it reaches the runtime.
-    /// 0 (the default) leaves them unbounded, as the kubelet does.
+    /// 0 leaves them unbounded, as the kubelet does.
+    ///
+    /// Default: on the CRI runtime the agent connects to (`containerRuntimeEndpoint`),
+    /// [`StageLimits::cri_default_max`](kubelet_core::layer::StageLimits::cri_default_max), two
+    /// per CPU; on the embedded process runtime and on a runtime given with
+    /// [`runtime`](Self::runtime), unbounded. Deliberate difference from the kubelet, which
+    /// leaves them unbounded: containerd finishes a burst of pods sooner a few calls at a time.
+    /// Stops, kills and removals are never bounded.
     pub fn start_stage_limit(mut self, max: usize) -> Self {
-        self.start_stage_limit = max;
+        self.start_stage_limit = Some(max);
         self
     }
 
@@ -686,6 +693,7 @@ impl AgentBuilder {
             builder = builder.plugin(Arc::new(shutdown));
         }
 
+        let runtime_given = runtime.is_some();
         let (runtime, layered) = match runtime {
             Some(r) => (r, runtime_layers),
             None => {
@@ -702,6 +710,15 @@ impl AgentBuilder {
         };
         // The stage limits and the metrics share one layer, the limits outside: a call's
         // deadline and recorded duration start when it reaches the runtime.
+        let start_stage_limit = start_stage_limit.unwrap_or_else(|| {
+            default_start_stage_limit(runtime_given, &c.container_runtime_endpoint)
+        });
+        if start_stage_limit > 0 {
+            tracing::info!(
+                limit = start_stage_limit,
+                "pod-start stages bounded: RunPodSandbox, CreateContainer and StartContainer calls at once, each"
+            );
+        }
         let limits = (start_stage_limit > 0)
             .then(|| kubelet_core::layer::StageLimits::new(start_stage_limit));
         let runtime = if layered {
@@ -1101,6 +1118,18 @@ async fn with_server(
 
 /// The runtime the configuration names, and whether it wants the core layers (the CRI runtime
 /// instruments and bounds its own calls).
+/// The start stage limit when none was asked: [`StageLimits::cri_default_max`] on the CRI
+/// runtime the agent connects to, unbounded on the process runtime and on a given runtime.
+///
+/// [`StageLimits::cri_default_max`]: kubelet_core::layer::StageLimits::cri_default_max
+fn default_start_stage_limit(runtime_given: bool, endpoint: &str) -> usize {
+    if runtime_given || endpoint.is_empty() {
+        0
+    } else {
+        kubelet_core::layer::StageLimits::cri_default_max()
+    }
+}
+
 async fn default_runtime(
     c: &KubeletConfiguration,
     root_dir: &std::path::Path,
@@ -1158,5 +1187,26 @@ async fn default_runtime(
             what: format!("containerRuntimeEndpoint {endpoint}"),
             feature: "cri",
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn start_stages_are_bounded_by_default_on_the_cri_runtime_only() {
+        let cri = kubelet_core::layer::StageLimits::cri_default_max();
+        assert!(cri >= 2, "{cri}");
+        assert_eq!(
+            default_start_stage_limit(false, "unix:///run/containerd/containerd.sock"),
+            cri
+        );
+        assert_eq!(default_start_stage_limit(false, ""), 0, "process runtime");
+        assert_eq!(
+            default_start_stage_limit(true, "unix:///run/containerd/containerd.sock"),
+            0,
+            "a runtime the embedder gave"
+        );
     }
 }

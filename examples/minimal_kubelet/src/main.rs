@@ -93,9 +93,10 @@ struct Flags {
     container_runtime_endpoint: Option<String>,
     /// At most this many concurrent calls of each pod-start stage (RunPodSandbox,
     /// CreateContainer, StartContainer) reach the runtime; 0 leaves them unbounded, as the
-    /// kubelet does. Not a kubelet flag.
-    #[arg(long = "start-stage-limit", default_value_t = 0)]
-    start_stage_limit: usize,
+    /// kubelet does. Default: two per CPU on a CRI runtime, unbounded on the process runtime.
+    /// Not a kubelet flag.
+    #[arg(long = "start-stage-limit")]
+    start_stage_limit: Option<usize>,
     /// Sandbox (pause) image for CRI runtimes. CRI has no per-sandbox field for it: the agent
     /// makes sure it is present and warns when the runtime is configured with another one.
     #[arg(long = "pod-infra-container-image")]
@@ -383,8 +384,10 @@ async fn run(flags: Flags, matches: clap::ArgMatches) -> anyhow::Result<()> {
         .agent_configuration(agent_configuration)
         .root_dir(&flags.root_dir)
         .kubelet_log_layout()
-        .start_stage_limit(flags.start_stage_limit)
         .housekeeping_interval(flags.housekeeping_interval);
+    if let Some(limit) = flags.start_stage_limit {
+        agent = agent.start_stage_limit(limit);
+    }
     #[cfg(feature = "probe")]
     {
         agent = agent.probe_errors_as_failures(flags.probe_errors_as_failures);

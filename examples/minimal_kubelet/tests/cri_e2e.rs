@@ -289,6 +289,15 @@ fn static_pods_run_on_containerd_survive_an_agent_restart_and_are_removed_with_t
 
     let web = wait_until("web Running", || env.pod("web").filter(running));
     let host = wait_until("host Running", || env.pod("host").filter(running));
+    // On a CRI runtime the start stages are bounded by default, two calls per CPU.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let log = std::fs::read_to_string(env.dir.join("agent.log")).unwrap_or_default();
+    assert!(
+        log.lines().any(|l| l.contains("pod-start stages bounded")
+            && l.contains(&format!("limit={}", 2 * cpus))),
+        "no start stage limit of {} in the agent log:\n{log}",
+        2 * cpus
+    );
     let ip = web["status"]["podIP"].as_str().unwrap().to_string();
     let prefix = env
         .var("POD_SUBNET")
