@@ -168,7 +168,10 @@ impl PodCache {
         self.shared.state.lock().pods.keys().cloned().collect()
     }
 
-    fn get_if_newer(&self, uid: &str, t: Instant) -> Option<CacheEntry> {
+    /// The entry of `uid` if it, or the global timestamp, is newer than `t` (an empty status
+    /// if the runtime has nothing for this pod), as [`get_newer_than`](Self::get_newer_than)
+    /// returns it, without waiting: `None` otherwise.
+    pub fn get_if_newer(&self, uid: &str, t: Instant) -> Option<CacheEntry> {
         let st = self.shared.state.lock();
         let entry = st.pods.get(uid);
         let fresh_entry = entry.is_some_and(|e| e.modified > t);

@@ -1689,12 +1689,20 @@ impl Engine {
     }
 
     /// Kill the pod. `Err(wait)` asks the worker to retry.
+    ///
+    /// `known`: the pod's runtime status from the PLEG's cache when it was observed after the
+    /// worker's last sync (only syncs create containers, so it shows every one of them); the
+    /// pod is inspected otherwise. Returns the inspection after the kill (`None` for an orphan
+    /// or when it failed), which the cleanup uses to remove what the pod left: each inspection
+    /// saved is four runtime calls per pod (containerd lists every sandbox and container for
+    /// each), the kubelet's pod workers take the status to kill from the cache too.
     pub(crate) async fn sync_terminating_pod(
         &self,
         p: &Arc<Pod>,
         opts: &KillPodOptions,
         orphan: bool,
-    ) -> Result<(), Duration> {
+        known: Option<Arc<PodRuntimeStatus>>,
+    ) -> Result<Option<PodRuntimeStatus>, Duration> {
         if let Some(prober) = &self.prober {
             prober.stop_liveness_and_startup(pod::uid(p));
         }
@@ -1708,8 +1716,12 @@ impl Engine {
                 opts.condition.clone(),
             );
         }
-        let Some(rt) = self.fresh_status(p).await else {
-            return Err(ERROR_BACKOFF);
+        let rt = match known {
+            Some(rt) => rt,
+            None => match self.fresh_status(p).await {
+                Some(rt) => Arc::new(rt),
+                None => return Err(ERROR_BACKOFF),
+            },
         };
         let grace_override = if orphan {
             // Orphans: the grace period recorded on the containers, as the kubelet restores it.
@@ -1731,16 +1743,17 @@ impl Engine {
             return Err(Duration::from_secs(1));
         }
         if orphan {
-            return Ok(());
+            return Ok(None);
         }
         // Publish the terminal status from a fresh look at the runtime.
-        if let Some(rt) = self.fresh_status(p).await {
+        let after = self.fresh_status(p).await;
+        if let Some(rt) = &after {
             let waiting = Waiting::new();
             let terminal = !pod::is_static(p);
-            let api = self.generate_status(p, &rt, &waiting, terminal);
+            let api = self.generate_status(p, rt, &waiting, terminal);
             self.status.set_pod_status(p, api);
         }
-        Ok(())
+        Ok(after)
     }
 
     /// After termination: tear down volumes and finalize the status.
@@ -1786,11 +1799,22 @@ impl Engine {
     }
 
     /// The pod terminated and left every source: remove its containers, sandboxes, directories
-    /// and status.
-    pub(crate) async fn cleanup_pod(&self, p: &Arc<Pod>, orphan: bool) {
+    /// and status. `known`: the inspection after the pod's kill (nothing is created for a
+    /// terminated pod, so it names everything there is to remove; a container the garbage
+    /// collector removed since is not found, which is fine); the pod is inspected otherwise.
+    pub(crate) async fn cleanup_pod(
+        &self,
+        p: &Arc<Pod>,
+        orphan: bool,
+        known: Option<PodRuntimeStatus>,
+    ) {
         let uid = pod::uid(p).to_string();
         self.start_metrics.forget(&uid);
-        if let Some(rt) = self.fresh_status(p).await {
+        let rt = match known {
+            Some(rt) => Some(rt),
+            None => self.fresh_status(p).await,
+        };
+        if let Some(rt) = rt {
             for c in &rt.container_statuses {
                 self.remove_container(p, c).await;
             }

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::sync::{Engine, SyncOutcome};
 use kubelet_api::KillPodOptions;
 use kubelet_api::pod;
+use kubelet_api::runtime::PodRuntimeStatus;
 
 /// Where a pod worker is in its pod's life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -164,6 +165,8 @@ pub(crate) async fn worker_loop(
     let mut action = wait(None);
     // The next sync waits for a runtime view observed after this instant.
     let mut last_sync: Option<Instant> = None;
+    // The runtime status the termination observed after the kill: what the cleanup removes.
+    let mut after_kill: Option<PodRuntimeStatus> = None;
     loop {
         let input = match action {
             Action::Finish => return,
@@ -186,6 +189,8 @@ pub(crate) async fn worker_loop(
                 }
             }
             Action::Sync => {
+                // A pod started again: what an earlier termination saw is not what it has.
+                after_kill = None;
                 let mut pod = state.lock().pod.clone();
                 // Static pods with the same full name run one at a time.
                 if let Some(wait) = engine.wait_for_static_predecessor(&pod) {
@@ -249,11 +254,18 @@ pub(crate) async fn worker_loop(
                     let st = state.lock();
                     (st.pod.clone(), st.kill.clone().unwrap_or_default())
                 };
+                // The status to kill from: the cache's, when observed after the last sync.
+                let since = last_sync.unwrap_or_else(|| engine.started_at());
+                let known = engine
+                    .cache()
+                    .get_if_newer(&uid, since)
+                    .and_then(|e| e.status.ok());
                 // Held as a sync: the stops' events are inspected once, at the release.
                 let mut hold = engine.hold_pod(&pod);
                 hold.changed = true;
-                match Box::pin(engine.sync_terminating_pod(&pod, &opts, orphan)).await {
-                    Ok(()) => {
+                match Box::pin(engine.sync_terminating_pod(&pod, &opts, orphan, known)).await {
+                    Ok(after) => {
+                        after_kill = after;
                         Box::pin(engine.sync_terminated_pod(&pod, &opts, orphan)).await;
                         // The stage is set under the same lock that takes the waiters, so a kill
                         // request arriving now sees the pod terminated instead of queueing a
@@ -276,7 +288,7 @@ pub(crate) async fn worker_loop(
                 // Held as a sync: the removals' events are inspected once, at the release.
                 let mut hold = engine.hold_pod(&pod);
                 hold.changed = true;
-                Box::pin(engine.cleanup_pod(&pod, orphan)).await;
+                Box::pin(engine.cleanup_pod(&pod, orphan, after_kill.take())).await;
                 drop(hold);
                 let restart = {
                     let mut st = state.lock();

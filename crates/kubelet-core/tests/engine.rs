@@ -860,6 +860,78 @@ async fn startup_and_readiness_results_show_in_the_status_at_once_and_sync_the_p
     let _ = task.await;
 }
 
+// Real time, as the tests above: the PLEG is driven by requests.
+#[tokio::test]
+async fn a_removed_pod_is_killed_from_the_cache_and_cleaned_up_from_the_inspection_after_the_kill()
+{
+    let rt = Arc::new(FakeRuntime::new());
+    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let (inner, pleg_events) = hourly_relist_pleg(&runtime);
+    let pleg = Arc::new(OnRequestPleg::new(inner));
+    let sink = Arc::new(RecordingSink::new());
+    let (source, tx) = WatchSource::new(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    let (kubelet, _dir) = build_with(runtime, pleg.clone(), pleg_events, sink.clone(), source);
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(kubelet.run(shutdown.clone()));
+    sink.wait_for(
+        |r| r.uid == "u1" && phase(&r.status) == "Running",
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("the pod was never reported Running");
+    let id = rt.find_container("u1", "app").expect("container");
+    // One more look at the runtime after the pod's last sync, then none: the kill can take
+    // the pod's status from the cache, and nothing but the engine inspects the pod.
+    // (Twice: a sync the first relist wakes is then older than the second.)
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let relisted = calls_matching(&rt, "list_pod_sandboxes").len();
+        pleg.request_reinspect("u1", "pod-u1", "default");
+        poll_until("a relist", Duration::from_secs(30), || {
+            calls_matching(&rt, "list_pod_sandboxes").len() > relisted
+        })
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pleg.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    rt.clear_calls();
+
+    tx.send_replace(Some(vec![]));
+    poll_until("the pod removed", Duration::from_secs(60), || {
+        sink.removed().contains(&"u1".to_string())
+    })
+    .await;
+    let calls = rt.calls();
+    assert!(
+        calls
+            .iter()
+            .any(|c| c.starts_with(&format!("stop_container {id}"))),
+        "{calls:?}"
+    );
+    assert!(
+        calls.contains(&format!("remove_container {id}")),
+        "the cleanup removes the container the inspection after the kill saw: {calls:?}"
+    );
+    assert!(
+        calls.iter().any(|c| c.starts_with("remove_pod_sandbox")),
+        "{calls:?}"
+    );
+    // One inspection: after the kill, for the final status (the kill's view came from the
+    // cache, the cleanup's from that inspection).
+    assert_eq!(
+        calls_matching(&rt, "list_pod_sandboxes").len(),
+        1,
+        "inspections during the teardown: {calls:?}"
+    );
+    shutdown.cancel();
+    let _ = task.await;
+}
+
 /// A PLEG that relists once at start and never again: the pod cache never gets newer.
 struct ListedOncePleg(GenericPleg);
 
