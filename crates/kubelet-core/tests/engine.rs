@@ -675,16 +675,24 @@ impl PodLifecycleEventGenerator for OnRequestPleg {
     }
 }
 
-// Real time: an inspection requested after a sync must start strictly after it, which paused
-// time (one instant for both) cannot show.
-#[tokio::test]
-async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again() {
+/// An engine on an [`OnRequestPleg`] running pod `u1` (one container `app`).
+struct OnRequest {
+    rt: Arc<FakeRuntime>,
+    pleg: Arc<OnRequestPleg>,
+    sink: Arc<RecordingSink>,
+    tx: watch::Sender<Option<Vec<Pod>>>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+fn on_request_engine() -> OnRequest {
     let rt = Arc::new(FakeRuntime::new());
     let runtime: Arc<dyn ContainerRuntime> = rt.clone();
     let (inner, pleg_events) = hourly_relist_pleg(&runtime);
     let pleg = Arc::new(OnRequestPleg::new(inner));
     let sink = Arc::new(RecordingSink::new());
-    let (source, _tx) = WatchSource::new(Some(vec![pod(
+    let (source, tx) = WatchSource::new(Some(vec![pod(
         "u1",
         "Always",
         vec![],
@@ -693,6 +701,30 @@ async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again(
     let (kubelet, _dir) = build_with(runtime, pleg.clone(), pleg_events, sink.clone(), source);
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(kubelet.run(shutdown.clone()));
+    OnRequest {
+        rt,
+        pleg,
+        sink,
+        tx,
+        shutdown,
+        task,
+        _dir,
+    }
+}
+
+// Real time: an inspection requested after a sync must start strictly after it, which paused
+// time (one instant for both) cannot show.
+#[tokio::test]
+async fn a_sync_that_started_a_container_asks_the_pleg_to_inspect_the_pod_again() {
+    let OnRequest {
+        rt,
+        pleg,
+        sink,
+        tx: _tx,
+        shutdown,
+        task,
+        _dir,
+    } = on_request_engine();
 
     // The first sync creates the sandbox and starts the container; its request makes the PLEG
     // see the container (ContainerStarted wakes the worker) with a status newer than the sync,
@@ -864,20 +896,15 @@ async fn startup_and_readiness_results_show_in_the_status_at_once_and_sync_the_p
 #[tokio::test]
 async fn a_removed_pod_is_killed_from_the_cache_and_cleaned_up_from_the_inspection_after_the_kill()
 {
-    let rt = Arc::new(FakeRuntime::new());
-    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
-    let (inner, pleg_events) = hourly_relist_pleg(&runtime);
-    let pleg = Arc::new(OnRequestPleg::new(inner));
-    let sink = Arc::new(RecordingSink::new());
-    let (source, tx) = WatchSource::new(Some(vec![pod(
-        "u1",
-        "Always",
-        vec![],
-        vec![container("app")],
-    )]));
-    let (kubelet, _dir) = build_with(runtime, pleg.clone(), pleg_events, sink.clone(), source);
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(kubelet.run(shutdown.clone()));
+    let OnRequest {
+        rt,
+        pleg,
+        sink,
+        tx,
+        shutdown,
+        task,
+        _dir,
+    } = on_request_engine();
     sink.wait_for(
         |r| r.uid == "u1" && phase(&r.status) == "Running",
         Duration::from_secs(60),
