@@ -335,7 +335,10 @@ impl Inner {
         // Until the sources are ready no unknown pod's cgroup may go, so the passes list until
         // one has run with the sources ready.
         let full = !self.swept.load(Ordering::Relaxed)
-            || self.cleanups.fetch_add(1, Ordering::Relaxed) % FULL_LISTING_EVERY == 0;
+            || self
+                .cleanups
+                .fetch_add(1, Ordering::Relaxed)
+                .is_multiple_of(FULL_LISTING_EVERY);
         if full && ready {
             self.swept.store(true, Ordering::Relaxed);
         }
@@ -353,11 +356,11 @@ impl Inner {
                 // Not known yet: it may still arrive from a source.
                 None if !ready => false,
                 // Prepared a moment ago: its first status may not be published yet.
-                None => !self
+                None => self
                     .prepared_at
                     .lock()
                     .get(uid)
-                    .is_some_and(|t| t.elapsed() < FRESH_POD),
+                    .is_none_or(|t| t.elapsed() >= FRESH_POD),
                 Some(true) => true,
             }
         };
