@@ -79,8 +79,8 @@ pub use event::{Event, EventRecorder, EventType, InvolvedObject};
 pub use images::{ImageService, image_fs_info_of};
 pub use objects::{Lookup, ObjectProvider, ReferencedObjects, StaticObjects};
 pub use pleg::{
-    Inspection, PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodLifecycleEvent,
-    PodLifecycleEventGenerator, PodLifecycleEventType,
+    PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodLifecycleEvent, PodLifecycleEventGenerator,
+    PodLifecycleEventType,
 };
 pub use plugin::{
     AgentDirs, AgentHandle, AgentPlugin, MAX_NODE_CONDITIONS, NodeConditionReader, NodeResources,

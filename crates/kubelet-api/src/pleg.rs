@@ -88,47 +88,10 @@ pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
         }
     }
 
-    /// As [`release`](Self::release) after a change, when the worker inspected the pod itself
-    /// after its last change (a termination's inspection after the kill): `inspection` is
-    /// that status and when the inspection started. A PLEG may store it as its own
-    /// inspection, instead of inspecting the pod again, when every event held for the pod
-    /// happened before the inspection started. The default releases the pod as changed.
-    fn release_inspected(&self, uid: &str, name: &str, namespace: &str, inspection: Inspection) {
-        let _ = inspection;
-        self.release(uid, name, namespace, true);
-    }
-
     /// Register the PLEG's metrics (`kubelet_pleg_*`) in the agent's registry; called once by
     /// the engine's `KubeletBuilder::build`. The default registers nothing.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let _ = registry;
-    }
-}
-
-/// A pod inspection a pod worker made itself ([`PodLifecycleEventGenerator::release_inspected`]).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct Inspection {
-    /// The pod's runtime status.
-    pub status: crate::runtime::PodRuntimeStatus,
-    /// When the inspection started (the cache's time).
-    pub started: tokio::time::Instant,
-    /// When the inspection started, by the wall clock (what runtime events are stamped with).
-    pub started_at: jiff::Timestamp,
-}
-
-impl Inspection {
-    /// An inspection of `status` that started at `started` (`started_at` by the wall clock).
-    pub fn new(
-        status: crate::runtime::PodRuntimeStatus,
-        started: tokio::time::Instant,
-        started_at: jiff::Timestamp,
-    ) -> Self {
-        Self {
-            status,
-            started,
-            started_at,
-        }
     }
 }
 

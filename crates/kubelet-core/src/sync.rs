@@ -312,7 +312,6 @@ impl Engine {
             name: pod::name(p).to_string(),
             namespace: pod::namespace(p).to_string(),
             changed: false,
-            inspected: None,
         }
     }
 
@@ -1694,17 +1693,16 @@ impl Engine {
     /// `known`: the pod's runtime status from the PLEG's cache when it was observed after the
     /// worker's last sync (only syncs create containers, so it shows every one of them); the
     /// pod is inspected otherwise. Returns the inspection after the kill (`None` for an orphan
-    /// or when it failed): the worker hands it to the PLEG at the release (instead of the
-    /// PLEG's own inspection) and the cleanup removes what it saw. Each inspection saved is
-    /// four runtime calls per pod (containerd lists every sandbox and container for each);
-    /// the kubelet's pod workers take the status to kill from the cache too.
+    /// or when it failed), which the cleanup uses to remove what the pod left: each inspection
+    /// saved is four runtime calls per pod (containerd lists every sandbox and container for
+    /// each), the kubelet's pod workers take the status to kill from the cache too.
     pub(crate) async fn sync_terminating_pod(
         &self,
         p: &Arc<Pod>,
         opts: &KillPodOptions,
         orphan: bool,
         known: Option<Arc<PodRuntimeStatus>>,
-    ) -> Result<Option<kubelet_api::Inspection>, Duration> {
+    ) -> Result<Option<PodRuntimeStatus>, Duration> {
         if let Some(prober) = &self.prober {
             prober.stop_liveness_and_startup(pod::uid(p));
         }
@@ -1748,7 +1746,6 @@ impl Engine {
             return Ok(None);
         }
         // Publish the terminal status from a fresh look at the runtime.
-        let (started, started_at) = (tokio::time::Instant::now(), jiff::Timestamp::now());
         let after = self.fresh_status(p).await;
         if let Some(rt) = &after {
             let waiting = Waiting::new();
@@ -1756,7 +1753,7 @@ impl Engine {
             let api = self.generate_status(p, rt, &waiting, terminal);
             self.status.set_pod_status(p, api);
         }
-        Ok(after.map(|rt| kubelet_api::Inspection::new(rt, started, started_at)))
+        Ok(after)
     }
 
     /// After termination: tear down volumes and finalize the status.
@@ -1924,17 +1921,12 @@ pub(crate) struct PodHold<'a> {
     namespace: String,
     /// The sync changed the pod in the runtime: the release asks for an inspection.
     pub(crate) changed: bool,
-    /// The worker's own inspection after its last change, handed to the PLEG at the release.
-    pub(crate) inspected: Option<kubelet_api::Inspection>,
 }
 
 impl Drop for PodHold<'_> {
     fn drop(&mut self) {
         if let Some(pleg) = &self.engine.pleg {
-            match self.inspected.take() {
-                Some(i) => pleg.release_inspected(&self.uid, &self.name, &self.namespace, i),
-                None => pleg.release(&self.uid, &self.name, &self.namespace, self.changed),
-            }
+            pleg.release(&self.uid, &self.name, &self.namespace, self.changed);
         }
     }
 }

@@ -265,8 +265,7 @@ pub(crate) async fn worker_loop(
                 hold.changed = true;
                 match Box::pin(engine.sync_terminating_pod(&pod, &opts, orphan, known)).await {
                     Ok(after) => {
-                        after_kill = after.as_ref().map(|i| i.status.clone());
-                        hold.inspected = after;
+                        after_kill = after;
                         Box::pin(engine.sync_terminated_pod(&pod, &opts, orphan)).await;
                         // The stage is set under the same lock that takes the waiters, so a kill
                         // request arriving now sees the pod terminated instead of queueing a

@@ -7,8 +7,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kubelet_api::runtime::{self, PodRuntimeStatus, RuntimePod, SandboxState, labels};
 use kubelet_api::{
-    ContainerRuntime, Inspection, PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodCache,
-    PodCacheWriter, PodLifecycleEvent, PodLifecycleEventType,
+    ContainerRuntime, PLEG_CHANNEL_CAPACITY, PlegEvents, PlegHealth, PodCache, PodCacheWriter,
+    PodLifecycleEvent, PodLifecycleEventType,
 };
 use parking_lot::Mutex;
 use tokio::sync::mpsc::{self, error::TrySendError};
@@ -34,24 +34,6 @@ pub(crate) enum JobKind {
     /// A runtime event (or a retry) asks for the pod's current state: events come from diffing
     /// the inspected status against the pod's record.
     Refresh,
-}
-
-/// The runtime events that arrived for a held pod.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Held {
-    /// Whether any arrived.
-    pub(crate) arrived: bool,
-    /// The latest runtime stamp among them.
-    pub(crate) latest: Option<jiff::Timestamp>,
-    /// Whether one came without a stamp.
-    pub(crate) unstamped: bool,
-}
-
-impl Held {
-    /// Whether every held event happened before `t`.
-    pub(crate) fn all_before(&self, t: jiff::Timestamp) -> bool {
-        !self.unstamped && self.latest.is_none_or(|l| l < t)
-    }
 }
 
 /// What a background task reports.
@@ -98,8 +80,8 @@ struct State {
     /// Pods asked to be refreshed while an inspection was in flight: refreshed once it ends.
     dirty: HashSet<String>,
     /// Pods whose worker is changing them (a sync): their runtime events are held until the
-    /// worker releases them (what arrived meanwhile).
-    held: HashMap<String, Held>,
+    /// worker releases them (`true` once one arrived).
+    held: HashMap<String, bool>,
     /// When the last successful inspection of each pod was launched (wall clock): a runtime
     /// event stamped before it reports a change that inspection saw.
     inspected_at: HashMap<String, jiff::Timestamp>,
@@ -318,59 +300,12 @@ impl Core {
 
     /// Hold pod `uid`'s runtime events until [`release`](Self::release).
     pub(crate) fn hold(&self, uid: &str) {
-        self.state
-            .lock()
-            .held
-            .insert(uid.to_string(), Held::default());
+        self.state.lock().held.insert(uid.to_string(), false);
     }
 
     /// Stop holding pod `uid`'s events; whether one arrived while it was held.
     pub(crate) fn release(&self, uid: &str) -> bool {
-        self.release_held(uid).arrived
-    }
-
-    /// Stop holding pod `uid`'s events; what arrived while it was held.
-    pub(crate) fn release_held(&self, uid: &str) -> Held {
-        self.state.lock().held.remove(uid).unwrap_or_default()
-    }
-
-    /// Take the worker's own inspection of `uid` as this PLEG's: it is applied as an inspection
-    /// launched when it started (the cache gets it with that time; events are computed against
-    /// the pod's record; runtime events stamped before it are seen by it). `false` when an
-    /// inspection of the pod is in flight: the caller refreshes instead.
-    pub(crate) fn adopt(
-        &self,
-        uid: String,
-        name: String,
-        namespace: String,
-        i: Inspection,
-    ) -> bool {
-        let mut st = self.state.lock();
-        if st.inflight.contains_key(&uid) {
-            return false;
-        }
-        st.next_id += 1;
-        let id = st.next_id;
-        st.inflight.insert(
-            uid.clone(),
-            Inflight {
-                id,
-                launched: i.started,
-                launched_at: i.started_at,
-                slow: false,
-            },
-        );
-        self.cache.mark_pending(&uid);
-        let _ = self.done_tx.send(Done::Inspected(Box::new(Inspected {
-            id,
-            uid,
-            name,
-            namespace,
-            kind: JobKind::Refresh,
-            started: i.started,
-            result: Ok(i.status),
-        })));
-        true
+        self.state.lock().held.remove(uid).unwrap_or(false)
     }
 
     /// A runtime event for pod `uid` that happened at `at` (by the runtime's stamp): held (and
@@ -385,12 +320,8 @@ impl Core {
     ) {
         {
             let mut st = self.state.lock();
-            if let Some(held) = st.held.get_mut(&uid) {
-                held.arrived = true;
-                match at {
-                    Some(at) => held.latest = held.latest.max(Some(at)),
-                    None => held.unstamped = true,
-                }
+            if let Some(arrived) = st.held.get_mut(&uid) {
+                *arrived = true;
                 return;
             }
             let seen = |launched: jiff::Timestamp| at.is_some_and(|at| launched > at);

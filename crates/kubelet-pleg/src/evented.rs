@@ -347,33 +347,6 @@ impl PodLifecycleEventGenerator for EventedPleg {
         }
     }
 
-    /// The worker's own inspection after its change is stored as this PLEG's when every event
-    /// held meanwhile happened before it started (while events flow); otherwise one
-    /// inspection, as [`release`](Self::release).
-    fn release_inspected(
-        &self,
-        uid: &str,
-        name: &str,
-        namespace: &str,
-        inspection: kubelet_api::Inspection,
-    ) {
-        let held = self.core.release_held(uid);
-        if self.mode() != PlegMode::Events {
-            return;
-        }
-        let adopted = held.all_before(inspection.started_at)
-            && self.core.adopt(
-                uid.to_string(),
-                name.to_string(),
-                namespace.to_string(),
-                inspection,
-            );
-        if !adopted {
-            self.core
-                .refresh(uid.to_string(), name.to_string(), namespace.to_string());
-        }
-    }
-
     async fn run(&self, shutdown: CancellationToken) {
         let mut done = tokio::select! {
             biased;
@@ -1158,91 +1131,6 @@ mod tests {
             .iter()
             .filter(|c| c.starts_with("list_pod_sandboxes"))
             .count()
-    }
-
-    /// A worker's own inspection after its change is taken as the PLEG's when every event
-    /// held meanwhile happened before it started: no inspection, the cache holds it with its
-    /// start time, and its events are sent; an event held from after its start makes the
-    /// release inspect the pod instead.
-    #[tokio::test]
-    async fn a_workers_own_inspection_is_taken_when_the_held_events_predate_it() {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let rt = Arc::new(Silent(
-            FakeRuntime::new(),
-            parking_lot::Mutex::new(Some(rx)),
-        ));
-        let (pleg, mut events, shutdown, task) = started(rt.clone()).await;
-        let (sandbox, config) = pod_u1();
-        let event = |id: &str, kind, at| ContainerEvent::new(id, kind, Some("u1".to_string()), at);
-
-        pleg.hold("u1");
-        let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
-        let id = rt
-            .create_container(&sandbox_id, &config, &sandbox)
-            .await
-            .expect("create");
-        rt.start_container(&id).await.expect("start");
-        tx.send(event(
-            &id,
-            ContainerEventKind::Started,
-            jiff::Timestamp::now(),
-        ))
-        .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let (started, started_at) = (Instant::now(), jiff::Timestamp::now());
-        let own = kubelet_api::runtime::get_pod_status(&*rt, "u1", "pod-u1", "default")
-            .await
-            .expect("the worker's inspection");
-        rt.0.clear_calls();
-        pleg.release_inspected(
-            "u1",
-            "pod-u1",
-            "default",
-            kubelet_api::Inspection::new(own, started, started_at),
-        );
-        next_of(&mut events, PodLifecycleEventType::ContainerStarted, &id)
-            .await
-            .expect("ContainerStarted from the worker's inspection");
-        let entry = pleg.cache().get("u1").expect("cached");
-        assert_eq!(entry.modified, started);
-        assert!(
-            entry
-                .status
-                .expect("a status")
-                .container_statuses
-                .iter()
-                .any(|c| c.id == id)
-        );
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(inspections(&rt), 0, "{:?}", rt.0.calls());
-
-        // An event held from after the worker's inspection started: the release inspects.
-        pleg.hold("u1");
-        let (started, started_at) = (Instant::now(), jiff::Timestamp::now());
-        let own = kubelet_api::runtime::get_pod_status(&*rt, "u1", "pod-u1", "default")
-            .await
-            .expect("the worker's inspection");
-        rt.0.exit_container(&id, 3).unwrap();
-        tx.send(event(
-            &id,
-            ContainerEventKind::Stopped,
-            jiff::Timestamp::now() + jiff::SignedDuration::from_millis(1),
-        ))
-        .unwrap();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        rt.0.clear_calls();
-        pleg.release_inspected(
-            "u1",
-            "pod-u1",
-            "default",
-            kubelet_api::Inspection::new(own, started, started_at),
-        );
-        next_of(&mut events, PodLifecycleEventType::ContainerDied, &id)
-            .await
-            .expect("ContainerDied from the release's inspection");
-        assert_eq!(inspections(&rt), 1, "{:?}", rt.0.calls());
-        shutdown.cancel();
-        let _ = task.await;
     }
 
     #[tokio::test]
