@@ -716,7 +716,7 @@ impl AgentBuilder {
         if start_stage_limit > 0 {
             tracing::info!(
                 limit = start_stage_limit,
-                "pod-start stages bounded: RunPodSandbox, CreateContainer and StartContainer calls at once, each"
+                "pod-start stages bounded: at most `limit` calls of each of RunPodSandbox, CreateContainer and StartContainer at once"
             );
         }
         let limits = (start_stage_limit > 0)
