@@ -88,6 +88,17 @@ pub trait PodLifecycleEventGenerator: Send + Sync + 'static {
         }
     }
 
+    /// Pod `uid`'s worker is done with it for good: the pod left every source and the worker
+    /// removed every container and sandbox it had (it saw them in an inspection after the
+    /// pod's kill, and nothing creates containers for a terminated pod). A PLEG that inspects
+    /// pods on runtime events may then forget the pod (its cache entry, its record) instead of
+    /// inspecting it once more, and skip the pod's later stop and removal events; its relist
+    /// still finds anything left behind. The default is [`release`](Self::release) with
+    /// `changed`.
+    fn release_removed(&self, uid: &str, name: &str, namespace: &str) {
+        self.release(uid, name, namespace, true);
+    }
+
     /// Register the PLEG's metrics (`kubelet_pleg_*`) in the agent's registry; called once by
     /// the engine's `KubeletBuilder::build`. The default registers nothing.
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

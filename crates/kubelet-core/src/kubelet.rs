@@ -18,7 +18,7 @@ use crate::merge::PodConfig;
 use crate::plugin::{PluginStates, panic_message};
 use crate::status_manager::StatusManager;
 use crate::sync::Engine;
-use crate::worker::{WorkerState, worker_loop};
+use crate::worker::{Lifecycle, WorkerState, worker_loop};
 use kubelet_api::ContainerRuntime;
 use kubelet_api::PodCache;
 use kubelet_api::StatusReader;
@@ -597,10 +597,15 @@ impl SyncLoop {
     fn dispatch(&mut self, p: Arc<Pod>, orphan: bool, added: bool) {
         let uid = pod::uid(&p).to_string();
         if let Some(w) = self.workers.get(&uid) {
-            if w.done.load(std::sync::atomic::Ordering::Relaxed) {
+            let mut st = w.state.lock();
+            // A worker that has finished its cleanup is ending: a pod added again gets a new
+            // worker (a restart asked of the old one now would be lost).
+            if w.done.load(std::sync::atomic::Ordering::Relaxed)
+                || (added && st.lifecycle == Lifecycle::Finished)
+            {
+                drop(st);
                 self.workers.remove(&uid);
             } else {
-                let mut st = w.state.lock();
                 if added && st.removed && !st.orphan {
                     st.restart_requested = true;
                 }

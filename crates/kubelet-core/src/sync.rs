@@ -312,6 +312,7 @@ impl Engine {
             name: pod::name(p).to_string(),
             namespace: pod::namespace(p).to_string(),
             changed: false,
+            gone: false,
         }
     }
 
@@ -1550,12 +1551,16 @@ impl Engine {
     }
 
     /// Remove container `c` of pod `p`, and its log link.
-    async fn remove_container(&self, p: &Pod, c: &ContainerStatus) {
+    /// Remove container `c` of pod `p` and its log link; `false` when the runtime failed to
+    /// remove it (a container it does not know counts as removed).
+    async fn remove_container(&self, p: &Pod, c: &ContainerStatus) -> bool {
         let id = c.id.as_str();
+        let mut removed = true;
         if let Err(e) = self.runtime.remove_container(id).await
             && !e.is_not_found()
         {
             tracing::warn!(containerID = %id, error = %kubelet_api::chain(&e), "removing container failed");
+            removed = false;
         }
         self.exits.lock().remove(id);
         // The link's name is known from the pod and the container: no listing of the
@@ -1566,6 +1571,7 @@ impl Engine {
         {
             tracing::debug!(link = %link.display(), error = %e, "removing the container log link failed");
         }
+        removed
     }
 
     /// The kubelet's legacy log link of a container (`logSymlink`):
@@ -1802,27 +1808,31 @@ impl Engine {
     /// and status. `known`: the inspection after the pod's kill (nothing is created for a
     /// terminated pod, so it names everything there is to remove; a container the garbage
     /// collector removed since is not found, which is fine); the pod is inspected otherwise.
+    /// Returns whether the runtime is known to have nothing of the pod left: every container
+    /// and sandbox of the inspection removed (or not found).
     pub(crate) async fn cleanup_pod(
         &self,
         p: &Arc<Pod>,
         orphan: bool,
         known: Option<PodRuntimeStatus>,
-    ) {
+    ) -> bool {
         let uid = pod::uid(p).to_string();
         self.start_metrics.forget(&uid);
         let rt = match known {
             Some(rt) => Some(rt),
             None => self.fresh_status(p).await,
         };
+        let mut emptied = rt.is_some();
         if let Some(rt) = rt {
             for c in &rt.container_statuses {
-                self.remove_container(p, c).await;
+                emptied &= self.remove_container(p, c).await;
             }
             for s in &rt.sandbox_statuses {
                 if let Err(e) = self.runtime.remove_pod_sandbox(&s.id).await
                     && !e.is_not_found()
                 {
                     tracing::warn!(podUID = %uid, error = %kubelet_api::chain(&e), "removing sandbox failed");
+                    emptied = false;
                 }
             }
         }
@@ -1857,6 +1867,7 @@ impl Engine {
         if names.get(&full) == Some(&uid) {
             names.remove(&full);
         }
+        emptied
     }
 }
 
@@ -1921,12 +1932,19 @@ pub(crate) struct PodHold<'a> {
     namespace: String,
     /// The sync changed the pod in the runtime: the release asks for an inspection.
     pub(crate) changed: bool,
+    /// The pod is cleaned up for good and the runtime has nothing of it left: the PLEG may
+    /// forget it instead of inspecting it ([`PodLifecycleEventGenerator::release_removed`]).
+    pub(crate) gone: bool,
 }
 
 impl Drop for PodHold<'_> {
     fn drop(&mut self) {
         if let Some(pleg) = &self.engine.pleg {
-            pleg.release(&self.uid, &self.name, &self.namespace, self.changed);
+            if self.gone {
+                pleg.release_removed(&self.uid, &self.name, &self.namespace);
+            } else {
+                pleg.release(&self.uid, &self.name, &self.namespace, self.changed);
+            }
         }
     }
 }

@@ -167,6 +167,10 @@ pub(crate) async fn worker_loop(
     let mut last_sync: Option<Instant> = None;
     // The runtime status the termination observed after the kill: what the cleanup removes.
     let mut after_kill: Option<PodRuntimeStatus> = None;
+    // The termination's hold on the pod's events, kept for the cleanup that follows at once
+    // when the pod has left its sources: the stops' and the removals' events are then looked
+    // at once, at the cleanup's release, instead of an inspection at each release.
+    let mut held_over = None;
     loop {
         let input = match action {
             Action::Finish => return,
@@ -278,6 +282,9 @@ pub(crate) async fn worker_loop(
                         for w in waiters {
                             let _ = w.send(());
                         }
+                        if removed {
+                            held_over = Some(hold);
+                        }
                         Input::TerminationDone { removed }
                     }
                     Err(wait) => Input::TerminationPending(wait),
@@ -285,11 +292,10 @@ pub(crate) async fn worker_loop(
             }
             Action::Cleanup => {
                 let pod = state.lock().pod.clone();
-                // Held as a sync: the removals' events are inspected once, at the release.
-                let mut hold = engine.hold_pod(&pod);
+                // Held as a sync: the removals' events are looked at once, at the release.
+                let mut hold = held_over.take().unwrap_or_else(|| engine.hold_pod(&pod));
                 hold.changed = true;
-                Box::pin(engine.cleanup_pod(&pod, orphan, after_kill.take())).await;
-                drop(hold);
+                let emptied = Box::pin(engine.cleanup_pod(&pod, orphan, after_kill.take())).await;
                 let restart = {
                     let mut st = state.lock();
                     let restart = std::mem::take(&mut st.restart_requested);
@@ -298,8 +304,13 @@ pub(crate) async fn worker_loop(
                         st.kill = None;
                         st.lifecycle = Lifecycle::Syncing;
                     } else {
+                        // Nothing of the pod is left: the PLEG forgets it instead of inspecting
+                        // it, before the worker counts as finished (a worker started afterwards
+                        // for the same UID must not find the old entry in the cache).
+                        hold.gone = emptied;
                         st.lifecycle = Lifecycle::Finished;
                     }
+                    drop(hold);
                     restart
                 };
                 if restart {

@@ -634,6 +634,9 @@ struct OnRequestPleg {
     inner: GenericPleg,
     requested: tokio::sync::Notify,
     requests: parking_lot::Mutex<Vec<String>>,
+    /// The pod workers' holds and releases, in order (`hold u1`, `release u1 changed`,
+    /// `release u1 unchanged`, `release_removed u1`).
+    holds: parking_lot::Mutex<Vec<String>>,
     /// Requests are recorded but no longer relist: the pod cache stops getting newer, so no
     /// pod worker syncs again.
     frozen: std::sync::atomic::AtomicBool,
@@ -645,6 +648,7 @@ impl OnRequestPleg {
             inner,
             requested: tokio::sync::Notify::new(),
             requests: parking_lot::Mutex::new(Vec::new()),
+            holds: parking_lot::Mutex::new(Vec::new()),
             frozen: std::sync::atomic::AtomicBool::new(false),
         }
     }
@@ -672,6 +676,19 @@ impl PodLifecycleEventGenerator for OnRequestPleg {
     fn request_reinspect(&self, uid: &str, _name: &str, _namespace: &str) {
         self.requests.lock().push(uid.to_string());
         self.requested.notify_one();
+    }
+    fn hold(&self, uid: &str) {
+        self.holds.lock().push(format!("hold {uid}"));
+    }
+    fn release(&self, uid: &str, name: &str, namespace: &str, changed: bool) {
+        let how = if changed { "changed" } else { "unchanged" };
+        self.holds.lock().push(format!("release {uid} {how}"));
+        if changed {
+            self.request_reinspect(uid, name, namespace);
+        }
+    }
+    fn release_removed(&self, uid: &str, _name: &str, _namespace: &str) {
+        self.holds.lock().push(format!("release_removed {uid}"));
     }
 }
 
@@ -927,12 +944,24 @@ async fn a_removed_pod_is_killed_from_the_cache_and_cleaned_up_from_the_inspecti
     tokio::time::sleep(Duration::from_millis(300)).await;
     pleg.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
     rt.clear_calls();
+    pleg.holds.lock().clear();
 
     tx.send_replace(Some(vec![]));
     poll_until("the pod removed", Duration::from_secs(60), || {
         sink.removed().contains(&"u1".to_string())
     })
     .await;
+    // The termination's hold lasts through the cleanup that follows it, whose release tells
+    // the PLEG that nothing of the pod is left (no inspection at either end).
+    poll_until("the cleanup's release", Duration::from_secs(30), || {
+        pleg.holds.lock().len() >= 2
+    })
+    .await;
+    assert_eq!(
+        *pleg.holds.lock(),
+        ["hold u1", "release_removed u1"],
+        "the teardown's holds and releases"
+    );
     let calls = rt.calls();
     assert!(
         calls

@@ -15,6 +15,10 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::{Semaphore, mpsc::UnboundedReceiver};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+
+/// The most pods [`Core::forget_removed`] remembers between relists; past it, all are dropped
+/// (their later stop and removal events are then inspected, as before).
+const MAX_REMOVED: usize = 65_536;
 use tokio_util::sync::CancellationToken;
 
 use crate::diff::{PodRecords, compute_pod_events, view_of_status};
@@ -85,6 +89,10 @@ struct State {
     /// When the last successful inspection of each pod was launched (wall clock): a runtime
     /// event stamped before it reports a change that inspection saw.
     inspected_at: HashMap<String, jiff::Timestamp>,
+    /// Pods their worker removed and the PLEG forgot ([`Core::forget_removed`]), with when:
+    /// their later stop and removal events are the worker's own, not inspected. Dropped by the
+    /// next relist that starts after them.
+    removed: HashMap<String, Instant>,
     next_id: u64,
 }
 
@@ -308,9 +316,35 @@ impl Core {
         self.state.lock().held.remove(uid).unwrap_or(false)
     }
 
-    /// A runtime event for pod `uid` that happened at `at` (by the runtime's stamp): held (and
-    /// noted) while its worker changes it; nothing when an inspection launched after `at` (in
-    /// flight, or the last that succeeded) sees the change; otherwise a refresh.
+    /// Pod `uid`'s worker removed every container and sandbox the pod had, and the pod is gone
+    /// for good: drop its hold, its cache entry and its record without inspecting it, and skip
+    /// its stop and removal events from now on (a creation or a start is inspected again).
+    /// The next relist still finds anything left behind. `false` (and only the hold dropped)
+    /// when an inspection of the pod is in flight: its result would bring the entry back, so
+    /// the caller inspects the pod as usual.
+    pub(crate) fn forget_removed(&self, uid: &str) -> bool {
+        let mut st = self.state.lock();
+        st.held.remove(uid);
+        if st.inflight.contains_key(uid) {
+            return false;
+        }
+        st.records.set_old(uid, None);
+        st.reinspect.remove(uid);
+        st.inspected_at.remove(uid);
+        st.dirty.remove(uid);
+        if st.removed.len() >= MAX_REMOVED {
+            st.removed.clear();
+        }
+        st.removed.insert(uid.to_string(), Instant::now());
+        self.cache.delete(uid);
+        true
+    }
+
+    /// A runtime event for pod `uid` that happened at `at` (by the runtime's stamp; `None` for
+    /// a stop or a removal, which are always looked at): held (and noted) while its worker
+    /// changes it; nothing when an inspection launched after `at` (in flight, or the last that
+    /// succeeded) sees the change, or when it is a stop or removal of a pod its worker removed
+    /// ([`forget_removed`](Self::forget_removed)); otherwise a refresh.
     pub(crate) fn event_for(
         &self,
         uid: String,
@@ -323,6 +357,13 @@ impl Core {
             if let Some(arrived) = st.held.get_mut(&uid) {
                 *arrived = true;
                 return;
+            }
+            if st.removed.contains_key(&uid) {
+                if at.is_none() {
+                    return;
+                }
+                // Created again (the same UID added back): an ordinary pod from now on.
+                st.removed.remove(&uid);
             }
             let seen = |launched: jiff::Timestamp| at.is_some_and(|at| launched > at);
             if st.inflight.get(&uid).is_some_and(|f| seen(f.launched_at))
@@ -684,6 +725,8 @@ impl Core {
     /// duration.
     pub(crate) fn finish_relist(&self, start: Instant, report: &RelistReport) {
         self.cache.update_time(start);
+        // This relist's listing saw what the workers removed before it started.
+        self.state.lock().removed.retain(|_, at| *at >= start);
         self.metrics
             .relist_duration
             .observe(start.elapsed().as_secs_f64());

@@ -347,6 +347,17 @@ impl PodLifecycleEventGenerator for EventedPleg {
         }
     }
 
+    /// While events flow, the pod is forgotten without an inspection (the worker removed all it
+    /// had); its later stop and removal events are skipped until the next relist. Otherwise (or
+    /// when an inspection of the pod is in flight) as [`release`](Self::release) with
+    /// `changed`.
+    fn release_removed(&self, uid: &str, name: &str, namespace: &str) {
+        if self.mode() == PlegMode::Events && self.core.forget_removed(uid) {
+            return;
+        }
+        self.release(uid, name, namespace, true);
+    }
+
     async fn run(&self, shutdown: CancellationToken) {
         let mut done = tokio::select! {
             biased;
@@ -1246,6 +1257,78 @@ mod tests {
             assert!(Instant::now() < deadline, "no inspection of an event");
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        shutdown.cancel();
+        let _ = task.await;
+    }
+
+    #[tokio::test]
+    async fn a_pod_its_worker_removed_is_forgotten_without_an_inspection() {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let rt = Arc::new(Silent(
+            FakeRuntime::new(),
+            parking_lot::Mutex::new(Some(rx)),
+        ));
+        let (pleg, mut events, shutdown, task) = started(rt.clone()).await;
+        let (sandbox, config) = pod_u1();
+        let event = |id: &str, kind| {
+            ContainerEvent::new(id, kind, Some("u1".to_string()), jiff::Timestamp::now())
+        };
+        let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
+        let id = rt
+            .create_container(&sandbox_id, &config, &sandbox)
+            .await
+            .expect("create");
+        rt.start_container(&id).await.expect("start");
+        pleg.hold("u1");
+        pleg.release("u1", "pod-u1", "default", true);
+        next_of(&mut events, PodLifecycleEventType::ContainerStarted, &id)
+            .await
+            .expect("ContainerStarted");
+        assert!(pleg.cache().get("u1").is_some());
+
+        // As a pod worker's termination and cleanup: stopped and removed while held, the
+        // runtime's events noted.
+        pleg.hold("u1");
+        rt.stop_container(&id, Duration::ZERO).await.expect("stop");
+        tx.send(event(&id, ContainerEventKind::Stopped)).unwrap();
+        rt.stop_pod_sandbox(&sandbox_id).await.expect("stop");
+        rt.remove_container(&id).await.expect("remove");
+        tx.send(event(&id, ContainerEventKind::Deleted)).unwrap();
+        rt.remove_pod_sandbox(&sandbox_id).await.expect("remove");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let before = inspections(&rt);
+
+        // Released as removed: no inspection; the entry is gone (no orphan for the sync loop
+        // to find), and the pod's late stop and removal events inspect nothing either.
+        pleg.release_removed("u1", "pod-u1", "default");
+        assert!(pleg.cache().get("u1").is_none());
+        tx.send(event(&sandbox_id, ContainerEventKind::Stopped))
+            .unwrap();
+        tx.send(event(&sandbox_id, ContainerEventKind::Deleted))
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(inspections(&rt), before, "{:?}", rt.0.calls());
+        assert!(pleg.cache().get("u1").is_none());
+
+        // The same UID created again is inspected as any pod.
+        let again = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
+        tx.send(event(&again, ContainerEventKind::Created)).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pleg.cache().get("u1").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the pod created again was not inspected"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(inspections(&rt), before + 1, "{:?}", rt.0.calls());
+        let status = pleg
+            .cache()
+            .get("u1")
+            .expect("entry")
+            .status
+            .expect("inspected");
+        assert!(status.sandbox_statuses.iter().any(|s| s.id == again));
         shutdown.cancel();
         let _ = task.await;
     }
