@@ -112,6 +112,29 @@ pub(crate) fn step(stage: Lifecycle, input: &Input) -> (Lifecycle, Action) {
     }
 }
 
+/// The granularity of the pod workers' longer waits: see [`wake_at`].
+const WAKE_GRID: Duration = Duration::from_secs(1);
+
+/// When a worker that waits `d` from `now` wakes up: waits of a second or more (resyncs,
+/// back-offs) end on the next whole second since `epoch` (the engine's start), so the resyncs
+/// of many pods come due together and the runtime wakes once per second for them rather than
+/// once per pod; the kubelet's sync loop takes due pods from its work queue on a 1 s tick too.
+/// Shorter waits end when asked.
+pub(crate) fn wake_at(now: Instant, epoch: Instant, d: Duration) -> Instant {
+    let at = now + d;
+    if d < WAKE_GRID {
+        return at;
+    }
+    let grid = WAKE_GRID.as_nanos();
+    let into = at.saturating_duration_since(epoch).as_nanos() % grid;
+    if into == 0 {
+        at
+    } else {
+        // Less than a second: the difference fits in u64 nanoseconds.
+        at + Duration::from_nanos(u64::try_from(grid - into).unwrap_or(0))
+    }
+}
+
 /// The worker's state shared with the sync loop, which updates the pod and the requests.
 #[derive(Debug)]
 pub(crate) struct WorkerState {
@@ -177,7 +200,10 @@ pub(crate) async fn worker_loop(
             Action::Wait { requeue } => {
                 let wake = async {
                     match requeue {
-                        Some(d) => tokio::time::sleep(d).await,
+                        Some(d) => {
+                            let at = wake_at(Instant::now(), engine.started_at(), d);
+                            tokio::time::sleep_until(at).await;
+                        }
                         None => std::future::pending().await,
                     }
                 };
@@ -425,6 +451,27 @@ mod tests {
                 "{stage:?} + {input:?}"
             );
         }
+    }
+
+    #[test]
+    fn waits_of_a_second_or_more_end_on_the_engines_whole_seconds() {
+        let epoch = Instant::now();
+        let ms = Duration::from_millis;
+        // Shorter waits end when asked.
+        let now = epoch + ms(1_234);
+        assert_eq!(wake_at(now, epoch, ms(200)), now + ms(200));
+        // Longer ones on the next whole second since the epoch.
+        assert_eq!(wake_at(now, epoch, ms(60_000)), epoch + ms(62_000));
+        assert_eq!(wake_at(now, epoch, ms(1_000)), epoch + ms(3_000));
+        assert_eq!(
+            wake_at(epoch + ms(2_000), epoch, ms(5_000)),
+            epoch + ms(7_000)
+        );
+        // Two pods whose resyncs fall in the same second wake together.
+        assert_eq!(
+            wake_at(epoch + ms(10), epoch, ms(61_500)),
+            wake_at(epoch + ms(900), epoch, ms(60_950)),
+        );
     }
 
     #[test]
