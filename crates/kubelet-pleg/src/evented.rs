@@ -1144,18 +1144,30 @@ mod tests {
             .count()
     }
 
-    #[tokio::test]
-    async fn events_of_a_held_pod_wait_for_its_release_which_inspects_it_once() {
+    /// A fake runtime whose event stream yields what the returned sender sends.
+    fn with_events() -> (
+        Arc<Silent>,
+        tokio::sync::mpsc::UnboundedSender<ContainerEvent>,
+    ) {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         let rt = Arc::new(Silent(
             FakeRuntime::new(),
             parking_lot::Mutex::new(Some(rx)),
         ));
+        (rt, tx)
+    }
+
+    /// A runtime event of pod `u1`, stamped now.
+    fn u1_event(id: &str, kind: ContainerEventKind) -> ContainerEvent {
+        ContainerEvent::new(id, kind, Some("u1".to_string()), jiff::Timestamp::now())
+    }
+
+    #[tokio::test]
+    async fn events_of_a_held_pod_wait_for_its_release_which_inspects_it_once() {
+        let (rt, tx) = with_events();
         let (pleg, mut events, shutdown, task) = started(rt.clone()).await;
         let (sandbox, config) = pod_u1();
-        let event = |id: &str, kind| {
-            ContainerEvent::new(id, kind, Some("u1".to_string()), jiff::Timestamp::now())
-        };
+        let event = u1_event;
 
         // As a pod worker's sync: the pod is held while the sync creates and starts it, and
         // the runtime's events for each step are noted, not inspected.
@@ -1263,16 +1275,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_pod_its_worker_removed_is_forgotten_without_an_inspection() {
-        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let rt = Arc::new(Silent(
-            FakeRuntime::new(),
-            parking_lot::Mutex::new(Some(rx)),
-        ));
+        let (rt, tx) = with_events();
         let (pleg, mut events, shutdown, task) = started(rt.clone()).await;
         let (sandbox, config) = pod_u1();
-        let event = |id: &str, kind| {
-            ContainerEvent::new(id, kind, Some("u1".to_string()), jiff::Timestamp::now())
-        };
+        let event = u1_event;
         let sandbox_id = rt.run_pod_sandbox(&sandbox).await.expect("sandbox");
         let id = rt
             .create_container(&sandbox_id, &config, &sandbox)
