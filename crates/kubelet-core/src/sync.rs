@@ -1550,7 +1550,6 @@ impl Engine {
         ok
     }
 
-    /// Remove container `c` of pod `p`, and its log link.
     /// Remove container `c` of pod `p` and its log link; `false` when the runtime failed to
     /// remove it (a container it does not know counts as removed).
     async fn remove_container(&self, p: &Pod, c: &ContainerStatus) -> bool {

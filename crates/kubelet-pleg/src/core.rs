@@ -15,10 +15,6 @@ use tokio::sync::mpsc::{self, error::TrySendError};
 use tokio::sync::{Semaphore, mpsc::UnboundedReceiver};
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-
-/// The most pods [`Core::forget_removed`] remembers between relists; past it, all are dropped
-/// (their later stop and removal events are then inspected, as before).
-const MAX_REMOVED: usize = 65_536;
 use tokio_util::sync::CancellationToken;
 
 use crate::diff::{PodRecords, compute_pod_events, view_of_status};
@@ -26,6 +22,10 @@ use crate::error::PlegError;
 use crate::generic::{GenericPlegConfig, RelistReport};
 use crate::metrics::{FailureLabels, PlegMetrics};
 use kubelet_core::duration::format_go as format_go_duration;
+
+/// The most pods [`Core::forget_removed`] remembers between relists; past it, all are dropped
+/// (their later stop and removal events are then inspected, as before).
+const MAX_REMOVED: usize = 65_536;
 
 /// Why a pod is inspected.
 #[derive(Debug)]
@@ -331,7 +331,6 @@ impl Core {
         st.records.set_old(uid, None);
         st.reinspect.remove(uid);
         st.inspected_at.remove(uid);
-        st.dirty.remove(uid);
         if st.removed.len() >= MAX_REMOVED {
             st.removed.clear();
         }
