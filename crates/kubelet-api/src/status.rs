@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use parking_lot::RwLock;
@@ -23,6 +24,7 @@ pub struct PodWithStatus {
 #[derive(Debug, Clone, Default)]
 pub struct StatusReader {
     inner: Arc<RwLock<HashMap<String, PodWithStatus>>>,
+    changes: Arc<AtomicU64>,
 }
 
 impl StatusReader {
@@ -35,6 +37,13 @@ impl StatusReader {
     /// over many pods, such as the container manager's housekeeping every 2 s.
     pub fn inspect<R>(&self, uid: &str, f: impl FnOnce(&PodWithStatus) -> R) -> Option<R> {
         self.inner.read().get(uid).map(f)
+    }
+
+    /// How many times an entry was set or removed so far. A reader that reads the same count
+    /// before two passes over the entries saw no change between them: periodic checks that
+    /// found nothing to do (the container manager's housekeeping) can skip a pass.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::SeqCst)
     }
 
     /// Every pod with its status, sorted by namespace and name.
@@ -75,15 +84,18 @@ impl StatusWriter {
     /// Set the status of `pod` (keyed by its UID).
     pub fn put(&self, pod: Arc<Pod>, status: Arc<PodStatus>) {
         let uid = podutil::uid(&pod).to_string();
-        self.reader
-            .inner
-            .write()
-            .insert(uid, PodWithStatus { pod, status });
+        let mut entries = self.reader.inner.write();
+        entries.insert(uid, PodWithStatus { pod, status });
+        // Counted under the lock: whoever reads the new count finds the new entry.
+        self.reader.changes.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Forget pod `uid`.
     pub fn remove(&self, uid: &str) {
-        self.reader.inner.write().remove(uid);
+        let mut entries = self.reader.inner.write();
+        if entries.remove(uid).is_some() {
+            self.reader.changes.fetch_add(1, Ordering::SeqCst);
+        }
     }
 }
 
@@ -109,5 +121,23 @@ mod tests {
         );
         w.remove("u1");
         assert_eq!(r.inspect("u1", |_| ()), None);
+    }
+
+    #[test]
+    fn every_set_and_removal_is_counted() {
+        let w = StatusWriter::new();
+        let r = w.reader();
+        assert_eq!(r.changes(), 0);
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some("u1".into());
+        let pod = Arc::new(pod);
+        w.put(pod.clone(), Arc::default());
+        w.put(pod, Arc::default());
+        assert_eq!(r.changes(), 2);
+        w.remove("u1");
+        assert_eq!(r.changes(), 3);
+        // Nothing to remove: no change.
+        w.remove("u1");
+        assert_eq!(r.clone().changes(), 3);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -82,6 +82,12 @@ struct Inner {
     cleanups: AtomicU32,
     /// Whether a cleanup pass listed the pod cgroups with the sources ready.
     swept: AtomicBool,
+    /// Changes to [`pods`](Self::pods) so far.
+    pods_changes: AtomicU64,
+    /// The statuses' and `pods`' change counts when a cleanup pass last found nothing to do
+    /// and nothing to look at again later: until either changes, the next passes would find
+    /// the same.
+    settled_at: Mutex<Option<(u64, u64)>>,
 }
 
 fn default_labels(node_name: &str, extra: &BTreeMap<String, String>) -> BTreeMap<String, String> {
@@ -198,6 +204,8 @@ impl ContainerManager {
             failed_oom_check: AtomicBool::new(false),
             cleanups: AtomicU32::new(1),
             swept: AtomicBool::new(false),
+            pods_changes: AtomicU64::new(0),
+            settled_at: Mutex::default(),
             config,
         };
         if inner.config.cgroups_per_qos {
@@ -290,6 +298,7 @@ impl Inner {
     /// Pod `uid`'s cgroup is gone.
     fn forget_pod(&self, uid: &str) {
         self.pods.lock().remove(uid);
+        self.pods_changes.fetch_add(1, Ordering::SeqCst);
         self.prepared_at.lock().remove(uid);
         self.admit.forget(uid);
         let _ = std::fs::remove_file(self.owned.join(uid));
@@ -326,12 +335,17 @@ impl Inner {
     /// The kubelet lists the pod cgroups on every pass. Here the passes list them until one has
     /// run with the sources ready (cgroups an earlier run of the agent left), then one pass in
     /// [`FULL_LISTING_EVERY`]; the others look only at the pod cgroups this run made, which it
-    /// knows: at 1,000 pods the listing was a tenth of the idle agent's CPU time.
+    /// knows: at 1,000 pods the listing was a tenth of the idle agent's CPU time. A pass that
+    /// found nothing to remove and nothing to look at again later is not repeated (but for
+    /// the full listings) until a pod status or this run's set of pod cgroups changes: the
+    /// look-up of every pod's status was a tenth of the idle agent's CPU time too.
     async fn cleanup(&self, ctx: &PluginContext) {
         let Some(h) = &self.hierarchy else { return };
         let handle = ctx.handle();
         let statuses = handle.statuses();
         let ready = handle.sources_ready();
+        // Read before the look-ups: a change after this point is seen by the next pass.
+        let seen = (statuses.changes(), self.pods_changes.load(Ordering::SeqCst));
         // Until the sources are ready no unknown pod's cgroup may go, so the passes list until
         // one has run with the sources ready.
         let full = !self.swept.load(Ordering::Relaxed)
@@ -342,6 +356,12 @@ impl Inner {
         if full && ready {
             self.swept.store(true, Ordering::Relaxed);
         }
+        if !full && *self.settled_at.lock() == Some(seen) {
+            return;
+        }
+        // Whether a pod's cgroup is to be looked at again without any change: a pod prepared
+        // a moment ago, without a status yet.
+        let again = AtomicBool::new(false);
         // Whether pod `uid`'s cgroup may go: the pod is gone or terminal.
         let may_go = |uid: &str| {
             // One lookup per pod cgroup, not a listing of every status every 2 s.
@@ -356,11 +376,17 @@ impl Inner {
                 // Not known yet: it may still arrive from a source.
                 None if !ready => false,
                 // Prepared a moment ago: its first status may not be published yet.
-                None => self
-                    .prepared_at
-                    .lock()
-                    .get(uid)
-                    .is_none_or(|t| t.elapsed() >= FRESH_POD),
+                None => {
+                    let may = self
+                        .prepared_at
+                        .lock()
+                        .get(uid)
+                        .is_none_or(|t| t.elapsed() >= FRESH_POD);
+                    if !may {
+                        again.store(true, Ordering::Relaxed);
+                    }
+                    may
+                }
                 Some(true) => true,
             }
         };
@@ -378,6 +404,9 @@ impl Inner {
                 .map(|(uid, (qos, _))| (uid.clone(), *qos))
                 .collect()
         };
+        // Nothing removed and nothing left to look at again: settled until something changes.
+        let settled = ready && candidates.is_empty() && !again.load(Ordering::Relaxed);
+        *self.settled_at.lock() = settled.then_some(seen);
         for (uid, qos) in candidates {
             if self.pod_still_runs(ctx, &uid).await {
                 continue;
@@ -539,6 +568,7 @@ impl PodResourceManager for ContainerManager {
                 .and_then(|r| r.get("cpu").copied())
                 .unwrap_or(0);
             inner.pods.lock().insert(uid.to_string(), (qos, cpu));
+            inner.pods_changes.fetch_add(1, Ordering::SeqCst);
             inner.update_qos_tiers();
         }
         Ok(name.to_path(h.driver()))

@@ -260,19 +260,28 @@ async fn run() {
         &[("memory", "128Mi")],
     );
     let best_effort = pod("besteffort", &[], &[]);
+    // Ends on its own a few housekeeping passes after it started, and stays in its source.
+    let mut finishing = pod("finishing", &[], &[]);
+    if let Some(spec) = finishing.spec.as_mut() {
+        spec.restart_policy = Some("Never".into());
+        spec.containers[0].command = Some(vec!["/bin/sh".into(), "-c".into(), "sleep 8".into()]);
+    }
     let uid = |p: &Pod| p.metadata.uid.clone().unwrap();
     let (source, tx): (WatchSource, watch::Sender<Option<Vec<Pod>>>) =
         WatchSource::new(Some(vec![
             guaranteed.clone(),
             burstable.clone(),
             best_effort.clone(),
+            finishing.clone(),
         ]));
     let agent = start(tmp.path(), &config, source);
-    for p in [&guaranteed, &burstable, &best_effort] {
+    for p in [&guaranteed, &burstable, &best_effort, &finishing] {
         agent.running(&uid(p)).await;
     }
     let h = agent.cm.hierarchy().unwrap().clone();
     let dir = |c: &str, q: QosClass, p: &Pod| h.dir(c, &h.pod(q, &uid(p))).unwrap();
+    let finished_dir = dir("memory", QosClass::BestEffort, &finishing);
+    assert!(finished_dir.is_dir(), "{}", finished_dir.display());
     let g = (QosClass::Guaranteed, &guaranteed);
     let b = (QosClass::Burstable, &burstable);
     let e = (QosClass::BestEffort, &best_effort);
@@ -329,6 +338,26 @@ async fn run() {
     assert_eq!(
         read(Path::new(&format!("/proc/{pid}")), "oom_score_adj"),
         "1000"
+    );
+
+    // A pod that succeeded: the housekeeping removes its cgroup although the pod stays, also
+    // after passes that found nothing to do (they are skipped until a status changes).
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while finished_dir.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "a finished pod's cgroup is still there; latest status {:?}",
+            agent.sink.latest(&uid(&finishing)).map(|s| s.phase)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        agent
+            .sink
+            .latest(&uid(&finishing))
+            .and_then(|s| s.phase)
+            .as_deref(),
+        Some("Succeeded")
     );
 
     // A pod cgroup of another agent sharing the hierarchy.

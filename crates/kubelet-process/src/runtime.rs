@@ -433,16 +433,22 @@ impl ProcessRuntime {
     /// still learnt; one that was only created, or whose process is gone without a known
     /// exit, is forgotten. Logs one warning per restoration. Returns how many were restored.
     fn restore_lost(&self) -> Result<usize, ProcessError> {
+        let listed = list_ids(&self.config.root_dir.join("containers"))?;
+        self.restore_lost_from(&listed)
+    }
+
+    /// [`restore_lost`](Self::restore_lost) against `listed`, a listing of the containers'
+    /// state directory the caller has just made.
+    fn restore_lost_from(&self, listed: &[String]) -> Result<usize, ProcessError> {
         let _guard = self.restore_lock.lock();
-        let containers_dir = self.config.root_dir.join("containers");
-        let on_disk: HashSet<String> = list_ids(&containers_dir)?.into_iter().collect();
+        let on_disk: HashSet<&str> = listed.iter().map(String::as_str).collect();
         let lost: Vec<Arc<ContainerRecord>> = {
             let removing = &self.ledger.lock().removing;
             self.containers
                 .lock()
                 .by_id
                 .iter()
-                .filter(|(id, _)| !on_disk.contains(*id) && !removing.contains(*id))
+                .filter(|(id, _)| !on_disk.contains(id.as_str()) && !removing.contains(*id))
                 .map(|(_, r)| r.clone())
                 .collect()
         };
@@ -516,8 +522,14 @@ impl ProcessRuntime {
     }
 
     fn all_containers(&self) -> Result<Vec<Arc<ContainerRecord>>, ProcessError> {
-        self.restore_lost()?;
-        let ids = list_ids(&self.config.root_dir.join("containers"))?;
+        // One listing of the state directory serves both the check for vanished records and
+        // the answer (the log rotation lists every running container every 10 s); only a
+        // restoration lists it again.
+        let dir = self.config.root_dir.join("containers");
+        let mut ids = list_ids(&dir)?;
+        if self.restore_lost_from(&ids)? > 0 {
+            ids = list_ids(&dir)?;
+        }
         let mut out = Vec::with_capacity(ids.len());
         // Listed a moment ago: a record this runtime holds needs no `stat` of its directory
         // (the log rotation lists every running container every 10 s).
