@@ -172,10 +172,16 @@ impl StatusManager {
 
     /// The latest accepted status of pod `uid`, if the pod is known and not removed.
     pub fn get(&self, uid: &str) -> Option<PodStatus> {
+        self.get_shared(uid).map(|s| PodStatus::clone(&s))
+    }
+
+    /// [`get`](Self::get) without a copy: the status as the manager holds it (every resync
+    /// reads it to generate the next one).
+    pub fn get_shared(&self, uid: &str) -> Option<Arc<PodStatus>> {
         let pods = self.shared.pods.lock();
         pods.get(uid)
             .filter(|e| !e.removed && e.version > 0)
-            .map(|e| PodStatus::clone(&e.status))
+            .map(|e| Arc::clone(&e.status))
     }
 
     /// The version of the latest accepted status of pod `uid` (0 if none). Every accepted change
@@ -493,7 +499,7 @@ impl StatusManager {
 
         if let Some(cached) = &cached
             && !forced
-            && kubelet_view_equal(cached, &status)
+            && kubelet_view_equal(cached, &mut status)
         {
             tracing::trace!(pod = %full_name, podUID = %uid, "ignoring same status");
             entry.pod = Arc::clone(pod);
@@ -988,21 +994,26 @@ pub fn normalize_status(pod: &Pod, status: &mut PodStatus) {
 
 /// `isPodStatusByKubeletEqual`: equal when everything but the conditions the kubelet does not
 /// own (or share) is equal.
-fn kubelet_view_equal(a: &PodStatus, b: &PodStatus) -> bool {
-    let view = |s: &PodStatus| {
-        let mut s = s.clone();
-        let mut conds: Vec<PodCondition> = s
-            .conditions
-            .take()
-            .into_iter()
+///
+/// Compared in place (every resync of every pod compares): `b` gets `a`'s conditions for the
+/// comparison of the other fields and its own back afterwards.
+fn kubelet_view_equal(a: &PodStatus, b: &mut PodStatus) -> bool {
+    fn view(conditions: &Option<Vec<PodCondition>>) -> Vec<&PodCondition> {
+        let mut conds: Vec<&PodCondition> = conditions
+            .iter()
             .flatten()
             .filter(|c| is_kubelet_condition(&c.type_) || is_shared_condition(&c.type_))
             .collect();
         kubelet_api::sort::by(&mut conds, |x, y| x.type_.cmp(&y.type_));
-        s.conditions = Some(conds);
-        s
-    };
-    view(a) == view(b)
+        conds
+    }
+    if view(&a.conditions) != view(&b.conditions) {
+        return false;
+    }
+    let own = std::mem::replace(&mut b.conditions, a.conditions.clone());
+    let equal = a == b;
+    b.conditions = own;
+    equal
 }
 
 #[cfg(test)]
@@ -1017,6 +1028,45 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     use kubelet_api::{EventRecorder, InvolvedObject};
+
+    #[test]
+    fn statuses_are_equal_to_the_kubelet_when_only_conditions_it_does_not_own_differ() {
+        let cond = |t: &str, s: &str| PodCondition {
+            type_: t.into(),
+            status: s.into(),
+            ..Default::default()
+        };
+        let a = PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![
+                cond("Ready", "True"),
+                cond("example.com/gate", "True"),
+            ]),
+            ..Default::default()
+        };
+        // Another order, another writer's condition changed: equal, and `b` keeps its own.
+        let mut b = PodStatus {
+            phase: Some("Running".into()),
+            conditions: Some(vec![
+                cond("example.com/gate", "False"),
+                cond("Ready", "True"),
+            ]),
+            ..Default::default()
+        };
+        assert!(kubelet_view_equal(&a, &mut b));
+        assert_eq!(
+            b.conditions.as_ref().map(|c| c[0].status.as_str()),
+            Some("False")
+        );
+        // A condition the kubelet owns, or another field, differs: not equal.
+        let mut c = b.clone();
+        c.conditions = Some(vec![cond("Ready", "False")]);
+        assert!(!kubelet_view_equal(&a, &mut c));
+        let mut d = b.clone();
+        d.pod_ip = Some("10.0.0.1".into());
+        assert!(!kubelet_view_equal(&a, &mut d));
+        assert_eq!(d.conditions, b.conditions);
+    }
 
     #[test]
     fn a_terminated_container_may_come_back_only_when_the_policy_restarts_it() {

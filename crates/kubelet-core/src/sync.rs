@@ -413,15 +413,15 @@ impl Engine {
             message: Some(format!("Pod was rejected: {message}")),
             ..Default::default()
         };
-        if let Some(old) = self.status.get(pod::uid(p)) {
-            st.start_time = old.start_time;
+        if let Some(old) = self.status.get_shared(pod::uid(p)) {
+            st.start_time = old.start_time.clone();
         }
         self.status.set_pod_status(p, st);
     }
 
     /// A rejected pod left its source.
     pub(crate) fn forget_rejected(&self, p: &Arc<Pod>) {
-        if self.status.get(pod::uid(p)).is_some() {
+        if self.status.get_shared(pod::uid(p)).is_some() {
             self.status.remove_pod(p);
         }
     }
@@ -434,7 +434,7 @@ impl Engine {
         pod_is_terminal: bool,
     ) -> k8s_openapi::api::core::v1::PodStatus {
         let sandbox_changed = actions::pod_sandbox_changed(rt).changed;
-        let old = self.status.get(pod::uid(p));
+        let old = self.status.get_shared(pod::uid(p));
         let probe = |id: &str, t: ProbeType| self.probe_result(p, rt, id, t);
         let host_ip = self
             .config
@@ -444,7 +444,7 @@ impl Engine {
         status_gen::generate_pod_status(&StatusInput {
             pod: p,
             runtime: rt,
-            old: old.as_ref(),
+            old: old.as_deref(),
             runtime_name: &self.runtime_name,
             waiting_reasons: waiting,
             probe_result: &probe,
@@ -467,12 +467,11 @@ impl Engine {
         if !has_deadline {
             return self.sync_pod_toward_spec(p, entry).await;
         }
-        // The start time as the status manager has it (a copy of the status: only for the
-        // pods that have a deadline).
+        // The start time as the status manager has it.
         let start_time = || {
             self.status
-                .get(pod::uid(p))
-                .and_then(|s| s.start_time)
+                .get_shared(pod::uid(p))
+                .and_then(|s| s.start_time.clone())
                 .or_else(|| p.status.as_ref().and_then(|s| s.start_time.clone()))
                 .map(|t| t.0)
         };
@@ -1379,7 +1378,7 @@ impl Engine {
             Some(h) => h.clone(),
             None => self
                 .status
-                .get(pod::uid(p))
+                .get_shared(pod::uid(p))
                 .and_then(|s| s.pod_ip.clone())
                 .unwrap_or_else(|| "127.0.0.1".into()),
         };
