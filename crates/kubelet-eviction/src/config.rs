@@ -165,6 +165,8 @@ pub struct EvictionConfig {
     /// every memory threshold (above it by more than the threshold and by more than a tenth of
     /// capacity), or when the kernel signals the crossing itself (the cgroup v1 memory
     /// threshold eventfd is armed). An idle node then wakes once a second, not ten times.
+    /// When the eventfd is armed, `memory.available` is the only memory signal with a
+    /// threshold and memory is far from it, the check does not poll until the next full round.
     pub relaxed_poll_interval: Duration,
     /// Use kernel notifications (cgroup v1 memory threshold eventfd, PSI trigger, inotify on
     /// cgroup v2 `memory.events`) to wake the fast check early (`true`).

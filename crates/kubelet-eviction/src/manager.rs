@@ -633,6 +633,12 @@ impl EvictionManager {
             // `period` while memory is near a threshold and the kernel does not watch it,
             // else every `relaxed_poll_interval`.
             let relaxed = self.config.relaxed_poll_interval.max(period);
+            // Whether the kernel watches every memory threshold: the v1 eventfd is armed
+            // for `memory.available`, and no other memory signal has a threshold.
+            let watched = wakers.memcg.is_some()
+                && memory_thresholds
+                    .iter()
+                    .all(|t| t.signal == Signal::MemoryAvailable);
             let mut next_poll = Instant::now() + period;
             loop {
                 let source = tokio::select! {
@@ -652,8 +658,12 @@ impl EvictionManager {
                 let met = thresholds_met(&memory_thresholds, &obs, false);
                 if met.is_empty() {
                     was_met = false;
-                    if wakers.memcg.is_some() || far_from(&memory_thresholds, &obs) {
-                        next_poll = Instant::now() + relaxed;
+                    let far = far_from(&memory_thresholds, &obs);
+                    match poll_pace(watched, wakers.memcg.is_some(), far) {
+                        PollPace::Fast => {}
+                        PollPace::Relaxed => next_poll = Instant::now() + relaxed,
+                        // After the full round, which comes first.
+                        PollPace::Off => next_poll = deadline + relaxed,
                     }
                     continue;
                 }
@@ -674,6 +684,29 @@ impl EvictionManager {
                 break;
             }
         }
+    }
+}
+
+/// How often the fast check polls while no memory threshold is met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PollPace {
+    /// Every `fast_poll_interval`: memory is near a threshold nobody else watches.
+    Fast,
+    /// Every `relaxed_poll_interval`.
+    Relaxed,
+    /// Not until the next full round: the kernel signals the crossing of every memory
+    /// threshold, and memory is far from them (the kubelet's own model: the memcg
+    /// notification and the 10 s synchronisation, no polls).
+    Off,
+}
+
+/// The pace of the fast check: `watched`, the kernel signals the crossing of every memory
+/// threshold; `armed`, it signals at least one; `far`, available memory is far from them all.
+fn poll_pace(watched: bool, armed: bool, far: bool) -> PollPace {
+    match (watched && far, armed || far) {
+        (true, _) => PollPace::Off,
+        (false, true) => PollPace::Relaxed,
+        (false, false) => PollPace::Fast,
     }
 }
 
@@ -722,6 +755,21 @@ impl NodeConditions {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_fast_check_stops_polling_only_where_the_kernel_watches_every_threshold() {
+        use PollPace::*;
+        // (watched, armed, far)
+        assert_eq!(poll_pace(true, true, true), Off);
+        // Near a threshold the kernel watches: a poll a second as a safety net.
+        assert_eq!(poll_pace(true, true, false), Relaxed);
+        // Another memory threshold the kernel does not watch.
+        assert_eq!(poll_pace(false, true, true), Relaxed);
+        assert_eq!(poll_pace(false, true, false), Relaxed);
+        // No kernel notification.
+        assert_eq!(poll_pace(false, false, true), Relaxed);
+        assert_eq!(poll_pace(false, false, false), Fast);
+    }
 
     #[test]
     fn reclaim_depends_on_the_filesystem_layout() {
