@@ -165,7 +165,21 @@ impl PodCache {
 
     /// UIDs of every cached pod.
     pub fn uids(&self) -> Vec<String> {
-        self.shared.state.lock().pods.keys().cloned().collect()
+        self.uids_where(|_| true)
+    }
+
+    /// UIDs of the cached pods for which `keep` is true (copied only when kept: the sync
+    /// loop's housekeeping looks for pods no worker handles every 2 s). `keep` runs under the
+    /// cache's lock and must not use the cache.
+    pub fn uids_where(&self, mut keep: impl FnMut(&str) -> bool) -> Vec<String> {
+        self.shared
+            .state
+            .lock()
+            .pods
+            .keys()
+            .filter(|uid| keep(uid))
+            .cloned()
+            .collect()
     }
 
     /// The entry of `uid` if it, or the global timestamp, is newer than `t` (an empty status
@@ -213,6 +227,19 @@ impl PodCache {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn uids_where_keeps_the_uids_the_filter_keeps() {
+        let (w, r) = pod_cache();
+        let t0 = Instant::now();
+        for uid in ["a", "b", "c"] {
+            w.set(uid, Ok(PodRuntimeStatus::default()), t0);
+        }
+        let mut kept = r.uids_where(|uid| uid != "b");
+        kept.sort();
+        assert_eq!(kept, ["a", "c"]);
+        assert_eq!(r.uids().len(), 3);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn get_newer_than_waits_for_a_fresh_entry_or_global_bump() {

@@ -654,10 +654,7 @@ impl SyncLoop {
         }
         // Runtime pods that no source knows and no worker handles are orphans: stop them.
         let cache = self.engine.cache().clone();
-        for uid in cache.uids() {
-            if self.workers.contains_key(&uid) {
-                continue;
-            }
+        for uid in cache.uids_where(|uid| !self.workers.contains_key(uid)) {
             let Some(entry) = cache.get(&uid) else {
                 continue;
             };

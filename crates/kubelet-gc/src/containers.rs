@@ -361,15 +361,16 @@ impl ContainerGc {
             else {
                 continue;
             };
+            // A running container's link is kept without a look at the file system (two
+            // blocking calls per link, every minute, for every running container).
+            if running.contains(id) {
+                continue;
+            }
             let is_link = tokio::fs::symlink_metadata(&path)
                 .await
                 .is_ok_and(|m| m.file_type().is_symlink());
             let dangling = tokio::fs::metadata(&path).await.is_err();
-            if is_link
-                && dangling
-                && !running.contains(id)
-                && tokio::fs::remove_file(&path).await.is_ok()
-            {
+            if is_link && dangling && tokio::fs::remove_file(&path).await.is_ok() {
                 out.paths.push(path);
             }
         }
