@@ -24,6 +24,8 @@ struct State {
     global: Option<Instant>,
     // Pods with a known change not yet inspected; the global timestamp does not release them.
     pending: HashSet<String>,
+    // Entries stored or dropped so far.
+    entry_changes: u64,
 }
 
 #[derive(Debug)]
@@ -109,6 +111,7 @@ impl PodCacheWriter {
                     modified,
                 },
             );
+            st.entry_changes += 1;
         }
         self.shared.changed.send_modify(|g| *g += 1);
         true
@@ -118,7 +121,9 @@ impl PodCacheWriter {
     pub fn delete(&self, uid: &str) {
         {
             let mut st = self.shared.state.lock();
-            st.pods.remove(uid);
+            if st.pods.remove(uid).is_some() {
+                st.entry_changes += 1;
+            }
             st.pending.remove(uid);
         }
         self.shared.changed.send_modify(|g| *g += 1);
@@ -161,6 +166,13 @@ impl PodCache {
     /// The current entry of `uid`, if any.
     pub fn get(&self, uid: &str) -> Option<CacheEntry> {
         self.shared.state.lock().pods.get(uid).cloned()
+    }
+
+    /// How many times an entry was stored or dropped so far: a reader that reads the same
+    /// count before two passes over the entries saw the same entries (the sync loop's
+    /// housekeeping skips its look for orphans then).
+    pub fn entry_changes(&self) -> u64 {
+        self.shared.state.lock().entry_changes
     }
 
     /// UIDs of every cached pod.
@@ -239,6 +251,18 @@ mod tests {
         kept.sort();
         assert_eq!(kept, ["a", "c"]);
         assert_eq!(r.uids().len(), 3);
+        assert_eq!(r.entry_changes(), 3);
+        // A rejected older entry, a deletion of nothing: no change.
+        assert!(!w.set(
+            "a",
+            Ok(PodRuntimeStatus::default()),
+            t0 - Duration::from_secs(1)
+        ));
+        w.delete("x");
+        assert_eq!(r.entry_changes(), 3);
+        w.set("a", Ok(PodRuntimeStatus::default()), t0);
+        w.delete("b");
+        assert_eq!(r.entry_changes(), 5);
     }
 
     #[tokio::test(start_paused = true)]

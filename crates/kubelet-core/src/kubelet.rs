@@ -298,6 +298,8 @@ impl Kubelet {
             admit_handlers,
             recorder,
             warn_no_prober: prober.is_none(),
+            finished: Arc::default(),
+            settled: None,
         };
         let mut housekeeping = tokio::time::interval(config.housekeeping_period);
         housekeeping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -427,6 +429,12 @@ struct SyncLoop {
     recorder: EventRecorder,
     /// No prober is configured and no pod with probes was seen yet: warn at the first one.
     warn_no_prober: bool,
+    /// Workers that ended so far.
+    finished: Arc<std::sync::atomic::AtomicU64>,
+    /// The ended workers' and the cache's change counts when a housekeeping pass last found
+    /// no orphan: until either changes, the next passes would find none either (orphans come
+    /// only from new or changed cache entries and from workers that end).
+    settled: Option<(u64, u64)>,
 }
 
 impl SyncLoop {
@@ -625,6 +633,7 @@ impl SyncLoop {
             let state = state.clone();
             let notify = notify.clone();
             let done = done.clone();
+            let finished = self.finished.clone();
             self.tasks.spawn(async move {
                 let run =
                     std::panic::AssertUnwindSafe(worker_loop(engine, state, notify, shutdown))
@@ -633,6 +642,7 @@ impl SyncLoop {
                     tracing::error!(podUID = %uid, "pod worker panicked; the pod is left as it is");
                 }
                 done.store(true, std::sync::atomic::Ordering::Relaxed);
+                finished.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             });
         }
         self.workers.insert(
@@ -646,6 +656,16 @@ impl SyncLoop {
     }
 
     fn housekeeping(&mut self) {
+        let cache = self.engine.cache().clone();
+        // Read before the pass: a change after this point is seen by the next one.
+        let seen = (
+            self.finished.load(std::sync::atomic::Ordering::SeqCst),
+            cache.entry_changes(),
+        );
+        if self.settled == Some(seen) {
+            return;
+        }
+        self.settled = None;
         // Forget finished workers.
         self.workers
             .retain(|_, w| !w.done.load(std::sync::atomic::Ordering::Relaxed));
@@ -653,7 +673,7 @@ impl SyncLoop {
             return;
         }
         // Runtime pods that no source knows and no worker handles are orphans: stop them.
-        let cache = self.engine.cache().clone();
+        let mut orphans = false;
         for uid in cache.uids_where(|uid| !self.workers.contains_key(uid)) {
             let Some(entry) = cache.get(&uid) else {
                 continue;
@@ -679,6 +699,10 @@ impl SyncLoop {
             p.metadata.name = Some(st.name.clone());
             p.metadata.namespace = Some(st.namespace.clone());
             self.dispatch(Arc::new(p), true, false);
+            orphans = true;
+        }
+        if !orphans {
+            self.settled = Some(seen);
         }
     }
 }

@@ -479,6 +479,52 @@ async fn unknown_runtime_pods_are_stopped_only_after_every_source_was_seen() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_runtime_pod_that_appears_after_quiet_housekeeping_passes_is_stopped() {
+    use kubelet_api::runtime::{PodSandboxConfig, PodSandboxMetadata, labels};
+    let h = Harness::start(Some(vec![pod(
+        "u1",
+        "Always",
+        vec![],
+        vec![container("app")],
+    )]));
+    h.wait_status("u1", "Running", |s| phase(s) == "Running")
+        .await;
+    // Several housekeeping passes (every 2 s) find nothing to do.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(calls_matching(&h.rt, "stop_pod_sandbox").is_empty());
+    // A sandbox of this agent's for a pod no source knows (left by an earlier run, say).
+    let mut config = PodSandboxConfig::new(PodSandboxMetadata {
+        name: "left".into(),
+        namespace: "default".into(),
+        uid: "u-left".into(),
+        attempt: 0,
+    });
+    config.labels = [
+        (labels::POD_NAME, "left"),
+        (labels::POD_NAMESPACE, "default"),
+        (labels::POD_UID, "u-left"),
+        (labels::MANAGED_BY, "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let id = h.rt.run_pod_sandbox(&config).await.unwrap();
+    let begin = Instant::now();
+    while !calls_matching(&h.rt, "stop_pod_sandbox")
+        .iter()
+        .any(|c| c.contains(&id))
+    {
+        assert!(
+            begin.elapsed() < Duration::from_secs(30),
+            "the orphan was not stopped: {:?}",
+            h.rt.calls()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.stop().await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn definition_change_replaces_the_container() {
     let h = Harness::start(Some(vec![pod(
         "u1",
