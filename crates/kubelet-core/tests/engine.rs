@@ -508,7 +508,7 @@ async fn a_runtime_pod_that_appears_after_quiet_housekeeping_passes_is_stopped()
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect();
-    let id = h.rt.run_pod_sandbox(&config).await.unwrap();
+    let id = h.rt.run_pod_sandbox(&config).await.expect("a sandbox");
     let begin = Instant::now();
     while !calls_matching(&h.rt, "stop_pod_sandbox")
         .iter()
