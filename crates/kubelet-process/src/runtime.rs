@@ -433,28 +433,43 @@ impl ProcessRuntime {
     /// still learnt; one that was only created, or whose process is gone without a known
     /// exit, is forgotten. Logs one warning per restoration. Returns how many were restored.
     fn restore_lost(&self) -> Result<usize, ProcessError> {
-        let listed = list_ids(&self.config.root_dir.join("containers"))?;
-        self.restore_lost_from(&listed)
-    }
-
-    /// [`restore_lost`](Self::restore_lost) against `listed`, a listing of the containers'
-    /// state directory the caller has just made.
-    fn restore_lost_from(&self, listed: &[String]) -> Result<usize, ProcessError> {
+        // Listed under the lock: a caller that waited for another's restoration sees its
+        // files and restores nothing a second time.
         let _guard = self.restore_lock.lock();
-        let on_disk: HashSet<&str> = listed.iter().map(String::as_str).collect();
-        let lost: Vec<Arc<ContainerRecord>> = {
-            let removing = &self.ledger.lock().removing;
-            self.containers
-                .lock()
-                .by_id
-                .iter()
-                .filter(|(id, _)| !on_disk.contains(id.as_str()) && !removing.contains(*id))
-                .map(|(_, r)| r.clone())
-                .collect()
-        };
+        let listed = list_ids(&self.config.root_dir.join("containers"))?;
+        let lost = self.lost_records(&listed);
         if lost.is_empty() {
             return Ok(0);
         }
+        self.restore_records(lost)
+    }
+
+    /// [`restore_lost`](Self::restore_lost) when `listed`, a listing of the containers' state
+    /// directory the caller has just made, lacks a record this runtime holds: the common case
+    /// (nothing lost) costs no second listing.
+    fn restore_lost_from(&self, listed: &[String]) -> Result<usize, ProcessError> {
+        if self.lost_records(listed).is_empty() {
+            return Ok(0);
+        }
+        self.restore_lost()
+    }
+
+    /// The records this runtime holds that `listed` lacks (but those being removed).
+    fn lost_records(&self, listed: &[String]) -> Vec<Arc<ContainerRecord>> {
+        let on_disk: HashSet<&str> = listed.iter().map(String::as_str).collect();
+        let removing = &self.ledger.lock().removing;
+        self.containers
+            .lock()
+            .by_id
+            .iter()
+            .filter(|(id, _)| !on_disk.contains(id.as_str()) && !removing.contains(*id))
+            .map(|(_, r)| r.clone())
+            .collect()
+    }
+
+    /// Put back `lost` (see [`restore_lost`](Self::restore_lost)); the caller holds the
+    /// restoration lock.
+    fn restore_records(&self, lost: Vec<Arc<ContainerRecord>>) -> Result<usize, ProcessError> {
         let mut restored = Vec::new();
         let mut failed = None;
         for rec in lost {
