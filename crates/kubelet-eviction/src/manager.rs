@@ -37,6 +37,13 @@ pub trait PodControl: Send + Sync + 'static {
     async fn active_pods(&self) -> Vec<ActivePod>;
     /// Kill `pod` with `options` and return once it has terminated.
     async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError>;
+    /// A count that moves whenever [`active_pods`](Self::active_pods) may answer differently
+    /// (the agent's [`StatusReader::changes`](kubelet_api::StatusReader::changes)): while it
+    /// stands still, a round that found no pod with a local-storage limit does not ask again.
+    /// `None` (the default): unknown, asked every round.
+    fn changes(&self) -> Option<u64> {
+        None
+    }
 }
 
 fn _assert_control_dyn(_: &dyn PodControl) {}
@@ -83,6 +90,10 @@ impl PodControl for Arc<dyn AgentHandle> {
             .map_err(|_| EvictionError::KillPod {
                 uid: uid.to_string(),
             })
+    }
+
+    fn changes(&self) -> Option<u64> {
+        Some(self.statuses().changes())
     }
 }
 
@@ -202,6 +213,9 @@ pub struct EvictionManager {
     /// Pods evicted in the last [`POD_CLEANUP_TIMEOUT`], never chosen again meanwhile (the
     /// kubelet waits that long for an evicted pod to be cleaned up).
     recently_evicted: parking_lot::Mutex<std::collections::HashMap<String, Instant>>,
+    /// [`PodControl::changes`] when a round last found no active pod with a local-storage
+    /// limit: until it moves, the next rounds do not list the pods again.
+    no_local_limits_at: Option<u64>,
 }
 
 /// How long an evicted pod is not considered again (`podCleanupTimeout`).
@@ -237,6 +251,7 @@ impl EvictionManager {
             events,
             proc_root: "/proc".into(),
             recently_evicted: Default::default(),
+            no_local_limits_at: None,
         }
     }
 
@@ -500,14 +515,21 @@ impl EvictionManager {
 
     /// Evict every non-critical pod over one of its local ephemeral-storage limits
     /// (`localStorageEviction`), with the 1 s grace period of hard evictions.
-    async fn local_storage_eviction(&self) -> Vec<Eviction> {
+    async fn local_storage_eviction(&mut self) -> Vec<Eviction> {
         // Only pods with a local-storage limit can exceed one: the others' disk usage (a walk
-        // of their volumes and logs) is not measured every round.
+        // of their volumes and logs) is not measured every round, and while no pod changed
+        // since a round that found none with a limit, the pods are not listed again.
+        let changes = self.pods.changes();
+        if changes.is_some() && changes == self.no_local_limits_at {
+            return Vec::new();
+        }
         let mut active = self.pods.active_pods().await;
         active.retain(|p| has_local_storage_limits(&p.pod));
         if active.is_empty() {
+            self.no_local_limits_at = changes;
             return Vec::new();
         }
+        self.no_local_limits_at = None;
         let usage = self.stats.pod_usage(&active).await;
         let mut out = Vec::new();
         for p in &active {

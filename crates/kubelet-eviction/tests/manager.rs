@@ -59,16 +59,22 @@ impl StatsProvider for Scripted {
     }
 }
 
-/// Pods that die when killed, recording the kill options.
+/// Pods that die when killed, recording the kill options; with `counted`, it reports a count
+/// of changes to its pods (bumped by the test and by each kill) and counts its listings.
 #[derive(Default)]
 struct Recording {
     pods: Mutex<Vec<Pod>>,
     kills: Mutex<Vec<(String, KillPodOptions, Instant)>>,
+    counted: bool,
+    changes: std::sync::atomic::AtomicU64,
+    listings: std::sync::atomic::AtomicUsize,
 }
 
 #[async_trait]
 impl PodControl for Recording {
     async fn active_pods(&self) -> Vec<ActivePod> {
+        self.listings
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.pods
             .lock()
             .iter()
@@ -81,10 +87,16 @@ impl PodControl for Recording {
     async fn kill_pod(&self, pod: &Pod, options: KillPodOptions) -> Result<(), EvictionError> {
         let uid = kubelet_api::pod::uid(pod).to_string();
         self.pods.lock().retain(|p| kubelet_api::pod::uid(p) != uid);
+        self.changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.kills
             .lock()
             .push((uid.clone(), options, Instant::now()));
         Ok(())
+    }
+    fn changes(&self) -> Option<u64> {
+        self.counted
+            .then(|| self.changes.load(std::sync::atomic::Ordering::SeqCst))
     }
 }
 
@@ -574,6 +586,61 @@ async fn pods_over_their_local_storage_limits_are_evicted_before_thresholds_are_
     tokio::time::advance(Duration::from_millis(10)).await;
     let r = s.manager.synchronize().await.unwrap();
     assert_eq!(r.evicted.map(|e| e.uid).as_deref(), Some("hog"));
+}
+
+/// While the pod control's count of changes stands still, rounds that found no pod with a
+/// local-storage limit do not list the pods again; a pod with a limit that comes with a change
+/// is measured and evicted at the next round.
+#[tokio::test(start_paused = true)]
+async fn rounds_without_local_storage_limits_list_the_pods_again_only_after_a_change() {
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+    use std::sync::atomic::Ordering;
+    let stats = Arc::new(Scripted::default());
+    stats.set(Signal::MemoryAvailable, 900 * MI, 1000 * MI);
+    let control = Arc::new(Recording {
+        counted: true,
+        ..Default::default()
+    });
+    *control.pods.lock() = vec![pod("plain", 0, None, false)];
+    let mut manager = EvictionManager::new(
+        config("memory.available<100Mi", "", ""),
+        stats.clone(),
+        control.clone(),
+    );
+    for _ in 0..3 {
+        let r = manager.synchronize().await.unwrap();
+        assert!(r.local_storage_evictions.is_empty());
+        tokio::time::advance(Duration::from_secs(10)).await;
+    }
+    assert_eq!(
+        control.listings.load(Ordering::SeqCst),
+        1,
+        "listed once for three rounds without a change"
+    );
+
+    let mut over = pod("over", 0, None, false);
+    over.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+        name: "scratch".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("10Mi".into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    let mut u = usage(10);
+    u.volumes.insert("scratch".into(), 20 << 20);
+    stats.usage.lock().insert("over".into(), u);
+    control.pods.lock().push(over);
+    control.changes.fetch_add(1, Ordering::SeqCst);
+    let r = manager.synchronize().await.unwrap();
+    assert_eq!(control.listings.load(Ordering::SeqCst), 2);
+    assert_eq!(
+        r.local_storage_evictions
+            .iter()
+            .map(|e| e.uid.as_str())
+            .collect::<Vec<_>>(),
+        ["over"]
+    );
 }
 
 /// Pods that survive kills (a control that cannot kill).

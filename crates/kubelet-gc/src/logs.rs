@@ -1,6 +1,6 @@
 //! [`LogRotator`]: the kubelet's container log rotation (`container_log_manager.go`).
 //!
-//! Every check lists the running containers and, for each whose log file has reached
+//! Every check takes the running containers and, for each whose log file has reached
 //! `containerLogMaxSize`:
 //!
 //! 1. renames the log to `<log>.<YYYYMMDD-hhmmss>` and asks the runtime to reopen it
@@ -24,6 +24,14 @@
 //! ([`LogRotator::with_log_links`]), or, without one, from `log_path` of the runtime's status.
 //! Deliberate difference: the kubelet asks every running container's status on every check
 //! (every 10 s); on containerd that was a tenth of a pod start's CRI calls.
+//!
+//! Where the running containers come from: [`LogRotator::rotate_all`] lists them from the
+//! runtime, as the kubelet does on every check; [`LogRotator::rotate`] takes them from the
+//! caller. The [`GcPlugin`](crate::GcPlugin) passes the running containers of the agent's pod
+//! statuses ([`running_containers`]), read again only when a status changed. Deliberate
+//! difference: listing every running container from the runtime every 10 s was a third of an
+//! idle agent's CPU time at 1,000 pods; a container the agent does not know (created behind its
+//! back) is not rotated, and the agent's housekeeping stops it.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -48,17 +56,97 @@ pub struct RotationOutcome {
     pub recreated: Vec<(InvolvedObject, PathBuf)>,
 }
 
-/// The container a runtime's labels name, as an event's object (`spec.containers{name}` of
-/// its pod).
-fn involved_container(labels: &kubelet_api::runtime::Labels) -> InvolvedObject {
-    use kubelet_api::runtime::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
-    let get = |k: &str| labels.get(k).map(String::as_str).unwrap_or_default();
-    InvolvedObject::pod_container(
-        get(POD_NAMESPACE),
-        get(POD_NAME),
-        get(POD_UID),
-        get(CONTAINER_NAME),
-    )
+/// A running container whose log a check looks at: its runtime ID and the pod container it
+/// runs (which names its log link and the events about it).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunningContainer {
+    /// The runtime's container ID (without a `<runtime>://` scheme).
+    pub id: String,
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub pod_name: String,
+    /// The pod's UID.
+    pub pod_uid: String,
+    /// The container's name in the pod.
+    pub container_name: String,
+}
+
+impl RunningContainer {
+    /// Container `id` of pod `namespace/pod_name` (`pod_uid`), named `container_name` there.
+    pub fn new(
+        id: impl Into<String>,
+        namespace: impl Into<String>,
+        pod_name: impl Into<String>,
+        pod_uid: impl Into<String>,
+        container_name: impl Into<String>,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            namespace: namespace.into(),
+            pod_name: pod_name.into(),
+            pod_uid: pod_uid.into(),
+            container_name: container_name.into(),
+        }
+    }
+
+    /// A runtime's container, its pod from the labels the engine sets.
+    pub fn from_runtime(c: &kubelet_api::runtime::Container) -> Self {
+        use kubelet_api::runtime::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE, POD_UID};
+        let get = |k: &str| c.labels.get(k).cloned().unwrap_or_default();
+        Self::new(
+            c.id.clone(),
+            get(POD_NAMESPACE),
+            get(POD_NAME),
+            get(POD_UID),
+            get(CONTAINER_NAME),
+        )
+    }
+
+    /// The container as an event's object (`spec.containers{name}` of its pod).
+    fn involved(&self) -> InvolvedObject {
+        InvolvedObject::pod_container(
+            self.namespace.as_str(),
+            self.pod_name.as_str(),
+            self.pod_uid.as_str(),
+            &self.container_name,
+        )
+    }
+}
+
+/// The running containers of `pods` as their statuses report them: every container, init
+/// container (a restartable one runs beside the others) and ephemeral container whose state is
+/// `running` and that has a container ID.
+pub fn running_containers(pods: &[kubelet_api::PodWithStatus]) -> Vec<RunningContainer> {
+    let mut out = Vec::new();
+    for p in pods {
+        let s = &p.status;
+        let all = s
+            .container_statuses
+            .iter()
+            .flatten()
+            .chain(s.init_container_statuses.iter().flatten())
+            .chain(s.ephemeral_container_statuses.iter().flatten());
+        for cs in all {
+            let running = cs.state.as_ref().is_some_and(|st| st.running.is_some());
+            let Some(id) = cs.container_id.as_deref().filter(|_| running) else {
+                continue;
+            };
+            let id = id.split_once("://").map_or(id, |(_, rest)| rest);
+            if id.is_empty() {
+                continue;
+            }
+            out.push(RunningContainer::new(
+                id,
+                kubelet_api::pod::namespace(&p.pod),
+                kubelet_api::pod::name(&p.pod),
+                kubelet_api::pod::uid(&p.pod),
+                cs.name.as_str(),
+            ));
+        }
+    }
+    out
 }
 
 /// The log rotator; see the [module docs](self).
@@ -188,15 +276,16 @@ impl LogRotator {
         self
     }
 
-    /// Where container `c`'s log link would be, from its labels.
-    fn link_of(&self, c: &kubelet_api::runtime::Container) -> Option<PathBuf> {
-        use kubelet_api::runtime::labels::{CONTAINER_NAME, POD_NAME, POD_NAMESPACE};
+    /// Where container `c`'s log link would be.
+    fn link_of(&self, c: &RunningContainer) -> Option<PathBuf> {
         let dir = self.links.as_ref()?;
-        let get = |k: &str| c.labels.get(k).map(String::as_str);
+        if c.pod_name.is_empty() || c.namespace.is_empty() || c.container_name.is_empty() {
+            return None;
+        }
         Some(dir.join(kubelet_api::pod::log_link_name(
-            get(POD_NAME)?,
-            get(POD_NAMESPACE)?,
-            get(CONTAINER_NAME)?,
+            &c.pod_name,
+            &c.namespace,
+            &c.container_name,
             &c.id,
         )))
     }
@@ -206,23 +295,47 @@ impl LogRotator {
         &self.policy
     }
 
-    /// One check of every running container's log.
+    /// One check of every running container's log, the running containers listed from
+    /// `runtime`.
     pub async fn rotate_all(
         &self,
         runtime: &dyn ContainerRuntime,
     ) -> Result<RotationOutcome, GcError> {
-        let mut out = RotationOutcome::default();
-        if self.policy.max_size == 0 || *self.unsupported.lock() {
-            return Ok(out);
+        if !self.enabled() {
+            return Ok(RotationOutcome::default());
         }
         let filter = ContainerFilter {
             state: Some(ContainerState::Running),
             ..Default::default()
         };
-        let running = runtime
+        let running: Vec<RunningContainer> = runtime
             .list_containers(&filter)
             .await
-            .map_err(GcError::runtime("list_containers"))?;
+            .map_err(GcError::runtime("list_containers"))?
+            .iter()
+            .map(RunningContainer::from_runtime)
+            .collect();
+        self.rotate(runtime, &running).await
+    }
+
+    /// Whether a check does anything: rotation is on (`containerLogMaxSize` above 0) and the
+    /// runtime did not say it cannot reopen logs.
+    pub fn enabled(&self) -> bool {
+        self.policy.max_size != 0 && !*self.unsupported.lock()
+    }
+
+    /// One check of the logs of `running`, the containers running now (from
+    /// [`running_containers`] of the agent's pod statuses, for example); reopens go to
+    /// `runtime`.
+    pub async fn rotate(
+        &self,
+        runtime: &dyn ContainerRuntime,
+        running: &[RunningContainer],
+    ) -> Result<RotationOutcome, GcError> {
+        let mut out = RotationOutcome::default();
+        if !self.enabled() {
+            return Ok(out);
+        }
         {
             let ids: std::collections::HashSet<&str> =
                 running.iter().map(|c| c.id.as_str()).collect();
@@ -232,15 +345,14 @@ impl LogRotator {
         }
         // Each container's log path: known from an earlier check, else read from the log link
         // the engine made for it (no runtime call), else from the runtime's status.
-        let mut logs: Vec<(kubelet_api::runtime::Container, Option<PathBuf>)> =
-            Vec::with_capacity(running.len());
+        let mut logs: Vec<(&RunningContainer, Option<PathBuf>)> = Vec::with_capacity(running.len());
         let mut links = Vec::new();
         {
             let known = self.log_paths.lock();
             for c in running {
                 let log = known.get(&c.id).cloned();
                 if log.is_none()
-                    && let Some(link) = self.link_of(&c)
+                    && let Some(link) = self.link_of(c)
                 {
                     links.push((logs.len(), link));
                 }
@@ -298,7 +410,7 @@ impl LogRotator {
             if size.is_some_and(|size| size < self.policy.max_size) {
                 continue;
             }
-            if let Err(e) = self.check(runtime, &c, &log, &mut out).await {
+            if let Err(e) = self.check(runtime, c, &log, &mut out).await {
                 // One container's log must not keep the others from being rotated.
                 tracing::warn!(container = %c.id, path = %log.display(), error = %e, "rotating a container log failed");
             }
@@ -312,7 +424,7 @@ impl LogRotator {
     async fn check(
         &self,
         runtime: &dyn ContainerRuntime,
-        container: &kubelet_api::runtime::Container,
+        container: &RunningContainer,
         log: &Path,
         out: &mut RotationOutcome,
     ) -> Result<(), GcError> {
@@ -331,7 +443,7 @@ impl LogRotator {
                         .await
                         .map_err(log_err("creating", dir))?;
                     out.recreated
-                        .push((involved_container(&container.labels), dir.to_path_buf()));
+                        .push((container.involved(), dir.to_path_buf()));
                 }
                 self.reopen(runtime, id).await?;
                 match tokio::fs::metadata(log).await {
@@ -414,7 +526,7 @@ impl LogRotator {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::field_reassign_with_default)]
 mod tests {
     use super::*;
 
@@ -429,6 +541,57 @@ mod tests {
             .collect();
         v.sort();
         v
+    }
+
+    #[test]
+    fn the_running_containers_of_pod_statuses_are_those_running_with_an_id() {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateTerminated, ContainerStatus, Pod,
+            PodStatus,
+        };
+        let status = |name: &str, id: Option<&str>, running: bool| {
+            let mut cs = ContainerStatus::default();
+            cs.name = name.into();
+            cs.container_id = id.map(str::to_string);
+            cs.state = Some(if running {
+                ContainerState {
+                    running: Some(ContainerStateRunning::default()),
+                    ..Default::default()
+                }
+            } else {
+                ContainerState {
+                    terminated: Some(ContainerStateTerminated::default()),
+                    ..Default::default()
+                }
+            });
+            cs
+        };
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("web".into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.uid = Some("u1".into());
+        let mut s = PodStatus::default();
+        s.container_statuses = Some(vec![
+            status("app", Some("containerd://c1"), true),
+            status("done", Some("containerd://c2"), false),
+            status("starting", None, true),
+        ]);
+        s.init_container_statuses = Some(vec![status("sidecar", Some("c3"), true)]);
+        s.ephemeral_container_statuses = Some(vec![status("debug", Some("process://c4"), true)]);
+        let pods = [kubelet_api::PodWithStatus {
+            pod: std::sync::Arc::new(pod),
+            status: std::sync::Arc::new(s),
+        }];
+        let got = running_containers(&pods);
+        assert_eq!(
+            got,
+            [
+                RunningContainer::new("c1", "ns", "web", "u1", "app"),
+                RunningContainer::new("c3", "ns", "web", "u1", "sidecar"),
+                RunningContainer::new("c4", "ns", "web", "u1", "debug"),
+            ]
+        );
+        assert_eq!(got[0].involved().field_path, "spec.containers{app}");
     }
 
     #[test]

@@ -105,7 +105,8 @@ impl Shared {
 
 /// Disk hygiene as an agent plugin: image garbage collection every 5 minutes, container
 /// garbage collection every minute and log rotation every 10 seconds (see the crate docs),
-/// with the agent's runtime. Provides the [`NodeReclaimer`] service that eviction runs before
+/// with the agent's runtime. The log rotation checks the running containers of the agent's
+/// pod statuses (see [`logs`](crate::logs)). Provides the [`NodeReclaimer`] service that eviction runs before
 /// it evicts a pod for disk pressure. Image usage comes from the agent's
 /// [`StatsService`] (the image filesystem's capacity and free space); without one, only
 /// `imageMaximumGCAge` removes images.
@@ -280,6 +281,10 @@ impl AgentPlugin for GcPlugin {
                 failed_before: false,
             },
         );
+        // The running containers whose logs are checked, from the pod statuses as of a count of
+        // the status store's changes: read again only when a status changed.
+        let mut log_containers: (Option<u64>, Vec<crate::logs::RunningContainer>) =
+            (None, Vec::new());
         // The first image collection waits one period, as the kubelet's (stats need a start).
         image_tick.tick().await;
         loop {
@@ -302,8 +307,16 @@ impl AgentPlugin for GcPlugin {
                     container_failures.report(&recorder, &node, "ContainerGCFailed", r.map(|_| ()).map_err(|e| e.to_string()));
                 }
                 _ = image_list_tick.tick() => shared.refresh_node_images(running).await,
-                _ = log_tick.tick() => {
-                    match shared.logs.rotate_all(running.runtime.as_ref()).await {
+                _ = log_tick.tick(), if shared.logs.enabled() => {
+                    let statuses = running.handle.statuses();
+                    let changes = statuses.changes();
+                    if log_containers.0 != Some(changes) {
+                        log_containers = (
+                            Some(changes),
+                            crate::logs::running_containers(&statuses.list()),
+                        );
+                    }
+                    match shared.logs.rotate(running.runtime.as_ref(), &log_containers.1).await {
                         Ok(outcome) => {
                             for (container, dir) in outcome.recreated {
                                 recorder.warning(

@@ -648,3 +648,104 @@ async fn the_running_plugin_reports_the_nodes_images_and_reclaims() {
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// The status of pod `uid` (`default/pod-<uid>`) with container `name` running as runtime
+/// container `id`.
+fn running_status(uid: &str, name: &str, id: &str) -> (Arc<Pod>, Arc<PodStatus>) {
+    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus};
+    let mut p = Pod::default();
+    p.metadata.uid = Some(uid.to_string());
+    p.metadata.name = Some(format!("pod-{uid}"));
+    p.metadata.namespace = Some("default".into());
+    let mut cs = ContainerStatus::default();
+    cs.name = name.into();
+    cs.container_id = Some(format!("fake://{id}"));
+    cs.state = Some(ContainerState {
+        running: Some(ContainerStateRunning::default()),
+        ..Default::default()
+    });
+    let mut s = PodStatus::default();
+    s.container_statuses = Some(vec![cs]);
+    (Arc::new(p), Arc::new(s))
+}
+
+/// In an agent, the log rotation checks the running containers of the pod statuses: a
+/// container only the runtime knows is left alone, and a container whose status appears later
+/// is checked from then on (the statuses are read again when one changes).
+#[tokio::test]
+async fn the_running_plugin_rotates_the_logs_of_the_containers_the_pod_statuses_report() {
+    use kubelet_api::AgentPlugin;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dirs(tmp.path());
+    let fake = Arc::new(FakeRuntime::new());
+    let (_, reported) = instances(&fake, &d.pod_log_dir, "p1", "app", 1, true).await;
+    let (_, unreported) = instances(&fake, &d.pod_log_dir, "p2", "app", 1, true).await;
+    let log_of = |id: &str| {
+        let fake = fake.clone();
+        let id = id.to_string();
+        async move { fake.container_status(&id).await.unwrap().log_path }
+    };
+    let (log1, log2) = (log_of(&reported[0]).await, log_of(&unreported[0]).await);
+    std::fs::write(&log1, vec![b'x'; 2048]).unwrap();
+    std::fs::write(&log2, vec![b'x'; 2048]).unwrap();
+    let rotated = |log: &Path| {
+        let name = format!("{}.", log.file_name().unwrap().to_str().unwrap());
+        std::fs::read_dir(log.parent().unwrap())
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_str()
+                    .unwrap()
+                    .starts_with(&name)
+            })
+            .count()
+    };
+
+    let agent = Agent::new(&[], true);
+    let (pod, status) = running_status("p1", "app", &reported[0]);
+    agent.statuses.put(pod, status);
+    let mut config = GcConfig::new();
+    config.logs.max_size = 1024;
+    config.logs.monitor_interval = Duration::from_millis(20);
+    let plugin = Arc::new(GcPlugin::new(config).unwrap());
+    let runtime: Arc<dyn ContainerRuntime> = fake.clone();
+    let ctx = kubelet_api::PluginContext::new(
+        "node-1",
+        d.clone(),
+        runtime,
+        kubelet_api::EventRecorder::channel(16).0,
+        agent.clone(),
+        kubelet_api::NodeConditionReader::default(),
+        Arc::default(),
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
+        async move { plugin.run(ctx, shutdown).await }
+    });
+    let wait_rotated = |log: PathBuf| async move {
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while rotated(&log) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{} not rotated",
+                log.display()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    wait_rotated(log1.clone()).await;
+    // Several more checks: the container no status reports stays as it is.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(rotated(&log2), 0, "a container only the runtime knows");
+    assert_eq!(std::fs::metadata(&log2).unwrap().len(), 2048);
+
+    let (pod, status) = running_status("p2", "app", &unreported[0]);
+    agent.statuses.put(pod, status);
+    wait_rotated(log2.clone()).await;
+    assert_eq!(rotated(&log1), 1, "rotated once: its new log is small");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
