@@ -336,13 +336,6 @@ impl LogRotator {
         if !self.enabled() {
             return Ok(out);
         }
-        {
-            let ids: std::collections::HashSet<&str> =
-                running.iter().map(|c| c.id.as_str()).collect();
-            self.log_paths
-                .lock()
-                .retain(|id, _| ids.contains(id.as_str()));
-        }
         // Each container's log path: known from an earlier check, else read from the log link
         // the engine made for it (no runtime call), else from the runtime's status.
         let mut logs: Vec<(&RunningContainer, Option<PathBuf>)> = Vec::with_capacity(running.len());
@@ -385,6 +378,8 @@ impl LogRotator {
         .await
         .unwrap_or_default();
         let mut checked = Vec::with_capacity(logs.len());
+        // How many of `running` have a known path after this loop.
+        let mut kept = 0;
         for (i, (c, known)) in logs.into_iter().enumerate() {
             let log = match (known, paths.get(i).cloned().flatten()) {
                 (Some(log), _) => log,
@@ -402,8 +397,20 @@ impl LogRotator {
                     status.log_path
                 }
             };
+            kept += 1;
             if !log.as_os_str().is_empty() {
                 checked.push((c, log, sizes.get(i).copied().flatten()));
+            }
+        }
+        // Forget the paths of containers no longer running: every running container whose
+        // path is known was counted, so any more known paths are of stopped ones (the set of
+        // running IDs is built only then, not on every check).
+        {
+            let mut known = self.log_paths.lock();
+            if known.len() > kept {
+                let ids: std::collections::HashSet<&str> =
+                    running.iter().map(|c| c.id.as_str()).collect();
+                known.retain(|id, _| ids.contains(id.as_str()));
             }
         }
         for (c, log, size) in checked {
@@ -592,6 +599,37 @@ mod tests {
             ]
         );
         assert_eq!(got[0].involved().field_path, "spec.containers{app}");
+    }
+
+    #[tokio::test]
+    async fn the_paths_of_containers_no_longer_running_are_forgotten() {
+        let dir = tempfile::tempdir().unwrap();
+        let links = dir.path().join("links");
+        std::fs::create_dir(&links).unwrap();
+        let c = |id: &str| RunningContainer::new(id, "ns", "web", "u1", id);
+        for id in ["a", "b", "x"] {
+            let log = dir.path().join(format!("{id}.log"));
+            touch(&log, "small\n");
+            std::os::unix::fs::symlink(
+                &log,
+                links.join(kubelet_api::pod::log_link_name("web", "ns", id, id)),
+            )
+            .unwrap();
+        }
+        let rt = kubelet_core::testing::FakeRuntime::new();
+        let rotator = LogRotator::new(LogRotationPolicy::default()).with_log_links(Some(links));
+        let known = |r: &LogRotator| {
+            let mut v: Vec<String> = r.log_paths.lock().keys().cloned().collect();
+            v.sort();
+            v
+        };
+        rotator.rotate(&rt, &[c("a"), c("b")]).await.unwrap();
+        assert_eq!(known(&rotator), ["a", "b"]);
+        rotator.rotate(&rt, &[c("b"), c("x")]).await.unwrap();
+        assert_eq!(known(&rotator), ["b", "x"]);
+        // `missing` has neither a link nor a runtime status: nothing known, nothing kept.
+        rotator.rotate(&rt, &[c("x"), c("missing")]).await.unwrap();
+        assert_eq!(known(&rotator), ["x"]);
     }
 
     #[test]

@@ -749,3 +749,67 @@ async fn the_running_plugin_rotates_the_logs_of_the_containers_the_pod_statuses_
     shutdown.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// A periodic run after one that found nothing is skipped while no pod status changed, but
+/// for one run in `FULL_RUN_EVERY`; a status change or a reclaim (`all`) runs at once.
+#[tokio::test]
+async fn periodic_runs_after_a_run_that_found_nothing_wait_for_a_status_change_or_the_full_run() {
+    use kubelet_gc::containers::FULL_RUN_EVERY;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = dirs(tmp.path());
+    let rt = FakeRuntime::new();
+    instances(&rt, &d.pod_log_dir, "p1", "app", 1, true).await;
+    let listings = |rt: &FakeRuntime| {
+        rt.calls()
+            .iter()
+            .filter(|c| c.starts_with("list_containers"))
+            .count()
+    };
+    let gc = ContainerGc::new(no_grace(), d.clone(), None);
+    let agent = Agent::new(&["p1"], true);
+    let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+    assert!(out.containers.is_empty(), "{out:?}");
+
+    // Dead instances behind the statuses' back: not seen while nothing changed.
+    let (_, dead) = instances(&rt, &d.pod_log_dir, "p1", "app", 3, false).await;
+    let before = listings(&rt);
+    let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+    assert!(out.containers.is_empty());
+    assert_eq!(listings(&rt), before, "skipped: no listing");
+
+    // A status change: the next run looks, and removes all but the newest dead instance.
+    let (pod, status) = running_status("p1", "app", "whatever");
+    agent.statuses.put(pod, status);
+    let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+    let mut removed = out.containers.clone();
+    removed.sort();
+    let mut want = vec![dead[0].clone(), dead[1].clone()];
+    want.sort();
+    assert_eq!(removed, want);
+
+    // That run found something: the next one runs too, finds nothing, and the following ones
+    // are skipped until the full run.
+    let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+    assert!(
+        out.containers.is_empty() && out.sandboxes.is_empty(),
+        "{out:?}"
+    );
+    let (_, later) = instances(&rt, &d.pod_log_dir, "p1", "app", 2, false).await;
+    let before = listings(&rt);
+    for _ in 1..FULL_RUN_EVERY {
+        let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+        assert!(out.containers.is_empty());
+    }
+    assert_eq!(listings(&rt), before, "skipped until the full run");
+    let out = gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+    assert!(
+        out.containers.contains(&later[0]),
+        "the full run collects what no status told of: {out:?}"
+    );
+
+    // A reclaim is never skipped.
+    gc.collect(&rt, agent.as_ref(), false).await.unwrap();
+    let before = listings(&rt);
+    gc.collect(&rt, agent.as_ref(), true).await.unwrap();
+    assert_eq!(listings(&rt), before + 1);
+}
