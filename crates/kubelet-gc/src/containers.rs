@@ -252,16 +252,16 @@ impl ContainerGc {
                 out.containers.push(d.id.clone());
             }
         }
-        self.collect_sandboxes(
-            runtime,
-            &containers,
-            &removed,
-            sources_ready,
-            &known,
-            &mut out,
-            &mut pending,
-        )
-        .await?;
+        pending |= self
+            .collect_sandboxes(
+                runtime,
+                &containers,
+                &removed,
+                sources_ready,
+                &known,
+                &mut out,
+            )
+            .await?;
         if sources_ready {
             self.collect_dirs(&known, &mut out, &mut pending).await;
         }
@@ -305,6 +305,7 @@ impl ContainerGc {
         true
     }
 
+    /// Dead sandboxes; true when one was found to remove.
     async fn collect_sandboxes(
         &self,
         runtime: &dyn ContainerRuntime,
@@ -313,8 +314,7 @@ impl ContainerGc {
         sources_ready: bool,
         known: &(dyn Fn(&str) -> bool + Sync),
         out: &mut ContainerGcOutcome,
-        pending: &mut bool,
-    ) -> Result<(), GcError> {
+    ) -> Result<bool, GcError> {
         let sandboxes = runtime
             .list_pod_sandboxes(&SandboxFilter::default())
             .await
@@ -324,6 +324,7 @@ impl ContainerGc {
             .filter(|c| !removed.contains(&c.id))
             .map(|c| c.pod_sandbox_id.as_str())
             .collect();
+        let mut found = false;
         let mut by_pod: BTreeMap<&str, Vec<&PodSandbox>> = BTreeMap::new();
         for s in sandboxes.iter().filter(|s| managed(&s.labels)) {
             let uid = pod_uid(&s.labels).unwrap_or(s.metadata.uid.as_str());
@@ -343,7 +344,7 @@ impl ContainerGc {
                 if active {
                     continue;
                 }
-                *pending = true;
+                found = true;
                 let _ = runtime.stop_pod_sandbox(&s.id).await;
                 match runtime.remove_pod_sandbox(&s.id).await {
                     Ok(()) => {
@@ -356,7 +357,7 @@ impl ContainerGc {
                 }
             }
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Pod log directories and pod directories of pods the agent does not know.
