@@ -387,6 +387,11 @@ const SETTLED: Duration = Duration::from_secs(1);
 #[derive(Debug, Default)]
 struct ReadCache {
     keys: HashMap<PathBuf, FileKey>,
+    /// Of each valid file read before it settled, the hash of the bytes the pod [`State`]
+    /// keeps for it was decoded from: a later read of the same bytes takes that pod instead of
+    /// decoding them again (a burst of new manifests is read once when written and, at the
+    /// first re-list after it, read again but not decoded).
+    unsettled: HashMap<PathBuf, u128>,
 }
 
 impl ReadCache {
@@ -435,6 +440,7 @@ fn list(
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             cache.keys.clear();
+            cache.unsettled.clear();
             return Listed::Changed(Listing::Missing);
         }
         Err(source) => {
@@ -480,6 +486,7 @@ fn list(
     }
     let present: HashSet<&PathBuf> = files.iter().map(|(p, _)| p).collect();
     cache.keys.retain(|p, _| present.contains(p));
+    cache.unsettled.retain(|p, _| present.contains(p));
     Listed::Changed(Listing::Files(files))
 }
 
@@ -497,22 +504,47 @@ fn read_cached(
     if let Some(pod) = cache.hit(file, meta, known) {
         return Ok(pod.clone());
     }
-    let result = manifest::load(file, node_name, options);
+    let data = match manifest::read_manifest_file(file) {
+        Ok(data) => data,
+        Err(e) => {
+            cache.keys.remove(file);
+            cache.unsettled.remove(file);
+            return Err(e.into());
+        }
+    };
+    let mut hash = manifest::Fnv128a::new();
+    hash.write(&data);
+    let hash = hash.sum();
     let settled = meta
         .modified()
         .ok()
         .and_then(|m| m.checked_add(SETTLED))
         .is_some_and(|m| m <= started);
-    if result.is_ok() && settled {
-        cache.keys.insert(file.to_path_buf(), FileKey::of(meta));
-    } else {
-        cache.keys.remove(file);
+    let same = cache.unsettled.get(file) == Some(&hash);
+    let result = match known.get(file).filter(|_| same) {
+        // The bytes the known pod was decoded from: the same pod.
+        Some(pod) => Ok(pod.clone()),
+        // Marked here, the pod the source keeps is the one the merge stores (no copy per pod).
+        None => manifest::load_data(file, &data, node_name, options).map(|mut pod| {
+            kubelet_api::mark_seen(&mut pod, sources::FILE);
+            Arc::new(pod)
+        }),
+    };
+    match (&result, settled) {
+        (Ok(_), true) => {
+            cache.keys.insert(file.to_path_buf(), FileKey::of(meta));
+            cache.unsettled.remove(file);
+        }
+        (Ok(_), false) => {
+            cache.keys.remove(file);
+            cache.unsettled.insert(file.to_path_buf(), hash);
+        }
+        (Err(_), _) => {
+            cache.keys.remove(file);
+            cache.unsettled.remove(file);
+        }
     }
-    // Marked here, the pod the source keeps is the one the merge stores (no copy per pod).
-    result.map(|mut pod| {
-        kubelet_api::mark_seen(&mut pod, sources::FILE);
-        Arc::new(pod)
-    })
+    result
 }
 
 /// The regular files of directory `path`, in lexical order, with their metadata (blocking).
@@ -925,6 +957,56 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
         });
         assert!(state.apply(failed, Trigger::Periodic).is_none());
+    }
+
+    /// A file read before it settled is read again by the next listing, but decoded again only
+    /// when its bytes changed; a rewrite of the same size at once is seen.
+    #[test]
+    fn a_file_read_before_it_settled_is_decoded_again_only_when_its_bytes_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("web.yaml");
+        let manifest = |image: &str| {
+            format!(
+                "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\nspec:\n  containers:\n  - name: app\n    image: {image}\n"
+            )
+        };
+        std::fs::write(&file, manifest("busybox")).unwrap();
+        let options = ValidationOptions::static_pod();
+        let mut cache = ReadCache::default();
+        let mut listed = |known: &BTreeMap<PathBuf, Arc<Pod>>| match list(
+            dir.path(),
+            "node",
+            &options,
+            &mut cache,
+            known,
+            true,
+        ) {
+            Listed::Changed(Listing::Files(files)) => files
+                .into_iter()
+                .map(|(p, r)| (p, r.unwrap()))
+                .collect::<BTreeMap<_, _>>(),
+            other => panic!("{other:?}"),
+        };
+        let image = |pods: &BTreeMap<PathBuf, Arc<Pod>>| {
+            pods[&dir.path().join("web.yaml")]
+                .spec
+                .as_ref()
+                .unwrap()
+                .containers[0]
+                .image
+                .clone()
+                .unwrap()
+        };
+        let first = listed(&BTreeMap::new());
+        let second = listed(&first);
+        assert!(
+            Arc::ptr_eq(&first[&file], &second[&file]),
+            "the same bytes: the same pod"
+        );
+        std::fs::write(&file, manifest("busyboy")).unwrap();
+        let third = listed(&second);
+        assert_eq!(image(&third), "busyboy");
+        assert_eq!(image(&second), "busybox");
     }
 
     #[test]

@@ -257,6 +257,11 @@ impl Fnv128a {
         }
     }
 
+    /// The hash.
+    pub fn sum(&self) -> u128 {
+        self.0
+    }
+
     /// The hash, as lowercase hex of its 16 big-endian bytes (Go's `hex.EncodeToString(h.Sum(nil))`).
     pub fn hex(&self) -> String {
         format!("{:032x}", self.0)
@@ -397,7 +402,17 @@ pub(crate) fn load(
     options: &ValidationOptions,
 ) -> Result<Pod, ManifestFailure> {
     let data = read_manifest_file(path)?;
-    let mut pod = decode_pod(path, &data)?;
+    load_data(path, &data, node_name, options)
+}
+
+/// [`load`] of the bytes `data` read from `path`.
+pub(crate) fn load_data(
+    path: &Path,
+    data: &[u8],
+    node_name: &str,
+    options: &ValidationOptions,
+) -> Result<Pod, ManifestFailure> {
+    let mut pod = decode_pod(path, data)?;
     match apply_defaults_with(&mut pod, ManifestOrigin::File(path), node_name, options) {
         Ok(()) => Ok(pod),
         Err(error) => {
