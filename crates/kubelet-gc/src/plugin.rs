@@ -281,10 +281,11 @@ impl AgentPlugin for GcPlugin {
                 failed_before: false,
             },
         );
-        // The pod statuses whose running containers' logs are checked, as of a count of the
-        // status store's changes: listed again only when a status changed. The pods are
-        // shared with the store (no copy); the containers are taken from them on each check.
-        let mut log_pods: (Option<u64>, Vec<kubelet_api::PodWithStatus>) = (None, Vec::new());
+        // The running containers whose logs are checked, from the pod statuses as of a count of
+        // the status store's changes: taken again only when a status changed (building them on
+        // every check cost as much as the checks' `stat`s).
+        let mut log_containers: (Option<u64>, Vec<crate::logs::RunningContainer>) =
+            (None, Vec::new());
         // The first image collection waits one period, as the kubelet's (stats need a start).
         image_tick.tick().await;
         loop {
@@ -310,11 +311,13 @@ impl AgentPlugin for GcPlugin {
                 _ = log_tick.tick(), if shared.logs.enabled() => {
                     let statuses = running.handle.statuses();
                     let changes = statuses.changes();
-                    if log_pods.0 != Some(changes) {
-                        log_pods = (Some(changes), statuses.list());
+                    if log_containers.0 != Some(changes) {
+                        log_containers = (
+                            Some(changes),
+                            crate::logs::running_containers(&statuses.list()),
+                        );
                     }
-                    let containers = crate::logs::running_containers(&log_pods.1);
-                    match shared.logs.rotate(running.runtime.as_ref(), &containers).await {
+                    match shared.logs.rotate(running.runtime.as_ref(), &log_containers.1).await {
                         Ok(outcome) => {
                             for (container, dir) in outcome.recreated {
                                 recorder.warning(
