@@ -134,6 +134,21 @@ fn pod(name: &str, priority: i32, request: Option<&str>, static_pod: bool) -> Po
     p
 }
 
+/// Pod `name` with an emptyDir volume `scratch` limited to 10Mi.
+fn pod_with_scratch_limit(name: &str) -> Pod {
+    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
+    let mut p = pod(name, 0, None, false);
+    p.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+        name: "scratch".into(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity("10Mi".into())),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }]);
+    p
+}
+
 fn usage(mib: u64) -> PodUsage {
     PodUsage {
         containers: vec![ContainerUsage {
@@ -540,16 +555,7 @@ async fn disk_pressure_runs_node_level_reclaim_before_evicting() {
 
 #[tokio::test(start_paused = true)]
 async fn pods_over_their_local_storage_limits_are_evicted_before_thresholds_are_considered() {
-    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
-    let mut over = pod("over", 0, None, false);
-    over.spec.as_mut().unwrap().volumes = Some(vec![Volume {
-        name: "scratch".into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity("10Mi".into())),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }]);
+    let over = pod_with_scratch_limit("over");
     let mut s = setup(
         config("memory.available<100Mi", "", ""),
         vec![over, pod("hog", 0, None, false)],
@@ -593,7 +599,6 @@ async fn pods_over_their_local_storage_limits_are_evicted_before_thresholds_are_
 /// is measured and evicted at the next round.
 #[tokio::test(start_paused = true)]
 async fn rounds_without_local_storage_limits_list_the_pods_again_only_after_a_change() {
-    use k8s_openapi::api::core::v1::{EmptyDirVolumeSource, Volume};
     use std::sync::atomic::Ordering;
     let stats = Arc::new(Scripted::default());
     stats.set(Signal::MemoryAvailable, 900 * MI, 1000 * MI);
@@ -618,15 +623,7 @@ async fn rounds_without_local_storage_limits_list_the_pods_again_only_after_a_ch
         "listed once for three rounds without a change"
     );
 
-    let mut over = pod("over", 0, None, false);
-    over.spec.as_mut().unwrap().volumes = Some(vec![Volume {
-        name: "scratch".into(),
-        empty_dir: Some(EmptyDirVolumeSource {
-            size_limit: Some(Quantity("10Mi".into())),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }]);
+    let over = pod_with_scratch_limit("over");
     let mut u = usage(10);
     u.volumes.insert("scratch".into(), 20 << 20);
     stats.usage.lock().insert("over".into(), u);

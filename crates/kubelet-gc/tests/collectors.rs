@@ -597,6 +597,35 @@ async fn the_plugin_checks_its_configuration_and_reclaims_only_while_running() {
     assert_eq!(err.kind(), kubelet_api::ErrorKind::Unavailable);
 }
 
+/// Runs `plugin` on node `node-1` with `runtime` and `agent`; cancel the token to stop it.
+fn run_plugin(
+    plugin: &Arc<GcPlugin>,
+    dirs: AgentDirs,
+    runtime: Arc<FakeRuntime>,
+    agent: Arc<Agent>,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<kubelet_api::Result<()>>,
+) {
+    use kubelet_api::AgentPlugin;
+    let runtime: Arc<dyn ContainerRuntime> = runtime;
+    let ctx = kubelet_api::PluginContext::new(
+        "node-1",
+        dirs,
+        runtime,
+        kubelet_api::EventRecorder::channel(16).0,
+        agent,
+        kubelet_api::NodeConditionReader::default(),
+        Arc::default(),
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn({
+        let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
+        async move { plugin.run(ctx, shutdown).await }
+    });
+    (shutdown, task)
+}
+
 #[tokio::test]
 async fn the_running_plugin_reports_the_nodes_images_and_reclaims() {
     use kubelet_api::AgentPlugin;
@@ -611,21 +640,12 @@ async fn the_running_plugin_reports_the_nodes_images_and_reclaims() {
         None,
         "nothing listed before it runs"
     );
-    let runtime: Arc<dyn ContainerRuntime> = fake.clone();
-    let ctx = kubelet_api::PluginContext::new(
-        "node-1",
+    let (shutdown, task) = run_plugin(
+        &plugin,
         dirs(tmp.path()),
-        runtime,
-        kubelet_api::EventRecorder::channel(16).0,
+        fake.clone(),
         Agent::new(&[], true),
-        kubelet_api::NodeConditionReader::default(),
-        Arc::default(),
     );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn({
-        let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
-        async move { plugin.run(ctx, shutdown).await }
-    });
     let listed = loop {
         if let Some(images) = plugin.node_resources().images {
             break images;
@@ -674,7 +694,6 @@ fn running_status(uid: &str, name: &str, id: &str) -> (Arc<Pod>, Arc<PodStatus>)
 /// is checked from then on (the statuses are read again when one changes).
 #[tokio::test]
 async fn the_running_plugin_rotates_the_logs_of_the_containers_the_pod_statuses_report() {
-    use kubelet_api::AgentPlugin;
     let tmp = tempfile::tempdir().unwrap();
     let d = dirs(tmp.path());
     let fake = Arc::new(FakeRuntime::new());
@@ -710,21 +729,7 @@ async fn the_running_plugin_rotates_the_logs_of_the_containers_the_pod_statuses_
     config.logs.max_size = 1024;
     config.logs.monitor_interval = Duration::from_millis(20);
     let plugin = Arc::new(GcPlugin::new(config).unwrap());
-    let runtime: Arc<dyn ContainerRuntime> = fake.clone();
-    let ctx = kubelet_api::PluginContext::new(
-        "node-1",
-        d.clone(),
-        runtime,
-        kubelet_api::EventRecorder::channel(16).0,
-        agent.clone(),
-        kubelet_api::NodeConditionReader::default(),
-        Arc::default(),
-    );
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let task = tokio::spawn({
-        let (plugin, shutdown) = (plugin.clone(), shutdown.clone());
-        async move { plugin.run(ctx, shutdown).await }
-    });
+    let (shutdown, task) = run_plugin(&plugin, d.clone(), fake.clone(), agent.clone());
     let wait_rotated = |log: PathBuf| async move {
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
         while rotated(&log) == 0 {
