@@ -200,8 +200,9 @@ impl ContainerGc {
                 _ => *quiet = None,
             }
         }
-        // Whether this run met something it may act on later: a dead container younger than
-        // `minAge`, a directory of an unknown pod inside its grace period.
+        // Whether this run met something to remove (removed or not) or to look at again later:
+        // a dead container younger than `minAge`, a directory of an unknown pod inside its
+        // grace period. Only a run that met nothing lets the next ones be skipped.
         let mut pending = false;
         let known = |uid: &str| statuses.get(uid).is_some();
         let finished = |uid: &str| {
