@@ -880,6 +880,12 @@ pub struct ContainerFilter {
     pub label_selector: Labels,
 }
 
+/// The ID part of a pod status's `<runtime>://<id>` container ID (the whole string if it has
+/// no scheme), as the runtime knows the container.
+pub fn strip_container_id(id: &str) -> &str {
+    id.split_once("://").map_or(id, |(_, rest)| rest)
+}
+
 /// True when `labels` contains every pair of `selector`.
 pub fn labels_match(labels: &Labels, selector: &Labels) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))

@@ -71,7 +71,7 @@ impl PodControl for Arc<dyn AgentHandle> {
                         let id = cs.container_id.as_deref()?;
                         Some((
                             cs.name.clone(),
-                            kubelet_core::status_gen::strip_container_id(id).to_string(),
+                            kubelet_api::runtime::strip_container_id(id).to_string(),
                         ))
                     })
                     .collect();

@@ -133,7 +133,7 @@ pub fn running_containers(pods: &[kubelet_api::PodWithStatus]) -> Vec<RunningCon
             let Some(id) = cs.container_id.as_deref().filter(|_| running) else {
                 continue;
             };
-            let id = id.split_once("://").map_or(id, |(_, rest)| rest);
+            let id = kubelet_api::runtime::strip_container_id(id);
             if id.is_empty() {
                 continue;
             }

@@ -516,15 +516,18 @@ fn read_cached(
             return Err(e.into());
         }
     };
-    let mut hash = manifest::Fnv128a::new();
-    hash.write(&data);
-    let hash = hash.sum();
     let settled = meta
         .modified()
         .ok()
         .and_then(|m| m.checked_add(SETTLED))
         .is_some_and(|m| m <= started);
-    let same = cache.unsettled.get(file) == Some(&hash);
+    // Hashed only when it is kept (the file has not settled) or compared (a hash is kept).
+    let hash = (!settled || cache.unsettled.contains_key(file)).then(|| {
+        let mut hash = manifest::Fnv128a::new();
+        hash.write(&data);
+        hash.sum()
+    });
+    let same = hash.is_some() && cache.unsettled.get(file) == hash.as_ref();
     let result = match known.get(file).filter(|_| same) {
         // The bytes the known pod was decoded from: the same pod.
         Some(pod) => Ok(pod.clone()),
@@ -541,7 +544,9 @@ fn read_cached(
         }
         (Ok(_), false) => {
             cache.keys.remove(file);
-            cache.unsettled.insert(file.to_path_buf(), hash);
+            if let Some(hash) = hash {
+                cache.unsettled.insert(file.to_path_buf(), hash);
+            }
         }
         (Err(_), _) => {
             cache.keys.remove(file);

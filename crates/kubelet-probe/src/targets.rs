@@ -13,7 +13,7 @@ use async_trait::async_trait;
 use kubelet_api::ContainerRuntime;
 use kubelet_api::StatusReader;
 use kubelet_api::runtime::ExecResult;
-use kubelet_core::status_gen::strip_container_id;
+use kubelet_api::runtime::strip_container_id;
 use parking_lot::RwLock;
 use tokio::time::Instant;
 

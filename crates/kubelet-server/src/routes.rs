@@ -14,10 +14,10 @@ use hyper::body::Frame;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use kubelet_api::AgentHandle;
 use kubelet_api::runtime::ContainerState;
+use kubelet_api::runtime::strip_container_id;
 use kubelet_api::{ContainerRuntime, PlegHealth};
 use kubelet_core::k8s_openapi;
 use kubelet_core::prometheus_client;
-use kubelet_core::status_gen::strip_container_id;
 use tokio::sync::mpsc;
 
 use crate::logs::{LogCursor, LogOptions, QueryError, ReadOptions};

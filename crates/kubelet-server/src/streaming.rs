@@ -22,13 +22,13 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
+use kubelet_api::runtime::strip_container_id;
 use kubelet_api::runtime::{SandboxFilter, SandboxState, labels};
 use kubelet_api::{
     ErrorKind, ExecSession, PortDialer, PortForwardEndpoint, StreamEndpoint, StreamOptions,
     TerminalSize,
 };
 use kubelet_core::k8s_openapi;
-use kubelet_core::status_gen::strip_container_id;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio_util::io::ReaderStream;

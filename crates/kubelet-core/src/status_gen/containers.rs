@@ -24,10 +24,7 @@ pub fn container_id(runtime_name: &str, id: &str) -> String {
     format!("{runtime_name}://{id}")
 }
 
-/// The id part of a `<runtime>://<id>` container ID (the whole string if it has no scheme).
-pub fn strip_container_id(id: &str) -> &str {
-    id.split_once("://").map_or(id, |(_, rest)| rest)
-}
+pub use kubelet_api::runtime::strip_container_id;
 
 /// Restart count of a runtime container instance: the `io.kubernetes.container.restartCount`
 /// annotation, else the attempt number.
