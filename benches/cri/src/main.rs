@@ -80,6 +80,94 @@ struct Flags {
     /// With `--events`: then stop this many running containers at once and measure their events.
     #[arg(long, default_value_t = 50)]
     burst: usize,
+    /// After each agent teardown, print the agent's runtime calls made during it by operation:
+    /// how many, when the last one returned, their median and longest time in the runtime.
+    #[arg(long)]
+    timeline: bool,
+}
+
+/// Every runtime call the agent makes (innermost layer, so the times are the runtime's):
+/// operation, start and end since `epoch`, success.
+#[derive(Clone)]
+struct Timeline {
+    epoch: Instant,
+    calls: Arc<std::sync::Mutex<Vec<TimedCall>>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TimedCall {
+    operation: &'static str,
+    start: Duration,
+    end: Duration,
+    ok: bool,
+}
+
+impl Timeline {
+    fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+            calls: Arc::default(),
+        }
+    }
+
+    /// The calls started at or after `from` (since the epoch).
+    fn since(&self, from: Duration) -> Vec<TimedCall> {
+        let calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+        calls.iter().filter(|c| c.start >= from).copied().collect()
+    }
+
+    /// One line per operation of `calls`: count (failures), last end after `from`, median and
+    /// longest duration.
+    fn print(calls: &[TimedCall], from: Duration) {
+        let mut ops: Vec<&'static str> = calls.iter().map(|c| c.operation).collect();
+        ops.sort_unstable();
+        ops.dedup();
+        for op in ops {
+            let mut d: Vec<Duration> = calls
+                .iter()
+                .filter(|c| c.operation == op)
+                .map(|c| c.end - c.start)
+                .collect();
+            d.sort_unstable();
+            let failed = calls.iter().filter(|c| c.operation == op && !c.ok).count();
+            let last = calls
+                .iter()
+                .filter(|c| c.operation == op)
+                .map(|c| c.end)
+                .max()
+                .unwrap_or(from);
+            println!(
+                "    {op:<20} {:>5} calls ({failed} failed), last returned at {:>6.0} ms, \
+                 median {:>6.1} ms, longest {:>6.1} ms",
+                d.len(),
+                bench_support::ms(last.saturating_sub(from)),
+                bench_support::ms(bench_support::percentile(&d, 0.5)),
+                bench_support::ms(d.last().copied().unwrap_or_default()),
+            );
+        }
+    }
+}
+
+impl kubelet_core::layer::Interceptor for Timeline {
+    fn intercept<'a, T: Send + 'a>(
+        &'a self,
+        call: kubelet_core::layer::Call,
+        fut: futures::future::BoxFuture<'a, kubelet_api::Result<T>>,
+    ) -> futures::future::BoxFuture<'a, kubelet_api::Result<T>> {
+        Box::pin(async move {
+            let start = self.epoch.elapsed();
+            let r = fut.await;
+            let end = self.epoch.elapsed();
+            let mut calls = self.calls.lock().unwrap_or_else(|e| e.into_inner());
+            calls.push(TimedCall {
+                operation: call.operation,
+                start,
+                end,
+                ok: r.is_ok(),
+            });
+            r
+        })
+    }
 }
 
 /// The private containerd.
@@ -326,10 +414,15 @@ async fn through_agent(
     round: usize,
     pleg: PlegKind,
     stage_limit: usize,
+    print_timeline: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-    let runtime: Arc<dyn ContainerRuntime> = rt.clone();
+    let timeline = Timeline::new();
+    let runtime: Arc<dyn ContainerRuntime> = Arc::new(kubelet_core::layer::Intercepted::new(
+        rt.clone(),
+        timeline.clone(),
+    ));
     let (pleg, pleg_events) = new_pleg(pleg, runtime.clone());
     let runtime = if stage_limit > 0 {
         kubelet_core::layer::RuntimeLayer::layer(
@@ -384,6 +477,7 @@ async fn through_agent(
     // Teardown: the pods leave the source; until the runtime shows none of their containers
     // running and none of their sandboxes ready.
     let teardown = Instant::now();
+    let teardown_from = timeline.epoch.elapsed();
     later_tx.send(Vec::new())?;
     let deadline = teardown + Duration::from_secs(300);
     let bench = |labels: &kubelet_api::runtime::Labels| {
@@ -422,6 +516,13 @@ async fn through_agent(
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let teardown = teardown.elapsed();
+    if print_timeline {
+        println!(
+            "  agent teardown {:.0} ms; its runtime calls meanwhile:",
+            bench_support::ms(teardown)
+        );
+        Timeline::print(&timeline.since(teardown_from), teardown_from);
+    }
     shutdown.cancel();
     let _ = task.await;
     remove_all(rt).await?;
@@ -796,7 +897,16 @@ async fn main() -> anyhow::Result<()> {
             floors[w].push(d);
             floor_stops[w].push(stop);
         }
-        let (a, stop) = through_agent(&rt, &env, flags.pods, round, pleg, stage_limit).await?;
+        let (a, stop) = through_agent(
+            &rt,
+            &env,
+            flags.pods,
+            round,
+            pleg,
+            stage_limit,
+            flags.timeline,
+        )
+        .await?;
         println!(
             "{line} agent ({pleg:?} PLEG) {:>6.0} ms (teardown {:>5.0} ms)",
             a.as_secs_f64() * 1e3,
