@@ -84,6 +84,58 @@ struct Flags {
     /// how many, when the last one returned, their median and longest time in the runtime.
     #[arg(long)]
     timeline: bool,
+    /// Experiment: the agent's removals wait while any of its stops is in flight.
+    #[arg(long)]
+    removals_after_stops: bool,
+}
+
+/// Removals wait while a stop is in flight.
+#[derive(Clone, Default)]
+struct RemovalsAfterStops {
+    stops: Arc<std::sync::atomic::AtomicUsize>,
+    quiet: Arc<tokio::sync::Notify>,
+}
+
+struct StopInFlight(RemovalsAfterStops);
+
+impl Drop for StopInFlight {
+    fn drop(&mut self) {
+        if self.0.stops.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            self.0.quiet.notify_waiters();
+        }
+    }
+}
+
+impl kubelet_core::layer::Interceptor for RemovalsAfterStops {
+    fn intercept<'a, T: Send + 'a>(
+        &'a self,
+        call: kubelet_core::layer::Call,
+        fut: futures::future::BoxFuture<'a, kubelet_api::Result<T>>,
+    ) -> futures::future::BoxFuture<'a, kubelet_api::Result<T>> {
+        use std::sync::atomic::Ordering;
+        match call.operation {
+            "stop_container" | "stop_podsandbox" => {
+                self.stops.fetch_add(1, Ordering::SeqCst);
+                let guard = StopInFlight(self.clone());
+                Box::pin(async move {
+                    let r = fut.await;
+                    drop(guard);
+                    r
+                })
+            }
+            "remove_container" | "remove_podsandbox" => Box::pin(async move {
+                loop {
+                    let quiet = self.quiet.notified();
+                    if self.stops.load(Ordering::SeqCst) == 0 {
+                        break;
+                    }
+                    quiet.await;
+                }
+                fut.await
+            }),
+            _ => fut,
+        }
+    }
 }
 
 /// Every runtime call the agent makes (innermost layer, so the times are the runtime's):
@@ -415,6 +467,7 @@ async fn through_agent(
     pleg: PlegKind,
     stage_limit: usize,
     print_timeline: bool,
+    removals_after_stops: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
@@ -424,6 +477,14 @@ async fn through_agent(
         timeline.clone(),
     ));
     let (pleg, pleg_events) = new_pleg(pleg, runtime.clone());
+    let runtime: Arc<dyn ContainerRuntime> = if removals_after_stops {
+        Arc::new(kubelet_core::layer::Intercepted::new(
+            runtime,
+            RemovalsAfterStops::default(),
+        ))
+    } else {
+        runtime
+    };
     let runtime = if stage_limit > 0 {
         kubelet_core::layer::RuntimeLayer::layer(
             &kubelet_core::layer::StageLimits::new(stage_limit),
@@ -905,6 +966,7 @@ async fn main() -> anyhow::Result<()> {
             pleg,
             stage_limit,
             flags.timeline,
+            flags.removals_after_stops,
         )
         .await?;
         println!(
