@@ -20,9 +20,18 @@
 //!    arrival (delivery; on containerd 1.6 the exit is yielded as soon as its `TaskExit` arrives,
 //!    with an exit hint, and again once CRI has recorded it: the first one is timed).
 //!
+//! Diagnostics of the agent's teardown: `--timeline` prints the agent's runtime calls made
+//! during it by operation (count, last return, median and longest time in the runtime);
+//! `--poll-ms` sets how often the teardown looks at the runtime for what is still running
+//! (10 ms), `--observe-floor` runs the same look during the direct teardown, so both carry its
+//! load. Two experiments change the agent inside the harness only: `--stop-limit N` bounds its
+//! `StopContainer` and `StopPodSandbox` calls to N of each at a time, `--removals-after-stops`
+//! makes its removals wait while any of its stops is in flight.
+//!
 //! ```text
 //! cargo run --release -p cri-bench -- --pods 30 --rounds 3
 //! cargo run --release -p cri-bench -- --events 300
+//! cargo run --release -p cri-bench -- --pods 250 --rounds 2 --widths 4 --relist-sizes 30 --timeline
 //! ```
 
 use kubelet_api::AgentHandle;
@@ -87,6 +96,42 @@ struct Flags {
     /// Experiment: the agent's removals wait while any of its stops is in flight.
     #[arg(long)]
     removals_after_stops: bool,
+    /// How often the agent's teardown looks at the runtime for the bench pods' containers
+    /// still running and sandboxes still ready (milliseconds).
+    #[arg(long, default_value_t = 10)]
+    poll_ms: u64,
+    /// Run the same look at the runtime, as often, during the direct teardown (so both
+    /// teardowns carry the observer's list calls).
+    #[arg(long)]
+    observe_floor: bool,
+    /// Experiment: at most this many stops of each kind in flight (0 = unbounded).
+    #[arg(long, default_value_t = 0)]
+    stop_limit: usize,
+}
+
+/// Stops bounded per kind.
+#[derive(Clone)]
+struct StopLimit {
+    containers: Arc<tokio::sync::Semaphore>,
+    sandboxes: Arc<tokio::sync::Semaphore>,
+}
+
+impl kubelet_core::layer::Interceptor for StopLimit {
+    fn intercept<'a, T: Send + 'a>(
+        &'a self,
+        call: kubelet_core::layer::Call,
+        fut: futures::future::BoxFuture<'a, kubelet_api::Result<T>>,
+    ) -> futures::future::BoxFuture<'a, kubelet_api::Result<T>> {
+        let sem = match call.operation {
+            "stop_container" => &self.containers,
+            "stop_podsandbox" => &self.sandboxes,
+            _ => return fut,
+        };
+        Box::pin(async move {
+            let _slot = sem.acquire().await.ok();
+            fut.await
+        })
+    }
 }
 
 /// Removals wait while a stop is in flight.
@@ -100,7 +145,12 @@ struct StopInFlight(RemovalsAfterStops);
 
 impl Drop for StopInFlight {
     fn drop(&mut self) {
-        if self.0.stops.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+        if self
+            .0
+            .stops
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
             self.0.quiet.notify_waiters();
         }
     }
@@ -370,6 +420,34 @@ async fn stop_direct(
     Ok(t.elapsed())
 }
 
+/// Of the pods whose UID starts with `prefix`: the containers running and the sandboxes ready.
+async fn left_running(rt: &CriRuntime, prefix: &str) -> anyhow::Result<(usize, usize)> {
+    let ours = |labels: &kubelet_api::runtime::Labels| {
+        labels
+            .get(labels::POD_UID)
+            .is_some_and(|u| u.starts_with(prefix))
+    };
+    let running = rt
+        .list_containers(&ContainerFilter {
+            state: Some(ContainerState::Running),
+            ..Default::default()
+        })
+        .await?
+        .iter()
+        .filter(|c| ours(&c.labels))
+        .count();
+    let ready = rt
+        .list_pod_sandboxes(&SandboxFilter {
+            state: Some(kubelet_api::runtime::SandboxState::Ready),
+            ..Default::default()
+        })
+        .await?
+        .iter()
+        .filter(|s| ours(&s.labels))
+        .count();
+    Ok((running, ready))
+}
+
 /// Removes every sandbox (and so every container) of the runtime. Retries a few times: an
 /// agent that was just stopped may leave a removal of its own in flight.
 async fn remove_all(rt: &CriRuntime) -> anyhow::Result<()> {
@@ -430,6 +508,9 @@ async fn direct_concurrent(
     n: usize,
     round: usize,
     width: usize,
+    poll: Duration,
+    observe_floor: bool,
+    mark: bool,
 ) -> anyhow::Result<(Duration, Duration)> {
     let logs = env.dir.join("logs");
     let tag = format!("par{round}");
@@ -454,7 +535,27 @@ async fn direct_concurrent(
         pods.push(r??);
     }
     let d = t.elapsed();
+    // The same observer as the agent's teardown, when asked: its list calls load the runtime.
+    let observer = observe_floor.then(|| {
+        let (rt, done) = (rt.clone(), CancellationToken::new());
+        let stop = done.clone();
+        let task = tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let _ = left_running(&rt, "direct-").await;
+                tokio::time::sleep(poll).await;
+            }
+        });
+        (done, task)
+    });
+    let from = Instant::now();
     let teardown = stop_direct(rt, pods, width).await?;
+    if mark {
+        println!("  direct teardown from {from:?} to {:?}", Instant::now());
+    }
+    if let Some((done, task)) = observer {
+        done.cancel();
+        let _ = task.await;
+    }
     remove_all(rt).await?;
     Ok((d, teardown))
 }
@@ -468,6 +569,8 @@ async fn through_agent(
     stage_limit: usize,
     print_timeline: bool,
     removals_after_stops: bool,
+    stop_limit: usize,
+    poll: Duration,
 ) -> anyhow::Result<(Duration, Duration)> {
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
@@ -477,6 +580,17 @@ async fn through_agent(
         timeline.clone(),
     ));
     let (pleg, pleg_events) = new_pleg(pleg, runtime.clone());
+    let runtime: Arc<dyn ContainerRuntime> = if stop_limit > 0 {
+        Arc::new(kubelet_core::layer::Intercepted::new(
+            runtime,
+            StopLimit {
+                containers: Arc::new(tokio::sync::Semaphore::new(stop_limit)),
+                sandboxes: Arc::new(tokio::sync::Semaphore::new(stop_limit)),
+            },
+        ))
+    } else {
+        runtime
+    };
     let runtime: Arc<dyn ContainerRuntime> = if removals_after_stops {
         Arc::new(kubelet_core::layer::Intercepted::new(
             runtime,
@@ -541,30 +655,8 @@ async fn through_agent(
     let teardown_from = timeline.epoch.elapsed();
     later_tx.send(Vec::new())?;
     let deadline = teardown + Duration::from_secs(300);
-    let bench = |labels: &kubelet_api::runtime::Labels| {
-        labels
-            .get(labels::POD_UID)
-            .is_some_and(|u| u.starts_with("bench-uid-"))
-    };
     loop {
-        let running = rt
-            .list_containers(&ContainerFilter {
-                state: Some(ContainerState::Running),
-                ..Default::default()
-            })
-            .await?
-            .iter()
-            .filter(|c| bench(&c.labels))
-            .count();
-        let ready = rt
-            .list_pod_sandboxes(&SandboxFilter {
-                state: Some(kubelet_api::runtime::SandboxState::Ready),
-                ..Default::default()
-            })
-            .await?
-            .iter()
-            .filter(|s| bench(&s.labels))
-            .count();
+        let (running, ready) = left_running(rt, "bench-uid-").await?;
         if running == 0 && ready == 0 {
             break;
         }
@@ -574,13 +666,14 @@ async fn through_agent(
                 "{running} containers running, {ready} sandboxes ready 300 s after the pods left"
             );
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(poll).await;
     }
     let teardown = teardown.elapsed();
     if print_timeline {
         println!(
-            "  agent teardown {:.0} ms; its runtime calls meanwhile:",
-            bench_support::ms(teardown)
+            "  agent teardown {:.0} ms (to {:?}); its runtime calls meanwhile:",
+            bench_support::ms(teardown),
+            Instant::now()
         );
         Timeline::print(&timeline.since(teardown_from), teardown_from);
     }
@@ -937,6 +1030,7 @@ async fn main() -> anyhow::Result<()> {
     } else {
         PlegKind::Evented
     };
+    let poll = Duration::from_millis(flags.poll_ms.max(1));
     let stage_limit = flags
         .stage_limit
         .unwrap_or_else(kubelet_core::layer::StageLimits::cri_default_max);
@@ -948,8 +1042,17 @@ async fn main() -> anyhow::Result<()> {
     for round in 1..=flags.rounds {
         let mut line = format!("round {round}:");
         for (w, width) in flags.widths.iter().enumerate() {
-            let (d, stop) =
-                direct_concurrent(&rt, &env, flags.pods, round, (*width).max(1)).await?;
+            let (d, stop) = direct_concurrent(
+                &rt,
+                &env,
+                flags.pods,
+                round,
+                (*width).max(1),
+                poll,
+                flags.observe_floor,
+                flags.timeline,
+            )
+            .await?;
             line += &format!(
                 " direct {width} at a time {:>6.0} ms (teardown {:>5.0} ms),",
                 d.as_secs_f64() * 1e3,
@@ -967,6 +1070,8 @@ async fn main() -> anyhow::Result<()> {
             stage_limit,
             flags.timeline,
             flags.removals_after_stops,
+            flags.stop_limit,
+            poll,
         )
         .await?;
         println!(
