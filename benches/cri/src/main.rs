@@ -134,6 +134,13 @@ impl kubelet_core::layer::Interceptor for StopLimit {
     }
 }
 
+impl Flags {
+    /// How often a teardown looks at the runtime.
+    fn poll(&self) -> Duration {
+        Duration::from_millis(self.poll_ms.max(1))
+    }
+}
+
 /// Removals wait while a stop is in flight.
 #[derive(Clone, Default)]
 struct RemovalsAfterStops {
@@ -505,13 +512,12 @@ async fn direct_sequential(
 async fn direct_concurrent(
     rt: &CriRuntime,
     env: &Env,
-    n: usize,
     round: usize,
     width: usize,
-    poll: Duration,
-    observe_floor: bool,
-    mark: bool,
+    flags: &Flags,
 ) -> anyhow::Result<(Duration, Duration)> {
+    let n = flags.pods;
+    let (poll, observe_floor, mark) = (flags.poll(), flags.observe_floor, flags.timeline);
     let logs = env.dir.join("logs");
     let tag = format!("par{round}");
     let t = Instant::now();
@@ -563,15 +569,15 @@ async fn direct_concurrent(
 async fn through_agent(
     rt: &Arc<CriRuntime>,
     env: &Env,
-    n: usize,
     round: usize,
     pleg: PlegKind,
     stage_limit: usize,
-    print_timeline: bool,
-    removals_after_stops: bool,
-    stop_limit: usize,
-    poll: Duration,
+    flags: &Flags,
 ) -> anyhow::Result<(Duration, Duration)> {
+    let n = flags.pods;
+    let (print_timeline, removals_after_stops, stop_limit) =
+        (flags.timeline, flags.removals_after_stops, flags.stop_limit);
+    let poll = flags.poll();
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
     let timeline = Timeline::new();
@@ -1030,7 +1036,6 @@ async fn main() -> anyhow::Result<()> {
     } else {
         PlegKind::Evented
     };
-    let poll = Duration::from_millis(flags.poll_ms.max(1));
     let stage_limit = flags
         .stage_limit
         .unwrap_or_else(kubelet_core::layer::StageLimits::cri_default_max);
@@ -1042,17 +1047,7 @@ async fn main() -> anyhow::Result<()> {
     for round in 1..=flags.rounds {
         let mut line = format!("round {round}:");
         for (w, width) in flags.widths.iter().enumerate() {
-            let (d, stop) = direct_concurrent(
-                &rt,
-                &env,
-                flags.pods,
-                round,
-                (*width).max(1),
-                poll,
-                flags.observe_floor,
-                flags.timeline,
-            )
-            .await?;
+            let (d, stop) = direct_concurrent(&rt, &env, round, (*width).max(1), &flags).await?;
             line += &format!(
                 " direct {width} at a time {:>6.0} ms (teardown {:>5.0} ms),",
                 d.as_secs_f64() * 1e3,
@@ -1061,19 +1056,7 @@ async fn main() -> anyhow::Result<()> {
             floors[w].push(d);
             floor_stops[w].push(stop);
         }
-        let (a, stop) = through_agent(
-            &rt,
-            &env,
-            flags.pods,
-            round,
-            pleg,
-            stage_limit,
-            flags.timeline,
-            flags.removals_after_stops,
-            flags.stop_limit,
-            poll,
-        )
-        .await?;
+        let (a, stop) = through_agent(&rt, &env, round, pleg, stage_limit, &flags).await?;
         println!(
             "{line} agent ({pleg:?} PLEG) {:>6.0} ms (teardown {:>5.0} ms)",
             a.as_secs_f64() * 1e3,
