@@ -763,7 +763,7 @@ fn container_mut<'a>(status: &'a mut PodStatus, id: &str) -> Option<&'a mut Cont
         .find(|c| {
             c.container_id
                 .as_deref()
-                .is_some_and(|cid| status_gen::strip_container_id(cid) == id)
+                .is_some_and(|cid| kubelet_api::runtime::strip_container_id(cid) == id)
         })
 }
 

@@ -888,9 +888,8 @@ async fn startup_and_readiness_results_show_in_the_status_at_once_and_sync_the_p
     let app = app_status(&running.status).expect("listed");
     assert_eq!(app.started, Some(false), "no startup result yet: {app:#?}");
     assert!(!app.ready);
-    let id =
-        kubelet_core::status_gen::strip_container_id(app.container_id.as_deref().unwrap_or(""))
-            .to_string();
+    let id = kubelet_api::runtime::strip_container_id(app.container_id.as_deref().unwrap_or(""))
+        .to_string();
 
     // From here on the pod is never synced again: whatever changes its status now is the
     // probe result itself.

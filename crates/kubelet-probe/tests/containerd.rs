@@ -106,7 +106,7 @@ async fn http_readiness_on_the_pod_ip_and_exec_liveness_work_on_containerd() {
     let ip = s.pod_ip.clone().unwrap();
     assert!(!ip.starts_with("127."), "{ip}");
     let id = app(&s).unwrap().container_id.clone().unwrap();
-    let id = kubelet_core::status_gen::strip_container_id(&id).to_string();
+    let id = kubelet_api::runtime::strip_container_id(&id).to_string();
 
     // The page goes away: unready, not restarted.
     let mark = sink.statuses("web-1").len();
@@ -141,9 +141,7 @@ async fn http_readiness_on_the_pod_ip_and_exec_liveness_work_on_containerd() {
     })
     .await;
     assert_ne!(
-        kubelet_core::status_gen::strip_container_id(
-            app(&s).unwrap().container_id.as_deref().unwrap()
-        ),
+        kubelet_api::runtime::strip_container_id(app(&s).unwrap().container_id.as_deref().unwrap()),
         id
     );
     assert!(

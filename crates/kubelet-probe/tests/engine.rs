@@ -241,7 +241,7 @@ async fn a_failing_liveness_probe_restarts_the_container() {
         })
         .await;
     assert_ne!(app_status(&s).unwrap().container_id, first_id);
-    let first = kubelet_core::status_gen::strip_container_id(first_id.as_deref().unwrap());
+    let first = kubelet_api::runtime::strip_container_id(first_id.as_deref().unwrap());
     assert!(
         agent
             .rt

@@ -24,7 +24,7 @@ pub fn container_id(runtime_name: &str, id: &str) -> String {
     format!("{runtime_name}://{id}")
 }
 
-pub use kubelet_api::runtime::strip_container_id;
+use kubelet_api::runtime::strip_container_id;
 
 /// Restart count of a runtime container instance: the `io.kubernetes.container.restartCount`
 /// annotation, else the attempt number.
