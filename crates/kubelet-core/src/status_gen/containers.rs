@@ -2,6 +2,7 @@
 //! restart count, readiness and start from probe results, waiting reasons).
 
 use super::*;
+use kubelet_api::runtime::strip_container_id;
 
 /// Waiting reason of a container that has not been created yet.
 pub const REASON_CONTAINER_CREATING: &str = "ContainerCreating";
@@ -23,8 +24,6 @@ pub const MESSAGE_LOST_WHILE_RUNNING: &str = "The container could not be located
 pub fn container_id(runtime_name: &str, id: &str) -> String {
     format!("{runtime_name}://{id}")
 }
-
-use kubelet_api::runtime::strip_container_id;
 
 /// Restart count of a runtime container instance: the `io.kubernetes.container.restartCount`
 /// annotation, else the attempt number.
