@@ -580,11 +580,12 @@ async fn through_agent(
     let poll = flags.poll();
     let pods: Vec<Pod> = (0..n).map(|i| bench_pod(i, &env.busybox)).collect();
     let uids: Vec<String> = pods.iter().filter_map(|p| p.metadata.uid.clone()).collect();
-    let timeline = Timeline::new();
-    let runtime: Arc<dyn ContainerRuntime> = Arc::new(kubelet_core::layer::Intercepted::new(
-        rt.clone(),
-        timeline.clone(),
-    ));
+    // Timed only when asked: the default figures carry no layer of the harness's own.
+    let timeline = print_timeline.then(Timeline::new);
+    let runtime: Arc<dyn ContainerRuntime> = match &timeline {
+        Some(t) => Arc::new(kubelet_core::layer::Intercepted::new(rt.clone(), t.clone())),
+        None => rt.clone(),
+    };
     let (pleg, pleg_events) = new_pleg(pleg, runtime.clone());
     let runtime: Arc<dyn ContainerRuntime> = if stop_limit > 0 {
         Arc::new(kubelet_core::layer::Intercepted::new(
@@ -658,7 +659,7 @@ async fn through_agent(
     // Teardown: the pods leave the source; until the runtime shows none of their containers
     // running and none of their sandboxes ready.
     let teardown = Instant::now();
-    let teardown_from = timeline.epoch.elapsed();
+    let teardown_from = timeline.as_ref().map(|t| t.epoch.elapsed());
     later_tx.send(Vec::new())?;
     let deadline = teardown + Duration::from_secs(300);
     loop {
@@ -675,13 +676,13 @@ async fn through_agent(
         tokio::time::sleep(poll).await;
     }
     let teardown = teardown.elapsed();
-    if print_timeline {
+    if let (Some(timeline), Some(from)) = (&timeline, teardown_from) {
         println!(
             "  agent teardown {:.0} ms (to {:?}); its runtime calls meanwhile:",
             bench_support::ms(teardown),
             Instant::now()
         );
-        Timeline::print(&timeline.since(teardown_from), teardown_from);
+        Timeline::print(&timeline.since(from), from);
     }
     shutdown.cancel();
     let _ = task.await;
