@@ -1,7 +1,7 @@
 //! Small helpers over `k8s-openapi` pods: identity, restart policy, container kinds, hashing,
 //! decoding.
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodCondition};
+use k8s_openapi::api::core::v1::{Container, Pod, PodCondition, PodStatus};
 
 use crate::source::{annotations, sources};
 
@@ -38,22 +38,68 @@ pub fn log_link_name(pod_name: &str, namespace: &str, container: &str, id: &str)
 /// mirror pods).
 #[inline(never)]
 pub fn to_json(pod: &Pod) -> Vec<u8> {
-    // A pod has no map with non-string keys and no fallible field, so encoding cannot fail;
-    // an empty result would still be handled by every caller.
-    serde_json::to_vec(pod).unwrap_or_default()
+    let mut out = Vec::new();
+    write_json(&mut out, pod, None);
+    out
 }
 
-/// A `v1` `PodList` of `pods` as JSON text, each item encoded by [`to_json`].
+/// A `v1` `PodList` of `pods` as JSON text, each item encoded as by [`to_json`].
 pub fn list_to_json(pods: &mut dyn Iterator<Item = &Pod>) -> Vec<u8> {
+    list_to_json_with_status(&mut pods.map(|p| (p, None)))
+}
+
+/// A `v1` `PodList` as JSON text, each item a pod with the status given next to it in place of
+/// its own (`None`: its own): the kubelet API's `/pods`, whose pods and statuses are kept apart.
+/// The pods are encoded where they are, without a copy of each with its status set.
+pub fn list_to_json_with_status<'a>(
+    pods: &mut dyn Iterator<Item = (&'a Pod, Option<&'a PodStatus>)>,
+) -> Vec<u8> {
     let mut out = br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#.to_vec();
-    for (i, pod) in pods.enumerate() {
+    for (i, (pod, status)) in pods.enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(&to_json(pod));
+        write_json(&mut out, pod, status);
     }
     out.extend_from_slice(b"]}");
     out
+}
+
+/// Appends `pod` as JSON text to `out`, with `status` in place of its own when given.
+#[inline(never)]
+fn write_json(out: &mut Vec<u8>, pod: &Pod, status: Option<&PodStatus>) {
+    let len = out.len();
+    // A pod has no map with non-string keys and no fallible field, so encoding cannot fail;
+    // were it to, the pod is left out whole rather than cut off.
+    if serde_json::to_writer(&mut *out, &WithStatus { pod, status }).is_err() {
+        out.truncate(len);
+    }
+}
+
+/// A pod encoded with another status, field for field as `k8s-openapi` encodes a `Pod`.
+struct WithStatus<'a> {
+    pod: &'a Pod,
+    status: Option<&'a PodStatus>,
+}
+
+impl serde::Serialize for WithStatus<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use k8s_openapi::Resource;
+        use serde::ser::SerializeStruct;
+        let status = self.status.or(self.pod.status.as_ref());
+        let fields = 3 + usize::from(self.pod.spec.is_some()) + usize::from(status.is_some());
+        let mut s = serializer.serialize_struct(Pod::KIND, fields)?;
+        s.serialize_field("apiVersion", Pod::API_VERSION)?;
+        s.serialize_field("kind", Pod::KIND)?;
+        s.serialize_field("metadata", &self.pod.metadata)?;
+        if let Some(spec) = &self.pod.spec {
+            s.serialize_field("spec", spec)?;
+        }
+        if let Some(status) = status {
+            s.serialize_field("status", status)?;
+        }
+        s.end()
+    }
 }
 
 /// The pod's UID, empty if unset.
@@ -362,6 +408,46 @@ mod tests {
         let name = log_link_name(&long, "ns", "c", "abc");
         assert!(name.len() <= 255 && name.len() >= 250, "{}", name.len());
         assert!(name.ends_with("é.log"));
+    }
+
+    #[test]
+    fn a_pod_listed_with_a_status_is_encoded_as_k8s_openapi_encodes_it_with_that_status() {
+        let mut pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {"a": "b"}},
+            "spec": {"containers": [{"name": "c", "image": "i", "command": ["sleep", "1"]}]},
+            "status": {"phase": "Pending"},
+        }))
+        .unwrap();
+        let status: PodStatus = serde_json::from_value(serde_json::json!({
+            "phase": "Running", "podIP": "10.0.0.1",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }))
+        .unwrap();
+        let no_spec = Pod {
+            metadata: pod.metadata.clone(),
+            ..Default::default()
+        };
+        let listed = list_to_json_with_status(
+            &mut [(&pod, Some(&status)), (&pod, None), (&no_spec, None)].into_iter(),
+        );
+        let own = serde_json::to_vec(&pod).unwrap();
+        let bare = serde_json::to_vec(&no_spec).unwrap();
+        pod.status = Some(status);
+        let replaced = serde_json::to_vec(&pod).unwrap();
+        let mut expected =
+            br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#.to_vec();
+        for (i, item) in [replaced, own, bare].iter().enumerate() {
+            if i > 0 {
+                expected.push(b',');
+            }
+            expected.extend_from_slice(item);
+        }
+        expected.extend_from_slice(b"]}");
+        assert_eq!(
+            String::from_utf8(listed).unwrap(),
+            String::from_utf8(expected).unwrap()
+        );
+        assert_eq!(to_json(&no_spec), serde_json::to_vec(&no_spec).unwrap());
     }
 
     #[test]

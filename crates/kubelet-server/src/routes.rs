@@ -325,17 +325,12 @@ fn healthz(ctx: &Context, only: Option<&str>, query: &str) -> Response<Body> {
 }
 
 fn pods(handle: &dyn AgentHandle) -> Response<Body> {
-    let items: Vec<Pod> = handle
-        .statuses()
-        .list()
-        .into_iter()
-        .map(|p| {
-            let mut pod = (*p.pod).clone();
-            pod.status = Some((*p.status).clone());
-            pod
-        })
-        .collect();
-    let body = kubelet_api::pod::list_to_json(&mut items.iter());
+    let entries = handle.statuses().list();
+    // Encoded where they are: a copy of every pod with its status set would be transient heap
+    // of the size of all pods, at each request.
+    let body = kubelet_api::pod::list_to_json_with_status(
+        &mut entries.iter().map(|p| (&*p.pod, Some(&*p.status))),
+    );
     with_type(full(StatusCode::OK, body), "application/json")
 }
 
