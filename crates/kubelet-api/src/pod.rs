@@ -39,6 +39,7 @@ pub fn log_link_name(pod_name: &str, namespace: &str, container: &str, id: &str)
 #[inline(never)]
 pub fn to_json(pod: &Pod) -> Vec<u8> {
     let mut out = Vec::new();
+    // Empty when encoding failed (it cannot; see `write_json`): every caller handles that.
     write_json(&mut out, pod, None);
     out
 }
@@ -55,25 +56,32 @@ pub fn list_to_json_with_status<'a>(
     pods: &mut dyn Iterator<Item = (&'a Pod, Option<&'a PodStatus>)>,
 ) -> Vec<u8> {
     let mut out = br#"{"kind":"PodList","apiVersion":"v1","metadata":{},"items":["#.to_vec();
-    for (i, (pod, status)) in pods.enumerate() {
-        if i > 0 {
+    let first = out.len();
+    for (pod, status) in pods {
+        let before = out.len();
+        if before > first {
             out.push(b',');
         }
-        write_json(&mut out, pod, status);
+        if !write_json(&mut out, pod, status) {
+            // Left out whole, its separator too: the list stays valid JSON.
+            out.truncate(before);
+        }
     }
     out.extend_from_slice(b"]}");
     out
 }
 
-/// Appends `pod` as JSON text to `out`, with `status` in place of its own when given.
+/// Appends `pod` as JSON text to `out`, with `status` in place of its own when given. A pod has
+/// no map with non-string keys and no fallible field, so encoding cannot fail; were it to,
+/// nothing is appended and the result is false.
 #[inline(never)]
-fn write_json(out: &mut Vec<u8>, pod: &Pod, status: Option<&PodStatus>) {
+fn write_json(out: &mut Vec<u8>, pod: &Pod, status: Option<&PodStatus>) -> bool {
     let len = out.len();
-    // A pod has no map with non-string keys and no fallible field, so encoding cannot fail;
-    // were it to, the pod is left out whole rather than cut off.
-    if serde_json::to_writer(&mut *out, &WithStatus { pod, status }).is_err() {
+    let ok = serde_json::to_writer(&mut *out, &WithStatus { pod, status }).is_ok();
+    if !ok {
         out.truncate(len);
     }
+    ok
 }
 
 /// A pod encoded with another status, field for field as `k8s-openapi` encodes a `Pod`.
